@@ -1,0 +1,38 @@
+"""Verifiable tasks. ``get(name, **params)`` returns a task object with
+
+- ``generate(split, n, seed) -> list[Problem]`` (train/eval splits disjoint by construction),
+- ``score(problem, completion) -> float`` (a verifier; never raises on bad completions),
+- ``first_move(completion) -> Hashable | None``.
+
+Task modules are imported lazily so that ``import gapo.tasks`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+
+# name -> "module:factory"; a factory takes keyword params and returns a task.
+_REGISTRY: dict[str, str] = {
+    "countdown": "gapo.tasks.countdown:CountdownTask",
+    "arithmetic": "gapo.tasks.arithmetic:ArithmeticTask",
+}
+
+
+def register(name: str, target: str) -> None:
+    """Register a task factory given as ``"module:attr"``."""
+    _REGISTRY[name] = target
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get(name: str, **params):
+    """Build the task ``name`` with its parameters; unknown names raise ``ValueError``."""
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, _REGISTRY, n=3)
+        hint = f" Did you mean {close}?" if close else ""
+        raise ValueError(f"unknown task {name!r}; known tasks: {names()}.{hint}")
+    module, attr = _REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), attr)(**params)
