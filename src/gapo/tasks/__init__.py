@@ -16,6 +16,10 @@ import importlib
 _REGISTRY: dict[str, str] = {
     "countdown": "gapo.tasks.countdown:CountdownTask",
     "arithmetic": "gapo.tasks.arithmetic:ArithmeticTask",
+    "math": "gapo.tasks.math:MathTask",
+    "rg": "gapo.tasks.rg:ReasoningGymTask",
+    "humaneval": "gapo.tasks.code:HumanEvalTask",
+    "mbpp": "gapo.tasks.code:MBPPTask",
 }
 
 
