@@ -1,0 +1,56 @@
+"""Input validation shared by the pure math modules: clear ``ValueError``s, never a silent NaN."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+import torch
+
+
+def unknown(kind: str, name: str, known: Iterable[str]) -> ValueError:
+    """A ValueError for an unknown registry name, listing the known names and close matches."""
+    known = sorted(known)
+    close = difflib.get_close_matches(str(name), known, n=3)
+    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+    return ValueError(f"unknown {kind} {name!r}; known: {known}.{hint}")
+
+
+def check_rewards(rewards: torch.Tensor, group_size: int) -> None:
+    """Rewards are a finite 1-D tensor whose length is a multiple of ``group_size >= 2``."""
+    if not isinstance(rewards, torch.Tensor):
+        raise ValueError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
+    if rewards.ndim != 1:
+        raise ValueError(f"rewards must have shape (B,), got {tuple(rewards.shape)}")
+    if not isinstance(group_size, int) or group_size < 2:
+        raise ValueError(f"group_size must be an int >= 2 (a group needs a baseline), got {group_size!r}")
+    if rewards.numel() % group_size:
+        raise ValueError(
+            f"rewards has B={rewards.numel()} rows, not divisible by group_size={group_size}"
+        )
+    if not torch.isfinite(rewards).all():
+        bad = torch.nonzero(~torch.isfinite(rewards)).flatten()[:5].tolist()
+        raise ValueError(f"rewards contain NaN/inf at rows {bad}")
+
+
+def check_reward_range(reward_range: tuple[float, float]) -> tuple[float, float]:
+    lo, hi = (float(v) for v in reward_range)
+    if not hi > lo:
+        raise ValueError(f"reward_range must be (R_min, R_max) with R_max > R_min, got {reward_range!r}")
+    return lo, hi
+
+
+def check_eps(eps_low: float, eps_high) -> None:
+    if not 0.0 <= float(eps_low) < 1.0:
+        raise ValueError(f"eps_low must be in [0, 1), got {eps_low!r}")
+    if isinstance(eps_high, torch.Tensor):
+        if not torch.isfinite(eps_high).all() or (eps_high < 0).any():
+            raise ValueError("eps_high tensor must be finite and >= 0")
+    elif not float(eps_high) >= 0.0:
+        raise ValueError(f"eps_high must be >= 0, got {eps_high!r}")
+
+
+def check_same_shape(**tensors: torch.Tensor) -> None:
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    if len(set(shapes.values())) > 1:
+        raise ValueError(f"shape mismatch: {shapes}")

@@ -1,0 +1,128 @@
+"""Group-relative advantage estimators (one scalar per rollout, broadcast over its tokens).
+
+Rewards are ``(B,)`` with ``B = prompts × G`` and each group's rows contiguous. Every entry of
+``ADVANTAGES`` has the signature ``fn(rewards (B,), group_size, **params) -> (B,)``::
+
+    drgrpo  A_i = R_i − mean_j R_j                                   (Dr.GRPO, arXiv 2503.20783)
+    grpo    A_i = (R_i − mean_j R_j) / (std_j R_j + eps)             (GRPO, arXiv 2402.03300)
+            std "unbiased" (verl; eps 1e-6) or "population"; TRL uses eps 1e-4.
+    rloo    A_i = R_i − mean_{j≠i} R_j = G/(G−1) · (R_i − mean_j R_j) (arXiv 2402.14740)
+    passk   pass@k advantage shaping for binary rewards (Chen et al., arXiv 2508.10751):
+            N_neg = G − c, R̄ = 1 − C(N_neg,k)/C(G,k), σ = sqrt(R̄(1−R̄)),
+            A_pos = (1 − R̄)/σ,  A_neg = (1 − R̄ − C(N_neg−1,k−1)/C(G−1,k−1))/σ
+    focal   Ã_i = (1 − p̂)^γ · A_i on top of a base estimator (F-GRPO, arXiv 2602.06717),
+            p̂ = the group's mean reward rescaled to [0, 1] (= c/G for binary rewards)
+
+A group whose rewards are all equal gets zero advantage under every estimator.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gapo._checks import check_reward_range, check_rewards, unknown
+
+__all__ = ["compute", "ADVANTAGES", "zero_std_groups", "group_success_count"]
+
+
+def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # (P, G) float64
+    check_rewards(rewards, group_size)
+    return rewards.double().view(-1, group_size)
+
+
+def _out(a: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    return a.reshape(-1).to(torch.float32 if not rewards.is_floating_point() else rewards.dtype)
+
+
+def drgrpo(rewards, group_size, **_unused) -> torch.Tensor:
+    """``A_i = R_i − mean_group R`` (Dr.GRPO, arXiv 2503.20783)."""
+    r = _groups(rewards, group_size)
+    return _out(r - r.mean(1, keepdim=True), rewards)
+
+
+def grpo(rewards, group_size, *, eps: float = 1e-6, std: str = "unbiased", **_unused) -> torch.Tensor:
+    """``A_i = (R_i − mean) / (std + eps)`` (GRPO, arXiv 2402.03300); ``std`` unbiased or population."""
+    if std not in ("unbiased", "population"):
+        raise unknown("std", std, ("unbiased", "population"))
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    r = _groups(rewards, group_size)
+    centred = r - r.mean(1, keepdim=True)
+    sd = r.std(1, keepdim=True, correction=1 if std == "unbiased" else 0)
+    # all-equal groups: centred is exactly 0, so the advantage is 0 even with eps = 0
+    return _out(torch.where(centred == 0, torch.zeros_like(centred), centred / (sd + eps)), rewards)
+
+
+def rloo(rewards, group_size, **_unused) -> torch.Tensor:
+    """Leave-one-out baseline: ``A_i = R_i − mean_{j≠i} R_j`` (arXiv 2402.14740)."""
+    r = _groups(rewards, group_size)
+    return _out((r - r.mean(1, keepdim=True)) * group_size / (group_size - 1), rewards)
+
+
+def passk(rewards, group_size, *, k: int = 4, **_unused) -> torch.Tensor:
+    """Pass@k advantage shaping for binary rewards (Chen et al. 2025, arXiv 2508.10751).
+
+    ``R̄ = 1 − C(G−c, k)/C(G, k)`` is the group's pass@k; its per-rollout contribution gives
+    ``A_pos = (1−R̄)/σ`` and ``A_neg = (1 − R̄ − C(G−c−1, k−1)/C(G−1, k−1))/σ`` with
+    ``σ = sqrt(R̄(1−R̄))``. Groups with ``σ = 0`` (no success, or every k-subset holds one)
+    carry no pass@k signal and get 0.
+    """
+    if not isinstance(k, int) or not 1 <= k <= group_size:
+        raise ValueError(f"k must be an int in [1, group_size={group_size}], got {k!r}")
+    r = _groups(rewards, group_size)
+    if not ((r == 0) | (r == 1)).all():
+        raise ValueError("passk advantages need binary rewards in {0, 1}")
+    G = group_size
+    c = r.sum(1)  # (P,)
+    a = torch.zeros_like(r)
+    for p, cp in enumerate(c.tolist()):
+        n_neg = G - int(cp)
+        r_bar = 1.0 - math.comb(n_neg, k) / math.comb(G, k)
+        sigma = math.sqrt(max(r_bar * (1.0 - r_bar), 0.0))
+        if sigma == 0.0:
+            continue
+        a_pos = (1.0 - r_bar) / sigma
+        a_neg = (1.0 - r_bar - (math.comb(n_neg - 1, k - 1) / math.comb(G - 1, k - 1) if n_neg else 0.0)) / sigma
+        a[p] = torch.where(r[p] == 1, torch.tensor(a_pos, dtype=r.dtype), torch.tensor(a_neg, dtype=r.dtype))
+    return _out(a, rewards)
+
+
+def focal(rewards, group_size, *, gamma: float = 1.0, base: str = "drgrpo",
+          reward_range: tuple[float, float] = (0.0, 1.0), **params) -> torch.Tensor:
+    """``Ã_i = (1 − p̂)^γ · A_i`` (F-GRPO, arXiv 2602.06717): down-weights easy groups."""
+    if not gamma >= 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma!r}")
+    if base == "focal":
+        raise ValueError("focal cannot be its own base estimator")
+    lo, hi = check_reward_range(reward_range)
+    a = compute(base, rewards, group_size, **params).double().view(-1, group_size)
+    p_hat = ((rewards.double().view(-1, group_size) - lo) / (hi - lo)).mean(1, keepdim=True).clamp(0, 1)
+    return _out((1.0 - p_hat) ** gamma * a, rewards)
+
+
+ADVANTAGES = {"drgrpo": drgrpo, "grpo": grpo, "rloo": rloo, "passk": passk, "focal": focal}
+
+
+def compute(name: str, rewards: torch.Tensor, group_size: int, **params) -> torch.Tensor:  # (B,)
+    """Advantages by estimator ``name`` (see the module docstring); unknown names raise."""
+    if name not in ADVANTAGES:
+        raise unknown("advantage estimator", name, ADVANTAGES)
+    return ADVANTAGES[name](rewards, group_size, **params)
+
+
+def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # (P,) bool
+    """Groups whose rewards are all equal: they carry no gradient (DAPO's dynamic sampling)."""
+    r = _groups(rewards, group_size)
+    return (r == r[:, :1]).all(1)
+
+
+def group_success_count(rewards: torch.Tensor, group_size: int, *,
+                        reward_range: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:  # (B,) long
+    """``c`` per rollout: the number of successes in its group (rewards rescaled to [0,1], summed,
+    rounded; exact for binary rewards)."""
+    lo, hi = check_reward_range(reward_range)
+    r = _groups(rewards, group_size)
+    c = ((r - lo) / (hi - lo)).sum(1).round().long()
+    return c.repeat_interleave(group_size)

@@ -1,0 +1,52 @@
+"""Aggregation of a per-token loss matrix into a scalar, as in verl's ``agg_loss``.
+
+Modes (``mask`` marks response tokens, ``N`` tokens, ``S`` non-empty sequences, ``T`` horizon)::
+
+    token-mean               Σ_{i,t} L·m / N                       (DAPO, arXiv 2503.14476)
+    seq-mean-token-mean      (1/S) Σ_i [Σ_t L·m / Σ_t m]            (GRPO, arXiv 2402.03300)
+    seq-mean-token-sum       (1/S) Σ_i Σ_t L·m
+    seq-mean-token-sum-norm  (1/S) Σ_i Σ_t L·m / T                  (Dr.GRPO, arXiv 2503.20783)
+
+The normalisers ``num_tokens``, ``num_seqs`` and ``horizon`` may be passed for the *whole*
+mini-batch, so that summing the losses of its micro-batches gives exactly the mini-batch loss,
+independent of how it was split.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gapo._checks import check_same_shape, unknown
+
+__all__ = ["agg_loss", "AGG_MODES"]
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,  # (B, T)
+    mask: torch.Tensor,  # (B, T) 0/1
+    mode: str = "token-mean",
+    *,
+    num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    horizon: float | None = None,
+) -> torch.Tensor:  # ()
+    """Aggregate ``loss_mat`` over ``mask`` by ``mode`` (see the module docstring)."""
+    if mode not in AGG_MODES:
+        raise unknown("aggregation mode", mode, AGG_MODES)
+    check_same_shape(loss_mat=loss_mat, mask=mask)
+    mask = mask.to(loss_mat.dtype)
+    masked = loss_mat * mask
+    if mode == "token-mean":
+        n = mask.sum() if num_tokens is None else num_tokens
+        return masked.sum() / n
+    tokens_per_seq = mask.sum(-1)  # (B,)
+    n_seq = (tokens_per_seq > 0).sum() if num_seqs is None else num_seqs
+    if mode == "seq-mean-token-mean":
+        # sequences with no response tokens contribute 0 (their numerator is 0)
+        return (masked.sum(-1) / tokens_per_seq.clamp(min=1e-8)).sum() / n_seq
+    seq_sum = masked.sum(-1).sum() / n_seq
+    if mode == "seq-mean-token-sum":
+        return seq_sum
+    return seq_sum / (loss_mat.shape[-1] if horizon is None else horizon)

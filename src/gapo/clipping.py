@@ -1,0 +1,117 @@
+"""ε schedules for the clipped surrogate: fixed, clip-higher and GAPO (arXiv 2609.00444).
+
+PPO clips the importance ratio to ``[1 − ε_low, 1 + ε_high]``. Fixed clipping uses constants
+(GRPO 0.2/0.2; DAPO "clip-higher" 0.2/0.28, arXiv 2503.14476). GAPO changes only ``ε_high``,
+per rollout, as a function of the group's success (DESIGN §1.5, the paper's Eq. 11)::
+
+    w_i       = clamp((R_i − mean_j R_j) / ((G − 1)/G · (R_max − R_min)), 0, 1)
+    linear:   ε_high(i) = ε_low + (ε_high_max − ε_low) · w_i
+    log:      log(1 + ε_high(i)) = log(1 + ε_low) + w_i · (log(1 + ε_high_max) − log(1 + ε_low))
+
+Why: maximising ``E_π[A]`` under a reverse-KL trust region gives ``π* ∝ π_old·exp(A/λ)``, so
+the target ratio is ``exp(A_i/λ)/Z``: rollouts with larger advantage deserve more headroom.
+"linear" is the first-order form; "log" interpolates ``log(1+ε)``, i.e. geometrically, which is
+the exact form. By weighted AM–GM the log schedule lies *below* the linear one for 0 < w < 1;
+both meet at the endpoints.
+
+For binary rewards and a correct rollout, ``w_i = (G − c)/(G − 1)``: the single correct rollout
+of a hard group (``c = 1``) gets ``ε_high_max``, a correct rollout of an all-correct group gets
+``ε_low``; incorrect rollouts (``A ≤ 0``) get ``ε_low`` (their upper bound never binds).
+``w`` is computed from the *raw* rewards, so GAPO composes with every advantage estimator.
+
+Every entry of ``EPS_SCHEDULES`` has one signature::
+
+    fn(rewards (B,), group_size, *, eps_low, eps_high, reward_range) -> eps_high per rollout (B,)
+
+where ``eps_high`` is the constant for "fixed" and ``ε_high_max`` for the GAPO schedules.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gapo._checks import check_eps, check_reward_range, check_rewards, unknown
+
+__all__ = ["success_weight", "gapo_eps_high", "eps_high_for", "EPS_SCHEDULES"]
+
+
+def success_weight(
+    rewards: torch.Tensor,  # (B,), rows of a group contiguous
+    group_size: int,
+    *,
+    reward_range: tuple[float, float] = (0.0, 1.0),
+) -> torch.Tensor:  # (B,) in [0, 1]
+    """``w_i = clamp((R_i − mean_group R) / ((G−1)/G · (R_max − R_min)), 0, 1)`` (arXiv 2609.00444).
+
+    The denominator is the largest centred reward a rollout can have (one success among G
+    failures), so ``w = 1`` exactly for the lone correct rollout of a binary group.
+    """
+    check_rewards(rewards, group_size)
+    lo, hi = check_reward_range(reward_range)
+    r = rewards.double().view(-1, group_size)  # (P, G)
+    centred = r - r.mean(dim=1, keepdim=True)
+    w = centred / ((group_size - 1) / group_size * (hi - lo))
+    return w.clamp_(0.0, 1.0).view(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+
+
+def gapo_eps_high(
+    rewards: torch.Tensor,  # (B,)
+    group_size: int,
+    *,
+    eps_low: float,
+    eps_high_max: float,
+    schedule: str = "linear",
+    reward_range: tuple[float, float] = (0.0, 1.0),
+) -> torch.Tensor:  # (B,)
+    """Per-rollout upper clip width of GAPO (arXiv 2609.00444, Eq. 11 for ``schedule="linear"``).
+
+    ``linear``: ``ε_low + (ε_high_max − ε_low)·w``; ``log``: ``(1+ε_low)·((1+ε_high_max)/(1+ε_low))^w − 1``.
+    """
+    check_eps(eps_low, eps_high_max)
+    if eps_high_max < eps_low:
+        raise ValueError(f"eps_high_max ({eps_high_max!r}) must be >= eps_low ({eps_low!r})")
+    w = success_weight(rewards, group_size, reward_range=reward_range)
+    if schedule == "linear":
+        return eps_low + (eps_high_max - eps_low) * w
+    if schedule == "log":
+        log_lo, log_hi = math.log1p(eps_low), math.log1p(eps_high_max)
+        return torch.expm1(log_lo + (log_hi - log_lo) * w)
+    raise unknown("GAPO schedule", schedule, ("linear", "log"))
+
+
+def _fixed(rewards, group_size, *, eps_low, eps_high, reward_range=(0.0, 1.0)):
+    """Constant ``ε_high`` for every rollout (GRPO, DAPO clip-higher)."""
+    check_rewards(rewards, group_size)
+    check_eps(eps_low, eps_high)
+    return torch.full(rewards.shape, float(eps_high), dtype=torch.float32, device=rewards.device)
+
+
+def _gapo_linear(rewards, group_size, *, eps_low, eps_high, reward_range=(0.0, 1.0)):
+    return gapo_eps_high(rewards, group_size, eps_low=eps_low, eps_high_max=eps_high,
+                         schedule="linear", reward_range=reward_range)
+
+
+def _gapo_log(rewards, group_size, *, eps_low, eps_high, reward_range=(0.0, 1.0)):
+    return gapo_eps_high(rewards, group_size, eps_low=eps_low, eps_high_max=eps_high,
+                         schedule="log", reward_range=reward_range)
+
+
+EPS_SCHEDULES = {"fixed": _fixed, "linear": _gapo_linear, "log": _gapo_log}
+
+
+def eps_high_for(
+    schedule: str,
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    eps_low: float,
+    eps_high: float,
+    reward_range: tuple[float, float] = (0.0, 1.0),
+) -> torch.Tensor:  # (B,)
+    """Dispatch to ``EPS_SCHEDULES[schedule]``; unknown names raise ``ValueError``."""
+    if schedule not in EPS_SCHEDULES:
+        raise unknown("eps schedule", schedule, EPS_SCHEDULES)
+    return EPS_SCHEDULES[schedule](rewards, group_size, eps_low=eps_low, eps_high=eps_high,
+                                   reward_range=reward_range)

@@ -1,0 +1,217 @@
+"""Clipped policy-gradient surrogates: PPO token ratio, GSPO sequence ratio, CISPO.
+
+All losses share one signature (``LOSSES`` registry)::
+
+    fn(logp (B,T), old_logp (B,T), advantages (B,) or (B,T), response_mask (B,T), *,
+       eps_low, eps_high (float or (B,)), agg, clip_ratio_c) -> (loss (), metrics)
+
+The surrogate (PPO, arXiv 1707.06347; unchanged by GAPO, arXiv 2609.00444)::
+
+    L[i,t] = max(−A_i·ρ, −A_i·clip(ρ, 1 − ε_low, 1 + ε_high(i)))
+    dual clip (arXiv 1912.09729), for A < 0 only:  L = min(L, −A·c)
+
+with ``ρ`` the token ratio ``exp(logp − old_logp)`` (``level="token"``) or the GSPO sequence
+ratio (``level="sequence"``, arXiv 2507.18071)::
+
+    s_i = exp(mean_t(logp − old_logp))  over response tokens
+    s[i,t] = sg(s_i) · exp(logp[i,t] − sg(logp[i,t]))     # value s_i, gradient per token
+
+Log-ratios are clamped to ±20 before ``exp`` so that extreme inputs give finite losses.
+GAPO only supplies a per-rollout ``eps_high`` (see ``gapo.clipping``); with a constant tensor
+the computation is exactly fixed clipping.
+
+Metrics are detached 0-d tensors: ``loss/clipfrac`` (fraction of response tokens where the
+clipped branch is taken, verl's ``pg_clipfrac``), ``loss/clipfrac_high`` (ratio above
+``1+ε_high`` with ``A > 0``), ``loss/clipfrac_low`` (ratio below ``1−ε_low`` with ``A < 0``),
+``loss/clipfrac_dual`` (dual clip taken, verl's ``pg_clipfrac_lower``), ``loss/approx_kl``
+(masked mean of ``old_logp − logp``, verl's ``ppo_kl``), ``loss/ratio_dev`` (mean ``|ρ−1|``),
+``clip/eps_high_mean``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gapo._checks import check_eps, check_same_shape, unknown
+from gapo.aggregation import agg_loss
+
+__all__ = ["policy_loss", "cispo_loss", "LOSSES", "LOG_RATIO_CLAMP", "log_ratio"]
+
+LOG_RATIO_CLAMP = 20.0
+LEVELS = ("token", "sequence")
+
+
+def _as_rows(x: float | torch.Tensor, like: torch.Tensor, name: str) -> float | torch.Tensor:
+    """A float stays a float; a (B,) tensor becomes (B, 1) to broadcast over tokens."""
+    if not isinstance(x, torch.Tensor):
+        return float(x)
+    if x.ndim == 1:
+        if x.shape[0] != like.shape[0]:
+            raise ValueError(f"{name} has {x.shape[0]} rows, expected B={like.shape[0]}")
+        return x.to(like.dtype).unsqueeze(-1)
+    if x.shape != like.shape:
+        raise ValueError(f"{name} must have shape (B,) or {tuple(like.shape)}, got {tuple(x.shape)}")
+    return x.to(like.dtype)
+
+
+def _clip(ratio: torch.Tensor, eps_low: float, eps_high: float | torch.Tensor) -> torch.Tensor:
+    """``clip(ρ, 1 − ε_low, 1 + ε_high)`` with ``ε_high`` a float or a (B, 1) tensor (one fused op)."""
+    if isinstance(eps_high, torch.Tensor):
+        return torch.clamp(ratio, min=ratio.new_tensor(1.0 - eps_low), max=1.0 + eps_high)
+    return torch.clamp(ratio, min=1.0 - eps_low, max=1.0 + eps_high)
+
+
+def log_ratio(
+    logp: torch.Tensor,  # (B, T)
+    old_logp: torch.Tensor,  # (B, T)
+    response_mask: torch.Tensor,  # (B, T)
+    level: str = "token",
+) -> torch.Tensor:  # (B, T) log ρ, with the GSPO-token gradient at sequence level
+    """``log ρ``: token ``logp − old_logp``, or GSPO's ``sg(log s_i) + logp − sg(logp)``."""
+    diff = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if level == "token":
+        return diff
+    if level == "sequence":
+        mask = response_mask.to(logp.dtype)
+        seq = (diff * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # (B,) log s_i
+        return (seq.detach().unsqueeze(-1) + (logp - logp.detach())).clamp(max=LOG_RATIO_CLAMP)
+    raise unknown("ratio level", level, LEVELS)
+
+
+def _check_inputs(logp, old_logp, advantages, response_mask, eps_low, eps_high):
+    check_same_shape(logp=logp, old_logp=old_logp, response_mask=response_mask)
+    if logp.ndim != 2:
+        raise ValueError(f"logp must have shape (B, T), got {tuple(logp.shape)}")
+    if advantages.shape not in (logp.shape[:1], logp.shape):
+        raise ValueError(f"advantages must have shape (B,) or (B, T), got {tuple(advantages.shape)} "
+                         f"for logp {tuple(logp.shape)}")
+    if not torch.isfinite(advantages).all():
+        raise ValueError("advantages contain NaN/inf")
+    check_eps(eps_low, eps_high)
+
+
+@torch.no_grad()
+def _metrics(ratio, log_r, adv, mask, n_tokens, eps_low, eps_high, clipped, dual) -> dict:
+    m = mask.to(ratio.dtype)
+
+    def mean(x):
+        return (x.to(ratio.dtype) * m).sum() / n_tokens
+
+    out = {
+        "loss/clipfrac": mean(clipped),
+        "loss/clipfrac_high": mean((ratio > 1.0 + eps_high) & (adv > 0)),
+        "loss/clipfrac_low": mean((ratio < 1.0 - eps_low) & (adv < 0)),
+        "loss/approx_kl": mean(-log_r),
+        "loss/ratio_dev": mean((ratio - 1.0).abs()),
+        "clip/eps_high_mean": (eps_high.mean() if isinstance(eps_high, torch.Tensor)
+                               else torch.tensor(eps_high)),
+    }
+    out["loss/clipfrac_dual"] = mean(dual) if dual is not None else torch.zeros(())
+    return out
+
+
+def policy_loss(
+    logp: torch.Tensor,  # (B, T) current policy
+    old_logp: torch.Tensor,  # (B, T) behaviour policy
+    advantages: torch.Tensor,  # (B,) or (B, T)
+    response_mask: torch.Tensor,  # (B, T)
+    *,
+    eps_low: float,
+    eps_high: float | torch.Tensor,  # float or (B,) per rollout (GAPO)
+    level: str = "token",
+    agg: str = "token-mean",
+    clip_ratio_c: float | None = None,
+    **agg_kwargs,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate ``max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high))`` (arXiv 1707.06347, 2507.18071).
+
+    ``level="token"`` uses the token ratio, ``"sequence"`` GSPO's sequence ratio with the
+    GSPO-token gradient. ``clip_ratio_c`` (> 1) enables dual clipping for ``A < 0``.
+    ``agg_kwargs`` (``num_tokens``, ``num_seqs``, ``horizon``) pass mini-batch normalisers to
+    ``agg_loss``. Returns ``(loss, metrics)``; see the module docstring for the metrics.
+    """
+    _check_inputs(logp, old_logp, advantages, response_mask, eps_low, eps_high)
+    if clip_ratio_c is not None and not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 for dual clipping, got {clip_ratio_c!r}")
+    eps_high_b = _as_rows(eps_high, logp, "eps_high")
+    adv = _as_rows(advantages, logp, "advantages")
+
+    log_r = log_ratio(logp, old_logp, response_mask, level)
+    ratio = torch.exp(log_r)
+    pg1 = -adv * ratio
+    pg2 = -adv * _clip(ratio, eps_low, eps_high_b)
+    loss_mat = torch.maximum(pg1, pg2)
+    dual = None
+    if clip_ratio_c is not None:
+        pg3 = -adv * clip_ratio_c
+        dual = (loss_mat > pg3) & (adv < 0)
+        loss_mat = torch.where(dual, pg3, loss_mat)
+    loss = agg_loss(loss_mat, response_mask, agg, **agg_kwargs)
+
+    n_tokens = response_mask.sum().clamp(min=1)
+    adv_full = adv.expand_as(ratio) if isinstance(adv, torch.Tensor) else adv
+    metrics = _metrics(ratio.detach(), log_r.detach() if level == "token" else (logp - old_logp).detach(),
+                       adv_full, response_mask, n_tokens, eps_low, eps_high_b, pg2 > pg1, dual)
+    if isinstance(eps_high, torch.Tensor):
+        metrics["clip/eps_high_mean"] = eps_high.detach().float().mean()
+    return loss, metrics
+
+
+def cispo_loss(
+    logp: torch.Tensor,  # (B, T)
+    old_logp: torch.Tensor,  # (B, T)
+    advantages: torch.Tensor,  # (B,) or (B, T)
+    response_mask: torch.Tensor,  # (B, T)
+    *,
+    eps_low: float,
+    eps_high: float | torch.Tensor,
+    agg: str = "token-mean",
+    clip_ratio_c: float | None = None,
+    **agg_kwargs,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585): clip the IS *weight*, never drop a token's gradient.
+
+    ``L[i,t] = −sg(clip(ρ, 1−ε_low, 1+ε_high)) · A_i · logp[i,t]``. ``clip_ratio_c`` is accepted
+    for the shared signature and must be None (CISPO has no dual clip).
+    """
+    _check_inputs(logp, old_logp, advantages, response_mask, eps_low, eps_high)
+    if clip_ratio_c is not None:
+        raise ValueError("clip_ratio_c (dual clip) is not defined for CISPO; pass None")
+    eps_high_b = _as_rows(eps_high, logp, "eps_high")
+    adv = _as_rows(advantages, logp, "advantages")
+    log_r = log_ratio(logp, old_logp, response_mask, "token")
+    ratio = torch.exp(log_r.detach())
+    weight = _clip(ratio, eps_low, eps_high_b)
+    loss_mat = -adv * weight * logp
+    loss = agg_loss(loss_mat, response_mask, agg, **agg_kwargs)
+    n_tokens = response_mask.sum().clamp(min=1)
+    adv_full = adv.expand_as(ratio) if isinstance(adv, torch.Tensor) else adv
+    clipped = (ratio > 1.0 + eps_high_b) | (ratio < 1.0 - eps_low)
+    metrics = _metrics(ratio, log_r.detach(), adv_full, response_mask, n_tokens, eps_low,
+                       eps_high_b, clipped, None)
+    if isinstance(eps_high, torch.Tensor):
+        metrics["clip/eps_high_mean"] = eps_high.detach().float().mean()
+    return loss, metrics
+
+
+def _ppo(logp, old_logp, advantages, response_mask, *, eps_low, eps_high, agg="token-mean",
+         clip_ratio_c=None, **agg_kwargs):
+    return policy_loss(logp, old_logp, advantages, response_mask, eps_low=eps_low, eps_high=eps_high,
+                       level="token", agg=agg, clip_ratio_c=clip_ratio_c, **agg_kwargs)
+
+
+def _gspo(logp, old_logp, advantages, response_mask, *, eps_low, eps_high, agg="token-mean",
+          clip_ratio_c=None, **agg_kwargs):
+    return policy_loss(logp, old_logp, advantages, response_mask, eps_low=eps_low, eps_high=eps_high,
+                       level="sequence", agg=agg, clip_ratio_c=clip_ratio_c, **agg_kwargs)
+
+
+# name -> loss with the shared signature. "ppo" is the token-ratio surrogate of GRPO/DAPO/GAPO,
+# "gspo" the sequence-ratio surrogate of GSPO and GAPO-seq.
+LOSSES = {"ppo": _ppo, "gspo": _gspo, "cispo": cispo_loss}
+
+
+def get_loss(name: str):
+    if name not in LOSSES:
+        raise unknown("policy loss", name, LOSSES)
+    return LOSSES[name]
