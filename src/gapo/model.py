@@ -1,0 +1,205 @@
+"""The embedded base policy: a character-level tokenizer and a tiny Hugging Face causal LM.
+
+No model hub is reachable where gapo is built and tested (DESIGN §5), so the default policy is
+made locally: a real ``transformers`` ``LlamaForCausalLM`` with a few hundred thousand to a few
+million parameters, and a real ``PreTrainedTokenizerFast`` whose vocabulary is one token per
+character of the task's alphabet plus ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>``.
+
+Why a loader of our own: in transformers 5.x, ``AutoTokenizer.from_pretrained`` on a folder whose
+``config.json`` says ``llama``/``qwen2`` builds the model type's byte-level tokenizer class and
+silently discards the character-level vocabulary. ``save_policy`` therefore writes a marker file
+(``gapo_policy.json``) next to the weights, and ``load_policy`` loads ``tokenizer.json`` directly
+into ``PreTrainedTokenizerFast`` when the marker is present. Any other folder (or hub id) is a
+real checkpoint and goes through ``AutoTokenizer``/``AutoModelForCausalLM`` unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+MARKER = "gapo_policy.json"
+SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>"}
+
+# name -> LlamaConfig overrides. "tiny" is DESIGN §5's reference point: hidden 128, 4 layers,
+# ≈0.86M parameters with a ~22-character vocabulary.
+PRESETS: dict[str, dict] = {
+    "micro": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2),
+    "tiny": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4),
+    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8),
+}
+
+
+def build_tokenizer(alphabet: str):
+    """A character-level ``PreTrainedTokenizerFast``: ids 0-3 are ``<pad> <bos> <eos> <unk>``,
+    then one id per distinct character of ``alphabet`` in order of first appearance.
+
+    Encoding a string yields ``<bos>`` followed by one id per character (use
+    ``add_special_tokens=False`` for a completion); decoding concatenates characters.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    chars = list(dict.fromkeys(alphabet))
+    if not chars:
+        raise ValueError("alphabet must contain at least one character")
+    specials = list(SPECIAL_TOKENS.values())
+    clash = [c for c in chars if c in specials]
+    if clash:
+        raise ValueError(f"alphabet characters clash with special tokens: {clash}")
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    # One pre-token per character (newlines and spaces included), so WordLevel sees characters.
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tk.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, padding_side="left", **SPECIAL_TOKENS)
+    return tok
+
+
+def build_model(vocab_size: int, preset: str = "tiny", *, seed: int | None = 0, **overrides):
+    """A freshly initialised ``LlamaForCausalLM`` of the named size (``PRESETS``), fp32.
+
+    ``overrides`` go into ``LlamaConfig`` (e.g. ``max_position_embeddings``). Special-token ids
+    follow ``build_tokenizer`` (pad 0, bos 1, eos 2).
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; known presets: {sorted(PRESETS)}")
+    kw = dict(
+        vocab_size=vocab_size,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        attention_dropout=0.0,
+        rms_norm_eps=1e-5,
+    )
+    kw.update(PRESETS[preset])
+    kw.update(overrides)
+    config = LlamaConfig(**kw)
+    if seed is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(config)
+    else:
+        model = LlamaForCausalLM(config)
+    return model.float()
+
+
+class _quiet_hf:
+    """Silence transformers' per-call progress bars ("Loading weights", "Writing shards")."""
+
+    def __enter__(self):
+        from transformers.utils import logging as hf_logging
+
+        self._log = hf_logging
+        self._was = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+
+    def __exit__(self, *exc):
+        if self._was:
+            self._log.enable_progress_bar()
+
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def save_policy(model, tokenizer, path: str | os.PathLike, *, extra: dict | None = None) -> Path:
+    """Save model and tokenizer with ``save_pretrained`` plus gapo's marker file.
+
+    ``extra`` (JSON-serialisable) is stored in the marker, e.g. how the policy was trained.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    with _quiet_hf():
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    marker = {
+        "format": 1,
+        "tokenizer": "char",
+        "special_tokens": {k: getattr(tokenizer, k) for k in SPECIAL_TOKENS},
+        "padding_side": tokenizer.padding_side,
+        "extra": extra or {},
+    }
+    (path / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True))
+    return path
+
+
+def read_marker(path: str | os.PathLike) -> dict | None:
+    """The marker written by ``save_policy``, or None for a folder gapo did not write."""
+    p = Path(path) / MARKER
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def _load_tokenizer(path: str, marker: dict | None):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if marker is not None:
+        tok_file = Path(path) / "tokenizer.json"
+        if not tok_file.is_file():
+            raise ValueError(f"{path}: gapo policy folder has no tokenizer.json")
+        # Direct load: AutoTokenizer would substitute the model type's byte-level tokenizer.
+        return PreTrainedTokenizerFast(
+            tokenizer_file=str(tok_file),
+            padding_side=marker.get("padding_side", "left"),
+            **marker.get("special_tokens", SPECIAL_TOKENS),
+        )
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"  # batched generation pads prompts on the left
+    if tok.pad_token is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_policy(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", *, dtype=None):
+    """Load ``(model, tokenizer)`` from a gapo policy folder, a local HF checkpoint or a hub id.
+
+    Raises ``ValueError`` when the path does not exist (and is not a hub-id-shaped string) or
+    does not hold a causal LM. The model is returned in eval mode on ``device``.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    name = str(path_or_id)
+    local = Path(name).expanduser()
+    is_local = local.exists()
+    if not is_local:
+        looks_like_id = name.count("/") <= 1 and not name.startswith((".", "/", "~"))
+        if not looks_like_id or not name:
+            raise ValueError(f"model path {name!r} does not exist")
+    else:
+        if not local.is_dir():
+            raise ValueError(f"model path {name!r} is not a directory")
+        if not (local / "config.json").is_file():
+            raise ValueError(f"model path {name!r} has no config.json; it is not a Hugging Face model folder")
+        name = str(local)
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except Exception as e:  # hub unreachable, bad id, corrupt config
+        raise ValueError(f"cannot load a model config from {name!r}: {e}") from e
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:  # pragma: no cover - layout of older transformers
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = None
+    if MODEL_FOR_CAUSAL_LM_MAPPING_NAMES is not None and config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(
+            f"{name!r} holds a {config.model_type!r} model, which is not a causal language model"
+        )
+    marker = read_marker(name) if is_local else None
+    kw = {"dtype": dtype} if dtype is not None else {}
+    try:
+        with _quiet_hf():
+            model = AutoModelForCausalLM.from_pretrained(name, **kw)
+    except Exception as e:
+        raise ValueError(f"cannot load a causal LM from {name!r}: {e}") from e
+    tok = _load_tokenizer(name, marker)
+    model.to(device).eval()
+    return model, tok

@@ -1,0 +1,273 @@
+"""Batched KV-cached sampling with per-token log-probs, and chunked log-prob recomputation.
+
+Works with any Hugging Face causal LM (the embedded policy or a real checkpoint).
+
+Log-prob semantics (the same as verl's and TRL's ``old_logp``): for a sampled token ``y_t``
+
+    logp[b, t] = log_softmax(logits[b, t] / temperature)[y_t]
+
+i.e. the log-probability under the *temperature-scaled, unfiltered* policy. ``logprobs`` with the
+same ``temperature`` recomputes exactly this quantity (up to float error), so the ratio
+``exp(logp − old_logp)`` is 1 on the first mini-batch. Top-p only decides which tokens may be
+drawn; it does not renormalise ``logp`` (as in verl/TRL, where the trainer recomputes log-probs
+without the filter). With ``top_p < 1`` the behaviour policy is therefore slightly off-policy
+with respect to ``logp``; keep ``top_p = 1`` for exact on-policy ratios. ``temperature = 0``
+means greedy decoding, and its ``logp`` are taken at temperature 1.
+
+Layout: prompts are left-padded (``prompt_ids (B, P)``, ``prompt_mask (B, P)``), completions are
+right-padded (``completion_ids (B, T)``, ``response_mask (B, T)``); ``Rollout.input_ids`` is their
+concatenation, whose last ``T`` columns are the response — what ``logprobs`` expects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Rollout:
+    prompt_ids: torch.Tensor  # (B, P) left-padded
+    prompt_mask: torch.Tensor  # (B, P) 1 on prompt tokens
+    completion_ids: torch.Tensor  # (B, T) right-padded with pad_token_id
+    response_mask: torch.Tensor  # (B, T) 1 on generated tokens, EOS included
+    logp: torch.Tensor  # (B, T) float32, 0 where response_mask is 0
+
+    @property
+    def input_ids(self) -> torch.Tensor:  # (B, P + T)
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:  # (B, P + T)
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def lengths(self) -> torch.Tensor:  # (B,)
+        return self.response_mask.sum(dim=1)
+
+    def texts(self, tokenizer, *, skip_special_tokens: bool = True) -> list[str]:
+        """Decoded completions (response tokens only)."""
+        out = []
+        for ids, m in zip(self.completion_ids.tolist(), self.response_mask.tolist()):
+            out.append(tokenizer.decode([i for i, k in zip(ids, m) if k], skip_special_tokens=skip_special_tokens))
+        return out
+
+
+def left_pad(prompt_ids, prompt_mask=None, *, pad_token_id: int = 0, device=None):
+    """``(ids (B, P), mask (B, P))`` from a list of token-id lists or a tensor (+ mask)."""
+    if isinstance(prompt_ids, torch.Tensor):
+        ids = prompt_ids.to(device=device, dtype=torch.long)
+        if ids.dim() == 1:
+            ids = ids[None]
+        mask = torch.ones_like(ids) if prompt_mask is None else prompt_mask.to(device=device, dtype=torch.long)
+        if mask.shape != ids.shape:
+            raise ValueError(f"prompt_mask shape {tuple(mask.shape)} != prompt_ids shape {tuple(ids.shape)}")
+        if ids.shape[1] and (mask[:, -1] == 0).any():
+            raise ValueError("prompts must be left-padded (the last column of prompt_mask must be 1)")
+        return ids, mask
+    seqs = [list(s) for s in prompt_ids]
+    if not seqs or any(len(s) == 0 for s in seqs):
+        raise ValueError("need at least one prompt, and every prompt needs at least one token")
+    P = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), P), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), P), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, P - len(s) :] = torch.tensor(s, dtype=torch.long)
+        mask[i, P - len(s) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    # Left padding: the first real token is position 0 in every row.
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_p: float, generator):
+    """Next token (B,) and its log-prob (B,) under log_softmax(logits / temperature)."""
+    logits = logits.float()
+    if temperature <= 0:
+        tok = logits.argmax(-1)
+        lp = torch.log_softmax(logits, -1)
+        return tok, lp.gather(-1, tok[:, None])[:, 0]
+    lp = torch.log_softmax(logits / temperature, -1)
+    probs = lp.exp()
+    if top_p < 1.0:
+        sp, si = probs.sort(-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
+        drop = (sp.cumsum(-1) - sp) >= top_p
+        sp = sp.masked_fill(drop, 0.0)
+        choice = torch.multinomial(sp, 1, generator=generator)
+        tok = si.gather(-1, choice)[:, 0]
+    else:
+        tok = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return tok, lp.gather(-1, tok[:, None])[:, 0]
+
+
+@torch.no_grad()
+def sample(
+    model,
+    prompt_ids,
+    prompt_mask: torch.Tensor | None = None,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+    generator: torch.Generator | None = None,
+    compact: bool = True,
+) -> Rollout:
+    """Sample one completion per prompt with a KV cache; see the module docstring for ``logp``.
+
+    ``prompt_ids`` is a list of token-id lists, or a left-padded ``(B, P)`` tensor with
+    ``prompt_mask``. Each row stops after its first ``eos_token_id`` (included in the response
+    mask, nothing after it) or after ``max_new_tokens``; ``eos_token_id=None`` never stops early. The returned width ``T`` is the longest
+    completion. ``generator`` (on the model's device) makes sampling reproducible. With
+    ``compact`` finished rows are dropped from the KV cache as the batch thins out (it changes
+    which random numbers a row draws, never the distribution).
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if pad_token_id is None:
+        pad_token_id = getattr(model.config, "pad_token_id", None)
+        if pad_token_id is None:
+            pad_token_id = eos_token_id if eos_token_id is not None else 0
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompt_ids, prompt_mask, pad_token_id=pad_token_id, device=device)
+    B, P = ids.shape
+    N = max_new_tokens
+    was_training = model.training
+    model.eval()
+    try:
+        out_tok = torch.full((B, N), pad_token_id, dtype=torch.long, device=device)
+        out_lp = torch.zeros((B, N), dtype=torch.float32, device=device)
+        out_len = torch.full((B,), N, dtype=torch.long, device=device)  # length incl. EOS
+
+        attn = torch.cat([mask, mask.new_ones((B, N))], dim=1)
+        pos = _positions(mask)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        logits = out.logits[:, -1]
+        next_pos = pos[:, -1:] + 1  # (b, 1)
+        rows = torch.arange(B, device=device)  # original row of each active row
+        done = torch.zeros(B, dtype=torch.bool, device=device)
+        # A host sync per token is free on CPU but stalls an accelerator; check less often there.
+        check_every = 1 if device.type == "cpu" else 8
+        for t in range(N):
+            tok, lp = _pick(logits, temperature, top_p, generator)
+            tok = tok.masked_fill(done, pad_token_id)
+            out_tok[rows, t] = tok
+            out_lp[rows, t] = lp.masked_fill(done, 0.0)
+            if eos_token_id is not None:
+                newly = (tok == eos_token_id) & ~done
+                out_len[rows] = torch.where(newly, t + 1, out_len[rows])
+                done = done | newly
+            if t == N - 1:
+                break
+            if eos_token_id is not None and (t + 1) % check_every == 0:
+                n_done = int(done.sum())
+                if n_done == done.numel():
+                    break
+                if compact and n_done * 4 >= done.numel() and done.numel() > 1:
+                    keep = (~done).nonzero()[:, 0]
+                    cache.batch_select_indices(keep)
+                    rows, tok, done = rows[keep], tok[keep], done[keep]
+                    attn, next_pos = attn[keep], next_pos[keep]
+            out = model(
+                input_ids=tok[:, None],
+                attention_mask=attn[:, : P + t + 1],
+                position_ids=next_pos,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = out.past_key_values
+            logits = out.logits[:, -1]
+            next_pos = next_pos + 1
+        T = int(out_len.max())
+        resp = (torch.arange(N, device=device)[None] < out_len[:, None]).long()[:, :T]
+        completion = out_tok[:, :T].masked_fill(resp == 0, pad_token_id)
+        logp = out_lp[:, :T] * resp
+    finally:
+        model.train(was_training)
+    return Rollout(ids, mask, completion, resp, logp)
+
+
+def _head_and_decoder(model):
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    dec = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if head is None or dec is None or dec is model:
+        return None, None
+    return head, dec
+
+
+def _chunk_stats(h, targets, head, temperature: float, softcap):
+    # h (B, C, H), targets (B, C) -> logp (B, C), entropy (B, C); float32 math on a chunk only.
+    logits = head(h).float()
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, -1)
+    logp = logits.gather(-1, targets[..., None])[..., 0] - lse
+    ent = lse - (torch.softmax(logits, -1) * logits).sum(-1)
+    return logp, ent
+
+
+def logprobs(
+    model,
+    input_ids: torch.Tensor,  # (B, L) = left-padded prompt ++ right-padded response
+    attention_mask: torch.Tensor,  # (B, L)
+    response_len: int,  # T: the last T columns are the response
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    max_chunk_bytes: int = 256 * 2**20,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``logp (B, T)`` and ``entropy (B, T)`` of the response under
+    ``softmax(logits / temperature)`` (``temperature <= 0`` is treated as 1).
+
+    Memory-bounded: the decoder runs once, then the LM head, log-softmax and entropy run over
+    chunks of ``chunk_size`` positions (by default as many as fit ``max_chunk_bytes`` of float32
+    logits), so the ``(B, T, V)`` float32 tensor is never built for large ``V``. Under autograd
+    each chunk is checkpointed, so the backward pass recomputes the chunk's logits instead of
+    storing them. Masked positions hold meaningless values; multiply by the response mask.
+    """
+    B, L = input_ids.shape
+    T = int(response_len)
+    if not 0 < T < L:
+        raise ValueError(f"response_len must be in [1, {L - 1}], got {T}")
+    temperature = 1.0 if temperature <= 0 else float(temperature)
+    pos = _positions(attention_mask)
+    targets = input_ids[:, L - T :]
+    head, dec = _head_and_decoder(model)
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    if head is None:  # unknown layout: fall back to the model's own head on the last T+1 positions
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, logits_to_keep=T + 1).logits
+        logits = logits[:, :-1].float() / temperature
+        lse = torch.logsumexp(logits, -1)
+        ent = lse - (torch.softmax(logits, -1) * logits).sum(-1)
+        return logits.gather(-1, targets[..., None])[..., 0] - lse, ent
+    hidden = dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
+    hidden = hidden[:, L - T - 1 : L - 1]  # position j predicts token j + 1
+    V = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
+    if chunk_size is None:
+        chunk_size = max(1, max_chunk_bytes // (4 * B * V * 3))  # logits, probs, product
+    if chunk_size >= T:
+        return _chunk_stats(hidden, targets, head, temperature, softcap)
+    use_ckpt = torch.is_grad_enabled() and hidden.requires_grad
+    lps, ents = [], []
+    for s in range(0, T, chunk_size):
+        h, y = hidden[:, s : s + chunk_size], targets[:, s : s + chunk_size]
+        if use_ckpt:
+            from torch.utils.checkpoint import checkpoint
+
+            lp, en = checkpoint(_chunk_stats, h, y, head, temperature, softcap, use_reentrant=False)
+        else:
+            lp, en = _chunk_stats(h, y, head, temperature, softcap)
+        lps.append(lp)
+        ents.append(en)
+    return torch.cat(lps, 1), torch.cat(ents, 1)

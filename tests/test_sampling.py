@@ -1,0 +1,167 @@
+"""Sampler parity: greedy equals ``model.generate``, log-probs equal a full forward pass."""
+
+import pytest
+import torch
+
+from gapo.model import build_model, build_tokenizer
+from gapo.sampling import left_pad, logprobs, sample
+
+torch.set_num_threads(1)
+
+ALPHABET = "0123456789+-*/()= ,\n:"
+EOS, PAD = 2, 0
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer(ALPHABET)
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    m = build_model(len(tok), "micro", seed=0).eval()
+    with torch.no_grad():  # make EOS a frequent argmax so that rows stop at different lengths
+        m.lm_head.weight[EOS] *= 6.0
+    return m
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return [tok(s).input_ids for s in ["12+3=", "4,5,6:", "7", "1 2 3 4 5 6 7 8", "9*9", "(1+2)*3="]]
+
+
+def _full_logp(model, r, temperature=1.0):
+    # Reference: one plain forward pass over prompt ++ completion, full (B, L, V) log-softmax.
+    ids, mask = r.input_ids, r.attention_mask
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float() / temperature
+    T = r.completion_ids.shape[1]
+    lp = torch.log_softmax(logits[:, -T - 1 : -1], -1)
+    return lp.gather(-1, r.completion_ids[..., None])[..., 0] * r.response_mask
+
+
+def test_greedy_equals_generate(model, prompts):
+    r = sample(model, prompts, max_new_tokens=24, temperature=0, eos_token_id=EOS, pad_token_id=PAD)
+    ids, mask = left_pad(prompts, pad_token_id=PAD)
+    g = model.generate(
+        input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24, eos_token_id=EOS, pad_token_id=PAD
+    )[:, ids.shape[1] :]
+    T = r.completion_ids.shape[1]
+    assert torch.equal(r.completion_ids, g[:, :T])
+    assert (g[:, T:] == PAD).all()
+    lengths = r.lengths.tolist()
+    assert min(lengths) < max(lengths), "the test model should stop rows at different lengths"
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logp_equals_full_forward(model, prompts, temperature):
+    gen = torch.Generator().manual_seed(1)
+    r = sample(model, prompts * 4, max_new_tokens=30, temperature=temperature, eos_token_id=EOS, generator=gen)
+    with torch.no_grad():
+        ref = _full_logp(model, r, temperature)
+        lp, _ = logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1], temperature=temperature)
+    assert torch.allclose(r.logp, ref, atol=1e-5, rtol=0)
+    assert torch.allclose(lp * r.response_mask, ref, atol=1e-5, rtol=0)
+
+
+def test_eos_handling(model, prompts):
+    gen = torch.Generator().manual_seed(2)
+    N = 20
+    r = sample(model, prompts * 8, max_new_tokens=N, eos_token_id=EOS, pad_token_id=PAD, generator=gen)
+    stopped = 0
+    for ids, m, lp in zip(r.completion_ids.tolist(), r.response_mask.tolist(), r.logp.tolist()):
+        n = sum(m)
+        assert m == [1] * n + [0] * (len(m) - n)  # contiguous response
+        assert all(i == PAD for i in ids[n:]) and all(x == 0.0 for x in lp[n:])
+        if EOS in ids[:n]:
+            assert ids.index(EOS) == n - 1  # EOS is the last response token, included in the mask
+            stopped += 1
+        else:
+            assert n == N
+    assert 0 < stopped < len(r.lengths)
+    assert r.completion_ids.shape[1] == max(r.lengths.tolist())
+
+
+def test_no_eos_runs_to_max(model, prompts):
+    r = sample(model, prompts, max_new_tokens=7, eos_token_id=None, generator=torch.Generator().manual_seed(0))
+    assert r.completion_ids.shape == (len(prompts), 7) and r.response_mask.all()
+
+
+def test_tiny_top_p_equals_greedy(model, prompts):
+    g = sample(model, prompts, max_new_tokens=16, temperature=0, eos_token_id=EOS)
+    s = sample(model, prompts, max_new_tokens=16, top_p=1e-6, eos_token_id=EOS, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(g.completion_ids, s.completion_ids)
+    assert torch.allclose(g.logp, s.logp, atol=1e-6)
+
+
+def test_top_p_samples_only_from_nucleus(model, tok):
+    # One step from one prompt, many rows: every drawn token lies in the smallest top-p prefix.
+    p = tok("12+").input_ids
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([p])).logits[0, -1].float(), -1)
+    sp, si = probs.sort(descending=True)
+    k = int(((sp.cumsum(0) - sp) < 0.5).sum())
+    nucleus = set(si[:k].tolist())
+    r = sample(model, [p] * 400, max_new_tokens=1, top_p=0.5, generator=torch.Generator().manual_seed(4))
+    assert set(r.completion_ids[:, 0].tolist()) <= nucleus
+
+
+def test_sampling_follows_the_distribution(model, tok):
+    p = tok("4,5,6:").input_ids
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([p])).logits[0, -1].float() / 0.8, -1)
+    n = 4000
+    r = sample(model, [p] * n, max_new_tokens=1, temperature=0.8, generator=torch.Generator().manual_seed(5))
+    freq = torch.bincount(r.completion_ids[:, 0], minlength=probs.numel()).float() / n
+    assert (freq - probs).abs().max() < 0.035  # ~4.5 sigma at p = 0.5
+
+
+def test_seeded_determinism(model, prompts):
+    a = sample(model, prompts, max_new_tokens=16, eos_token_id=EOS, generator=torch.Generator().manual_seed(7))
+    b = sample(model, prompts, max_new_tokens=16, eos_token_id=EOS, generator=torch.Generator().manual_seed(7))
+    c = sample(model, prompts, max_new_tokens=16, eos_token_id=EOS, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.logp, b.logp)
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+
+
+def test_left_padding_batch_equals_one_by_one(model, prompts):
+    batch = sample(model, prompts, max_new_tokens=20, temperature=0, eos_token_id=EOS)
+    for i, p in enumerate(prompts):
+        one = sample(model, [p], max_new_tokens=20, temperature=0, eos_token_id=EOS)
+        n = int(one.lengths[0])
+        assert int(batch.lengths[i]) == n
+        assert torch.equal(batch.completion_ids[i, :n], one.completion_ids[0, :n])
+        assert torch.allclose(batch.logp[i, :n], one.logp[0, :n], atol=1e-5)
+
+
+def test_tensor_prompts_and_compaction_off(model, prompts):
+    ids, mask = left_pad(prompts)
+    a = sample(model, ids, mask, max_new_tokens=20, temperature=0, eos_token_id=EOS)
+    b = sample(model, prompts, max_new_tokens=20, temperature=0, eos_token_id=EOS, compact=False)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert torch.allclose(a.logp, b.logp, atol=1e-5)
+    with pytest.raises(ValueError, match="left-padded"):
+        sample(model, ids.flip(1), mask.flip(1), max_new_tokens=2)
+
+
+def test_chunked_logprobs_equal_unchunked_with_grads(model, prompts):
+    r = sample(model, prompts * 2, max_new_tokens=20, eos_token_id=EOS, generator=torch.Generator().manual_seed(9))
+    T = r.completion_ids.shape[1]
+    m = r.response_mask.float()
+    results = []
+    for chunk in (None, 3):
+        model.zero_grad()
+        lp, ent = logprobs(model, r.input_ids, r.attention_mask, T, chunk_size=chunk)
+        ((lp * m).sum() + (ent * m).sum()).backward()
+        results.append((lp.detach(), ent.detach(), model.lm_head.weight.grad.clone()))
+    model.zero_grad()
+    (lp0, e0, g0), (lp1, e1, g1) = results
+    assert torch.allclose(lp0 * m, lp1 * m, atol=1e-6)
+    assert torch.allclose(e0 * m, e1 * m, atol=1e-6)
+    assert torch.allclose(g0, g1, atol=1e-5)
+    # entropy against the definition on the full (B, T, V) distribution
+    with torch.no_grad():
+        pos = (r.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=r.input_ids, attention_mask=r.attention_mask, position_ids=pos).logits[:, -T - 1 : -1]
+        ref = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    assert torch.allclose(e0 * m, ref * m, atol=1e-5)
