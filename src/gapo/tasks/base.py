@@ -1,0 +1,144 @@
+"""The task interface shared by every verifiable task, and helpers for building one.
+
+A task turns seeds into :class:`Problem` s and scores completions with an exact verifier.
+
+Splits. ``train`` and ``eval`` are disjoint *by construction*: an instance belongs to a split
+according to a stable hash of its canonical key (not to the seed that drew it),
+
+    bucket(key) = int(sha256(key)[:8 hex], 16) / 16**8 ∈ [0, 1)
+    split(key)  = "eval" if bucket(key) < eval_fraction else "train"
+
+so the same instance lands in the same split whatever the seed, the number of problems
+drawn or the task's difficulty knobs (the key depends only on the instance).
+``generate(split, n, seed)`` draws instances from a ``random.Random`` seeded by
+``(split, seed)`` and keeps those of the requested split, skipping duplicates; it is therefore
+deterministic and prefix-stable (``generate(s, m, seed) == generate(s, n, seed)[:m]`` for
+``m <= n``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Protocol, runtime_checkable
+
+SPLITS = ("train", "eval")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One task instance.
+
+    ``prompt`` is the exact text fed to the model, ``answer`` the reference answer (task
+    specific), ``meta`` free-form details (e.g. Countdown's numbers and target). ``meta`` takes
+    no part in equality or hashing, so problems stay hashable.
+    """
+
+    prompt: str
+    answer: object
+    meta: dict = field(default_factory=dict, hash=False, compare=False)
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What the sampler, trainer and metrics rely on.
+
+    - ``name``: registry name.
+    - ``alphabet``: every character that can appear in a prompt or a well-formed completion
+      (a character-level tokenizer is built from it plus special tokens).
+    - ``max_completion_len``: a generation cap in characters, long enough for every correct
+      completion of this task's instances plus a little slack.
+    - ``generate(split, n, seed)``: ``n`` problems of ``split`` ∈ {"train", "eval"}; the two
+      splits are disjoint; deterministic in ``(split, n, seed)``; no duplicates within a call
+      unless the instance space is exhausted.
+    - ``score(problem, completion)``: 1.0 if the completion is correct, else 0.0. Never raises
+      and never evaluates the completion as code.
+    - ``parse_ok(completion)``: whether the completion is well-formed (syntax only, not
+      correctness), for an ``unparsable`` metric.
+    - ``first_move(completion)``: a hashable summary of the completion's first decision, or
+      ``None`` when it has none (see each task for its definition).
+    - ``demonstration(problem, rng)``: a correct completion for supervised warm-up.
+    """
+
+    name: str
+    alphabet: str
+    max_completion_len: int
+
+    def generate(self, split: str, n: int, seed: int) -> list[Problem]: ...
+
+    def score(self, problem: Problem, completion: str) -> float: ...
+
+    def parse_ok(self, completion: str) -> bool: ...
+
+    def first_move(self, completion: str) -> Hashable | None: ...
+
+    def demonstration(self, problem: Problem, rng: random.Random) -> str: ...
+
+
+def split_of(key: str, eval_fraction: float) -> str:
+    """The split an instance with canonical ``key`` belongs to (see the module docstring)."""
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
+    bucket = int(digest[:8], 16) / 16**8
+    return "eval" if bucket < eval_fraction else "train"
+
+
+def check_split(split: str, n: int) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+
+
+def draw_problems(
+    split: str,
+    n: int,
+    seed: int,
+    draw: Callable[[random.Random], tuple[str, Problem] | None],
+    *,
+    eval_fraction: float,
+    task_name: str,
+    max_stale: int = 2000,
+) -> list[Problem]:
+    """Draw ``n`` problems of ``split`` with ``draw(rng) -> (key, problem) | None``.
+
+    ``draw`` returns ``None`` to reject a candidate (e.g. an unsolvable instance). Instances of
+    the other split and repeats of an instance already drawn are skipped. After ``max_stale``
+    consecutive draws that yield nothing new, the space is taken as exhausted: repeats are then
+    allowed (with a warning) so that small spaces still give ``n`` problems; if not even one
+    problem of the split was found, ``ValueError`` is raised.
+    """
+    check_split(split, n)
+    if not 0.0 < eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+    rng = random.Random(f"{task_name}:{split}:{seed}")
+    out: list[Problem] = []
+    seen: set[str] = set()
+    stale = 0
+    allow_repeats = False
+    while len(out) < n:
+        candidate = draw(rng)
+        if candidate is None or split_of(candidate[0], eval_fraction) != split:
+            stale += 1
+        elif candidate[0] in seen and not allow_repeats:
+            stale += 1
+        else:
+            seen.add(candidate[0])
+            out.append(candidate[1])
+            stale = 0
+        if stale >= max_stale:
+            if not out:
+                raise ValueError(
+                    f"{task_name}: found no {split!r} instance in {max_stale} draws; "
+                    "the instance space is empty or too small for this split"
+                )
+            if not allow_repeats:
+                warnings.warn(
+                    f"{task_name}: only {len(seen)} distinct {split!r} instances found; "
+                    f"repeating instances to reach n={n}",
+                    stacklevel=3,
+                )
+            allow_repeats = True
+            stale = 0
+    return out

@@ -1,0 +1,469 @@
+"""Countdown: combine the given numbers with + − × ÷ to reach a target.
+
+Formats
+-------
+Prompt: the numbers in drawn order separated by spaces, ``>``, the target, ``:``::
+
+    3 7 9 2>24:
+
+Completion: one or more steps separated by ``,``; a step is ``a<op>b=c`` with ``op`` in
+``+ - * /`` and non-negative decimal integers without leading zeros (at most 12 digits)::
+
+    9+3=12,12*2=24
+
+Rules (checked by :func:`check` / :meth:`CountdownTask.score`):
+
+- ``a`` and ``b`` must be *available*: a given number not used yet, or the result of an
+  earlier step not used yet (the available values form a multiset; a step removes ``a`` and
+  ``b`` and adds ``c``). So each given number is used at most once; not all must be used.
+- ``c`` must equal ``a op b`` exactly, and every value must be a positive integer:
+  ``a − b`` needs ``a > b``; ``a / b`` needs ``b`` to divide ``a`` (no fractions, no negatives,
+  no zero).
+- The last step's result must equal the target. Steps whose result is never used are allowed
+  (they are harmless: they only consume numbers).
+Surrounding whitespace is ignored; anything else unexpected makes the completion wrong.
+
+Canonical solutions
+-------------------
+Two solutions are the same when their expression trees are equal up to commutativity and
+associativity. The canonical form flattens the tree:
+
+- a sum node is a multiset of positive terms and a multiset of negative terms:
+  ``a − (b − c)``, ``a − b + c`` and ``(a + c) − b`` are all ``{a, c} − {b}``;
+- a product node is a multiset of numerator and of denominator factors:
+  ``a / (b / c)``, ``a · c / b`` and ``(a / b) · c`` are all ``{a, c} / {b}``;
+- terms of a sum are leaves or products, factors of a product are leaves or sums.
+
+It is written with every multiset sorted as strings, positive terms (numerators) first::
+
+    1+2+3     2*3*4/6     10+3-5     8/(4-2)     2*3+4
+
+Equal values are interchangeable, so solutions using two equal given numbers are counted once.
+``x*1`` and ``x/1`` are different solutions (one has 1 in the numerator, one in the
+denominator). A completion names values, not positions; when a value could refer to several
+available items, it refers to the *most recently computed* one, else to a given number
+(:func:`canonical`).
+
+First move
+----------
+``(first operand, operator)`` of the first step. The operand order of ``+`` and ``*`` is
+canonicalised to the larger operand first, matching ``−`` and ``÷``, where the first operand
+is always the larger. Demonstrations also write the larger operand first.
+
+Solver
+------
+:func:`solutions` enumerates every reachable canonical expression over every sub-multiset of
+the numbers by dynamic programming over sub-multisets (two disjoint parts, all operators,
+both orders), deduplicating canonical forms per sub-multiset; it is exact because whether an
+expression combines with another depends only on its value and canonical form. Results are
+cached per multiset.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import product
+from typing import Sequence, Union
+
+from gapo.tasks.base import Problem, draw_problems
+
+ALPHABET = "0123456789 +-*/=,>:"
+MAX_DIGITS = 12  # longest number literal a completion may contain
+
+_NUM = rf"(?:0|[1-9][0-9]{{0,{MAX_DIGITS - 1}}})"
+_STEP = re.compile(rf"({_NUM})([-+*/])({_NUM})=({_NUM})")
+
+Step = tuple[int, str, int, int]  # (a, op, b, c) for "a op b = c"
+# A derivation: a given number, or (op, left, right, value) written "left op right = value".
+Derivation = Union[int, tuple]
+
+
+# ---------------------------------------------------------------- canonical expressions
+@dataclass(frozen=True)
+class _Expr:
+    """A canonical expression: ``kind`` is "n" (number), "+" (sum) or "*" (product).
+
+    For a sum, ``pos``/``neg`` are the sorted term strings; for a product, the sorted
+    numerator/denominator factor strings (sums parenthesised). ``text`` is the canonical
+    string. ``deriv`` is one tree that realises it with positive integer intermediates.
+    """
+
+    value: int
+    kind: str
+    text: str
+    pos: tuple[str, ...]
+    neg: tuple[str, ...]
+    deriv: Derivation
+
+
+def _leaf(v: int) -> _Expr:
+    return _Expr(v, "n", str(v), (), (), v)
+
+
+def _terms(e: _Expr) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return (e.pos, e.neg) if e.kind == "+" else ((e.text,), ())
+
+
+def _factors(e: _Expr) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if e.kind == "*":
+        return e.pos, e.neg
+    return ((e.text if e.kind == "n" else f"({e.text})",), ())
+
+
+def _combine(x: _Expr, op: str, y: _Expr, value: int) -> _Expr:
+    """Canonical form of ``x op y`` (the caller checked that ``value`` is valid)."""
+    if op in "+-":
+        (xp, xn), (yp, yn) = _terms(x), _terms(y)
+        pos, neg = (xp + yp, xn + yn) if op == "+" else (xp + yn, xn + yp)
+        kind, plus, minus = "+", "+", "-"
+    else:
+        (xp, xn), (yp, yn) = _factors(x), _factors(y)
+        pos, neg = (xp + yp, xn + yn) if op == "*" else (xp + yn, xn + yp)
+        kind, plus, minus = "*", "*", "/"
+    pos, neg = tuple(sorted(pos)), tuple(sorted(neg))
+    text = plus.join(pos) + "".join(minus + t for t in neg)
+    return _Expr(value, kind, text, pos, neg, (op, x.deriv, y.deriv, value))
+
+
+def _apply(a: int, op: str, b: int) -> int | None:
+    """``a op b`` if it is a positive integer, else ``None``."""
+    if op == "+":
+        return a + b
+    if op == "*":
+        return a * b
+    if op == "-":
+        return a - b if a > b else None
+    if op == "/":
+        return a // b if b > 0 and a % b == 0 else None
+    return None
+
+
+def _combinations(x: _Expr, y: _Expr):
+    """Every valid ``x op y`` and ``y op x``, larger operand written first."""
+    hi, lo = (x, y) if x.value >= y.value else (y, x)
+    yield _combine(hi, "+", lo, hi.value + lo.value)
+    yield _combine(hi, "*", lo, hi.value * lo.value)
+    if hi.value > lo.value:
+        yield _combine(hi, "-", lo, hi.value - lo.value)
+    if hi.value % lo.value == 0:
+        yield _combine(hi, "/", lo, hi.value // lo.value)
+        if hi.value == lo.value and hi.text != lo.text:  # (1+2)/3 and 3/(1+2) differ
+            yield _combine(lo, "/", hi, 1)
+
+
+def _submultisets(values: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Distinct sub-multisets of a sorted tuple, as sorted tuples (including () and itself)."""
+    counts = sorted(Counter(values).items())
+    out = []
+    for picks in product(*(range(c + 1) for _, c in counts)):
+        out.append(tuple(v for (v, _), k in zip(counts, picks) for _ in range(k)))
+    return out
+
+
+def _minus(values: tuple[int, ...], part: tuple[int, ...]) -> tuple[int, ...]:
+    rest = Counter(values)
+    rest.subtract(part)
+    return tuple(sorted(rest.elements()))
+
+
+@lru_cache(maxsize=4096)
+def _exprs(values: tuple[int, ...]) -> dict[str, _Expr]:
+    """All canonical expressions using every value of the sorted tuple ``values`` once."""
+    if len(values) == 1:
+        e = _leaf(values[0])
+        return {e.text: e}
+    out: dict[str, _Expr] = {}
+    for left in _submultisets(values):
+        right = _minus(values, left)
+        if not left or not right or left > right:  # each unordered split once
+            continue
+        for x in _exprs(left).values():
+            for y in _exprs(right).values():
+                for e in _combinations(x, y):
+                    out.setdefault(e.text, e)
+    return out
+
+
+@dataclass(frozen=True)
+class _Solved:
+    by_value: dict[int, tuple[str, ...]]  # value -> sorted canonical solutions
+    exprs: dict[str, _Expr]
+
+
+@lru_cache(maxsize=512)
+def _solve(values: tuple[int, ...]) -> _Solved:
+    """Every canonical expression with at least one operation over sub-multisets of values."""
+    exprs: dict[str, _Expr] = {}
+    for sub in _submultisets(values):
+        if len(sub) >= 2:
+            for text, e in _exprs(sub).items():
+                exprs.setdefault(text, e)
+    by_value: dict[int, list[str]] = {}
+    for text, e in exprs.items():
+        by_value.setdefault(e.value, []).append(text)
+    return _Solved({v: tuple(sorted(ts)) for v, ts in by_value.items()}, exprs)
+
+
+def _key(numbers: Sequence[int]) -> tuple[int, ...]:
+    values = tuple(sorted(int(v) for v in numbers))
+    if not values or values[0] < 1:
+        raise ValueError(f"numbers must be positive integers, got {list(numbers)}")
+    return values
+
+
+def solutions(numbers: Sequence[int], target: int) -> list[str]:
+    """All distinct canonical solutions (sorted strings) reaching ``target``.
+
+    A solution uses at least one operation and each given number at most once. Example:
+    ``solutions([1, 2, 3], 6) == ["1*2*3", "1+2+3", "2*3", "2*3/1"]``.
+    """
+    return list(_solve(_key(numbers)).by_value.get(int(target), ()))
+
+
+def reachable(numbers: Sequence[int]) -> dict[int, int]:
+    """``{value: number of canonical solutions}`` for every value reachable from ``numbers``."""
+    return {v: len(ts) for v, ts in _solve(_key(numbers)).by_value.items()}
+
+
+# ---------------------------------------------------------------- completions
+def parse(completion: str) -> list[Step] | None:
+    """The steps of a well-formed completion, else ``None`` (syntax only, no arithmetic)."""
+    if not isinstance(completion, str):
+        return None
+    text = completion.strip()
+    if not text or len(text) > 10_000:
+        return None
+    steps = []
+    for segment in text.split(","):
+        m = _STEP.fullmatch(segment)
+        if m is None:
+            return None
+        steps.append((int(m[1]), m[2], int(m[3]), int(m[4])))
+    return steps
+
+
+def check(numbers: Sequence[int], target: int, completion: str) -> bool:
+    """Whether ``completion`` solves the instance (see the module docstring for the rules)."""
+    steps = parse(completion)
+    if steps is None:
+        return False
+    available = Counter(int(v) for v in numbers)
+    for a, op, b, c in steps:
+        available[a] -= 1
+        available[b] -= 1
+        if available[a] < 0 or available[b] < 0 or _apply(a, op, b) != c:
+            return False
+        available[c] += 1
+    return steps[-1][3] == int(target)
+
+
+def canonical(completion: str, numbers: Sequence[int] | None = None) -> str | None:
+    """Canonical form of the expression the completion's last step computes.
+
+    Each operand refers to the most recently computed unused result with that value, else to
+    a given number. With ``numbers``, returns ``None`` unless every step is valid for them
+    (the target is not checked); without, any operand that is not an earlier result is taken
+    as a given number. ``None`` also for unparsable completions or wrong arithmetic.
+    """
+    steps = parse(completion)
+    if steps is None:
+        return None
+    given = Counter(int(v) for v in numbers) if numbers is not None else None
+    results: list[_Expr] = []  # computed, unused, oldest first
+
+    def take(v: int) -> _Expr | None:
+        for i in range(len(results) - 1, -1, -1):
+            if results[i].value == v:
+                return results.pop(i)
+        if given is not None:
+            if given[v] <= 0:
+                return None
+            given[v] -= 1
+        return _leaf(v)
+
+    for a, op, b, c in steps:
+        if _apply(a, op, b) != c:
+            return None
+        x, y = take(a), take(b)
+        if x is None or y is None:
+            return None
+        results.append(_combine(x, op, y, c))
+    return results[-1].text
+
+
+def first_move(completion: str) -> tuple[int, str] | None:
+    """``(first operand, operator)`` of the first step, larger operand first for ``+``/``*``.
+
+    Only the first step has to be well-formed (``a<op>b=c``); its arithmetic is not checked.
+    """
+    if not isinstance(completion, str):
+        return None
+    m = _STEP.fullmatch(completion.strip().split(",", 1)[0])
+    if m is None:
+        return None
+    a, op, b = int(m[1]), m[2], int(m[3])
+    return (max(a, b), op) if op in "+*" else (a, op)
+
+
+def render(deriv: Derivation, rng: random.Random | None = None) -> str:
+    """Write a derivation as steps, in a random valid order when ``rng`` is given."""
+    steps: list[tuple[str, list[int]]] = []  # (step text, indices of child steps)
+
+    def walk(d: Derivation) -> int | None:
+        if not isinstance(d, tuple):
+            return None
+        op, left, right, value = d
+        kids = [i for i in (walk(left), walk(right)) if i is not None]
+        lv, rv = (x[3] if isinstance(x, tuple) else x for x in (left, right))
+        steps.append((f"{lv}{op}{rv}={value}", kids))
+        return len(steps) - 1
+
+    walk(deriv)
+    order = list(range(len(steps)))  # children before parents
+    if rng is not None:
+        done: set[int] = set()
+        order = []
+        while len(order) < len(steps):
+            ready = [i for i, (_, kids) in enumerate(steps)
+                     if i not in done and all(k in done for k in kids)]
+            pick = ready[rng.randrange(len(ready))]
+            done.add(pick)
+            order.append(pick)
+    return ",".join(steps[i][0] for i in order)
+
+
+# ---------------------------------------------------------------- the task
+def _as_range(x: int | tuple[int, int], name: str) -> tuple[int, int]:
+    lo, hi = (x, x) if isinstance(x, int) else tuple(x)
+    if lo > hi:
+        raise ValueError(f"{name}: empty range {x}")
+    return int(lo), int(hi)
+
+
+class CountdownTask:
+    """Countdown instances and their verifier.
+
+    Knobs:
+
+    - ``n_numbers``: how many numbers (an int, or an inclusive ``(min, max)`` range drawn
+      uniformly per instance), 2..6; 3 is easy, 4 is the default, 5 is hard.
+    - ``num_range``: inclusive range the numbers are drawn from (uniform, with repeats).
+    - ``target_range``: inclusive range of targets; the target is drawn uniformly among the
+      values in range that have between ``min_solutions`` and ``max_solutions`` canonical
+      solutions and are not one of the given numbers (so every instance is solvable and needs
+      at least one step).
+    - ``eval_fraction``: share of the instance space in the eval split (hash of
+      ``"countdown:" + sorted numbers + target``; see :mod:`gapo.tasks.base`).
+
+    ``Problem.answer`` is the target; ``Problem.meta`` holds ``numbers`` (prompt order),
+    ``target`` and ``n_solutions``.
+    """
+
+    name = "countdown"
+    alphabet = ALPHABET
+
+    def __init__(
+        self,
+        n_numbers: int | tuple[int, int] = 4,
+        num_range: tuple[int, int] = (1, 10),
+        target_range: tuple[int, int] = (1, 100),
+        min_solutions: int = 1,
+        max_solutions: int | None = None,
+        eval_fraction: float = 0.1,
+    ) -> None:
+        self.n_numbers = _as_range(n_numbers, "n_numbers")
+        self.num_range = _as_range(num_range, "num_range")
+        self.target_range = _as_range(target_range, "target_range")
+        if not 2 <= self.n_numbers[0] <= self.n_numbers[1] <= 6:
+            raise ValueError(f"n_numbers must lie in 2..6, got {n_numbers}")
+        if self.num_range[0] < 1 or self.target_range[0] < 1:
+            raise ValueError("numbers and targets must be positive")
+        if min_solutions < 1 or (max_solutions is not None and max_solutions < min_solutions):
+            raise ValueError(f"bad solution-count bounds {min_solutions}..{max_solutions}")
+        self.min_solutions = min_solutions
+        self.max_solutions = max_solutions
+        self.eval_fraction = eval_fraction
+        self.max_completion_len = self._max_len()
+
+    def _max_len(self) -> int:
+        """Longest correct completion: step k's operands are at most M**k and its result at
+        most M**(k+1) (M = max(largest number, 2)); the last result is at most the target."""
+        m, n = max(self.num_range[1], 2), self.n_numbers[1]
+        digits = lambda v: len(str(v))  # noqa: E731
+        total = 0
+        for k in range(1, n):
+            result = self.target_range[1] if k == n - 1 else m ** (k + 1)
+            total += 2 * digits(m**k) + 2 + digits(result) + (k < n - 1)
+        return total + 4
+
+    # -- generation
+    def _draw(self, rng: random.Random) -> tuple[str, Problem] | None:
+        numbers = [rng.randint(*self.num_range) for _ in range(rng.randint(*self.n_numbers))]
+        lo, hi = self.target_range
+        top = self.max_solutions if self.max_solutions is not None else float("inf")
+        targets = sorted(
+            v for v, count in reachable(numbers).items()
+            if lo <= v <= hi and v not in numbers and self.min_solutions <= count <= top
+        )
+        if not targets:
+            return None
+        target = rng.choice(targets)
+        key = f"countdown:{' '.join(map(str, sorted(numbers)))}>{target}"
+        prompt = f"{' '.join(map(str, numbers))}>{target}:"
+        meta = {
+            "numbers": tuple(numbers),
+            "target": target,
+            "n_solutions": reachable(numbers)[target],
+        }
+        return key, Problem(prompt, target, meta)
+
+    def generate(self, split: str, n: int, seed: int) -> list[Problem]:
+        return draw_problems(
+            split, n, seed, self._draw, eval_fraction=self.eval_fraction, task_name=self.name
+        )
+
+    # -- verification
+    def score(self, problem: Problem, completion: str) -> float:
+        try:
+            return float(check(problem.meta["numbers"], problem.answer, completion))
+        except Exception:  # the verifier must never crash a training run
+            return 0.0
+
+    def parse_ok(self, completion: str) -> bool:
+        return parse(completion) is not None
+
+    def first_move(self, completion: str) -> tuple[int, str] | None:
+        return first_move(completion)
+
+    def solutions(self, problem: Problem) -> list[str]:
+        return solutions(problem.meta["numbers"], problem.answer)
+
+    def canonical(self, completion: str, problem: Problem | None = None) -> str | None:
+        """Canonical solution string of a completion (``None`` if invalid for ``problem``)."""
+        if problem is None:
+            return canonical(completion)
+        if not self.score(problem, completion):
+            return None
+        return canonical(completion, problem.meta["numbers"])
+
+    def demonstration(self, problem: Problem, rng: random.Random) -> str:
+        """A correct completion of a uniformly random canonical solution, steps in a random
+        valid order (so first moves are diverse)."""
+        numbers = problem.meta["numbers"]
+        solved = _solve(_key(numbers))
+        texts = solved.by_value.get(int(problem.answer), ())
+        if not texts:
+            raise ValueError(f"unsolvable instance {problem.prompt!r}")
+        text = texts[rng.randrange(len(texts))]
+        deriv = solved.exprs[text].deriv
+        for _ in range(64):
+            completion = render(deriv, rng)
+            # an operand value may name an earlier result instead of the intended given
+            # number (see `canonical`); another step order then expresses the same tree
+            if canonical(completion, numbers) == text:
+                return completion
+        return render(deriv)  # still a correct solution, just named differently
