@@ -1,0 +1,117 @@
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gapo.advantages import ADVANTAGES, compute, group_success_count, zero_std_groups
+
+R = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])  # G = 4: c = 1 and c = 2
+
+
+def test_drgrpo_hand_computed():
+    # group 1 mean 0.25, group 2 mean 0.5
+    assert compute("drgrpo", R, 4).tolist() == [0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5]
+
+
+def test_grpo_unbiased_and_population_std():
+    # group 1: unbiased std = sqrt(0.75 / 3) = 0.5 -> A = 0.75/0.5 = 1.5, -0.5
+    a = compute("grpo", R, 4, eps=0.0)
+    assert a[:4].tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5])
+    # population std = sqrt(0.1875) = 0.4330 -> 0.75 / 0.4330 = 1.7320
+    a = compute("grpo", R, 4, eps=0.0, std="population")
+    assert a[0].item() == pytest.approx(0.75 / math.sqrt(0.1875))
+    # eps is applied to the std: 0.75 / (0.5 + 1e-4)
+    assert compute("grpo", R, 4, eps=1e-4)[0].item() == pytest.approx(0.75 / 0.5001)
+
+
+def test_rloo_hand_computed():
+    # lone success: 1 - mean(0, 0, 0) = 1; a failure: 0 - mean(1, 0, 0) = -1/3
+    assert compute("rloo", R, 4)[:4].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3])
+
+
+def _passk_brute(group, k):
+    """Per-rollout advantage = mean over k-subsets containing it of (max reward − R̄)/σ."""
+    G = len(group)
+    subsets = list(itertools.combinations(range(G), k))
+    rew = {s: max(group[i] for i in s) for s in subsets}
+    r_bar = sum(rew.values()) / len(subsets)
+    sigma = math.sqrt(r_bar * (1 - r_bar))
+    if sigma == 0:
+        return [0.0] * G
+    return [sum(rew[s] - r_bar for s in subsets if i in s) / sum(1 for s in subsets if i in s) / sigma
+            for i in range(G)]
+
+
+@pytest.mark.parametrize("G", [2, 3, 4, 5, 6])
+def test_passk_equals_brute_force_expectation(G):
+    for k in range(1, G + 1):
+        for c in range(G + 1):
+            group = [1.0] * c + [0.0] * (G - c)
+            got = compute("passk", torch.tensor(group), G, k=k).tolist()
+            assert got == pytest.approx(_passk_brute(group, k), abs=1e-6), (G, k, c)
+
+
+def test_passk_with_k1_is_std_normalised_grpo():
+    # k = 1: R̄ = c/G, A_pos = (1-p)/sqrt(p(1-p)), A_neg = -p/sqrt(p(1-p)) = population-std GRPO
+    assert torch.allclose(compute("passk", R, 4, k=1), compute("grpo", R, 4, eps=0.0, std="population"), atol=1e-6)
+
+
+def test_focal_scales_by_failure_rate():
+    # group 1: p = 1/4 -> (3/4)^2 = 0.5625; group 2: p = 1/2 -> 0.25
+    a = compute("focal", R, 4, gamma=2.0)
+    assert a.tolist() == pytest.approx([0.75 * 0.5625] + [-0.25 * 0.5625] * 3 + [0.125, 0.125, -0.125, -0.125])
+    # on top of another base estimator, with its parameters passed through
+    b = compute("focal", R, 4, gamma=1.0, base="grpo", eps=0.0)
+    assert b[0].item() == pytest.approx(1.5 * 0.75)
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGES))
+def test_every_estimator_has_one_signature_and_zero_for_equal_rewards(name):
+    # G = 8 (passk's default k = 4 needs G - c >= 4 failures to give signal)
+    rewards = torch.tensor([1.0] * 8 + [0.0] * 8 + [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    a = compute(name, rewards, 8)
+    assert a.shape == (24,) and torch.isfinite(a).all()
+    assert (a[:16] == 0).all()  # all-correct and all-wrong groups carry no signal
+    assert (a[16:] != 0).any()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1.0]), min_size=8, max_size=8), st.sampled_from(["drgrpo", "grpo", "rloo"]))
+def test_centred_estimators_sum_to_zero_per_group(rewards, name):
+    a = compute(name, torch.tensor(rewards), 4).view(-1, 4)
+    assert torch.allclose(a.sum(1), torch.zeros(2), atol=1e-6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-5, 5), min_size=4, max_size=4))
+def test_correct_rollouts_get_positive_advantage(rewards):
+    r = torch.tensor(rewards)
+    a = compute("drgrpo", r, 4)
+    assert ((a > 0) == (r > r.double().mean().float() + 1e-6)).all() or torch.allclose(r, r.mean().expand(4), atol=1e-5)
+
+
+def test_helpers():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    assert zero_std_groups(rewards, 2).tolist() == [True, True, False]
+    assert group_success_count(rewards, 2).tolist() == [2, 2, 0, 0, 1, 1]
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, match",
+    [
+        ("gae", {}, "advantage estimator 'gae'"),
+        ("passk", {"k": 9}, "k must be"),
+        ("passk", {"rewards": torch.tensor([0.5, 0.0, 1.0, 0.0])}, "binary"),
+        ("grpo", {"std": "sample"}, "std 'sample'"),
+        ("focal", {"gamma": -1.0}, "gamma"),
+        ("drgrpo", {"rewards": torch.tensor([1.0, float("nan"), 0.0, 0.0])}, "NaN"),
+        ("drgrpo", {"rewards": torch.tensor([1.0, 0.0, 0.0])}, "divisible"),
+    ],
+)
+def test_bad_input(name, kwargs, match):
+    rewards = kwargs.pop("rewards", torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    with pytest.raises(ValueError, match=match):
+        compute(name, rewards, 4, **kwargs)
