@@ -1,0 +1,1 @@
+"""Thin adapters that run gapo's losses inside distributed engines (verl, TRL); see docs/scale-out.md."""

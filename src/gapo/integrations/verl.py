@@ -1,0 +1,443 @@
+"""GAPO inside verl: the registered policy losses ``gapo`` (token ratio) and ``gapo_seq`` (GSPO).
+
+Supported verl: ``>=0.9.1,<0.10`` (tested: 0.9.1). Selecting it in a verl run::
+
+    actor_rollout_ref.actor.policy_loss.loss_mode=gapo          # or gapo_seq
+    actor_rollout_ref.actor.policy_loss._target_=gapo.integrations.verl.GAPOPolicyLossConfig
+    +actor_rollout_ref.actor.policy_loss.eps_high_max=0.28      # optional, see below
+
+**Loading.** gapo declares the ``verl.plugins`` entry point ``gapo = gapo.integrations.verl``,
+so ``import verl`` imports this module in every process (driver and Ray workers) and the two
+losses are registered. ``VERL_USE_EXTERNAL_MODULES=gapo.integrations.verl`` does the same
+explicitly. verl swallows a plugin's import error (DEBUG log only), so when this module fails to
+import it logs the cause at ERROR level and registers ``gapo``/``gapo_seq`` as stubs that raise
+it, instead of leaving verl to say "Unsupported loss mode" later.
+
+**ε.** ``ε_low`` is verl's ``clip_ratio_low`` (falling back to ``clip_ratio``). Each rollout's
+upper width runs from ``ε_low`` (no headroom) to ``ε_high_max`` (the lone success of a hard
+group), DESIGN §1.5 / the paper's Eq. 11::
+
+    w_i = clamp((R_i − mean_group R) / ((G−1)/G · (R_max − R_min)), 0, 1)
+    ε_high(i) = ε_low + (ε_high_max − ε_low)·w_i          (schedule "linear"; "log" also offered)
+
+``ε_high_max`` is ``policy_loss.eps_high_max`` or, when unset, verl's ``clip_ratio_high``.
+Setting both to different values with ``clip_ratio_high`` not equal to ``clip_ratio_low`` is
+ambiguous and rejected.
+
+**Group success from advantages.** verl calls a policy loss with advantages, not rewards, and
+its ``ppo_loss`` forwards only ``old_log_probs``, ``advantages``, ``response_mask`` and
+``rollout_is_weights`` from the batch, so no reward field can be carried through. ``w_i`` is
+therefore recovered *per row* (micro-batches are shuffled, so the rows of a group need not be
+together) from the row's own advantage, with ``G = actor.rollout_n`` and ``Δ = R_max − R_min``:
+
+==========================================  ============================  ===================
+``algorithm.*`` (set the same in            advantage verl computes       centred reward
+``policy_loss.*``)                                                        ``x = (R − R̄)/Δ``
+==========================================  ============================  ===================
+adv_estimator=grpo, norm_adv_by_std=False   ``A = R − R̄``  (Dr.GRPO)       ``A/Δ``
+adv_estimator=rloo                          ``A = G/(G−1)·(R − R̄)``        ``(G−1)/G · A/Δ``
+adv_estimator=grpo, norm_adv_by_std=True    ``A = (R − R̄)/(std_unb + 1e-6)``  binary rewards only
+==========================================  ============================  ===================
+
+so ``w = clamp(x·G/(G−1), 0, 1)`` exactly, for any rewards in ``[R_min, R_max]``. Std-normalised
+advantages are invertible only for binary rewards: with ``p = c/G`` the correct rollouts have
+``A = sqrt((G−1)/G·(1−p)/p)``, so ``c = G/(1 + A²·G/(G−1))`` and ``w = (G−c)/(G−1)``.
+
+This is valid only when (i) the advantages are exactly those of the estimator named in
+``policy_loss`` (``*_vectorized`` variants are equivalent), (ii) every group has exactly
+``rollout_n`` responses, (iii) the reward summed over the response is the verifiable reward
+(``algorithm.use_kl_in_reward=False``, no token-level reward shaping) and lies in
+``[reward_min, reward_max]``, and (iv) the advantage is the same on every response token.
+Checks made on every call (``ValueError`` naming the fix, never a silently wrong ε): (iv); the
+estimator is one of the three above; ``|x| ≤ (G−1)/G`` (catches std-normalised advantages
+passed as Dr.GRPO, and a too-narrow reward range, for most groups); and with
+``binary_rewards=True`` (the default) that every row implies an integer number of correct
+rollouts ``c`` in ``[1, G−1]`` (catches nearly every mismatch of estimator, ``G`` or range).
+Not detectable: a group with fewer than ``rollout_n`` responses whose advantages happen to look
+valid. The defaults (``adv_estimator="grpo"``, ``norm_adv_by_std_in_grpo=False``, rewards in
+``[0, 1]``, binary) are the paper's recipe and apply when the plain ``PolicyLossConfig`` is
+used with ``loss_mode=gapo``.
+
+**Loss.** ``gapo.losses.policy_loss`` with verl's aggregation normalisers (``global_batch_info``);
+``gapo`` applies verl's dual clip (``clip_ratio_c``) like ``vanilla``; ``gapo_seq`` has none,
+like ``gspo``. With ``ε_high_max == ε_low`` they equal verl's ``vanilla`` and ``gspo``
+(tests/test_verl.py). ``rollout_is_weights`` (verl's rollout correction) is not supported yet
+and is rejected.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+__all__ = [
+    "GAPOPolicyLossConfig",
+    "SUPPORTED_VERL",
+    "TESTED_VERL",
+    "compute_policy_loss_gapo",
+    "compute_policy_loss_gapo_seq",
+    "success_weight_from_advantages",
+]
+
+SUPPORTED_VERL = ">=0.9.1,<0.10"
+TESTED_VERL = "0.9.1"
+LOSS_MODES = ("gapo", "gapo_seq")
+SCHEDULES = ("linear", "log")
+# estimators whose advantages we can invert; the *_vectorized ones compute the same numbers
+ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized")
+
+_log = logging.getLogger(__name__)
+
+
+def _require_supported_verl() -> str:
+    from packaging.version import Version
+
+    try:
+        import verl
+    except ImportError as exc:
+        raise ImportError(
+            f"gapo.integrations.verl needs verl{SUPPORTED_VERL}: pip install 'gapo[verl]'") from exc
+    version = getattr(verl, "__version__", "unknown")
+    try:
+        ok = Version("0.9.1") <= Version(version) < Version("0.10")
+    except Exception:
+        ok = False
+    if not ok:
+        raise ImportError(f"gapo.integrations.verl supports verl{SUPPORTED_VERL} (tested {TESTED_VERL}); "
+                          f"found verl {version}. Install a supported verl: pip install 'gapo[verl]'")
+    return version
+
+
+def _announce_failure(exc: BaseException) -> None:
+    """Make an import failure loud: verl's plugin loader would hide it at DEBUG level."""
+    msg = f"gapo's verl plugin failed to load, so loss modes {LOSS_MODES} are unusable: {exc!r}"
+    _log.error(msg)
+    try:
+        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+    except Exception:
+        return
+
+    def _broken(*args, **kwargs):
+        raise RuntimeError(msg) from exc
+
+    for name in LOSS_MODES:
+        POLICY_LOSS_REGISTRY.setdefault(name, _broken)
+
+
+try:
+    VERL_VERSION = _require_supported_verl()
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
+    from verl.workers.config import PolicyLossConfig
+
+    from gapo.clipping import gapo_eps_high
+    from gapo.losses import policy_loss
+except BaseException as _exc:  # noqa: BLE001 - re-raised after making it visible
+    _announce_failure(_exc)
+    raise
+
+
+# --------------------------------------------------------------------------------------------
+# configuration
+
+
+@dataclass
+class GAPOPolicyLossConfig(PolicyLossConfig):
+    """verl's ``PolicyLossConfig`` plus GAPO's fields (select with ``policy_loss._target_``).
+
+    Args:
+        loss_mode: ``"gapo"`` (token ratio) or ``"gapo_seq"`` (GSPO sequence ratio).
+        eps_high_max: upper width of the lone success of a hard group; ``None`` uses verl's
+            ``clip_ratio_high``.
+        schedule: ``"linear"`` (the paper's Eq. 11) or ``"log"``.
+        reward_min, reward_max: the range of the scalar (summed) reward.
+        adv_estimator, norm_adv_by_std_in_grpo: must equal ``algorithm.*`` of the run; they say
+            how to read group success back from the advantage (module docstring).
+        binary_rewards: rewards take only the values ``reward_min``/``reward_max``; enables the
+            integer-count check, and is required for std-normalised GRPO advantages.
+    """
+
+    loss_mode: str = "gapo"
+    eps_high_max: Optional[float] = None
+    schedule: str = "linear"
+    reward_min: float = 0.0
+    reward_max: float = 1.0
+    adv_estimator: str = "grpo"
+    norm_adv_by_std_in_grpo: bool = False
+    binary_rewards: bool = True
+
+    def __post_init__(self):
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()
+        if self.loss_mode not in LOSS_MODES:
+            raise ValueError(f"GAPOPolicyLossConfig: loss_mode must be one of {LOSS_MODES}, got "
+                             f"{self.loss_mode!r} (GAPO's fields would be ignored by other losses)")
+        _check_gapo_fields(self)
+
+
+def _check_gapo_fields(pl) -> None:
+    eps_high_max = pl.get("eps_high_max", None)
+    if eps_high_max is not None and not float(eps_high_max) >= 0.0:
+        raise ValueError(f"policy_loss.eps_high_max must be >= 0, got {eps_high_max!r}")
+    schedule = pl.get("schedule", "linear")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"policy_loss.schedule must be one of {SCHEDULES}, got {schedule!r}")
+    lo, hi = float(pl.get("reward_min", 0.0)), float(pl.get("reward_max", 1.0))
+    if not hi > lo:
+        raise ValueError(f"policy_loss.reward_max ({hi}) must be > reward_min ({lo})")
+    est = pl.get("adv_estimator", "grpo")
+    if est not in ADV_ESTIMATORS:
+        raise ValueError(
+            f"policy_loss.adv_estimator={est!r}: GAPO's verl adapter reads group success back from "
+            f"the advantage and can do so only for {ADV_ESTIMATORS}; set it (and algorithm.adv_estimator) "
+            "to one of them")
+    std = bool(pl.get("norm_adv_by_std_in_grpo", False)) and est.startswith("grpo")
+    if std and not bool(pl.get("binary_rewards", True)):
+        raise ValueError(
+            "std-normalised GRPO advantages (norm_adv_by_std_in_grpo=True) determine group success only "
+            "for binary rewards; with binary_rewards=False use Dr.GRPO (algorithm.norm_adv_by_std_in_grpo="
+            "False, and the same in policy_loss) or RLOO")
+
+
+@dataclass(frozen=True)
+class _Params:
+    eps_low: float
+    eps_high_max: float
+    schedule: str
+    reward_range: tuple[float, float]
+    adv_estimator: str
+    norm_by_std: bool
+    binary: bool
+    group_size: int
+    clip_ratio_c: float
+
+
+def _params(config) -> _Params:
+    """Read GAPO's parameters from verl's ``ActorConfig`` (or a DictConfig with its keys)."""
+    if config is None:
+        raise ValueError("verl passed config=None to the GAPO policy loss; it needs the actor config")
+    pl = config.get("policy_loss", None) or {}
+    _check_gapo_fields(pl)
+    clip = config.get("clip_ratio", 0.2)
+    eps_low = config.get("clip_ratio_low", None)
+    eps_low = float(clip if eps_low is None else eps_low)
+    clip_high = config.get("clip_ratio_high", None)
+    clip_high = float(clip if clip_high is None else clip_high)
+    eps_high_max = pl.get("eps_high_max", None)
+    if eps_high_max is None:
+        eps_high_max = clip_high
+    elif clip_high not in (eps_low, float(eps_high_max)):
+        raise ValueError(
+            f"ambiguous GAPO clip range: actor.clip_ratio_high={clip_high} but policy_loss.eps_high_max="
+            f"{eps_high_max}. GAPO's upper width runs from clip_ratio_low ({eps_low}) to eps_high_max; "
+            "leave eps_high_max unset to use clip_ratio_high, or set clip_ratio_high to clip_ratio_low "
+            "or to eps_high_max")
+    eps_high_max = float(eps_high_max)
+    if eps_high_max < eps_low:
+        raise ValueError(f"GAPO needs eps_high_max ({eps_high_max}) >= clip_ratio_low ({eps_low})")
+    group_size = config.get("rollout_n", None)
+    if not isinstance(group_size, int) or group_size < 2:
+        raise ValueError(f"GAPO needs actor.rollout_n (the group size G) >= 2, got {group_size!r}; "
+                         "set actor_rollout_ref.rollout.n")
+    est = pl.get("adv_estimator", "grpo")
+    return _Params(
+        eps_low=eps_low,
+        eps_high_max=eps_high_max,
+        schedule=pl.get("schedule", "linear"),
+        reward_range=(float(pl.get("reward_min", 0.0)), float(pl.get("reward_max", 1.0))),
+        adv_estimator=est,
+        norm_by_std=bool(pl.get("norm_adv_by_std_in_grpo", False)) and est.startswith("grpo"),
+        binary=bool(pl.get("binary_rewards", True)),
+        group_size=group_size,
+        clip_ratio_c=float(config.get("clip_ratio_c", 3.0)),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# group success from advantages
+
+_COUNT_TOL = 1e-3  # |c − round(c)| allowed; fp32 advantages of G ≤ 1024 are far inside it
+
+
+def success_weight_from_advantages(
+    advantages: torch.Tensor,  # (B,) one outcome advantage per row
+    group_size: int,
+    *,
+    adv_estimator: str = "grpo",
+    norm_adv_by_std_in_grpo: bool = False,
+    reward_range: tuple[float, float] = (0.0, 1.0),
+    binary_rewards: bool = True,
+) -> torch.Tensor:  # (B,) w in [0, 1]
+    """Recover GAPO's ``w_i`` from a row's own verl advantage (module docstring); rows independent.
+
+    Raises ``ValueError`` when an advantage cannot come from the named estimator with this group
+    size and reward range.
+    """
+    G = group_size
+    a = advantages.detach().double()
+    span = float(reward_range[1]) - float(reward_range[0])
+    if norm_adv_by_std_in_grpo and adv_estimator.startswith("grpo"):
+        if not binary_rewards:
+            raise ValueError("std-normalised GRPO advantages are invertible only for binary rewards")
+        q = a.square() * (G / (G - 1))
+        # correct rows: q = (1−p)/p; incorrect rows: q = p/(1−p); p = c/G
+        c = torch.where(a > 0, G / (1.0 + q), G * q / (1.0 + q))
+        nonzero = a != 0
+        _check_counts(c, nonzero, G, "grpo with norm_adv_by_std_in_grpo=True", a)
+        w = torch.where(a > 0, (G - c) / (G - 1), torch.zeros_like(a))
+        return w.clamp(0.0, 1.0).to(torch.float32)
+    if adv_estimator.startswith("rloo"):
+        x = a * ((G - 1) / G) / span
+    else:
+        x = a / span
+    bound = (G - 1) / G
+    bad = x.abs() > bound * (1 + 1e-4) + 1e-6
+    if bad.any():
+        i = int(torch.nonzero(bad)[0])
+        raise ValueError(
+            f"advantage {a[i].item():.6g} is impossible for {adv_estimator} (norm_adv_by_std_in_grpo="
+            f"{norm_adv_by_std_in_grpo}) with rewards in {tuple(reward_range)} and G={G}: |R − mean| "
+            f"can be at most (G−1)/G·(R_max − R_min). Check that policy_loss.adv_estimator/"
+            "norm_adv_by_std_in_grpo match algorithm.*, reward_min/max the reward, rollout_n the group size")
+    if binary_rewards:
+        c = torch.where(x > 0, G * (1.0 - x), -G * x)
+        _check_counts(c, x != 0, G, f"{adv_estimator} (norm_adv_by_std_in_grpo={norm_adv_by_std_in_grpo})", a)
+    return (x * (G / (G - 1))).clamp(0.0, 1.0).to(torch.float32)
+
+
+def _check_counts(c: torch.Tensor, rows: torch.Tensor, G: int, what: str, a: torch.Tensor) -> None:
+    off = (c - c.round()).abs() > _COUNT_TOL
+    out = (c < 1 - _COUNT_TOL) | (c > G - 1 + _COUNT_TOL)
+    bad = rows & (off | out)
+    if bad.any():
+        i = int(torch.nonzero(bad)[0])
+        raise ValueError(
+            f"advantage {a[i].item():.6g} does not come from binary rewards with {what} and G={G} "
+            f"(it implies {c[i].item():.4f} correct rollouts, not an integer in [1, {G - 1}]). Check that "
+            "policy_loss.adv_estimator/norm_adv_by_std_in_grpo match algorithm.*, reward_min/max the "
+            "reward values and rollout_n the group size; for non-binary rewards set binary_rewards=False")
+
+
+def _row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # (B,)
+    """The one advantage of each row; error if it varies over the response (GAE, token rewards)."""
+    if advantages.ndim == 1:
+        return advantages
+    m = mask.to(advantages.dtype)
+    n = m.sum(-1)
+    row = (advantages * m).sum(-1) / n.clamp(min=1.0)
+    dev = ((advantages - row.unsqueeze(-1)).abs() * m).amax(-1) if advantages.shape[-1] else row * 0
+    if (dev > 1e-5 * (1.0 + row.abs())).any():
+        raise ValueError(
+            "GAPO's verl adapter needs one outcome advantage per response (grpo/rloo), but the advantages "
+            "vary across the tokens of a response (GAE or token-level rewards?)")
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# the losses
+
+
+def _agg_kwargs(loss_agg_mode: str, info: dict) -> tuple[str, dict]:
+    """Map verl's ``agg_loss`` normalisers (global_batch_info) onto ``gapo.aggregation.agg_loss``.
+
+    verl divides by the global count and multiplies by ``dp_size`` (DDP averages gradients over
+    ranks); dividing by ``count / dp_size`` is the same. verl's ``token-sum`` is a token-mean
+    whose normaliser is ``1 / dp_size``.
+    """
+    info = info or {}
+    dp = info.get("dp_size", 1) or 1
+    if loss_agg_mode == "token-sum":
+        return "token-mean", {"num_tokens": 1.0 / dp}
+    kwargs: dict[str, Any] = {}
+    if loss_agg_mode == "token-mean":
+        n = info.get("batch_num_tokens", None)
+        if n is None and dp > 1:
+            raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
+        if n is not None:
+            kwargs["num_tokens"] = n / dp
+    else:
+        n = info.get("global_batch_size", None)
+        if n is None and dp > 1:
+            raise ValueError("global_batch_size is required when dp_size > 1")
+        if n is not None:
+            kwargs["num_seqs"] = n / dp
+        if loss_agg_mode == "seq-mean-token-sum-norm" and info.get("loss_scale_factor", None) is not None:
+            kwargs["horizon"] = info["loss_scale_factor"]
+    return loss_agg_mode, kwargs
+
+
+def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+               rollout_is_weights):
+    if rollout_is_weights is not None:
+        raise ValueError(
+            "GAPO's verl losses do not support rollout correction weights yet; disable "
+            "algorithm.rollout_correction (rollout_is) or use loss_mode=vanilla/gspo")
+    p = _params(config)
+    a_row = _row_advantages(advantages, response_mask)
+    w = success_weight_from_advantages(
+        a_row, p.group_size, adv_estimator=p.adv_estimator, norm_adv_by_std_in_grpo=p.norm_by_std,
+        reward_range=p.reward_range, binary_rewards=p.binary)
+    # Reuse the core's schedule exactly: a 2-row group [w, 0] with rewards in [0, 1] has
+    # success weights [w, 0] (centred w/2 over (G−1)/G = 1/2), so row 0 gets ε_high(w).
+    pairs = torch.stack([w, torch.zeros_like(w)], dim=-1).reshape(-1)
+    eps_high = gapo_eps_high(pairs, 2, eps_low=p.eps_low, eps_high_max=p.eps_high_max,
+                             schedule=p.schedule, reward_range=(0.0, 1.0))[0::2].to(log_prob.device)
+    mode, agg_kwargs = _agg_kwargs(loss_agg_mode, config.get("global_batch_info", None))
+    loss, m = policy_loss(
+        log_prob, old_log_prob, advantages, response_mask, eps_low=p.eps_low, eps_high=eps_high,
+        level=level, agg=mode, clip_ratio_c=p.clip_ratio_c if level == "token" else None, **agg_kwargs)
+    metrics = {
+        "actor/pg_clipfrac": m["loss/clipfrac"].item(),
+        "actor/ppo_kl": m["loss/approx_kl"].item(),
+        "actor/pg_clipfrac_lower": m["loss/clipfrac_dual"].item(),
+        "actor/gapo_eps_high_mean": m["clip/eps_high_mean"].item(),
+        "actor/gapo_success_weight_mean": w.mean().item() if w.numel() else 0.0,
+        "actor/gapo_clipfrac_high": m["loss/clipfrac_high"].item(),
+        "actor/gapo_clipfrac_low": m["loss/clipfrac_low"].item(),
+    }
+    return loss, metrics
+
+
+def compute_policy_loss_gapo(
+    old_log_prob: torch.Tensor,  # (B, T)
+    log_prob: torch.Tensor,  # (B, T)
+    advantages: torch.Tensor,  # (B, T), constant over each response
+    response_mask: torch.Tensor,  # (B, T)
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl loss mode ``gapo``: PPO token-ratio surrogate with GAPO's per-rollout ε_high and
+    verl's dual clip (arXiv 2609.00444, 1707.06347, 1912.09729)."""
+    return _gapo_loss("token", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                      rollout_is_weights)
+
+
+def compute_policy_loss_gapo_seq(
+    old_log_prob: torch.Tensor,  # (B, T)
+    log_prob: torch.Tensor,  # (B, T)
+    advantages: torch.Tensor,  # (B, T)
+    response_mask: torch.Tensor,  # (B, T)
+    loss_agg_mode: str = "seq-mean-token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl loss mode ``gapo_seq``: GSPO sequence-ratio surrogate (GSPO-token gradient) with GAPO's
+    per-rollout ε_high, no dual clip, like verl's ``gspo`` (arXiv 2609.00444, 2507.18071)."""
+    return _gapo_loss("sequence", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                      config, rollout_is_weights)
+
+
+def _register() -> None:
+    for name, fn in (("gapo", compute_policy_loss_gapo), ("gapo_seq", compute_policy_loss_gapo_seq)):
+        prev = POLICY_LOSS_REGISTRY.get(name)
+        if prev is not None and getattr(prev, "__module__", None) != __name__:
+            _log.warning("verl policy loss %r was registered by %s; gapo replaces it", name,
+                         getattr(prev, "__module__", prev))
+        register_policy_loss(name)(fn)
+
+
+_register()
