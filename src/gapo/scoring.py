@@ -1,0 +1,491 @@
+"""Scoring completions with a task's verifier: serially, in a process pool, or asynchronously.
+
+    rewards, stats = score_batch(task, problems, completions, workers=0, timeout_s=10.0)
+    fut = submit_batch(task, problems, completions, workers=4)   # returns at once
+    ...                                                          # sample the next batch
+    rewards, stats = fut.result()
+
+Rewards are one float per completion. ``stats`` holds
+
+- ``reward/mean``, ``reward/n``
+- ``reward/unparsable_frac`` and ``reward/n_unparsable``: no answer could be read (reward 0)
+- ``reward/timeout_frac`` and ``reward/n_timeout``: the verifier ran out of time (reward 0)
+- ``reward/error_frac`` and ``reward/n_error``: a pool worker died (crash, OOM kill; reward 0)
+- ``time/score_s``: wall-clock time of the batch.
+
+Status per completion comes from ``task.score_detailed(problem, completion) -> (reward, status)``
+with status one of ``ok``, ``unparsable``, ``timeout``, ``error`` when the task has it; otherwise
+``task.score`` gives the reward and ``task.parse_ok`` (if present) the ``unparsable`` count.
+
+Why processes and not threads: verifiers are CPU-bound Python (sympy) and the GIL serialises
+threads; and a runaway verifier (``9^{9^{9^9}}``) can only be stopped for sure by killing the
+process that runs it. With ``workers > 0`` each worker handles one completion at a time and the
+parent kills and replaces a worker whose completion runs past ``timeout_s`` (hard timeout).
+Workers are started with ``spawn`` (safe with CUDA and threads in the parent; a script that
+uses the pool must guard its entry point with ``if __name__ == "__main__":``) and are kept
+alive between batches; the task is pickled once per batch and sent to each worker once.
+
+With ``workers == 0`` scoring runs in the calling process. On the main thread the timeout is a
+``SIGALRM`` timer (soft: it interrupts Python code, which is where sympy spends its time);
+off the main thread the task's own guard applies (``MathTask`` then uses a helper process).
+
+A task that returns NaN or an infinite reward is a bug in the task: ``ValueError`` naming the
+task and the problem. An exception raised by ``task.score`` propagates (with the task and the
+problem in the message); tasks must turn bad completions into reward 0 themselves.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures as cf
+import hashlib
+import importlib
+import math
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import pickle
+import signal
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+__all__ = [
+    "VerifierTimeout",
+    "ScoringPool",
+    "score_batch",
+    "submit_batch",
+    "run_with_timeout",
+    "score_one",
+    "STATUSES",
+]
+
+STATUSES = ("ok", "unparsable", "timeout", "error")
+
+
+class VerifierTimeout(Exception):
+    """A verifier ran past its time limit."""
+
+
+class _Alarm(BaseException):
+    # BaseException so that verifiers' ``except Exception`` blocks (math-verify has many) do not
+    # swallow the interrupt and carry on; converted to VerifierTimeout at the guard.
+    pass
+
+
+# ----------------------------------------------------------------------------- timeouts
+
+
+_alarm_deadline: float | None = None  # deadline of the innermost active SIGALRM guard
+
+
+def _signal_guard_usable() -> bool:
+    if not hasattr(signal, "setitimer"):
+        return False
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if _alarm_deadline is not None:  # our own guard is active: nest inside it
+        return True
+    # Someone else's timer (pytest-timeout, math-verify's alarm) is running: do not clobber it.
+    return signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def _raise_alarm(signum, frame):
+    raise _Alarm()
+
+
+def _call_with_alarm(fn: Callable, args: tuple, timeout_s: float):
+    """SIGALRM guard; nests: an inner guard arms min(inner, outer) and re-arms the outer after."""
+    global _alarm_deadline
+    outer = _alarm_deadline
+    start = time.monotonic()
+    mine = start + timeout_s
+    old_handler = signal.signal(signal.SIGALRM, _raise_alarm) if outer is None else None
+    _alarm_deadline = mine if outer is None else min(mine, outer)
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, max(_alarm_deadline - start, 1e-6))
+            return fn(*args)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0.0)
+    except _Alarm:
+        if outer is not None and time.monotonic() >= outer:
+            raise  # the outer guard's time is up: let it handle this
+        raise VerifierTimeout(f"{getattr(fn, '__name__', fn)} ran past {timeout_s:g}s") from None
+    finally:
+        _alarm_deadline = outer
+        if outer is None:
+            signal.signal(signal.SIGALRM, old_handler if old_handler is not None else signal.SIG_DFL)
+        else:  # re-arm the outer guard (fires at once if it is already past)
+            signal.setitimer(signal.ITIMER_REAL, max(outer - time.monotonic(), 1e-6))
+
+
+_HELPER: "_Workers | None" = None
+_HELPER_LOCK = threading.Lock()
+
+
+def run_with_timeout(fn: Callable, *args, timeout_s: float | None, mode: str = "auto"):
+    """Call ``fn(*args)``; raise :class:`VerifierTimeout` if it runs past ``timeout_s``.
+
+    ``mode``: ``"signal"`` (SIGALRM timer; main thread only), ``"process"`` (a persistent helper
+    process that is killed and replaced on timeout; ``fn`` and ``args`` must pickle), ``"auto"``
+    (signal where usable, process otherwise) or ``"none"``.
+    """
+    if timeout_s is None or mode == "none":
+        return fn(*args)
+    if mode not in ("auto", "signal", "process"):
+        raise ValueError(f"mode must be auto, signal, process or none, not {mode!r}")
+    if mode == "signal" or (mode == "auto" and _signal_guard_usable()):
+        return _call_with_alarm(fn, args, timeout_s)
+    global _HELPER
+    with _HELPER_LOCK:
+        if _HELPER is None:
+            _HELPER = _Workers(1)
+        status, value = _HELPER.call(fn, args, timeout_s)
+    if status == "timeout":
+        raise VerifierTimeout(f"{getattr(fn, '__name__', fn)} ran past {timeout_s:g}s")
+    if status == "error":
+        raise RuntimeError(f"helper process died while running {getattr(fn, '__name__', fn)}")
+    if status == "raised":
+        raise value
+    return value
+
+
+# ----------------------------------------------------------------------------- one completion
+
+
+def score_one(task, problem, completion: str) -> tuple[float, str]:
+    """(reward, status) for one completion, using ``score_detailed`` where the task has it."""
+    detailed = getattr(task, "score_detailed", None)
+    if detailed is not None:
+        reward, status = detailed(problem, completion)
+        return float(reward), status
+    reward = float(task.score(problem, completion))
+    parse_ok = getattr(task, "parse_ok", None)
+    status = "ok" if parse_ok is None or parse_ok(completion) else "unparsable"
+    return reward, status
+
+
+def _score_guarded(task, problem, completion, timeout_s):
+    try:
+        if timeout_s is not None and _signal_guard_usable():
+            return _call_with_alarm(score_one, (task, problem, completion), timeout_s)
+        return score_one(task, problem, completion)
+    except VerifierTimeout:
+        return 0.0, "timeout"
+
+
+# ----------------------------------------------------------------------------- worker processes
+
+
+def _worker_main(conn) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    task = None
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        kind = msg[0]
+        if kind == "stop":
+            return
+        try:
+            if kind in ("task", "import"):
+                # Loading is acknowledged before any job is timed, so that spawn start-up and
+                # heavy imports (sympy) never count against a verifier's time limit.
+                if kind == "task":
+                    task = pickle.loads(msg[1])
+                    warm = getattr(task, "warmup", None)
+                else:
+                    warm = getattr(importlib.import_module(msg[1]), "warmup", None)
+                if callable(warm):
+                    warm()
+                out = ("ok", None)
+            elif kind == "score":
+                _, problem, completion, soft_timeout = msg
+                out = ("ok", _score_guarded(task, problem, completion, soft_timeout))
+            else:  # "call"
+                _, fn, args = msg
+                out = ("ok", fn(*args))
+        except BaseException as e:  # noqa: BLE001 - reported to the parent, which re-raises
+            try:
+                pickle.dumps(e)
+                out = ("raised", e)
+            except Exception:
+                out = ("raised", RuntimeError(f"{type(e).__name__}: {e}"))
+        conn.send(out)
+
+
+_LOAD_TIMEOUT_S = 300.0
+
+
+class _Worker:
+    def __init__(self, ctx):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+        self.loaded: str | None = None  # key of the task or module this worker has loaded
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+class _Workers:
+    """N spawn-started processes, one job each at a time, killed and replaced on timeout."""
+
+    def __init__(self, n: int):
+        if n < 1:
+            raise ValueError(f"need at least one worker, got {n}")
+        self._ctx = mp.get_context("spawn")
+        self.n = n
+        self._workers = [_Worker(self._ctx) for _ in range(n)]
+        self.closed = False
+        self.n_replaced = 0
+
+    def _replace(self, i: int) -> None:
+        self._workers[i].kill()
+        self._workers[i] = _Worker(self._ctx)
+        self.n_replaced += 1
+
+    def _load(self, ids: list[int], prep: tuple[str, tuple]) -> None:
+        """Send the load message to workers ``ids`` (in parallel) and wait for their acks."""
+        key, msg = prep
+        todo = [w for w in ids if self._workers[w].loaded != key]
+        for w in todo:
+            self._workers[w].conn.send(msg)
+        for w in todo:
+            worker = self._workers[w]
+            if not worker.conn.poll(_LOAD_TIMEOUT_S):
+                raise RuntimeError(f"scoring worker did not load {key} within {_LOAD_TIMEOUT_S:g}s")
+            status, value = worker.conn.recv()
+            if status == "raised":
+                raise value
+            worker.loaded = key
+
+    def call(self, fn, args, timeout_s):
+        """Run ``fn(*args)`` in a worker -> (status, value); status ok/raised/timeout/error."""
+        prep = ("module:" + fn.__module__, ("import", fn.__module__))
+        (out,) = self.run([("call", fn, args)], timeout_s, prep)
+        return out
+
+    def run(self, jobs: Sequence[tuple], timeout_s: float | None, prep: tuple[str, tuple] | None):
+        """Run jobs (messages for ``_worker_main``); one (status, value) per job, in order."""
+        if self.closed:
+            raise RuntimeError("scoring pool is closed")
+        if prep is not None:
+            self._load(list(range(min(self.n, len(jobs)))), prep)
+        results: list[Any] = [None] * len(jobs)
+        pending = list(range(len(jobs)))[::-1]
+        busy: dict[int, tuple[int, float]] = {}  # worker -> (job, deadline)
+        while pending or busy:
+            for w in range(self.n):
+                if w in busy or not pending:
+                    continue
+                j = pending.pop()
+                try:
+                    if prep is not None:
+                        self._load([w], prep)  # no-op unless the worker was replaced
+                    self._workers[w].conn.send(jobs[j])
+                except (BrokenPipeError, EOFError, OSError):
+                    self._replace(w)
+                    results[j] = ("error", None)
+                    continue
+                deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
+                busy[w] = (j, deadline)
+            if not busy:
+                continue
+            wait_s = min(d for _, d in busy.values()) - time.monotonic()
+            conns = [self._workers[w].conn for w in busy]
+            ready = mpc.wait(conns, None if wait_s == math.inf else max(0.0, wait_s))
+            now = time.monotonic()
+            for w in list(busy):
+                j, deadline = busy[w]
+                worker = self._workers[w]
+                if worker.conn in ready:
+                    try:
+                        results[j] = worker.conn.recv()
+                    except (EOFError, OSError):  # died mid-job (segfault, OOM killer)
+                        results[j] = ("error", None)
+                        self._replace(w)
+                    del busy[w]
+                elif now >= deadline:
+                    results[j] = ("timeout", None)
+                    self._replace(w)
+                    del busy[w]
+        return results
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for w in self._workers:
+            try:
+                w.conn.send(("stop",))
+            except (BrokenPipeError, OSError):
+                pass
+        for w in self._workers:
+            w.proc.join(timeout=1)
+            w.kill()
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def _check_inputs(task, problems, completions):
+    if len(problems) != len(completions):
+        raise ValueError(
+            f"score_batch: {len(problems)} problems but {len(completions)} completions "
+            f"(task {getattr(task, 'name', type(task).__name__)!r}); pass one problem per completion"
+        )
+
+
+def _finish(task, problems, rewards, statuses, t0) -> tuple[list[float], dict]:
+    name = getattr(task, "name", type(task).__name__)
+    for i, r in enumerate(rewards):
+        if not math.isfinite(r):
+            prompt = getattr(problems[i], "prompt", problems[i])
+            raise ValueError(
+                f"task {name!r} returned reward {r} for problem {i} (prompt {str(prompt)[:120]!r}); "
+                "rewards must be finite"
+            )
+    n = len(rewards)
+    stats: dict[str, float] = {"reward/n": float(n)}
+    stats["reward/mean"] = sum(rewards) / n if n else 0.0
+    for status, key in (("unparsable", "unparsable"), ("timeout", "timeout"), ("error", "error")):
+        c = sum(s == status for s in statuses)
+        stats[f"reward/n_{key}"] = float(c)
+        stats[f"reward/{key}_frac"] = c / n if n else 0.0
+    stats["time/score_s"] = time.perf_counter() - t0
+    return rewards, stats
+
+
+def _raise_from_task(task, problems, i, exc):
+    name = getattr(task, "name", type(task).__name__)
+    prompt = getattr(problems[i], "prompt", problems[i])
+    raise RuntimeError(
+        f"task {name!r} raised {type(exc).__name__} while scoring problem {i} "
+        f"(prompt {str(prompt)[:120]!r}): {exc}"
+    ) from exc
+
+
+class ScoringPool:
+    """A persistent pool of ``workers`` spawn-started processes for scoring.
+
+    ``score(task, problems, completions)`` blocks; ``submit(...)`` returns a
+    ``concurrent.futures.Future`` of ``(rewards, stats)`` so sampling can go on meanwhile.
+    One batch is scored at a time (submitted batches queue up). Use as a context manager or
+    call ``close()``.
+    """
+
+    def __init__(self, workers: int, *, timeout_s: float | None = 10.0):
+        self.timeout_s = timeout_s
+        self._workers = _Workers(workers)
+        self._lock = threading.Lock()
+        self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gapo-scoring")
+
+    @property
+    def workers(self) -> int:
+        return self._workers.n
+
+    def score(self, task, problems, completions, *, timeout_s: float | None | str = "default"):
+        timeout_s = self.timeout_s if timeout_s == "default" else timeout_s
+        _check_inputs(task, problems, completions)
+        t0 = time.perf_counter()
+        blob = pickle.dumps(task)
+        key = hashlib.sha1(blob).hexdigest()
+        # The worker's own soft alarm fires a little before the parent's hard kill, so an
+        # interruptible verifier reports a clean timeout and the worker survives.
+        soft = None if timeout_s is None else 0.9 * timeout_s
+        jobs = [("score", p, c, soft) for p, c in zip(problems, completions)]
+        with self._lock:
+            outs = self._workers.run(jobs, timeout_s, ("task:" + key, ("task", blob)))
+        rewards, statuses = [], []
+        for i, (status, value) in enumerate(outs):
+            if status == "ok":
+                r, s = value
+            elif status == "raised":
+                _raise_from_task(task, problems, i, value)
+            else:  # timeout (hard kill) or error (worker died)
+                r, s = 0.0, status
+            rewards.append(float(r))
+            statuses.append(s)
+        return _finish(task, problems, rewards, statuses, t0)
+
+    def submit(self, task, problems, completions, *, timeout_s: float | None | str = "default") -> cf.Future:
+        return self._executor.submit(self.score, task, list(problems), list(completions), timeout_s=timeout_s)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        self._workers.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_POOLS: dict[int, ScoringPool] = {}
+_POOLS_LOCK = threading.Lock()
+_SERIAL_EXECUTOR: cf.ThreadPoolExecutor | None = None
+
+
+def _shared_pool(workers: int) -> ScoringPool:
+    with _POOLS_LOCK:
+        pool = _POOLS.get(workers)
+        if pool is None or pool._workers.closed:
+            pool = _POOLS[workers] = ScoringPool(workers, timeout_s=None)
+        return pool
+
+
+def score_batch(task, problems, completions, *, workers: int = 0, timeout_s: float | None = 10.0):
+    """Score ``completions[i]`` against ``problems[i]`` -> ``(rewards, stats)``.
+
+    ``workers=0`` scores in this process; ``workers=N`` uses a shared persistent pool of N
+    processes (started on first use, closed at exit). ``timeout_s`` bounds each completion.
+    """
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
+    if workers > 0:
+        return _shared_pool(workers).score(task, problems, completions, timeout_s=timeout_s)
+    _check_inputs(task, problems, completions)
+    t0 = time.perf_counter()
+    rewards, statuses = [], []
+    for i, (p, c) in enumerate(zip(problems, completions)):
+        try:
+            r, s = _score_guarded(task, p, c, timeout_s)
+        except Exception as e:  # noqa: BLE001
+            _raise_from_task(task, problems, i, e)
+        rewards.append(float(r))
+        statuses.append(s)
+    return _finish(task, problems, rewards, statuses, t0)
+
+
+def submit_batch(task, problems, completions, *, workers: int = 0, timeout_s: float | None = 10.0) -> cf.Future:
+    """Start scoring now; the returned ``Future`` yields ``(rewards, stats)``.
+
+    With ``workers=0`` the batch is scored in one background thread (where a verifier's timeout
+    is the task's own guard, see the module docstring); with ``workers=N`` in the shared pool.
+    """
+    global _SERIAL_EXECUTOR
+    problems, completions = list(problems), list(completions)
+    if workers > 0:
+        return _shared_pool(workers).submit(task, problems, completions, timeout_s=timeout_s)
+    with _POOLS_LOCK:
+        if _SERIAL_EXECUTOR is None:
+            _SERIAL_EXECUTOR = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gapo-scoring")
+    return _SERIAL_EXECUTOR.submit(score_batch, task, problems, completions, workers=0, timeout_s=timeout_s)
+
+
+@atexit.register
+def _close_all() -> None:
+    for pool in list(_POOLS.values()):
+        try:
+            pool.close()
+        except Exception:
+            pass
+    if _HELPER is not None:
+        _HELPER.close()
