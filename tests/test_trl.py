@@ -1,0 +1,253 @@
+"""GAPO inside TRL's GRPOTrainer (gapo.integrations.trl), on CPU with a tiny local model.
+
+No model hub: a 2-layer Qwen2 with random weights and a character-level tokenizer are written to
+a temporary folder. The tokenizer is loaded with ``PreTrainedTokenizerFast(tokenizer_file=...)``
+because transformers 5.x ``AutoTokenizer`` would swap in qwen2's byte-level tokenizer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("trl")
+torch = pytest.importorskip("torch")
+
+from datasets import Dataset  # noqa: E402  (trl depends on datasets)
+from trl import GRPOTrainer  # noqa: E402
+
+from gapo.integrations.trl import GAPOConfig, GAPOTrainer  # noqa: E402
+
+pytestmark = pytest.mark.trl
+
+ALPHABET = "abcde+="
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+
+
+def _char_tokenizer(path):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + list(ALPHABET))}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tk.save(str(path / "tokenizer.json"))
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(path / "tokenizer.json"), pad_token="<pad>", bos_token="<bos>",
+        eos_token="<eos>", unk_token="<unk>", padding_side="left",
+    )
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    """(model folder, tokenizer): a random 2-layer Qwen2 (≈20k parameters) saved locally."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny_qwen2")
+    tok = _char_tokenizer(path)
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=len(SPECIALS) + len(ALPHABET), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+    )
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    return str(path), tok
+
+
+def frac_a(completions, **kwargs):
+    """Reward in [0, 1]: share of 'a' characters in the completion (mixed groups almost surely)."""
+    return [c.count("a") / max(len(c), 1) for c in completions]
+
+
+def _config(tmp_path, **kw):
+    base = dict(
+        output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        per_device_train_batch_size=8, num_generations=4, max_completion_length=6, logging_steps=1,
+        learning_rate=3e-2, max_steps=2, num_iterations=2, steps_per_generation=2, seed=0,
+        loss_type="dapo", beta=0.0, epsilon=0.2, eps_high_max=0.28, disable_tqdm=True,
+    )
+    base.update(kw)
+    return GAPOConfig(**base)
+
+
+def _dataset(n=8):
+    return Dataset.from_list([{"prompt": ALPHABET[i % 5] + ALPHABET[(i + 1) % 5] + "="} for i in range(n)])
+
+
+def _trainer(policy, tmp_path, **kw):
+    path, tok = policy
+    return GAPOTrainer(model=path, reward_funcs=frac_a, args=_config(tmp_path, **kw),
+                       train_dataset=_dataset(), processing_class=tok)
+
+
+# ---------------------------------------------------------------------------------------------
+def test_end_to_end_learns_and_logs_gapo_metrics(policy, tmp_path):
+    # One generation batch of 4 prompts × 4 completions, split into 2 micro-batches, each used for
+    # 2 iterations: 4 optimiser steps, the last 3 on data the policy has already moved away from.
+    trainer = _trainer(policy, tmp_path, max_steps=4)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p.detach())]
+    assert changed, "no parameter changed"
+
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 4
+    for h in logs:
+        for key in ("gapo/eps_high_mean", "gapo/clipfrac_pos", "gapo/clipfrac_pos_at_eps_low",
+                    "clip_ratio/high_mean", "clip_ratio/low_mean"):
+            assert key in h and math.isfinite(h[key]), (key, h)
+        assert 0.2 - 1e-6 <= h["gapo/eps_high_mean"] <= 0.28 + 1e-6
+        # GAPO's bound is never tighter than fixed clipping at epsilon
+        assert h["gapo/clipfrac_pos"] <= h["gapo/clipfrac_pos_at_eps_low"] + 1e-9
+    # with lr 3e-2 and reused batches, clipping is active on at least one step
+    assert any(h["clip_ratio/region_mean"] > 0 for h in logs[1:]), logs
+
+
+def test_hand_computed_eps_for_binary_groups(policy, tmp_path):
+    trainer = _trainer(policy, tmp_path)
+    # G = 4, ε_low 0.2, ε_high_max 0.28, w = (G − c)/(G − 1) for a correct rollout:
+    #   [1,0,0,0]: c=1, w=1 → 0.28 for the correct one, 0.2 (ε_low) for the rest
+    #   [1,1,1,0]: c=3, w=1/3 → 0.2 + 0.08/3 = 0.226667 for the correct ones
+    #   [1,1,1,1] and [0,0,0,0]: no signal → 0.2
+    rewards = torch.tensor([1, 0, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0], dtype=torch.float32)
+    eps = trainer.compute_eps_high(rewards, 4)
+    third = 0.2 + 0.08 / 3
+    expected = [0.28, 0.2, 0.2, 0.2, third, third, third, 0.2] + [0.2] * 8
+    torch.testing.assert_close(eps, torch.tensor(expected), rtol=0, atol=1e-6)
+
+    # an unscorable completion (NaN) gets ε_low and does not move its group's mean:
+    # [1, NaN, 0, 0] → mean of the others 1/3 → correct rollout w = (1 − 1/3)/(3/4) = 8/9
+    eps = trainer.compute_eps_high(torch.tensor([1.0, float("nan"), 0.0, 0.0]), 4)
+    torch.testing.assert_close(eps, torch.tensor([0.2 + 0.08 * 8 / 9, 0.2, 0.2, 0.2]), rtol=0, atol=1e-6)
+
+    # rewards outside reward_range are an error, not a silently wrong ε
+    with pytest.raises(ValueError, match="reward_range"):
+        trainer.compute_eps_high(torch.tensor([2.0, 0.0, 0.0, 0.0]), 4)
+
+
+def test_eps_travels_with_its_completion(policy, tmp_path):
+    # the per-completion ε_high in the inputs dict is the one of that completion's group rewards
+    trainer = _trainer(policy, tmp_path, eps_high_max=0.5)
+    trainer.model.train()
+    rows = [r for r in _dataset() for _ in range(4)][:16]  # 4 prompts × G=4, as TRL's sampler makes them
+    out = trainer._generate_and_score_completions(rows)
+    texts = trainer.processing_class.batch_decode(out["completion_ids"], skip_special_tokens=True)
+    expected = trainer.compute_eps_high(torch.tensor(frac_a(texts)), 4)
+    torch.testing.assert_close(out["gapo_eps_high"], expected)
+    assert ((out["gapo_eps_high"] > 0.2 + 1e-6) == (out["advantages"] > 0)).all()
+
+
+def _inputs_with_stale_policy(trainer, seed=0):
+    """A generated batch whose old/ref log-probs are perturbed, so ratios spread over both clip bounds."""
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    rows = [r for r in _dataset() for _ in range(4)][:16]
+    inputs = trainer._generate_and_score_completions(rows)
+    with torch.no_grad():
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        am = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        logps, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+            trainer, trainer.model, ids, am, inputs["completion_ids"].size(1))
+    g = torch.Generator().manual_seed(seed)
+    inputs["old_per_token_logps"] = logps + 0.3 * torch.randn(logps.shape, generator=g)
+    inputs["ref_per_token_logps"] = logps + 0.1 * torch.randn(logps.shape, generator=g)
+    # a spread of advantages of both signs (TRL's own may be all ~0 for a random policy)
+    inputs["advantages"] = torch.randn(logps.shape[0], generator=g)
+    return inputs
+
+
+def _loss_and_grads(fn, trainer, inputs):
+    trainer.model.zero_grad(set_to_none=True)
+    loss = fn(trainer.model, inputs)
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in trainer.model.parameters() if p.grad is not None]
+    return loss.detach(), grads
+
+
+def test_fixed_eps_equals_trl_loss(policy, tmp_path):
+    # eps_high_max == epsilon: every row's ε_high is epsilon, and TRL's own GRPOTrainer._compute_loss
+    # on the same inputs dict must give the same loss and gradients, for every clipped loss_type,
+    # both importance-sampling levels, with and without the KL term.
+    trainer = _trainer(policy, tmp_path, eps_high_max=0.2)
+    inputs = _inputs_with_stale_policy(trainer)
+    assert torch.equal(inputs["gapo_eps_high"], torch.full_like(inputs["gapo_eps_high"], 0.2))
+    max_diff = 0.0
+    for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
+        for level in ("token", "sequence"):
+            for beta in (0.0, 0.04):
+                trainer.loss_type, trainer.importance_sampling_level, trainer.beta = loss_type, level, beta
+                ours, g_ours = _loss_and_grads(trainer._compute_loss, trainer, inputs)
+                ref, g_ref = _loss_and_grads(lambda m, x: GRPOTrainer._compute_loss(trainer, m, x), trainer, inputs)
+                torch.testing.assert_close(ours, ref, rtol=0, atol=1e-7)
+                for a, b in zip(g_ours, g_ref):
+                    torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+                max_diff = max(max_diff, (ours - ref).abs().item(), *((a - b).abs().max().item()
+                                                                     for a, b in zip(g_ours, g_ref)))
+    print(f"max |GAPO(fixed) − TRL| over loss and grads: {max_diff:.3g}")
+    # TRL's clip metrics were logged by both calls and agree
+    m = trainer._metrics["train"]
+    assert m["clip_ratio/high_mean"][-1] == m["clip_ratio/high_mean"][-2]
+
+
+def _rows(inputs, idx):
+    return {k: (v[idx] if isinstance(v, torch.Tensor) and v.ndim > 0 else v) for k, v in inputs.items()}
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_per_row_eps_equals_trl_per_row(policy, tmp_path, level):
+    # ε_high differs per row: rows with A > 0 get 0.5, the rest 0.2. Under loss_type="dapo" the
+    # normaliser is num_items_in_batch, fixed for the batch, so the loss is a sum over rows and must
+    # equal TRL's own loss on the A > 0 rows at epsilon_high=0.5 plus TRL's on the others at 0.2.
+    trainer = _trainer(policy, tmp_path, eps_high_max=0.5, importance_sampling_level=level)
+    inputs = _inputs_with_stale_policy(trainer, seed=1)
+    pos = inputs["advantages"] > 0
+    inputs["gapo_eps_high"] = torch.where(pos, 0.5, 0.2)
+    ours = trainer._compute_loss(trainer.model, inputs)
+    assert trainer._metrics["train"]["gapo/clipfrac_pos_at_eps_low"][-1] > 0  # headroom matters here
+
+    def trl_loss(idx, eps_high):
+        trainer.epsilon_high = eps_high
+        try:
+            return GRPOTrainer._compute_loss(trainer, trainer.model, _rows(inputs, idx))
+        finally:
+            trainer.epsilon_high = 0.2
+
+    ref = trl_loss(pos, 0.5) + trl_loss(~pos, 0.2)
+    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-7)
+    fixed = GRPOTrainer._compute_loss(trainer, trainer.model, inputs)
+    assert ours < fixed  # the released positive tokens lower the loss (−A·ρ with ρ above 1.2)
+
+
+def test_rejects_liger_and_bad_config(tmp_path):
+    common = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    with pytest.raises(ValueError, match="use_liger_kernel"):
+        GAPOConfig(use_liger_kernel=True, **common)
+    with pytest.raises(ValueError, match="loss_type"):
+        GAPOConfig(loss_type="cispo", **common)
+    with pytest.raises(ValueError, match="eps_high_max"):
+        GAPOConfig(epsilon=0.2, eps_high_max=0.1, **common)
+    with pytest.raises(ValueError, match="epsilon_high"):
+        GAPOConfig(epsilon_high=0.28, **common)
+    with pytest.raises(ValueError, match="gapo_schedule"):
+        GAPOConfig(gapo_schedule="cosine", **common)
+    cfg = GAPOConfig(**common)
+    cfg.use_liger_kernel = True  # changed after construction: the trainer checks again
+    with pytest.raises(ValueError, match="use_liger_kernel"):
+        GAPOTrainer(model="unused", reward_funcs=frac_a, args=cfg)
+
+
+def test_unsupported_trl_version_is_an_import_error(monkeypatch):
+    import importlib
+    import sys
+
+    import trl
+
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    monkeypatch.delitem(sys.modules, "gapo.integrations.trl")
+    with pytest.raises(ImportError, match=r"trl>=1.16,<1.17"):
+        importlib.import_module("gapo.integrations.trl")
+    monkeypatch.undo()
+    importlib.import_module("gapo.integrations.trl")
