@@ -1,0 +1,572 @@
+"""Run untrusted Python programs (code written by a policy under RL) with limits and isolation.
+
+    res = gapo.sandbox.run(program, timeout_s=5, memory_mb=256)
+    res.passed, res.status, res.stdout, res.stderr, res.isolation
+
+Code written by a policy under RL is hostile input by default. The program never runs in the
+calling process: each call starts a fresh interpreter in its own session/process group, and a
+small trusted bootstrap (``_BOOT`` below) applies the isolation *inside the child* before it
+compiles and executes the program. Layers, strongest first (what is in force is detected once,
+cached, and reported per run in ``SandboxResult.isolation``; see docs/sandbox.md):
+
+- Linux namespaces via util-linux ``unshare``: a new **network** namespace (no interfaces but a
+  down loopback: no connection anywhere, not even to 127.0.0.1), a new **PID** namespace with its
+  own ``/proc`` (the trainer's processes and their ``environ`` are invisible; killing the
+  namespace's init kills everything in it) and a new **mount** namespace in which the whole
+  file system is made read-only (``mount_setattr(AT_RECURSIVE, MOUNT_ATTR_RDONLY)``) and fresh
+  size-limited tmpfs mounts cover ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the working directory.
+  As non-root a user namespace is added (where the kernel allows it).
+- As root: the child drops to an unprivileged user (``nobody``, 65534) with no supplementary
+  groups and ``no_new_privs`` - root ignores ``RLIMIT_NPROC`` and file permissions, nobody
+  does not.
+- rlimits: address space (``memory_mb``), CPU seconds, file size, open files, no core files, and
+  ``RLIMIT_NPROC = 0`` (no fork, no threads).
+- Without a network namespace: a socket guard (``socket.socket`` and friends raise). This only
+  stops well-behaved code (``ctypes`` gets around it) and is reported as ``socket-guard``.
+- Always: an environment with nothing but ``PATH``/``LANG``/``HOME``/``TMPDIR``; ``python -I``;
+  stdout and stderr capped (the process is killed once a cap is exceeded); the wall-clock
+  timeout is enforced by the parent, which kills the whole process group; a fresh temporary
+  working directory, removed afterwards.
+
+Concurrency is bounded by the usable cores: at most that many sandboxes run at once however
+many threads call :func:`run`; :func:`run_many` runs a list of programs on a bounded pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Sequence
+
+__all__ = [
+    "SandboxResult",
+    "Isolation",
+    "run",
+    "run_many",
+    "capabilities",
+    "max_concurrency",
+    "STATUSES",
+]
+
+NOBODY_UID = 65534
+NOBODY_GID = 65534
+
+#: Every value ``SandboxResult.status`` can take.
+STATUSES = (
+    "ok",  # exit status 0
+    "failed",  # non-zero exit status (an exception, a failed assert, sys.exit(1))
+    "timeout",  # wall clock (parent) or CPU time (SIGXCPU) exceeded
+    "memory",  # MemoryError under the address-space limit
+    "killed",  # died from a signal the sandbox did not send for a timeout (SIGSEGV, ...)
+    "output_limit",  # wrote more than the stdout/stderr cap; killed
+    "sandbox_error",  # the sandbox itself could not set up (bootstrap failed)
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Isolation:
+    """What the sandbox can apply on this machine (detected once, see :func:`capabilities`)."""
+
+    platform: str
+    root: bool
+    namespaces: tuple[str, ...]  # subset of ("user", "net", "mount", "pid")
+    drop_to_uid: int | None  # the unprivileged uid the child switches to (root only)
+    unshare: str | None  # path of util-linux unshare, when namespaces are used
+
+    @property
+    def network(self) -> str:
+        return "netns" if "net" in self.namespaces else "socket-guard"
+
+    def describe(self) -> str:
+        ns = "+".join(self.namespaces) or "none"
+        uid = f"uid {self.drop_to_uid}" if self.drop_to_uid is not None else "same uid"
+        return f"{self.platform}: namespaces {ns}, {uid}, network {self.network}, rlimits"
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxResult:
+    passed: bool  # exit status 0 and not killed
+    status: str  # one of STATUSES
+    returncode: int | None  # negative: killed by that signal
+    stdout: str
+    stderr: str
+    duration_s: float
+    isolation: tuple[str, ...]  # the layers in force for this run, e.g. ("netns", "uid=65534")
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+
+# --------------------------------------------------------------------------------------------
+# The bootstrap: runs in the child as `python -I -B -c _BOOT CONFIG` (still privileged), applies
+# the isolation, reports what it applied on a pipe, then executes the program in-process (so no
+# execve after the uid switch: RLIMIT_NPROC=0 would refuse it, which is intended).
+_BOOT = r"""
+import json, os, sys
+cfg = json.loads(sys.argv[1])
+applied = []
+wd = cfg["workdir"]
+path = os.path.join(wd, "main.py")
+with open(path, "rb") as f:
+    src = f.read()
+uid, gid = cfg["uid"], cfg["gid"]
+if cfg["mount"]:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    def _err(what):
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), what)
+    class MountAttr(ctypes.Structure):
+        _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                    ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+    # mount_setattr(AT_FDCWD, "/", AT_RECURSIVE, {RDONLY|NOSUID|NODEV}): whole tree read-only.
+    attr = MountAttr(0x1 | 0x2 | 0x4, 0, 0, 0)
+    SYS_mount_setattr = {"x86_64": 442, "aarch64": 442}.get(os.uname().machine)
+    if SYS_mount_setattr is not None and libc.syscall(SYS_mount_setattr, -100, b"/", 0x8000,
+                                                      ctypes.byref(attr),
+                                                      ctypes.sizeof(attr)) == 0:
+        applied.append("ro-root")
+    opts_tmp = "size=%dm,mode=1777" % cfg["tmpfs_mb"]
+    owner = "uid=%d,gid=%d," % (uid, gid) if uid is not None else ""
+    for d in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(d) and not os.path.islink(d):
+            if libc.mount(b"tmpfs", d.encode(), b"tmpfs", 2 | 4, opts_tmp.encode()) != 0:
+                _err(d)
+    # The interpreter's own files must stay importable after the uid switch (e.g. a pyenv
+    # Python under /root, mode 0700): cover each such non-searchable ancestor with a read-only
+    # tmpfs that holds nothing but read-only bind mounts of the directories Python needs.
+    blocked = {}
+    for p in cfg["python_paths"]:
+        parts = p.split("/")
+        for i in range(2, len(parts)):
+            anc = "/".join(parts[:i])
+            try:
+                if not os.stat(anc).st_mode & 0o001:
+                    blocked.setdefault(anc, set()).add(p)
+                    break
+            except OSError:
+                break
+    for k, (anc, paths) in enumerate(sorted(blocked.items())):
+        stages = []
+        for j, p in enumerate(sorted(paths)):
+            st = "/tmp/.gapo-stage-%d-%d" % (k, j)
+            os.mkdir(st)
+            if libc.mount(p.encode(), st.encode(), None, 4096 | 16384, None) != 0:  # BIND|REC
+                _err(p)
+            stages.append((st, p))
+        if libc.mount(b"tmpfs", anc.encode(), b"tmpfs", 2 | 4, b"size=1m,mode=0755") != 0:
+            _err(anc)
+        for st, p in stages:
+            os.makedirs(p, mode=0o755, exist_ok=True)
+            if libc.mount(st.encode(), p.encode(), None, 8192, None) != 0:  # MS_MOVE
+                _err(p)
+            os.rmdir(st)
+        ro = MountAttr(0x1, 0, 0, 0)
+        if SYS_mount_setattr is not None:
+            libc.syscall(SYS_mount_setattr, -100, anc.encode(), 0, ctypes.byref(ro),
+                         ctypes.sizeof(ro))
+        applied.append("python-bind")
+    if not os.path.isdir(wd):
+        os.makedirs(wd, mode=0o700)
+    o = ("size=%dm,mode=0700," % cfg["tmpfs_mb"]) + owner.rstrip(",")
+    if libc.mount(b"tmpfs", wd.encode(), b"tmpfs", 2 | 4, o.rstrip(",").encode()) != 0:
+        _err(wd)
+    with open(path, "wb") as f:
+        f.write(src)
+    if uid is not None:
+        os.chown(path, uid, gid)
+    applied.append("tmpfs")
+if cfg["reaper"]:
+    # We are PID 1 of a new PID namespace, and PID 1 ignores signals without a handler (even
+    # SIGKILL/SIGSEGV sent by itself): run the program in a child and mirror its exit.
+    child = os.fork()
+    if child:
+        os.close(cfg["report_fd"])
+        while True:
+            try:
+                _, st = os.waitpid(child, 0)
+                break
+            except InterruptedError:
+                continue
+        code = os.waitstatus_to_exitcode(st)
+        os._exit(code if code >= 0 else 128 - code)
+import resource
+for name, value in cfg["rlimits"].items():
+    try:
+        resource.setrlimit(getattr(resource, name), (value, value))
+        applied.append(name)
+    except (ValueError, OSError, AttributeError):
+        pass
+try:
+    import ctypes
+    if ctypes.CDLL(None).prctl(38, 1, 0, 0, 0) == 0:  # PR_SET_NO_NEW_PRIVS
+        applied.append("no_new_privs")
+except Exception:
+    pass
+if uid is not None:
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    applied.append("uid=%d" % uid)
+if cfg["socket_guard"]:
+    import socket, _socket
+    class _NoSocket:
+        def __init__(self, *a, **k):
+            raise PermissionError("network access is disabled in the gapo sandbox")
+    for mod in (socket, _socket):
+        for attr_name in ("socket", "socketpair", "create_connection", "create_server",
+                          "fromfd", "getaddrinfo"):
+            if hasattr(mod, attr_name):
+                setattr(mod, attr_name, _NoSocket)
+    applied.append("socket-guard")
+os.chdir(wd)
+os.write(cfg["report_fd"], json.dumps(applied).encode())
+os.close(cfg["report_fd"])
+sys.argv = [path]
+sys.path[0:0] = [wd]
+code = compile(src, path, "exec")
+del src
+exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__})
+"""
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
+
+
+@functools.lru_cache(maxsize=1)
+def _python_paths() -> list[str]:
+    """Directories the child interpreter reads from (prefixes and ``sys.path``)."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    paths.update(p for p in sys.path if p)
+    out = set()
+    for p in paths:
+        p = os.path.realpath(p)
+        if os.path.isdir(p) and p != "/":
+            out.add(p)
+    # Keep only the outermost of nested directories (a bind of the parent covers the child).
+    keep = [p for p in sorted(out) if not any(p != q and p.startswith(q + "/") for q in out)]
+    return keep
+
+
+def _usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+@functools.lru_cache(maxsize=1)
+def capabilities() -> Isolation:
+    """Detect the strongest isolation this machine allows (once; cached).
+
+    Linux: tries ``unshare`` with net+mount+pid (root) or user+net+mount+pid (non-root), then
+    smaller sets, by running the real bootstrap on a trivial program; the first set under which
+    that program runs and reports is used. Elsewhere (macOS, BSD): no namespaces.
+    """
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    drop = NOBODY_UID if root and hasattr(os, "setuid") else None
+    unshare = _which("unshare") if sys.platform.startswith("linux") else None
+    if os.environ.get("GAPO_SANDBOX_NO_NAMESPACES") == "1":
+        unshare = None
+    candidates: list[tuple[str, ...]] = []
+    if unshare:
+        if root:
+            candidates = [("net", "mount", "pid"), ("net", "mount"), ("net",)]
+        else:
+            candidates = [("user", "net", "mount", "pid"), ("user", "net", "mount"),
+                          ("user", "net")]
+    for ns in candidates:
+        iso = Isolation(sys.platform, root, ns, drop, unshare)
+        try:
+            res = _run(iso, "print('ok')", timeout_s=10.0, memory_mb=256, probe=True)
+        except OSError:
+            continue
+        if res.passed and res.stdout.strip() == "ok":
+            return iso
+    return Isolation(sys.platform, root, (), drop, None)
+
+
+def max_concurrency() -> int:
+    """How many sandboxes may run at once (the usable cores; ``GAPO_SANDBOX_WORKERS`` overrides)."""
+    env = os.environ.get("GAPO_SANDBOX_WORKERS")
+    return max(1, int(env)) if env else _usable_cores()
+
+
+_SLOTS = threading.BoundedSemaphore(max_concurrency())
+
+
+def _prefix(iso: Isolation) -> list[str]:
+    if not iso.namespaces:
+        return []
+    flags = []
+    if "user" in iso.namespaces:
+        flags += ["--user", "--map-root-user"]
+    if "net" in iso.namespaces:
+        flags.append("--net")
+    if "mount" in iso.namespaces:
+        flags.append("--mount")
+    if "pid" in iso.namespaces:
+        flags += ["--pid", "--fork", "--kill-child"]
+        if "mount" in iso.namespaces:
+            flags.append("--mount-proc")
+    return [iso.unshare, *flags, "--"]
+
+
+def run(
+    program: str,
+    *,
+    timeout_s: float,
+    memory_mb: int,
+    stdin: bytes | None = None,
+    cpu_s: float | None = None,
+    file_size_mb: int = 16,
+    tmpfs_mb: int = 64,
+    output_limit_bytes: int = 1 << 20,
+) -> SandboxResult:
+    """Run the Python ``program`` in a fresh sandboxed interpreter and return what happened.
+
+    ``timeout_s`` is wall clock (the parent kills the process group when it passes);
+    ``cpu_s`` (default ``timeout_s``, rounded up) is the CPU-time rlimit; ``memory_mb`` caps the
+    address space; ``file_size_mb`` caps any file written; ``tmpfs_mb`` sizes each scratch
+    tmpfs (namespaced runs); stdout and stderr are each capped at ``output_limit_bytes``
+    (exceeding it kills the run: status ``output_limit``). ``stdin`` is fed to the program
+    (``None``: empty). Never raises for anything the program does.
+    """
+    if timeout_s <= 0 or memory_mb <= 0:
+        raise ValueError(f"timeout_s and memory_mb must be positive, got {timeout_s}, {memory_mb}")
+    with _SLOTS:
+        return _run(capabilities(), program, timeout_s=timeout_s, memory_mb=memory_mb,
+                    stdin=stdin, cpu_s=cpu_s, file_size_mb=file_size_mb, tmpfs_mb=tmpfs_mb,
+                    output_limit_bytes=output_limit_bytes)
+
+
+def run_many(
+    programs: Sequence[str] | Iterable[str],
+    *,
+    workers: int | None = None,
+    stdins: Sequence[bytes | None] | None = None,
+    **kwargs,
+) -> list[SandboxResult]:
+    """:func:`run` each program (same keyword arguments) on a pool of at most ``workers``
+    (default :func:`max_concurrency`) threads; results in input order."""
+    programs = list(programs)
+    if stdins is None:
+        stdins = [None] * len(programs)
+    if len(stdins) != len(programs):
+        raise ValueError("stdins must have one entry per program")
+    if not programs:
+        return []
+    n = min(workers or max_concurrency(), len(programs))
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="gapo-sandbox") as pool:
+        futs = [pool.submit(run, p, stdin=s, **kwargs) for p, s in zip(programs, stdins)]
+        return [f.result() for f in futs]
+
+
+def _child_env(workdir: str) -> dict[str, str]:
+    # Nothing inherited: no tokens, keys or proxies from the trainer's environment.
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "PYTHONIOENCODING": "utf-8",
+    }
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    for fn in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+        try:
+            fn()
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+
+
+def _run(
+    iso: Isolation,
+    program: str,
+    *,
+    timeout_s: float,
+    memory_mb: int,
+    stdin: bytes | None = None,
+    cpu_s: float | None = None,
+    file_size_mb: int = 16,
+    tmpfs_mb: int = 64,
+    output_limit_bytes: int = 1 << 20,
+    probe: bool = False,
+) -> SandboxResult:
+    t0 = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="gapo-sbx-")
+    report_r = report_w = -1
+    try:
+        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
+            f.write(program)
+        mount = "mount" in iso.namespaces
+        uid = iso.drop_to_uid
+        if uid is not None and not mount:
+            # No private tmpfs: the host directory itself becomes nobody's scratch space.
+            os.chown(workdir, uid, NOBODY_GID)
+            os.chmod(workdir, 0o700)
+        cpu = int(-(-(cpu_s if cpu_s is not None else timeout_s) // 1)) + 1
+        rlimits = {
+            "RLIMIT_AS": memory_mb << 20,
+            "RLIMIT_CPU": cpu,
+            "RLIMIT_FSIZE": file_size_mb << 20,
+            "RLIMIT_NOFILE": 64,
+            "RLIMIT_CORE": 0,
+            "RLIMIT_NPROC": 0,
+        }
+        report_r, report_w = os.pipe()
+        cfg = {
+            "workdir": workdir,
+            "uid": uid,
+            "gid": NOBODY_GID if uid is not None else None,
+            "mount": mount,
+            "tmpfs_mb": tmpfs_mb,
+            "rlimits": rlimits,
+            "socket_guard": "net" not in iso.namespaces,
+            "python_paths": _python_paths(),
+            "reaper": "pid" in iso.namespaces,
+            "report_fd": report_w,
+        }
+        cmd = [*_prefix(iso), sys.executable, "-I", "-B", "-c", _BOOT, json.dumps(cfg)]
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(report_w,),
+            env=_child_env(workdir),
+            cwd=workdir,
+            start_new_session=True,
+        )
+        os.close(report_w)
+        report_w = -1
+        out, err, report, limit_hit, timed_out = _communicate(
+            proc, stdin, report_r, deadline=t0 + timeout_s, cap=output_limit_bytes
+        )
+        rc = proc.returncode
+    finally:
+        for fd in (report_r, report_w):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        shutil.rmtree(workdir, ignore_errors=True)
+    duration = time.monotonic() - t0
+    try:
+        applied = tuple(json.loads(report.decode())) if report else ()
+    except ValueError:
+        applied = ()
+    stdout = bytes(out[:output_limit_bytes]).decode("utf-8", "replace")
+    stderr = bytes(err[:output_limit_bytes]).decode("utf-8", "replace")
+    ns = tuple(f"{n}ns" for n in iso.namespaces)
+    isolation = ns + applied
+
+    if limit_hit:
+        status = "output_limit"
+    elif timed_out:
+        status = "timeout"
+    elif not applied:
+        status = "sandbox_error"  # the bootstrap died before the program started
+    elif rc == 0:
+        status = "ok"
+    elif rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        status = "timeout"
+    elif rc is not None and (rc < 0 or rc > 128):
+        status = "killed"
+    elif "MemoryError" in stderr[-2000:]:
+        status = "memory"
+    else:
+        status = "failed"
+    if probe and status != "ok" and not applied:
+        raise OSError(f"sandbox probe failed: {stderr[-500:]}")
+    return SandboxResult(
+        passed=status == "ok",
+        status=status,
+        returncode=rc,
+        stdout=stdout,
+        stderr=stderr,
+        duration_s=duration,
+        isolation=isolation,
+        stdout_truncated=len(out) > output_limit_bytes,
+        stderr_truncated=len(err) > output_limit_bytes,
+    )
+
+
+def _communicate(proc, stdin: bytes | None, report_fd: int, *, deadline: float, cap: int):
+    """Pump the child's pipes until it exits, a cap is exceeded or the deadline passes."""
+    out, err, report = bytearray(), bytearray(), bytearray()
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, out)
+    sel.register(proc.stderr, selectors.EVENT_READ, err)
+    sel.register(report_fd, selectors.EVENT_READ, report)
+    pending = memoryview(stdin) if stdin else None
+    if pending is not None:
+        os.set_blocking(proc.stdin.fileno(), False)
+        sel.register(proc.stdin, selectors.EVENT_WRITE, None)
+    limit_hit = timed_out = False
+    try:
+        while sel.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            for key, _ in sel.select(timeout=min(remaining, 0.5)):
+                if key.data is None:  # stdin
+                    try:
+                        n = os.write(key.fd, pending[:65536])
+                        pending = pending[n:]
+                    except (BrokenPipeError, OSError):
+                        pending = pending[:0]
+                    if not len(pending):
+                        sel.unregister(key.fileobj)
+                        proc.stdin.close()
+                    continue
+                try:
+                    chunk = os.read(key.fd, 65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                key.data.extend(chunk)
+                if key.data is not report and len(key.data) > cap:
+                    limit_hit = True
+            if limit_hit:
+                break
+        if not (limit_hit or timed_out):
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+    finally:
+        if limit_hit or timed_out or proc.poll() is None:
+            _kill(proc)
+        else:
+            # The program has exited; make sure nothing it left behind survives it.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.wait()
+        sel.close()
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+    return out, err, bytes(report), limit_hit, timed_out
