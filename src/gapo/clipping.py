@@ -50,10 +50,9 @@ def success_weight(
     """
     check_rewards(rewards, group_size)
     lo, hi = check_reward_range(reward_range)
-    r = rewards.double().view(-1, group_size)  # (P, G)
-    centred = r - r.mean(dim=1, keepdim=True)
-    w = centred / ((group_size - 1) / group_size * (hi - lo))
-    return w.clamp_(0.0, 1.0).view(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+    r = rewards.view(-1, group_size).float()  # (P, G)
+    scale = group_size / ((group_size - 1) * (hi - lo))
+    return (r - r.mean(dim=1, keepdim=True)).mul_(scale).clamp_(0.0, 1.0).view(-1)
 
 
 def gapo_eps_high(
@@ -74,10 +73,10 @@ def gapo_eps_high(
         raise ValueError(f"eps_high_max ({eps_high_max!r}) must be >= eps_low ({eps_low!r})")
     w = success_weight(rewards, group_size, reward_range=reward_range)
     if schedule == "linear":
-        return eps_low + (eps_high_max - eps_low) * w
+        return w.mul_(eps_high_max - eps_low).add_(eps_low)
     if schedule == "log":
         log_lo, log_hi = math.log1p(eps_low), math.log1p(eps_high_max)
-        return torch.expm1(log_lo + (log_hi - log_lo) * w)
+        return w.mul_(log_hi - log_lo).add_(log_lo).expm1_()
     raise unknown("GAPO schedule", schedule, ("linear", "log"))
 
 

@@ -24,8 +24,12 @@ Metrics are detached 0-d tensors: ``loss/clipfrac`` (fraction of response tokens
 clipped branch is taken, verl's ``pg_clipfrac``), ``loss/clipfrac_high`` (ratio above
 ``1+ε_high`` with ``A > 0``), ``loss/clipfrac_low`` (ratio below ``1−ε_low`` with ``A < 0``),
 ``loss/clipfrac_dual`` (dual clip taken, verl's ``pg_clipfrac_lower``), ``loss/approx_kl``
-(masked mean of ``old_logp − logp``, verl's ``ppo_kl``), ``loss/ratio_dev`` (mean ``|ρ−1|``),
-``clip/eps_high_mean``.
+(masked mean of ``old_logp − logp``, verl's ``ppo_kl``), ``clip/eps_high_mean``. Per-``c``
+statistics (mean ``|ρ−1|`` and clip fractions by group success) live in ``gapo.metrics``.
+
+Implementation: ``max(−A·ρ, −A·clip(ρ)) = −|A|·min(s·ρ, s·b)`` with ``s = sign(A)`` and the
+row's binding bound ``b`` (``1+ε_high`` if A > 0 else ``1−ε_low``); fixed and per-rollout ε run
+the same kernel, so GAPO costs nothing over fixed clipping.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ def _as_rows(x: float | torch.Tensor, like: torch.Tensor, name: str) -> float | 
 
 
 def _clip(ratio: torch.Tensor, eps_low: float, eps_high: float | torch.Tensor) -> torch.Tensor:
-    """``clip(ρ, 1 − ε_low, 1 + ε_high)`` with ``ε_high`` a float or a (B, 1) tensor (one fused op)."""
+    """``clip(ρ, 1 − ε_low, 1 + ε_high)`` with ``ε_high`` a float or a (B, 1) tensor."""
     if isinstance(eps_high, torch.Tensor):
         return torch.clamp(ratio, min=ratio.new_tensor(1.0 - eps_low), max=1.0 + eps_high)
     return torch.clamp(ratio, min=1.0 - eps_low, max=1.0 + eps_high)
@@ -90,24 +94,40 @@ def _check_inputs(logp, old_logp, advantages, response_mask, eps_low, eps_high):
     check_eps(eps_low, eps_high)
 
 
+def _bounds(adv, eps_low, eps_high):
+    """Per-row sign ``s`` and signed bound ``s·b`` with ``b = 1+ε_high`` for A > 0, ``1−ε_low`` else.
+
+    ``max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high)) = −|A| · min(s·ρ, s·b)``: for A > 0 it is
+    ``−A·min(ρ, 1+ε_high)``, for A < 0 ``−A·max(ρ, 1−ε_low)``, for A = 0 zero. The identity
+    lets fixed and per-rollout ε run the very same kernel, with the bound computed per row.
+    """
+    sign = torch.sign(adv)
+    upper = 1.0 + eps_high
+    bound = torch.where(adv > 0, upper if isinstance(upper, torch.Tensor) else adv.new_tensor(upper),
+                        adv.new_tensor(1.0 - eps_low))
+    return sign, sign * bound
+
+
 @torch.no_grad()
-def _metrics(ratio, log_r, adv, mask, n_tokens, eps_low, eps_high, clipped, dual) -> dict:
-    m = mask.to(ratio.dtype)
-
-    def mean(x):
-        return (x.to(ratio.dtype) * m).sum() / n_tokens
-
-    out = {
-        "loss/clipfrac": mean(clipped),
-        "loss/clipfrac_high": mean((ratio > 1.0 + eps_high) & (adv > 0)),
-        "loss/clipfrac_low": mean((ratio < 1.0 - eps_low) & (adv < 0)),
-        "loss/approx_kl": mean(-log_r),
-        "loss/ratio_dev": mean((ratio - 1.0).abs()),
-        "clip/eps_high_mean": (eps_high.mean() if isinstance(eps_high, torch.Tensor)
-                               else torch.tensor(eps_high)),
+def _metrics(neg_log_r, adv, mask, n_tokens, clipped, dual, eps_high) -> dict:
+    """Token fractions over response tokens; ``clipped`` already excludes masked tokens."""
+    m = mask.to(neg_log_r.dtype)
+    clipped = clipped.to(neg_log_r.dtype)
+    pos, neg = (adv > 0).to(clipped.dtype), (adv < 0).to(clipped.dtype)
+    if adv.shape[-1] == 1:  # per-rollout advantages: reduce rows first, then split by sign
+        per_row = clipped.sum(-1, keepdim=True)
+        high, low = (per_row * pos).sum(), (per_row * neg).sum()
+    else:
+        high, low = (clipped * pos).sum(), (clipped * neg).sum()
+    return {
+        "loss/clipfrac": (high + low) / n_tokens,
+        "loss/clipfrac_high": high / n_tokens,
+        "loss/clipfrac_low": low / n_tokens,
+        "loss/clipfrac_dual": (dual.to(m.dtype) * m).sum() / n_tokens if dual is not None else torch.zeros(()),
+        "loss/approx_kl": (neg_log_r * m).sum() / n_tokens,
+        "clip/eps_high_mean": (eps_high.detach().float().mean() if isinstance(eps_high, torch.Tensor)
+                               else torch.tensor(float(eps_high))),
     }
-    out["loss/clipfrac_dual"] = mean(dual) if dual is not None else torch.zeros(())
-    return out
 
 
 def policy_loss(
@@ -138,9 +158,9 @@ def policy_loss(
 
     log_r = log_ratio(logp, old_logp, response_mask, level)
     ratio = torch.exp(log_r)
-    pg1 = -adv * ratio
-    pg2 = -adv * _clip(ratio, eps_low, eps_high_b)
-    loss_mat = torch.maximum(pg1, pg2)
+    sign, signed_bound = _bounds(adv, eps_low, eps_high_b)
+    signed_ratio = sign * ratio
+    loss_mat = -adv.abs() * torch.minimum(signed_ratio, signed_bound)
     dual = None
     if clip_ratio_c is not None:
         pg3 = -adv * clip_ratio_c
@@ -148,12 +168,12 @@ def policy_loss(
         loss_mat = torch.where(dual, pg3, loss_mat)
     loss = agg_loss(loss_mat, response_mask, agg, **agg_kwargs)
 
-    n_tokens = response_mask.sum().clamp(min=1)
-    adv_full = adv.expand_as(ratio) if isinstance(adv, torch.Tensor) else adv
-    metrics = _metrics(ratio.detach(), log_r.detach() if level == "token" else (logp - old_logp).detach(),
-                       adv_full, response_mask, n_tokens, eps_low, eps_high_b, pg2 > pg1, dual)
-    if isinstance(eps_high, torch.Tensor):
-        metrics["clip/eps_high_mean"] = eps_high.detach().float().mean()
+    with torch.no_grad():
+        n_tokens = response_mask.sum().clamp(min=1)
+        clipped = (signed_ratio > signed_bound) & response_mask.bool()
+        neg_log_r = (old_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) if level == "token" \
+            else (old_logp - logp)
+        metrics = _metrics(neg_log_r, adv, response_mask, n_tokens, clipped, dual, eps_high)
     return loss, metrics
 
 
@@ -184,13 +204,11 @@ def cispo_loss(
     weight = _clip(ratio, eps_low, eps_high_b)
     loss_mat = -adv * weight * logp
     loss = agg_loss(loss_mat, response_mask, agg, **agg_kwargs)
-    n_tokens = response_mask.sum().clamp(min=1)
-    adv_full = adv.expand_as(ratio) if isinstance(adv, torch.Tensor) else adv
-    clipped = (ratio > 1.0 + eps_high_b) | (ratio < 1.0 - eps_low)
-    metrics = _metrics(ratio, log_r.detach(), adv_full, response_mask, n_tokens, eps_low,
-                       eps_high_b, clipped, None)
-    if isinstance(eps_high, torch.Tensor):
-        metrics["clip/eps_high_mean"] = eps_high.detach().float().mean()
+    with torch.no_grad():
+        n_tokens = response_mask.sum().clamp(min=1)
+        sign, signed_bound = _bounds(adv, eps_low, eps_high_b)
+        clipped = (sign * ratio > signed_bound) & response_mask.bool()
+        metrics = _metrics(-log_r.detach(), adv, response_mask, n_tokens, clipped, None, eps_high)
     return loss, metrics
 
 
