@@ -140,6 +140,25 @@ def test_eps_travels_with_its_completion(policy, tmp_path):
     assert ((out["gapo_eps_high"] > 0.2 + 1e-6) == (out["advantages"] > 0)).all()
 
 
+def test_eps_uses_whole_groups_across_processes(policy, tmp_path, monkeypatch):
+    # Simulate rank 1 of 2: TRL gathers both ranks' rewards (rank 0's rows first) before grouping;
+    # GAPO must compute ε on the gathered rows and keep rows 8..15, the slice TRL takes for advantages.
+    import trl.trainer.grpo_trainer as grpo_mod
+
+    trainer = _trainer(policy, tmp_path)
+    trainer.model.train()
+    rank0 = torch.tensor([[1.0], [0.0], [0.0], [0.0], [1.0], [1.0], [0.0], [0.0]])
+    monkeypatch.setattr(grpo_mod, "gather", lambda t: torch.cat([rank0, t]))
+    monkeypatch.setattr(type(trainer.accelerator), "process_index", property(lambda self: 1))
+    completions = ["aaaa", "bbbb", "abab", "bbbb", "aaab", "aaab", "aaab", "aaab"]  # frac_a: 1, 0, .5, 0, .75 ×4
+    rows = [{"prompt": "ab="}] * 4 + [{"prompt": "bc="}] * 4
+    trainer._calculate_rewards(rows, [r["prompt"] for r in rows], completions, [[5]] * 8)
+    local = trainer._gapo_pending_eps
+    # group (1, 0, .5, 0): mean .375, w = (R − .375)/(.75) → 5/6 and 1/6; group of equal rewards → ε_low
+    expected = torch.tensor([0.2 + 0.08 * 5 / 6, 0.2, 0.2 + 0.08 / 6, 0.2] + [0.2] * 4)
+    torch.testing.assert_close(local, expected, rtol=0, atol=1e-6)
+
+
 def _inputs_with_stale_policy(trainer, seed=0):
     """A generated batch whose old/ref log-probs are perturbed, so ratios spread over both clip bounds."""
     trainer.model.train()
