@@ -29,12 +29,11 @@ timeout is reward 0, status ``timeout``.
 
 Splits: with ``eval_path`` the train split is ``path`` minus any problem whose question also
 appears in ``eval_path``; without it a stable hash of the question puts ``eval_frac`` of the
-problems in eval. Either way the splits are disjoint by question text.
+problems in eval (the shared rule of :func:`gapo.tasks.base.split_of`). Either way the splits are disjoint by question text.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -45,17 +44,7 @@ from typing import Any
 
 from gapo.scoring import VerifierTimeout, run_with_timeout
 
-try:  # the shared task interface; defined here until gapo.tasks.base lands
-    from gapo.tasks.base import Problem
-except ImportError:  # pragma: no cover - depends on the checkout
-    from dataclasses import dataclass, field
-
-    @dataclass(frozen=True)
-    class Problem:  # type: ignore[no-redef]
-        prompt: str
-        answer: object
-        meta: dict = field(default_factory=dict)
-
+from gapo.tasks.base import Problem, split_of
 
 __all__ = ["MathTask", "extract_answer", "gold_from_field", "last_boxed", "verify_answer", "warmup"]
 
@@ -285,8 +274,7 @@ class MathTask:
             self.n_dropped_overlap = 0
 
             def is_eval(q: str) -> bool:
-                h = int.from_bytes(hashlib.sha1(_qkey(q).encode()).digest()[:8], "big")
-                return h / 2**64 < eval_frac
+                return split_of(_qkey(q), eval_frac) == "eval"
 
             pools = {
                 "train": (self.path, [r for r in train if not is_eval(r[1])]),

@@ -1,0 +1,182 @@
+"""Any reasoning-gym dataset as a gapo task, scored by the dataset's own ``score_answer``.
+
+    task = ReasoningGymTask(name="chain_sum", config={"min_terms": 2, "max_terms": 3}, seed=0)
+    task = gapo.tasks.get("rg", dataset="basic_arithmetic", size=10_000)
+
+(``dataset=`` is an alias of ``name=``: the registry's ``get(name, **params)`` takes ``name``.)
+
+Instances. The task's instance space is items ``0 .. size-1`` of
+``reasoning_gym.create_dataset(name, seed=seed, size=size, **config)``. ``generate`` draws item
+indices at random (seeded by split and seed) through :func:`gapo.tasks.base.draw_problems`.
+
+Train/eval disjointness. reasoning-gym seeds item ``i`` of a dataset with seed ``s`` by
+``s + i``, so datasets with seeds 1 and 2 share all but one item; and small instance spaces
+repeat questions under any seeds. Different seeds therefore do not give disjoint splits. gapo
+assigns every instance to a split by a stable hash of its question text (whitespace
+normalised), as every gapo task does: an eval question never appears in train, whatever the
+seeds. Within one ``generate`` call questions are distinct unless the space is exhausted (then
+repeats, with a warning).
+
+Answer extraction. The answer is the content of the last ``<answer>...</answer>`` span; with
+``last_line=True`` (the default) a completion without tags falls back to its last non-empty
+line. The extracted text is stripped of surrounding whitespace before scoring: reasoning-gym's
+default scorer compares strings exactly and gives ``len(oracle)/len(answer)`` to an answer that
+merely contains the oracle, so a stray space or newline would otherwise cost reward. No answer
+-> reward 0, status ``unparsable``.
+
+Reward. Binary by default: 1.0 when ``score_answer`` returns 1.0 (within 1e-9), else 0.0. The
+substring partial credit would reward padding an answer with the right digits ("12" scores 0.5
+against the oracle "1"); GAPO's clip schedule assumes binary rewards. ``partial_credit=True``
+returns the raw score clamped to [0, 1] for datasets whose partial credit is meaningful (e.g.
+graded puzzles). A scorer that raises gives 0 (status ``unparsable``). reasoning-gym scorers
+have no timeout of their own; :func:`gapo.scoring.score_batch` bounds them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import random
+import re
+from typing import Any
+
+from gapo.tasks.base import Problem, check_split, draw_problems
+
+__all__ = ["ReasoningGymTask", "extract_rg_answer"]
+
+DEFAULT_TEMPLATE = "{question}\nGive your final answer between <answer> and </answer> tags."
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+
+
+def extract_rg_answer(completion: str, *, last_line: bool = True) -> str | None:
+    """Stripped content of the last ``<answer>`` span, else (optionally) the last non-empty line."""
+    if not isinstance(completion, str):
+        return None
+    tags = _ANSWER_TAG.findall(completion)
+    if tags:
+        return tags[-1].strip() or None
+    if not last_line:
+        return None
+    lines = [ln.strip() for ln in completion.splitlines() if ln.strip()]
+    return lines[-1] if lines else None
+
+
+def _qkey(question: str) -> str:
+    return " ".join(question.split())
+
+
+class ReasoningGymTask:
+    """A reasoning-gym procedural dataset; see the module docstring for the decisions."""
+
+    alphabet = None  # a real tokenizer
+
+    def __init__(
+        self,
+        name: str | None = None,
+        config: dict[str, Any] | None = None,
+        *,
+        dataset: str | None = None,
+        size: int = 100_000,
+        seed: int = 0,
+        eval_fraction: float = 0.1,
+        partial_credit: bool = False,
+        last_line: bool = True,
+        template: str = DEFAULT_TEMPLATE,
+        max_completion_len: int = 1024,
+        **config_kwargs: Any,
+    ):
+        import reasoning_gym
+        from reasoning_gym.factory import DATASETS
+
+        if (name is None) == (dataset is None):
+            raise ValueError("give the reasoning-gym dataset as name= or dataset= (exactly one)")
+        name = name if name is not None else dataset
+        if name not in DATASETS:
+            close = difflib.get_close_matches(name, list(DATASETS), n=3)
+            hint = f" Did you mean {close}?" if close else ""
+            raise ValueError(f"unknown reasoning-gym dataset {name!r}.{hint} ({len(DATASETS)} datasets available)")
+        if "{question}" not in template:
+            raise ValueError(f"template must contain '{{question}}', got {template!r}")
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        if not 0.0 < eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+        cfg = dict(config or {})
+        cfg.update(config_kwargs)
+        for reserved in ("seed", "size"):
+            if reserved in cfg:
+                raise ValueError(f"pass {reserved}= to ReasoningGymTask itself, not in config")
+        self.dataset_name = name
+        self.name = f"rg:{name}"
+        self.config = cfg
+        self.size = size
+        self.seed = seed
+        self.eval_fraction = eval_fraction
+        self.partial_credit = partial_credit
+        self.last_line = last_line
+        self.template = template
+        self.max_completion_len = max_completion_len
+        try:
+            self._ds = reasoning_gym.create_dataset(name, seed=seed, size=size, **cfg)
+        except (TypeError, ValueError, AssertionError) as e:
+            raise ValueError(f"reasoning-gym dataset {name!r} rejected config {cfg}: {e}") from e
+
+    @property
+    def dataset(self):
+        if self._ds is None:  # unpickled in a scoring worker
+            import reasoning_gym
+
+            self._ds = reasoning_gym.create_dataset(self.dataset_name, seed=self.seed, size=self.size, **self.config)
+        return self._ds
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_ds"] = None  # rebuilt on first use; keeps the pickle small
+        return state
+
+    # -- instances
+
+    def _problem(self, idx: int) -> Problem:
+        entry = self.dataset[idx]
+        prompt = self.template.replace("{question}", entry["question"])
+        meta = {"entry": entry, "index": idx, "dataset": self.dataset_name}
+        return Problem(prompt=prompt, answer=entry.get("answer"), meta=meta)
+
+    def generate(self, split: str, n: int, seed: int) -> list[Problem]:
+        check_split(split, n)
+
+        def draw(rng: random.Random):
+            p = self._problem(rng.randrange(self.size))
+            return _qkey(p.meta["entry"]["question"]), p
+
+        return draw_problems(split, n, seed, draw, eval_fraction=self.eval_fraction, task_name=self.name)
+
+    # -- scoring
+
+    def parse_ok(self, completion: str) -> bool:
+        return extract_rg_answer(completion, last_line=self.last_line) is not None
+
+    def score_detailed(self, problem: Problem, completion: str) -> tuple[float, str]:
+        answer = extract_rg_answer(completion, last_line=self.last_line)
+        if answer is None:
+            return 0.0, "unparsable"
+        try:
+            raw = float(self.dataset.score_answer(answer, problem.meta["entry"]))
+        except Exception:  # a scorer choking on odd text is a wrong answer, not a crash
+            return 0.0, "unparsable"
+        if not math.isfinite(raw):
+            return 0.0, "ok"
+        if self.partial_credit:
+            return min(max(raw, 0.0), 1.0), "ok"
+        return (1.0 if raw >= 1.0 - 1e-9 else 0.0), "ok"
+
+    def score(self, problem: Problem, completion: str) -> float:
+        return self.score_detailed(problem, completion)[0]
+
+    def first_move(self, completion: str):
+        return None  # datasets differ too much for a shared notion of a first move
+
+    def demonstration(self, problem: Problem, rng: random.Random | None = None) -> str:
+        if problem.answer is None:
+            raise ValueError(f"{self.name}: this dataset gives no reference answer to demonstrate")
+        return f"<answer>{problem.answer}</answer>"

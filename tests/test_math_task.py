@@ -1,0 +1,239 @@
+"""MathTask: extraction, gold answers, math-verify equivalences, loader errors, timeouts."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("math_verify")
+
+from gapo.tasks import get  # noqa: E402
+from gapo.tasks.math import MathTask, extract_answer, gold_from_field, last_boxed, verify_answer  # noqa: E402
+
+FIX = Path(__file__).parent / "fixtures"
+GSM = FIX / "math_gsm8k.jsonl"
+COMP = FIX / "math_competition.jsonl"
+BOMB = "\\boxed{9^{9^{9^{9}}}}"  # sympy tries to evaluate a number with ~3.7e8 digits
+
+
+# ----------------------------------------------------------------------------- extraction
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("so the answer is \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),  # nested braces
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}"),  # two levels of nesting
+        ("first \\boxed{3}, then corrected: \\boxed{4}", "4"),  # last box wins
+        ("\\boxed{1} and a truncated \\boxed{\\frac{1}{", "1"),  # unbalanced last box skipped
+        ("\\fbox{7}", "7"),
+        ("\\boxed 5", "5"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),  # escaped braces do not close the box
+        ("<answer>42</answer>", "42"),
+        ("<answer> 1 </answer> ... <answer>\n 2\n</answer>", "2"),  # last tag, stripped
+        ("<answer>so \\boxed{x+1}</answer> \\boxed{9}", "x+1"),  # tag first, box inside it
+        ("He pays 1,234 dollars. #### 1,234", "1234"),  # GSM8K commas
+        ("It drops to -7 degrees", "-7"),  # negative
+        ("about 3.25 or 13/4", "13/4"),  # last number, fraction
+        ("The values are 2, 4 and 8", "8"),
+        ("x = -0.5.", "-0.5"),
+        ("no digits here", None),
+        ("", None),
+        ("<answer>   </answer>", None),
+    ],
+)
+def test_extract_answer(completion, expected):
+    assert extract_answer(completion) == expected
+
+
+def test_extract_answer_strict_and_non_strings():
+    assert extract_answer("it is 12", last_number=False) is None
+    assert extract_answer("\\boxed{12}", last_number=False) == "12"
+    assert extract_answer(None) is None  # type: ignore[arg-type]
+    assert last_boxed("no box") is None
+
+
+@pytest.mark.parametrize(
+    "field, gold",
+    [
+        ("48/2 = 24\n48+24 = 72\n#### 72", "72"),
+        ("#### 2,350", "2350"),
+        ("#### -7", "-7"),
+        ("so $x=\\boxed{\\frac{1}{2}}$.", "\\frac{1}{2}"),
+        (42, "42"),
+        (" 5/2 ", "5/2"),
+        ("", None),
+        (None, None),
+        (float("nan"), None),
+    ],
+)
+def test_gold_from_field(field, gold):
+    assert gold_from_field(field) == gold
+
+
+# ----------------------------------------------------------------------------- verification
+
+
+@pytest.mark.parametrize(
+    "gold, pred",
+    [
+        ("\\frac{1}{2}", "0.5"),
+        ("\\frac{1}{2}", "1/2"),
+        ("0.5", "\\frac{1}{2}"),
+        ("\\frac{1}{2}", "\\dfrac12"),
+        ("2\\sqrt{2}", "\\sqrt{8}"),
+        ("4", "x = 4"),
+        ("72", "72.0"),
+        ("2350", "2,350"),
+        ("-7", "-7"),
+        ("\\frac{3}{4}", "0.75"),
+        ("90^\\circ", "90"),
+        ("2, 3", "3, 2"),
+        ("18", "18 dollars"),  # text fallback
+        ("\\pi", "$\\pi$"),  # math delimiters stripped
+    ],
+)
+def test_verify_equivalent(gold, pred):
+    assert verify_answer(gold, pred) == (True, True)
+
+
+@pytest.mark.parametrize("gold, pred", [("\\frac{1}{2}", "0.51"), ("72", "27"), ("-7", "7"), ("2\\sqrt{2}", "2")])
+def test_verify_rejects(gold, pred):
+    ok, parsed = verify_answer(gold, pred)
+    assert not ok and parsed
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def test_fixtures_load_and_demonstrations_score_one():
+    for path in (GSM, COMP):
+        task = MathTask(path, eval_frac=0.0)
+        problems = task.generate("train", task.split_size("train"), seed=0)
+        assert len(problems) == 6 and task.split_size("eval") == 0
+        for p in problems:
+            assert task.score(p, task.demonstration(p)) == 1.0, (p.answer, task.demonstration(p))
+            assert p.prompt.startswith(p.meta["question"]) and "\\boxed{}" in p.prompt
+    gsm = {p.meta["line"]: p.answer for p in MathTask(GSM, eval_frac=0.0).generate("train", 6, 0)}
+    assert gsm == {1: "72", 2: "2350", 3: "-7", 4: "1.5", 5: "36", 6: "0.625"}
+
+
+def test_custom_fields_template_and_registry():
+    task = get("math", path=str(FIX / "math_custom_fields.jsonl"), prompt_field="q", answer_field="final",
+               template="Q: {question} A:", eval_frac=0.0)
+    by_line = {p.meta["line"]: p for p in task.generate("train", 2, 0)}
+    assert by_line[1].prompt == "Q: What is 6 times 7? A:" and by_line[1].answer == "42"
+    assert task.score(by_line[2], "10/4 = \\boxed{2.5}") == 1.0
+    with pytest.raises(ValueError, match="template"):
+        MathTask(GSM, template="no placeholder")
+
+
+def _write(tmp_path, text, name="d.jsonl"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_bad_files_name_file_line_and_field(tmp_path):
+    with pytest.raises(ValueError, match="not found") as e:
+        MathTask(tmp_path / "missing.jsonl")
+    assert "missing.jsonl" in str(e.value)
+    with pytest.raises(ValueError, match=r"e\.jsonl: dataset file is empty"):
+        MathTask(_write(tmp_path, "\n\n", "e.jsonl"))
+    bad = _write(tmp_path, '{"question": "a", "answer": "1"}\n{"question": "b", answer: 2}\n', "bad.jsonl")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
+        MathTask(bad)
+    arr = _write(tmp_path, '[1, 2]\n', "arr.jsonl")
+    with pytest.raises(ValueError, match=r"arr\.jsonl:1: expected a JSON object"):
+        MathTask(arr)
+    nofield = _write(tmp_path, '{"question": "a", "answer": "1"}\n\n{"question": "b"}\n', "nf.jsonl")
+    with pytest.raises(ValueError, match=r"nf\.jsonl:3: missing field 'answer'"):
+        MathTask(nofield)
+    with pytest.raises(ValueError, match=r"nf\.jsonl:1: missing field 'problem'"):
+        MathTask(nofield, prompt_field="problem")
+    with pytest.raises(ValueError, match=r"nf\.jsonl:1: no question field"):
+        MathTask(_write(tmp_path, '{"text": "a", "answer": "1"}\n', "nf.jsonl"))
+    with pytest.raises(ValueError, match=r"ea\.jsonl:1: field 'answer' holds no usable answer"):
+        MathTask(_write(tmp_path, '{"question": "a", "answer": "  "}\n', "ea.jsonl"))
+    with pytest.raises(ValueError, match=r"eq\.jsonl:1: field 'question' must be a non-empty string"):
+        MathTask(_write(tmp_path, '{"question": "", "answer": "1"}\n', "eq.jsonl"))
+
+
+def test_splits_disjoint_deterministic(tmp_path):
+    rows = [f'{{"question": "What is {i} plus {i}?", "answer": "#### {2 * i}"}}' for i in range(200)]
+    path = _write(tmp_path, "\n".join(rows) + "\n")
+    task = MathTask(path, eval_frac=0.2)
+    train = task.generate("train", task.split_size("train"), 0)
+    ev = task.generate("eval", task.split_size("eval"), 0)
+    assert len(train) + len(ev) == 200 and 20 < len(ev) < 60
+    assert not {p.prompt for p in train} & {p.prompt for p in ev}
+    assert task.generate("train", 10, 3) == task.generate("train", 10, 3)
+    assert task.generate("train", 5, 3) == task.generate("train", 10, 3)[:5]  # prefix-stable
+    assert len(task.generate("train", 500, 1)) == 500  # train cycles
+    with pytest.raises(ValueError, match="eval split has"):
+        task.generate("eval", 1000, 0)
+    with pytest.raises(ValueError, match="split must be"):
+        task.generate("test", 1, 0)
+    # An explicit eval file: train drops questions that appear in it.
+    evp = _write(tmp_path, rows[0] + "\n" + rows[1] + "\n", "ev.jsonl")
+    task2 = MathTask(path, eval_path=evp)
+    assert task2.split_size("eval") == 2 and task2.split_size("train") == 198 and task2.n_dropped_overlap == 2
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+@pytest.fixture(scope="module")
+def comp():
+    return MathTask(COMP, eval_frac=0.0, timeout_s=1.0)
+
+
+def test_bad_completions_score_zero_never_raise(comp):
+    p = next(q for q in comp.generate("train", 6, 0) if q.answer == "\\frac{1}{2}")
+    assert comp.score_detailed(p, "I don't know") == (0.0, "unparsable")
+    assert comp.score_detailed(p, "<answer></answer>") == (0.0, "unparsable")
+    assert comp.score_detailed(p, "\\boxed{}") == (0.0, "unparsable")
+    assert not comp.parse_ok("no answer") and comp.parse_ok("\\boxed{1}")
+    for junk in ("\\boxed{\\frac{}{}}", "\\boxed{)(}", "\\boxed{" + "{" * 500 + "}", "\\boxed{\\x00\\ud800}", "9" * 5000):
+        r, status = comp.score_detailed(p, junk)
+        assert r == 0.0 and status in ("ok", "unparsable")
+    assert comp.score_detailed(p, "<answer>0.5</answer>") == (1.0, "ok")
+    assert comp.first_move("\\boxed{1}") is None
+
+
+def test_timeout_on_main_thread(comp):
+    p = comp.generate("train", 1, 0)[0]
+    t0 = time.perf_counter()
+    assert comp.score_detailed(p, BOMB) == (0.0, "timeout")
+    assert time.perf_counter() - t0 < 3.0  # timeout_s=1.0 plus slack for a loaded machine
+
+
+def test_timeout_off_main_thread(comp):
+    # math-verify's own timeout raises ValueError off the main thread; ours uses a helper process.
+    p = next(q for q in comp.generate("train", 6, 0) if q.answer == "\\frac{1}{2}")
+    out = {}
+
+    def work():
+        out["good"] = comp.score_detailed(p, "\\boxed{0.5}")  # also starts the helper (untimed)
+        t0 = time.perf_counter()
+        out["bomb"] = comp.score_detailed(p, BOMB)
+        out["bomb_s"] = time.perf_counter() - t0
+        out["after"] = comp.score_detailed(p, "\\boxed{1/2}")  # helper was replaced
+
+    th = threading.Thread(target=work)
+    th.start()
+    th.join(60)
+    assert out["good"] == (1.0, "ok") and out["after"] == (1.0, "ok")
+    assert out["bomb"] == (0.0, "timeout") and out["bomb_s"] < 3.0
+
+
+def test_pickle_drops_data_but_scores(comp):
+    p = comp.generate("train", 1, 0)[0]
+    clone = pickle.loads(pickle.dumps(comp))
+    assert clone.score(p, comp.demonstration(p)) == 1.0
+    with pytest.raises(RuntimeError, match="without its data"):
+        clone.generate("train", 1, 0)

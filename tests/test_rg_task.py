@@ -1,0 +1,104 @@
+"""ReasoningGymTask: scoring with each dataset's own verifier, extraction, disjoint splits."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+pytest.importorskip("reasoning_gym")
+
+from gapo.tasks import get  # noqa: E402
+from gapo.tasks.rg import ReasoningGymTask, extract_rg_answer  # noqa: E402
+
+SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}  # 2 one-digit terms
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return ReasoningGymTask("chain_sum", size=2000, seed=0)
+
+
+@pytest.mark.parametrize("name", ["basic_arithmetic", "chain_sum", "gcd", "spell_backward", "word_sorting"])
+def test_own_answers_score_one_wrong_answers_zero(name):
+    task = ReasoningGymTask(name, size=500, seed=1)
+    problems = task.generate("train", 8, 0) + task.generate("eval", 4, 0)
+    for p in problems:
+        assert task.score(p, "Thinking...\n" + task.demonstration(p)) == 1.0, (p.prompt, p.answer)
+        assert task.score(p, "<answer>definitely wrong 123456789</answer>") == 0.0
+        assert p.prompt.endswith("<answer> and </answer> tags.")
+        assert p.meta["entry"]["answer"] == p.answer
+
+
+def test_whitespace_and_partial_credit():
+    # gcd uses reasoning-gym's default scorer: exact match, else len(oracle)/len(answer) when
+    # the answer contains the oracle.
+    gcd = ReasoningGymTask("gcd", size=2000, seed=0)
+    p = gcd.generate("train", 1, 0)[0]
+    gold = str(p.answer)
+    assert gcd.dataset.score_answer(f" {gold}\n", p.meta["entry"]) < 1.0  # padding penalised
+    assert gcd.score_detailed(p, f"<answer>\n  {gold} \n</answer>") == (1.0, "ok")
+    assert gcd.score(p, f"<answer>{gold} 0</answer>") == 0.0  # substring: no credit by default
+    partial = ReasoningGymTask("gcd", size=2000, seed=0, partial_credit=True)
+    r = partial.score(p, f"<answer>{gold} 0</answer>")
+    assert 0.0 < r < 1.0 and r == pytest.approx(len(gold) / (len(gold) + 2))
+    assert partial.score(p, partial.demonstration(p)) == 1.0
+
+
+def test_extraction():
+    assert extract_rg_answer("a <answer>1</answer> b <answer> 2 </answer>") == "2"
+    assert extract_rg_answer("reasoning\nso:\n  17  \n\n") == "17"
+    assert extract_rg_answer("reasoning\n17", last_line=False) is None
+    assert extract_rg_answer("<answer>  </answer>") is None
+    assert extract_rg_answer("") is None and extract_rg_answer(None) is None  # type: ignore[arg-type]
+
+
+def test_unparsable_counted_not_raised(chain):
+    p = chain.generate("train", 1, 0)[0]
+    assert chain.score_detailed(p, "") == (0.0, "unparsable")
+    assert not chain.parse_ok("   \n") and chain.parse_ok("<answer>3</answer>")
+    assert chain.first_move("<answer>3</answer>") is None
+
+
+def test_splits_disjoint_even_when_seeds_overlap():
+    # reasoning-gym's item i under seed s is item i-1 under seed s+1: seeds alone overlap.
+    task = ReasoningGymTask("chain_sum", SMALL, size=5000, seed=0, eval_fraction=0.3)
+    train = task.generate("train", 40, seed=0)
+    ev = task.generate("eval", 20, seed=1)
+    assert not {p.prompt for p in train} & {p.prompt for p in ev}
+    assert len({p.prompt for p in train}) == 40  # distinct within a call
+    assert task.generate("train", 10, 5) == task.generate("train", 20, 5)[:10]  # deterministic, prefix-stable
+    other_seed = ReasoningGymTask("chain_sum", SMALL, size=5000, seed=1, eval_fraction=0.3)
+    assert not {p.prompt for p in other_seed.generate("train", 40, 0)} & {p.prompt for p in ev}
+
+
+def test_small_space_repeats_with_warning():
+    # "a + b" / "a - b" with one-digit a, b: a few hundred questions, fewer in eval.
+    task = ReasoningGymTask("chain_sum", SMALL, size=5000, seed=0, eval_fraction=0.05)
+    with pytest.warns(UserWarning, match="repeating"):
+        ev = task.generate("eval", 100, 0)
+    assert len(ev) == 100 and len({p.prompt for p in ev}) < 100
+
+
+def test_config_kwargs_registry_and_errors():
+    task = get("rg", dataset="chain_sum", min_terms=3, max_terms=3, size=100)
+    assert task.name == "rg:chain_sum" and task.alphabet is None
+    p = task.generate("train", 1, 0)[0]
+    assert p.meta["entry"]["metadata"]["num_terms"] == 3
+    with pytest.raises(ValueError, match="exactly one"):
+        ReasoningGymTask()
+    with pytest.raises(ValueError, match="Did you mean"):
+        ReasoningGymTask("chain_sums")
+    with pytest.raises(ValueError, match="rejected config"):
+        ReasoningGymTask("chain_sum", {"no_such_option": 1})
+    with pytest.raises(ValueError, match="rejected config"):
+        ReasoningGymTask("chain_sum", {"min_terms": 5, "max_terms": 2})
+    with pytest.raises(ValueError, match="seed="):
+        ReasoningGymTask("chain_sum", {"seed": 3})
+
+
+def test_pickle_round_trip_scores(chain):
+    p = chain.generate("eval", 1, 0)[0]
+    clone = pickle.loads(pickle.dumps(chain))
+    assert clone._ds is None
+    assert clone.score(p, chain.demonstration(p)) == 1.0
