@@ -1,0 +1,144 @@
+"""One RL step of TRL's GRPOTrainer on CPU, for comparison with gapo's own trainer.
+
+    python benchmarks/bench_trl_step.py [--steps 5 --threads 1 2 --num-iterations 1 2]
+
+Setup (matches DESIGN §5's embedded-size policy): a 1.06M-parameter Qwen2 (hidden 128,
+intermediate 512, 4 layers, 4 heads, untied head) with random weights and a 22-token character
+vocabulary; 8 prompts × 8 generations = 64 completions of up to 16 tokens per step, sampled with
+``model.generate`` (no vLLM); token-level loss (``loss_type="dapo"``), no KL (``beta=0``), fp32,
+Adam. One *step* is one batch: generate + score + ``num_iterations`` optimiser steps on it (with
+``num_iterations=2`` TRL also recomputes the behaviour log-probs, as GRPO with μ > 1 must).
+
+Reported per configuration: median step time, median generation time (inside the step),
+completion tokens per second (generated tokens / step time), peak RSS. The first step is a
+warm-up and not counted. ``main`` runs each configuration in a fresh process so that peak RSS
+and thread settings do not leak between them; ``run_trl`` is importable for ``bench_step.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ALPHABET = "0123456789+-*/()= "  # 18 characters + 4 specials = 22 tokens
+
+
+def _prompts(n: int) -> list[dict]:
+    return [{"prompt": f"{(7 * i) % 90 + 10}+{(13 * i) % 90 + 10}="} for i in range(n)]
+
+
+def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1, seed: int = 0) -> dict:
+    """Time ``n_steps`` GRPO steps (after ``warmup``) of TRL's GRPOTrainer; returns a dict of results."""
+    import torch
+    from datasets import Dataset
+    from transformers import Qwen2Config, Qwen2ForCausalLM, TrainerCallback
+    from transformers.utils import logging as hf_logging
+    from trl import GRPOConfig, GRPOTrainer
+
+    from gapo.model import build_tokenizer
+
+    torch.set_num_threads(threads)
+    hf_logging.set_verbosity_error()
+    tok = build_tokenizer(ALPHABET)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(tok), hidden_size=128, intermediate_size=512, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+        tie_word_embeddings=False, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )).float()
+    n_params = sum(p.numel() for p in model.parameters())
+
+    prompts_per_step, group = 8, 8
+    total = warmup + n_steps
+    gen_times: list[float] = []
+    gen_tokens: list[int] = []
+    step_ends: list[float] = []
+
+    class Timed(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            t0 = time.perf_counter()
+            out = super()._generate_and_score_completions(inputs)
+            gen_times.append(time.perf_counter() - t0)
+            gen_tokens.append(int(out["completion_mask"].sum()))
+            return out
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            step_ends.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = GRPOConfig(
+            output_dir=tmp, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+            disable_tqdm=True, logging_steps=10**6, seed=seed,
+            per_device_train_batch_size=prompts_per_step * group, num_generations=group,
+            gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=num_iterations,
+            max_steps=total * num_iterations, max_completion_length=16, temperature=1.0,
+            loss_type="dapo", importance_sampling_level="token", beta=0.0, learning_rate=1e-5,
+            dataloader_num_workers=0,
+        )
+        trainer = Timed(model=model, reward_funcs=lambda completions, **kw: [float("1" in c) for c in completions],
+                        args=args, train_dataset=Dataset.from_list(_prompts(64)), processing_class=tok,
+                        callbacks=[Clock()])
+        t_start = time.perf_counter()
+        trainer.train()
+        wall = time.perf_counter() - t_start
+
+    k = num_iterations
+    # step c spans optimiser steps c·k … c·k+k−1; it starts when step c−1's last optimiser step ends
+    step_s = [step_ends[c * k + k - 1] - step_ends[c * k - 1] for c in range(warmup, total)]
+    toks = gen_tokens[warmup:total]
+    med = statistics.median(step_s)
+    return {
+        "engine": f"trl {__import__('trl').__version__}",
+        "threads": threads,
+        "num_iterations": num_iterations,
+        "n_steps": n_steps,
+        "n_params": n_params,
+        "completions_per_step": prompts_per_step * group,
+        "step_s_median": med,
+        "step_s": step_s,
+        "gen_s_median": statistics.median(gen_times[warmup:total]),
+        "completion_tokens_per_step": statistics.median(toks),
+        "completion_tokens_per_s": statistics.median(t / s for t, s in zip(toks, step_s)),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # whole process, Linux KB
+        "wall_s": wall,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=5, help="measured steps per configuration (after 1 warm-up)")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--num-iterations", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--one", action="store_true", help="run a single configuration here and print JSON")
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(run_trl(a.steps, a.threads[0], a.num_iterations[0])))
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    print(f"{'threads':>7} {'mu':>3} {'step_s':>8} {'gen_s':>7} {'tok/step':>8} {'tok/s':>8} {'rss_MB':>7}")
+    for mu in a.num_iterations:
+        for th in a.threads:
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", "--steps", str(a.steps), "--threads", str(th),
+                 "--num-iterations", str(mu)],
+                env={**env, "OMP_NUM_THREADS": str(th)}, capture_output=True, text=True, check=True,
+            )
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"{th:>7} {mu:>3} {r['step_s_median']:>8.3f} {r['gen_s_median']:>7.3f} "
+                  f"{r['completion_tokens_per_step']:>8.0f} {r['completion_tokens_per_s']:>8.0f} "
+                  f"{r['peak_rss_mb']:>7.0f}", flush=True)
+    print(f"# {r['engine']}, {r['n_params'] / 1e6:.2f}M-parameter Qwen2, {r['completions_per_step']} completions "
+          f"of <= 16 tokens per step, median of {a.steps} steps after 1 warm-up")
+
+
+if __name__ == "__main__":
+    main()
