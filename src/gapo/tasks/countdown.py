@@ -39,10 +39,15 @@ It is written with every multiset sorted as strings, positive terms (numerators)
     1+2+3     2*3*4/6     10+3-5     8/(4-2)     2*3+4
 
 Equal values are interchangeable, so solutions using two equal given numbers are counted once.
-``x*1`` and ``x/1`` are different solutions (one has 1 in the numerator, one in the
-denominator). A completion names values, not positions; when a value could refer to several
-available items, it refers to the *most recently computed* one, else to a given number
-(:func:`canonical`).
+Only commutativity and associativity are quotiented out, not cancellation: ``x*1`` and
+``x/1`` are different solutions (1 in the numerator or the denominator), and so are
+``x+1-1`` and ``x``. A completion names values, not positions; when a value could refer to
+several available items, it refers to the *most recently computed* one, else to a given
+number (:func:`canonical`). A few trees therefore cannot be written in any step order and
+are not counted as solutions, e.g. ``9/(3*3)`` (``3*3=9,9/9=1`` reads as ``(3*3)/9``) or
+``(8-4)/(10-6)`` with numbers 8 6 10 4 (whichever difference comes second reads its given 4
+as the first one's result); about 0.2% of expressions over 4 numbers. So the solution set is
+exactly the set of canonical forms of correct completions (checked by brute force in tests).
 
 First move
 ----------
@@ -55,8 +60,10 @@ Solver
 :func:`solutions` enumerates every reachable canonical expression over every sub-multiset of
 the numbers by dynamic programming over sub-multisets (two disjoint parts, all operators,
 both orders), deduplicating canonical forms per sub-multiset; it is exact because whether an
-expression combines with another depends only on its value and canonical form. Results are
-cached per multiset.
+expression combines with another depends only on its value and canonical form. Forms whose
+derivation has a value collision are then kept only if some step order of one of their
+derivations (up to 9 kept per form) reads back as the form. Results are cached per multiset
+and per (multiset, target).
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import product
 from typing import Sequence, Union
@@ -98,6 +105,7 @@ class _Expr:
     pos: tuple[str, ...]
     neg: tuple[str, ...]
     deriv: Derivation
+    alts: list = field(default_factory=list)  # more derivations (distinct root splits)
 
 
 def _leaf(v: int) -> _Expr:
@@ -143,16 +151,20 @@ def _apply(a: int, op: str, b: int) -> int | None:
 
 
 def _combinations(x: _Expr, y: _Expr):
-    """Every valid ``x op y`` and ``y op x``, larger operand written first."""
-    hi, lo = (x, y) if x.value >= y.value else (y, x)
+    """Every valid ``x op y`` and ``y op x``, the larger operand written first.
+
+    Between equal values a computed result comes first, as a completion's ``v/v`` reads its
+    first ``v`` as the computed one (see :func:`canonical`).
+    """
+    hi, lo = (x, y) if (x.value, x.kind != "n") >= (y.value, y.kind != "n") else (y, x)
     yield _combine(hi, "+", lo, hi.value + lo.value)
     yield _combine(hi, "*", lo, hi.value * lo.value)
     if hi.value > lo.value:
         yield _combine(hi, "-", lo, hi.value - lo.value)
     if hi.value % lo.value == 0:
         yield _combine(hi, "/", lo, hi.value // lo.value)
-        if hi.value == lo.value and hi.text != lo.text:  # (1+2)/3 and 3/(1+2) differ
-            yield _combine(lo, "/", hi, 1)
+        if hi.value == lo.value and hi.text != lo.text:
+            yield _combine(lo, "/", hi, 1)  # (1+2)/(6-3) and (6-3)/(1+2) differ
 
 
 def _submultisets(values: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -170,6 +182,9 @@ def _minus(values: tuple[int, ...], part: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(rest.elements()))
 
 
+_MAX_ALTS = 8  # extra derivations kept per expression, tried when the first cannot be written
+
+
 @lru_cache(maxsize=4096)
 def _exprs(values: tuple[int, ...]) -> dict[str, _Expr]:
     """All canonical expressions using every value of the sorted tuple ``values`` once."""
@@ -184,7 +199,9 @@ def _exprs(values: tuple[int, ...]) -> dict[str, _Expr]:
         for x in _exprs(left).values():
             for y in _exprs(right).values():
                 for e in _combinations(x, y):
-                    out.setdefault(e.text, e)
+                    seen = out.setdefault(e.text, e)
+                    if seen is not e and len(seen.alts) < _MAX_ALTS:
+                        seen.alts.append(e.deriv)
     return out
 
 
@@ -218,15 +235,62 @@ def _key(numbers: Sequence[int]) -> tuple[int, ...]:
 def solutions(numbers: Sequence[int], target: int) -> list[str]:
     """All distinct canonical solutions (sorted strings) reaching ``target``.
 
-    A solution uses at least one operation and each given number at most once. Example:
+    A solution uses at least one operation and each given number at most once, and some
+    completion writes it (see :func:`canonical`). Example:
     ``solutions([1, 2, 3], 6) == ["1*2*3", "1+2+3", "2*3", "2*3/1"]``.
     """
-    return list(_solve(_key(numbers)).by_value.get(int(target), ()))
+    return list(_solutions(_key(numbers), int(target)))
 
 
-def reachable(numbers: Sequence[int]) -> dict[int, int]:
-    """``{value: number of canonical solutions}`` for every value reachable from ``numbers``."""
-    return {v: len(ts) for v, ts in _solve(_key(numbers)).by_value.items()}
+def reachable(numbers: Sequence[int]) -> set[int]:
+    """Every value some completion over ``numbers`` computes (at least one operation)."""
+    return set(_solve(_key(numbers)).by_value)
+
+
+@lru_cache(maxsize=1 << 16)
+def _solutions(values: tuple[int, ...], target: int) -> tuple[str, ...]:
+    solved = _solve(values)
+    return tuple(t for t in solved.by_value.get(target, ()) if _writable(solved.exprs[t]))
+
+
+def _writable(expr: _Expr) -> bool:
+    """Whether some step order of ``expr``'s derivation reads back as ``expr``.
+
+    Without value collisions (an intermediate result equal to another one or to a number the
+    tree uses) the plain order does. With one, an operand may name the wrong item in every
+    order, e.g. ``(8-4)/(10-6)``: whichever difference comes second reads its given 4 as the
+    first one's result. Such trees are rare (about 0.2% of expressions over 4 numbers), are
+    not expressible as completions and so are not counted as solutions.
+    """
+    return _order_for(expr) is not None
+
+
+def _order_for(expr: _Expr, rng: random.Random | None = None) -> str | None:
+    """A completion reading back as ``expr`` (random among valid orders with ``rng``)."""
+    leaves: list[int] = []
+    inner: list[int] = []
+
+    def walk(d: Derivation) -> None:
+        if isinstance(d, tuple):
+            inner.append(d[3])
+            walk(d[1])
+            walk(d[2])
+        else:
+            leaves.append(d)
+
+    walk(expr.deriv)
+    inner = inner[1:]  # the root's result is never an operand
+    collision = len(set(inner)) < len(inner) or bool(set(inner) & set(leaves))
+    if not collision:
+        return render(expr.deriv, rng)
+    values = tuple(sorted(leaves))
+    orders = [c for d in [expr.deriv, *expr.alts] for c in _all_orders(d)]
+    if rng is not None:
+        rng.shuffle(orders)
+    for completion in orders:
+        if canonical(completion, values) == expr.text:
+            return completion
+    return None
 
 
 # ---------------------------------------------------------------- completions
@@ -309,9 +373,9 @@ def first_move(completion: str) -> tuple[int, str] | None:
     return (max(a, b), op) if op in "+*" else (a, op)
 
 
-def render(deriv: Derivation, rng: random.Random | None = None) -> str:
-    """Write a derivation as steps, in a random valid order when ``rng`` is given."""
-    steps: list[tuple[str, list[int]]] = []  # (step text, indices of child steps)
+def _steps(deriv: Derivation) -> list[tuple[str, list[int]]]:
+    """The derivation's steps, children before parents: (text, indices of child steps)."""
+    steps: list[tuple[str, list[int]]] = []
 
     def walk(d: Derivation) -> int | None:
         if not isinstance(d, tuple):
@@ -323,6 +387,12 @@ def render(deriv: Derivation, rng: random.Random | None = None) -> str:
         return len(steps) - 1
 
     walk(deriv)
+    return steps
+
+
+def render(deriv: Derivation, rng: random.Random | None = None) -> str:
+    """Write a derivation as steps, in a uniformly random valid order when ``rng`` is given."""
+    steps = _steps(deriv)
     order = list(range(len(steps)))  # children before parents
     if rng is not None:
         done: set[int] = set()
@@ -334,6 +404,35 @@ def render(deriv: Derivation, rng: random.Random | None = None) -> str:
             done.add(pick)
             order.append(pick)
     return ",".join(steps[i][0] for i in order)
+
+
+def _all_orders(deriv: Derivation) -> list[str]:
+    """Every valid step order of a derivation, written as completions."""
+    steps = _steps(deriv)
+    out: list[str] = []
+
+    def extend(done: list[int]) -> None:
+        if len(done) == len(steps):
+            out.append(",".join(steps[i][0] for i in done))
+            return
+        for i, (_, kids) in enumerate(steps):
+            if i not in done and all(k in done for k in kids):
+                extend(done + [i])
+
+    extend([])
+    return out
+
+
+def solution_completion(
+    numbers: Sequence[int], text: str, rng: random.Random | None = None
+) -> str:
+    """A completion whose canonical form is the solution ``text`` (from :func:`solutions`),
+    its steps in a random valid order when ``rng`` is given."""
+    expr = _solve(_key(numbers)).exprs.get(text)
+    completion = _order_for(expr, rng) if expr is not None else None
+    if completion is None:
+        raise ValueError(f"{text!r} is not a solution expression for {list(numbers)}")
+    return completion
 
 
 # ---------------------------------------------------------------- the task
@@ -405,10 +504,10 @@ class CountdownTask:
         numbers = [rng.randint(*self.num_range) for _ in range(rng.randint(*self.n_numbers))]
         lo, hi = self.target_range
         top = self.max_solutions if self.max_solutions is not None else float("inf")
-        targets = sorted(
-            v for v, count in reachable(numbers).items()
-            if lo <= v <= hi and v not in numbers and self.min_solutions <= count <= top
-        )
+        targets = sorted(v for v in reachable(numbers) if lo <= v <= hi and v not in numbers)
+        if self.min_solutions > 1 or self.max_solutions is not None:
+            targets = [t for t in targets
+                       if self.min_solutions <= len(solutions(numbers, t)) <= top]
         if not targets:
             return None
         target = rng.choice(targets)
@@ -417,7 +516,7 @@ class CountdownTask:
         meta = {
             "numbers": tuple(numbers),
             "target": target,
-            "n_solutions": reachable(numbers)[target],
+            "n_solutions": len(solutions(numbers, target)),
         }
         return key, Problem(prompt, target, meta)
 
@@ -453,17 +552,8 @@ class CountdownTask:
     def demonstration(self, problem: Problem, rng: random.Random) -> str:
         """A correct completion of a uniformly random canonical solution, steps in a random
         valid order (so first moves are diverse)."""
-        numbers = problem.meta["numbers"]
-        solved = _solve(_key(numbers))
-        texts = solved.by_value.get(int(problem.answer), ())
+        texts = self.solutions(problem)
         if not texts:
             raise ValueError(f"unsolvable instance {problem.prompt!r}")
         text = texts[rng.randrange(len(texts))]
-        deriv = solved.exprs[text].deriv
-        for _ in range(64):
-            completion = render(deriv, rng)
-            # an operand value may name an earlier result instead of the intended given
-            # number (see `canonical`); another step order then expresses the same tree
-            if canonical(completion, numbers) == text:
-                return completion
-        return render(deriv)  # still a correct solution, just named differently
+        return solution_completion(problem.meta["numbers"], text, rng)
