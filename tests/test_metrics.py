@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gapo.metrics import clip_stats_by_c, entropy_from_logits, first_move_entropy, pass_at_k, pass_at_k_curve
+from gapo.metrics import clip_counts_by_c, clip_stats_by_c, clip_stats_from_counts, merge_counts, entropy_from_logits, first_move_entropy, pass_at_k, pass_at_k_curve
 
 
 def _brute(n, c, k):
@@ -77,6 +77,23 @@ def test_clip_stats_by_c_hand_computed():
     assert s["clip/ratio_dev_by_c/2"] == pytest.approx((0.1 + 0.3) / 2)
     assert s["clip/eps_high_by_c/1"] == pytest.approx(0.24)
     assert "clip/frac_high_by_c/2" not in s  # no positive-advantage tokens there
+
+
+def test_clip_counts_merge_equals_whole_batch():
+    g = torch.Generator().manual_seed(0)
+    ratio = 1 + 0.4 * torch.randn(8, 5, generator=g)
+    adv = torch.randn(8, generator=g)
+    mask = (torch.rand(8, 5, generator=g) > 0.3).float()
+    c = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2])
+    eps = torch.rand(8, generator=g) * 0.3
+    whole = clip_stats_by_c(ratio, adv, mask, c, eps_low=0.2, eps_high=eps)
+    total = {}
+    for rows in (slice(0, 3), slice(3, 8)):
+        merge_counts(total, clip_counts_by_c(ratio[rows], adv[rows], mask[rows], c[rows], eps_low=0.2, eps_high=eps[rows]))
+    parts = clip_stats_from_counts(total)
+    assert parts.keys() == whole.keys()
+    for k in whole:
+        assert parts[k] == pytest.approx(whole[k], rel=1e-6), k
 
 
 def test_first_move_entropy():

@@ -15,7 +15,8 @@ import math
 
 import torch
 
-__all__ = ["pass_at_k", "pass_at_k_curve", "entropy_from_logits", "clip_stats_by_c", "first_move_entropy"]
+__all__ = ["pass_at_k", "pass_at_k_curve", "entropy_from_logits", "clip_stats_by_c", "clip_counts_by_c",
+           "merge_counts", "clip_stats_from_counts", "first_move_entropy"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -50,8 +51,12 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:  # (..., V) -> (.
     return torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1)
 
 
+_COUNT_FIELDS = ("tokens", "dev_sum", "pos_tokens", "pos_clipped", "neg_tokens", "neg_clipped",
+                 "rows", "eps_sum", "adv_abs_sum")
+
+
 @torch.no_grad()
-def clip_stats_by_c(
+def clip_counts_by_c(
     ratio: torch.Tensor,  # (B, T) importance ratio (token or sequence level)
     advantages: torch.Tensor,  # (B,)
     response_mask: torch.Tensor,  # (B, T)
@@ -59,33 +64,62 @@ def clip_stats_by_c(
     *,
     eps_low: float,
     eps_high: float | torch.Tensor,  # float or (B,)
-) -> dict[str, float]:
-    """``clip/frac_high_by_c/{c}``, ``clip/frac_low_by_c/{c}``, ``clip/ratio_dev_by_c/{c}``,
-    ``clip/eps_high_by_c/{c}``, ``clip/adv_by_c/{c}`` and the counts behind them."""
+) -> dict[int, dict[str, float]]:
+    """Raw sums per ``c`` (tokens, Σ|ρ−1|, positive/negative-advantage tokens and how many of
+    them are clipped, rows, Σε_high, Σ|A|); add them across mini-batches with
+    ``merge_counts`` and turn them into rates with ``clip_stats_from_counts``."""
     m = response_mask.bool()
     eh = eps_high if isinstance(eps_high, torch.Tensor) else torch.full_like(advantages, float(eps_high))
     eh = eh.to(ratio.dtype)
-    out: dict[str, float] = {}
-    above = ratio > 1.0 + eh.unsqueeze(-1)
-    below = ratio < 1.0 - eps_low
-    dev = (ratio - 1.0).abs()
-    pos = (advantages > 0).unsqueeze(-1) & m
-    neg = (advantages < 0).unsqueeze(-1) & m
+    above = (ratio > 1.0 + eh.unsqueeze(-1)) & m
+    below = (ratio < 1.0 - eps_low) & m
+    dev = (ratio - 1.0).abs() * m
+    pos, neg = advantages > 0, advantages < 0
+    tokens = m.sum(-1)
+    per_row = torch.stack([tokens.to(ratio.dtype), dev.sum(-1), tokens * pos, above.sum(-1) * pos,
+                           tokens * neg, below.sum(-1) * neg], dim=-1).double()  # (B, 6)
+    out: dict[int, dict[str, float]] = {}
     for c in torch.unique(success_count).tolist():
         rows = success_count == c
-        mc, pc, nc = m[rows], pos[rows], neg[rows]
-        n_tok = int(mc.sum())
-        if n_tok == 0:
-            continue
-        out[f"clip/ratio_dev_by_c/{c}"] = float(dev[rows][mc].mean())
-        out[f"clip/eps_high_by_c/{c}"] = float(eh[rows].mean())
-        out[f"clip/adv_by_c/{c}"] = float(advantages[rows].abs().mean())
-        out[f"clip/tokens_pos_by_c/{c}"] = float(pc.sum())
-        if pc.any():
-            out[f"clip/frac_high_by_c/{c}"] = float(above[rows][pc].float().mean())
-        if nc.any():
-            out[f"clip/frac_low_by_c/{c}"] = float(below[rows][nc].float().mean())
+        sums = per_row[rows].sum(0).tolist()
+        out[int(c)] = dict(zip(_COUNT_FIELDS, sums + [float(rows.sum()), float(eh[rows].double().sum()),
+                                                      float(advantages[rows].double().abs().sum())]))
     return out
+
+
+def merge_counts(total: dict, new: dict) -> dict:
+    """Add the per-``c`` sums of ``new`` into ``total`` (in place) and return it."""
+    for c, fields in new.items():
+        acc = total.setdefault(c, dict.fromkeys(_COUNT_FIELDS, 0.0))
+        for k, v in fields.items():
+            acc[k] += v
+    return total
+
+
+def clip_stats_from_counts(counts: dict) -> dict[str, float]:
+    """``clip/frac_high_by_c/{c}`` (share of positive-advantage tokens above ``1+ε_high``),
+    ``clip/frac_low_by_c/{c}``, ``clip/ratio_dev_by_c/{c}`` (mean ``|ρ−1|``),
+    ``clip/eps_high_by_c/{c}``, ``clip/adv_by_c/{c}`` (mean ``|A|``), ``clip/tokens_pos_by_c/{c}``."""
+    out: dict[str, float] = {}
+    for c in sorted(counts):
+        f = counts[c]
+        if f["tokens"] == 0:
+            continue
+        out[f"clip/ratio_dev_by_c/{c}"] = f["dev_sum"] / f["tokens"]
+        out[f"clip/eps_high_by_c/{c}"] = f["eps_sum"] / f["rows"]
+        out[f"clip/adv_by_c/{c}"] = f["adv_abs_sum"] / f["rows"]
+        out[f"clip/tokens_pos_by_c/{c}"] = f["pos_tokens"]
+        if f["pos_tokens"]:
+            out[f"clip/frac_high_by_c/{c}"] = f["pos_clipped"] / f["pos_tokens"]
+        if f["neg_tokens"]:
+            out[f"clip/frac_low_by_c/{c}"] = f["neg_clipped"] / f["neg_tokens"]
+    return out
+
+
+def clip_stats_by_c(ratio, advantages, response_mask, success_count, *, eps_low, eps_high) -> dict[str, float]:
+    """Clip statistics per group-success count ``c`` for one batch (see ``clip_stats_from_counts``)."""
+    return clip_stats_from_counts(clip_counts_by_c(ratio, advantages, response_mask, success_count,
+                                                   eps_low=eps_low, eps_high=eps_high))
 
 
 def first_move_entropy(moves: list) -> float:

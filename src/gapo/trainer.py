@@ -1,0 +1,455 @@
+"""The RLVR loop — the only stateful module of gapo.
+
+One step (DESIGN §3): draw P prompts → sample G rollouts each → score → advantages and GAPO's
+per-rollout ε_high from the raw group rewards → old log-probs → E epochs × M mini-batch
+optimiser steps of the chosen surrogate → diagnostics. Everything that is math is a call into
+``gapo.advantages``, ``gapo.clipping``, ``gapo.losses`` and ``gapo.metrics``.
+
+Runs survive: metrics go to ``<run>/metrics.jsonl`` (one JSON object a line, ``kind`` = train |
+eval), checkpoints are written atomically to ``<run>/checkpoint.pt`` (model, optimiser,
+scheduler, every RNG state, step and data position), ``resume=True`` continues bit for bit on
+CPU, and SIGINT/SIGTERM finish the current step, checkpoint and exit cleanly.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+from gapo import advantages as adv_mod
+from gapo import tasks
+from gapo.aggregation import agg_loss
+from gapo.clipping import eps_high_for
+from gapo.config import Config, to_dict
+from gapo.losses import LOSSES, log_ratio
+from gapo.metrics import clip_counts_by_c, clip_stats_from_counts, merge_counts
+
+__all__ = ["Trainer", "RunExists"]
+
+
+class RunExists(ValueError):
+    pass
+
+
+def _jsonable(v):
+    if isinstance(v, torch.Tensor):
+        return v.item() if v.numel() == 1 else v.tolist()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+class Trainer:
+    """``Trainer(cfg, run_dir).fit()``; see the module docstring."""
+
+    def __init__(self, cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False):
+        from gapo.model import load_policy
+
+        self.cfg = cfg.validate()
+        self.run_dir = Path(run_dir)
+        self.ckpt_path = self.run_dir / "checkpoint.pt"
+        if self.run_dir.exists() and any(self.run_dir.iterdir()) and not (resume or overwrite):
+            raise RunExists(f"run folder {str(self.run_dir)!r} exists; pass --resume to continue it or "
+                            f"--overwrite to start over")
+        if resume and not self.ckpt_path.is_file():
+            raise ValueError(f"cannot resume: no checkpoint at {str(self.ckpt_path)!r}")
+        if overwrite and not resume and self.run_dir.exists():
+            import shutil
+            shutil.rmtree(self.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+        m, t = cfg.model, cfg.train
+        if m.device == "cpu" or m.threads is not None:
+            torch.set_num_threads(m.threads or 1)
+        self.device = torch.device(m.device)
+        torch.manual_seed(t.seed)
+        self.task = tasks.get(cfg.task.name, **cfg.task.params)
+        self.policy_path = m.path or str(self._base_policy())
+        self.model, self.tok = load_policy(self.policy_path, self.device)
+        self.model.train()
+        self.ref_model = None
+        if cfg.algo.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        o = cfg.optim
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
+        self.max_new_tokens = cfg.sampling.max_new_tokens or self.task.max_completion_len + 1
+        self.pool = self.task.generate("train", cfg.task.train_size, t.seed)
+        self.eval_problems = self.task.generate("eval", cfg.eval.problems, cfg.eval.seed) if cfg.eval.problems else []
+        self.prompt_ids = {}
+        self.py_rng = random.Random(t.seed)
+        self.gen = torch.Generator(device=self.device).manual_seed(t.seed)
+        self.order = self._shuffled()
+        self.pos = 0
+        self.step = 0
+        self._stop = False
+        self._writers = None
+        if resume:
+            self._load_checkpoint()
+        else:
+            import yaml
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _base_policy(self) -> Path:
+        from gapo.pretrain import get_base_policy, resolve
+
+        preset = resolve(self.cfg.model.base_preset)
+        if self.cfg.task.name != "countdown":
+            raise ValueError("the embedded base policy is a Countdown model; set model.path for task "
+                             f"{self.cfg.task.name!r}")
+        if not self.cfg.task.params:  # the preset defines the RL split unless the user did
+            self.cfg.task.params = dict(preset.rl_task)
+            self.task = tasks.get("countdown", **self.cfg.task.params)
+        return get_base_policy(preset, progress=self.cfg.train.progress)
+
+    def _shuffled(self) -> list[int]:
+        order = list(range(len(self.pool)))
+        self.py_rng.shuffle(order)
+        return order
+
+    def _next_problems(self, n: int) -> list:
+        out = []
+        for _ in range(n):
+            if self.pos >= len(self.order):
+                self.order, self.pos = self._shuffled(), 0
+            out.append(self.pool[self.order[self.pos]])
+            self.pos += 1
+        return out
+
+    def _encode(self, problem) -> list[int]:
+        ids = self.prompt_ids.get(problem.prompt)
+        if ids is None:
+            ids = self.prompt_ids[problem.prompt] = self.tok(problem.prompt).input_ids
+        return ids
+
+    # ------------------------------------------------------------------ one RL step
+    def _sample(self, problems: list):
+        from gapo.sampling import sample
+
+        G = self.cfg.train.group_size
+        prompts = [self._encode(p) for p in problems for _ in range(G)]
+        self.model.eval()
+        r = sample(self.model, prompts, max_new_tokens=self.max_new_tokens, temperature=self.cfg.sampling.temperature,
+                   top_p=self.cfg.sampling.top_p, eos_token_id=self.tok.eos_token_id,
+                   pad_token_id=self.tok.pad_token_id, generator=self.gen)
+        self.model.train()
+        return r
+
+    def _score(self, problems: list, texts: list[str]):
+        from gapo.scoring import score_batch
+
+        G = self.cfg.train.group_size
+        flat = [p for p in problems for _ in range(G)]
+        rewards, stats = score_batch(self.task, flat, texts, workers=self.cfg.task.scoring_workers)
+        return torch.tensor(rewards, dtype=torch.float32), stats
+
+    def _rollout(self) -> dict:
+        """Sample and score P groups; with dynamic sampling, replace zero-variance groups."""
+        from gapo.sampling import Rollout
+
+        t, a = self.cfg.train, self.cfg.algo
+        G = t.group_size
+        t0 = time.perf_counter()
+        t_score = 0.0
+        problems = self._next_problems(t.prompts)
+        ro = self._sample(problems)
+        ts = time.perf_counter()
+        rewards, stats = self._score(problems, ro.texts(self.tok))
+        t_score += time.perf_counter() - ts
+        zero = adv_mod.zero_std_groups(rewards, G)
+        info = {"rollout/frac_zero_std": float(zero.float().mean()), "rollout/refill_rounds": 0}
+        if a.dynamic_sampling:
+            parts = [(problems, ro, rewards)]
+            keep = [(0, g) for g in range(t.prompts) if not zero[g]]
+            spare = [(0, g) for g in range(t.prompts) if zero[g]]
+            rounds = 0
+            while len(keep) < t.prompts and rounds < a.max_refill_rounds:
+                rounds += 1
+                more = self._next_problems(t.prompts)
+                ro2 = self._sample(more)
+                ts = time.perf_counter()
+                r2, _ = self._score(more, ro2.texts(self.tok))
+                t_score += time.perf_counter() - ts
+                z2 = adv_mod.zero_std_groups(r2, G)
+                parts.append((more, ro2, r2))
+                keep += [(rounds, g) for g in range(t.prompts) if not z2[g]]
+                spare += [(rounds, g) for g in range(t.prompts) if z2[g]]
+            chosen = (keep + spare)[: t.prompts]
+            problems, ro, rewards = self._gather(parts, chosen)
+            info["rollout/refill_rounds"] = rounds
+            info["rollout/frac_zero_std_after_refill"] = float(adv_mod.zero_std_groups(rewards, G).float().mean())
+            assert isinstance(ro, Rollout)
+        info["time/sample_s"] = time.perf_counter() - t0 - t_score
+        info["time/score_s"] = t_score
+        info.update({k: v for k, v in stats.items() if k.startswith("reward/") and k != "reward/n"})
+        return dict(problems=problems, rollout=ro, rewards=rewards, info=info)
+
+    def _gather(self, parts, chosen):
+        """Concatenate the chosen groups of several rollouts (padding them to one width)."""
+        from gapo.sampling import Rollout
+
+        G = self.cfg.train.group_size
+        P = max(p[1].prompt_ids.shape[1] for p in parts)
+        T = max(p[1].completion_ids.shape[1] for p in parts)
+        pad = self.tok.pad_token_id
+
+        def widen(x, width, left, value):
+            extra = width - x.shape[1]
+            if extra == 0:
+                return x
+            filler = torch.full((x.shape[0], extra), value, dtype=x.dtype, device=x.device)
+            return torch.cat([filler, x] if left else [x, filler], dim=1)
+
+        fields = {k: [] for k in ("prompt_ids", "prompt_mask", "completion_ids", "response_mask", "logp")}
+        problems, rewards = [], []
+        for part, g in chosen:
+            probs, ro, rw = parts[part]
+            rows = slice(g * G, (g + 1) * G)
+            problems.append(probs[g])
+            rewards.append(rw[rows])
+            fields["prompt_ids"].append(widen(ro.prompt_ids[rows], P, True, pad))
+            fields["prompt_mask"].append(widen(ro.prompt_mask[rows], P, True, 0))
+            fields["completion_ids"].append(widen(ro.completion_ids[rows], T, False, pad))
+            fields["response_mask"].append(widen(ro.response_mask[rows], T, False, 0))
+            fields["logp"].append(widen(ro.logp[rows], T, False, 0.0))
+        return problems, Rollout(**{k: torch.cat(v) for k, v in fields.items()}), torch.cat(rewards)
+
+    def _logprobs(self, model, ids, attn, T):
+        from gapo.sampling import logprobs
+
+        return logprobs(model, ids, attn, T, temperature=self.cfg.sampling.temperature)
+
+    def train_step(self) -> dict:
+        cfg, a, t = self.cfg, self.cfg.algo, self.cfg.train
+        G = t.group_size
+        t_step = time.perf_counter()
+        batch = self._rollout()
+        ro, rewards = batch["rollout"], batch["rewards"]
+        rewards_d = rewards.to(self.device)
+        t_upd = time.perf_counter()
+        advantages = adv_mod.compute(a.advantage, rewards_d, G, **a.advantage_params)
+        eps_high = eps_high_for(a.eps_schedule, rewards_d, G, eps_low=a.eps_low, eps_high=a.eps_high,
+                                reward_range=a.reward_range).to(self.device)
+        success = adv_mod.group_success_count(rewards_d, G, reward_range=a.reward_range)
+        ids, attn, mask = ro.input_ids, ro.attention_mask, ro.response_mask.float()
+        T = ro.completion_ids.shape[1]
+        ent_sum = None
+        with torch.no_grad():
+            if a.old_logp == "recompute":
+                old_logp, ent = self._logprobs(self.model, ids, attn, T)
+                ent_sum = float((ent * mask).sum())
+            else:
+                old_logp = ro.logp
+            ref_logp = self._logprobs(self.ref_model, ids, attn, T)[0] if self.ref_model is not None else None
+
+        level = "sequence" if a.loss == "gspo" else "token"
+        B = ids.shape[0]
+        mb = B // t.mini_batches
+        loss_fn = LOSSES[a.loss]
+        sums: dict[str, float] = {}
+        counts: dict = {}
+        n_updates = 0
+        grad_norms = []
+        for _epoch in range(t.epochs):
+            perm = torch.randperm(B, generator=self.gen, device=self.gen.device).to(self.device)
+            for i in range(t.mini_batches):
+                rows = perm[i * mb : (i + 1) * mb]
+                m = mask[rows]
+                logp, ent = self._logprobs(self.model, ids[rows], attn[rows], T)
+                loss, metrics = loss_fn(logp, old_logp[rows], advantages[rows], m, eps_low=a.eps_low,
+                                        eps_high=eps_high[rows], agg=a.agg, clip_ratio_c=a.clip_ratio_c)
+                total = loss
+                if ref_logp is not None:
+                    d = ref_logp[rows] - logp
+                    kl = -d if a.kl_estimator == "k1" else torch.exp(d) - d - 1.0
+                    kl_term = agg_loss(kl, m, a.agg)
+                    total = total + a.kl_coef * kl_term
+                    metrics["loss/kl_ref"] = kl_term.detach()
+                ent_term = agg_loss(ent, m, a.agg)
+                if a.entropy_coef:
+                    total = total - a.entropy_coef * ent_term
+                if ent_sum is None and _epoch == 0:
+                    sums["_ent_tok"] = sums.get("_ent_tok", 0.0) + float((ent.detach() * m).sum())
+                self.opt.zero_grad(set_to_none=True)
+                total.backward()
+                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+                if not torch.isfinite(gn):
+                    raise FloatingPointError(f"non-finite gradient norm at step {self.step + 1}; "
+                                             "lower optim.lr or check the rewards")
+                self.opt.step()
+                grad_norms.append(float(gn))
+                metrics["loss/policy"] = loss.detach()
+                metrics["loss/total"] = total.detach()
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                n_updates += 1
+                with torch.no_grad():
+                    ratio = torch.exp(log_ratio(logp.detach(), old_logp[rows], m, level))
+                    merge_counts(counts, clip_counts_by_c(ratio, advantages[rows], m, success[rows],
+                                                          eps_low=a.eps_low, eps_high=eps_high[rows]))
+        self.sched.step()
+        self.step += 1
+
+        n_tok = float(mask.sum())
+        out = {"kind": "train", "step": self.step}
+        out.update({k: v / n_updates for k, v in sums.items() if not k.startswith("_")})
+        out["policy/entropy"] = (ent_sum if ent_sum is not None else sums.get("_ent_tok", 0.0)) / max(n_tok, 1.0)
+        out["rollout/reward"] = float(rewards.mean())
+        out["rollout/pass_rate"] = float((rewards >= a.reward_range[1]).float().mean())
+        out["rollout/response_len"] = n_tok / B
+        out["optim/lr"] = self.sched.get_last_lr()[0]
+        out["optim/grad_norm"] = sum(grad_norms) / len(grad_norms)
+        if (advantages > 0).any():
+            out["clip/eps_high_pos_mean"] = float(eps_high[advantages > 0].mean())
+        out.update(clip_stats_from_counts(counts))
+        pos_tok = sum(f["pos_tokens"] for f in counts.values())
+        out["clip/frac_high_pos"] = sum(f["pos_clipped"] for f in counts.values()) / pos_tok if pos_tok else 0.0
+        out.update(batch["info"])
+        out["time/update_s"] = time.perf_counter() - t_upd
+        out["time/step_s"] = time.perf_counter() - t_step
+        return out
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, *, progress: bool = False) -> dict:
+        from gapo.evaluate import evaluate
+
+        e = self.cfg.eval
+        res = evaluate(self.model, self.tok, self.task, self.eval_problems, n=e.samples, temperature=e.temperature,
+                       max_new_tokens=self.max_new_tokens, seed=e.seed, progress=progress)
+        res.update(kind="eval", step=self.step)
+        return res
+
+    # ------------------------------------------------------------------ logging
+    def log(self, record: dict) -> None:
+        record = {k: _jsonable(v) for k, v in record.items()}
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        w = self._get_writers()
+        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k not in ("step",)}
+        if "tb" in w:
+            for k, v in scalars.items():
+                w["tb"].add_scalar(k, v, record["step"])
+        if "wandb" in w:
+            w["wandb"].log(scalars, step=record["step"])
+
+    def _get_writers(self) -> dict:
+        if self._writers is None:
+            self._writers = {}
+            if self.cfg.log.tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+                self._writers["tb"] = SummaryWriter(str(self.run_dir / "tb"))
+            if self.cfg.log.wandb:
+                import wandb
+                wandb.init(project=self.cfg.log.wandb_project, dir=str(self.run_dir), config=to_dict(self.cfg))
+                self._writers["wandb"] = wandb
+        return self._writers
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> None:
+        state = {
+            "step": self.step, "pos": self.pos, "order": self.order,
+            "model": self.model.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
+            "py_rng": self.py_rng.getstate(), "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
+            "config": to_dict(self.cfg), "policy_path": self.policy_path,
+        }
+        tmp = self.ckpt_path.with_name(f".checkpoint.{os.getpid()}.tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.ckpt_path)  # atomic: a crash leaves the previous checkpoint intact
+
+    def _load_checkpoint(self) -> None:
+        state = torch.load(self.ckpt_path, map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+        self.sched.load_state_dict(state["sched"])
+        self.py_rng.setstate(state["py_rng"])
+        self.gen.set_state(state["gen"])
+        torch.set_rng_state(state["torch_rng"])
+        self.step, self.pos, self.order = state["step"], state["pos"], state["order"]
+        # drop records written after the checkpoint (the run died before its next one)
+        log = self.run_dir / "metrics.jsonl"
+        if log.exists():
+            keep = [ln for ln in log.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
+            log.write_text("".join(ln + "\n" for ln in keep))
+
+    def save_policy(self) -> Path:
+        from gapo.model import save_policy
+        return save_policy(self.model, self.tok, self.run_dir / "policy")
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self, *, stop_after: int | None = None) -> dict:
+        """Train to ``train.steps`` (or ``stop_after`` more steps, then checkpoint and return)."""
+        cfg, t = self.cfg, self.cfg.train
+        e_every = cfg.eval.every
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal(signum, frame):
+            if self._stop:  # second signal: give up at once
+                signal.signal(signum, old[signum])
+                raise KeyboardInterrupt
+            self._stop = True
+
+        in_main = _main_thread()
+        if in_main:
+            for s in old:
+                signal.signal(s, on_signal)
+        bar = None
+        last_eval = None
+        try:
+            if self.step == 0 and self.eval_problems:
+                last_eval = self.evaluate(progress=t.progress)
+                self.log(last_eval)
+            if t.progress:
+                from tqdm.auto import tqdm
+                bar = tqdm(total=t.steps, initial=self.step, desc=self.run_dir.name, unit="step", dynamic_ncols=True)
+            start = self.step
+            while self.step < t.steps:
+                rec = self.train_step()
+                self.log(rec)
+                if bar:
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{rec['rollout/reward']:.3f}", clip=f"{rec.get('loss/clipfrac', 0):.3f}",
+                                    kl=f"{rec.get('loss/approx_kl', 0):.1e}", ent=f"{rec['policy/entropy']:.2f}")
+                done = self.step >= t.steps
+                if self.eval_problems and (done or (e_every and self.step % e_every == 0)):
+                    last_eval = self.evaluate()
+                    self.log(last_eval)
+                    if bar:
+                        bar.write(f"step {self.step}: " + "  ".join(
+                            f"{k[5:]}={v:.3f}" for k, v in last_eval.items() if k.startswith("eval/pass@")))
+                stopping = self._stop or (stop_after is not None and self.step - start >= stop_after)
+                if done or stopping or (t.checkpoint_every and self.step % t.checkpoint_every == 0):
+                    self.save_checkpoint()
+                if stopping and not done:
+                    if bar:
+                        bar.write(f"stopped at step {self.step}; checkpoint saved. Resume with --resume.")
+                    break
+            if self.step >= t.steps:
+                self.save_policy()
+        finally:
+            if bar:
+                bar.close()
+            if in_main:
+                for s, h in old.items():
+                    signal.signal(s, h)
+            for name, w in (self._writers or {}).items():
+                if name == "tb":
+                    w.close()
+                elif name == "wandb":
+                    w.finish()
+            self._writers = None
+        return {"step": self.step, "eval": last_eval, "stopped": self._stop}
+
+
+def _main_thread() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
