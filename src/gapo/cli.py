@@ -1,0 +1,219 @@
+"""``gapo`` command line: demo | train | eval | pretrain | report | compare.
+
+Heavy libraries (torch, transformers) are imported inside the commands so ``gapo --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+# The demo: the same base policy and seed, fixed clipping vs GAPO, everything else equal.
+DEMO_COMMON = [
+    "model.base_preset=low", "train.prompts=16", "train.group_size=8", "train.mini_batches=4",
+    "optim.lr=5e-5", "algo.advantage=drgrpo", "algo.eps_low=0.2", "eval.problems=64", "eval.samples=16",
+    "train.checkpoint_every=0",
+]
+DEMO_METHODS = {
+    "fixed": ["algo.eps_schedule=fixed", "algo.eps_high=0.2"],
+    "gapo": ["algo.eps_schedule=linear", "algo.eps_high=0.28"],
+}
+
+
+def parse_task(spec: str) -> list[str]:
+    """``countdown`` | ``arithmetic`` | ``math:PATH`` | ``rg:NAME`` | ``humaneval`` | ``mbpp:PATH`` → overrides."""
+    name, _, arg = spec.partition(":")
+    out = [f"task.name={name}"]
+    if arg:
+        key = {"math": "path", "mbpp": "path", "rg": "dataset"}.get(name)
+        if key is None:
+            raise ValueError(f"task {name!r} takes no ':' argument (got {spec!r})")
+        out.append(f"task.params.{key}={arg}")
+    return out
+
+
+def _common_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config file (sections: task, model, sampling, algo, optim, train, eval, log)")
+    p.add_argument("--task", help="countdown | arithmetic | math:PATH.jsonl | rg:NAME | humaneval | mbpp:PATH.jsonl")
+    p.add_argument("--model", help="local Hugging Face checkpoint (default: the embedded base policy)")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. algo.eps_high=0.28")
+
+
+def _load(args) -> "object":
+    from gapo.config import load_config
+
+    overrides = []
+    if args.task:
+        overrides += parse_task(args.task)
+    if getattr(args, "model", None):
+        overrides.append(f"model.path={args.model}")
+    return load_config(args.config, overrides + list(args.overrides))
+
+
+def cmd_train(args) -> int:
+    from gapo.trainer import Trainer
+
+    cfg = _load(args)
+    out = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
+    tr = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite)
+    res = tr.fit()
+    print(f"run folder: {out}  (step {res['step']}{', stopped early' if res['stopped'] else ''})")
+    if res["eval"]:
+        print("  ".join(f"{k[5:]}={v:.3f}" for k, v in res["eval"].items() if k.startswith("eval/pass@")))
+    return 130 if res["stopped"] else 0
+
+
+def cmd_eval(args) -> int:
+    import json
+
+    import torch
+
+    from gapo import tasks
+    from gapo.evaluate import evaluate
+    from gapo.model import load_policy
+
+    torch.set_num_threads(args.threads)
+    cfg = _load(args)
+    model_path = args.model or str(__import__("gapo.pretrain", fromlist=["x"]).get_base_policy(cfg.model.base_preset))
+    if cfg.task.name == "countdown" and not cfg.task.params and not args.model:
+        from gapo.pretrain import resolve
+        cfg.task.params = dict(resolve(cfg.model.base_preset).rl_task)
+    task = tasks.get(cfg.task.name, **cfg.task.params)
+    model, tok = load_policy(model_path, cfg.model.device)
+    problems = task.generate(args.split, args.problems, cfg.eval.seed)
+    res = evaluate(model, tok, task, problems, n=args.n, temperature=cfg.eval.temperature,
+                   max_new_tokens=cfg.sampling.max_new_tokens or task.max_completion_len + 1, seed=cfg.eval.seed,
+                   progress=True)
+    res.pop("eval/correct")
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}, indent=1))
+    return 0
+
+
+def cmd_pretrain(args) -> int:
+    import torch
+
+    from gapo.model import load_policy
+    from gapo.pretrain import PRESETS, estimate_pass_rate, get_base_policy, resolve
+
+    torch.set_num_threads(args.threads)
+    from gapo import tasks
+
+    for preset in args.preset or sorted(PRESETS):
+        path = get_base_policy(preset, rebuild=args.rebuild)
+        print(f"{preset}: {path}")
+        if args.eval:
+            model, tok = load_policy(path)
+            task = tasks.get("countdown", **resolve(preset).rl_task)
+            res = estimate_pass_rate(model, tok, task, task.generate("eval", args.eval, 1234), n_samples=16)
+            print("  " + "  ".join(f"{k}={v:.3f}" for k, v in res.items() if k.startswith("pass@")))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from gapo.report import format_table, load_run, summarise, write_report
+
+    runs = [load_run(d) for d in args.runs]
+    md = write_report(runs, args.out or Path(args.runs[0]).parent / "report")
+    print(format_table([summarise(r) for r in runs]))
+    print(f"report: {md}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    import torch
+
+    from gapo.config import load_config
+    from gapo.pretrain import get_base_policy
+    from gapo.report import format_table, load_run, summarise, write_report
+    from gapo.trainer import Trainer
+
+    t0 = time.perf_counter()
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    print(f"[1/3] base policy (cached after the first run; preset 'low')", flush=True)
+    get_base_policy("low")
+    print(f"      ready after {time.perf_counter() - t0:.0f}s", flush=True)
+    runs = []
+    for i, (name, extra) in enumerate(DEMO_METHODS.items()):
+        print(f"[2/3] RL run {i + 1}/{len(DEMO_METHODS)}: {name}", flush=True)
+        cfg = load_config(None, DEMO_COMMON + extra + [f"train.steps={args.steps}", f"eval.every={args.eval_every}",
+                                                       f"train.seed={args.seed}"])
+        Trainer(cfg, out / name, overwrite=True).fit()
+        runs.append(load_run(out / name))
+    print("[3/3] report", flush=True)
+    md = write_report(runs, out / "report", title="gapo demo: fixed clipping vs GAPO (Countdown, low regime)")
+    keys = ["pass@1 before", "pass@1 after", "pass@8 before", "pass@8 after", "pass@16 after",
+            "coverage after", "clip/frac_high_pos", "time/step_s"]
+    print(format_table([summarise(r) for r in runs], keys))
+    print(f"report: {md}   (total {time.perf_counter() - t0:.0f}s)")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from gapo.compare import main as compare_main
+
+    return compare_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gapo", description="GAPO (Group Adaptive Clipping Policy Optimization) and "
+                                 "its baselines for RL with verifiable rewards.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("demo", help="fixed clipping vs GAPO from the embedded base policy, with a report")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("train", help="train with a config file and/or key=value overrides")
+    _common_train_args(p)
+    p.add_argument("--out", help="run folder (default runs/<timestamp>)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    g.add_argument("--overwrite", action="store_true", help="delete --out and start over")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("eval", help="held-out pass@k (and coverage) of a policy")
+    _common_train_args(p)
+    p.add_argument("--n", type=int, default=16, help="samples per problem")
+    p.add_argument("--problems", type=int, default=64)
+    p.add_argument("--split", default="eval", choices=["train", "eval"])
+    p.add_argument("--threads", type=int, default=1)
+    p.set_defaults(fn=cmd_eval)
+
+    p = sub.add_parser("pretrain", help="build (or rebuild) the embedded base policies")
+    p.add_argument("--preset", action="append", help="low | high (default: all)")
+    p.add_argument("--rebuild", action="store_true")
+    p.add_argument("--eval", type=int, default=0, metavar="N", help="then report pass@k on N held-out problems")
+    p.add_argument("--threads", type=int, default=1)
+    p.set_defaults(fn=cmd_pretrain)
+
+    p = sub.add_parser("report", help="tables and plots from run folders")
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--out")
+    p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser("compare", help="a grid of methods × regimes × seeds (see gapo.compare)")
+    p.add_argument("--config", help="grid YAML")
+    p.add_argument("--quick", action="store_true", help="the CI-sized preset (≤ 15 min on 2 cores)")
+    p.add_argument("--out", default="runs/compare")
+    p.add_argument("--report-only", action="store_true")
+    p.set_defaults(fn=cmd_compare)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"gapo {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
