@@ -37,6 +37,7 @@ def _batch(seed, B=12, T=16, noise=0.3, adv_per_token=False):
     lengths[0] = 0  # a response with no tokens must contribute nothing
     mask = torch.arange(T)[None, :] < lengths[:, None]
     adv = torch.randn(B, T if adv_per_token else 1, generator=g).expand(B, T) * mask
+    adv[-2:] = 0.0  # zero-advantage rows (all-equal groups) are never "clipped"
     return old, logp, adv.contiguous(), mask
 
 

@@ -1,0 +1,390 @@
+"""The verl adapter (gapo.integrations.verl) against the installed verl, on CPU.
+
+Losses are fetched from verl's registry with ``get_policy_loss_fn`` and called with verl's own
+config objects, as verl's actor (``verl.workers.utils.losses.ppo_loss``) calls them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("verl")
+
+from verl.trainer.ppo.core_algos import (  # noqa: E402
+    POLICY_LOSS_REGISTRY,
+    compute_grpo_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    get_policy_loss_fn,
+)
+from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
+
+import gapo.integrations.verl as gv  # noqa: E402
+from gapo.clipping import gapo_eps_high, success_weight  # noqa: E402
+from gapo.integrations.verl import GAPOPolicyLossConfig, success_weight_from_advantages  # noqa: E402
+
+VERL_AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
+                  "seq-mean-token-sum-norm"]
+TOL = 1e-6
+
+
+def actor(G=8, low=0.2, high=0.2, agg="token-mean", policy_loss=None, **kw):
+    return ActorConfig(strategy="fsdp", rollout_n=G, ppo_micro_batch_size_per_gpu=1, clip_ratio=low,
+                       clip_ratio_low=low, clip_ratio_high=high, loss_agg_mode=agg,
+                       policy_loss=policy_loss or PolicyLossConfig(), **kw)
+
+
+def group_batch(seed, G=8, prompts=4, T=16, noise=0.3, rewards=None, estimator="drgrpo"):
+    """Binary-reward groups, advantages from verl's own estimator, ragged response masks."""
+    g = torch.Generator().manual_seed(seed)
+    B = G * prompts
+    if rewards is None:
+        rewards = (torch.rand(B, generator=g) < 0.4).float()
+    lengths = torch.randint(2, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    token_rewards = torch.zeros(B, T)
+    token_rewards[torch.arange(B), lengths - 1] = rewards  # verl puts the outcome on the last token
+    index = np.repeat(np.arange(prompts), G)
+    if estimator == "rloo":
+        adv, _ = compute_rloo_outcome_advantage(token_rewards, mask.float(), index)
+    else:
+        adv, _ = compute_grpo_outcome_advantage(token_rewards, mask.float(), index,
+                                                norm_adv_by_std_in_grpo=(estimator == "grpo"))
+    old = -torch.rand(B, T, generator=g) * 3.0
+    logp = old + torch.randn(B, T, generator=g) * noise
+    return old, logp, adv, mask, rewards
+
+
+def call(name, old, logp, adv, mask, cfg, agg=None, **kw):
+    x = logp.clone().requires_grad_(True)
+    loss, metrics = get_policy_loss_fn(name)(old_log_prob=old, log_prob=x, advantages=adv, response_mask=mask,
+                                             loss_agg_mode=agg or cfg.loss_agg_mode, config=cfg, **kw)
+    loss.backward()
+    return loss.detach(), x.grad, metrics
+
+
+def assert_same(a, b, keys=("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")):
+    assert abs(a[0].item() - b[0].item()) <= TOL, (a[0].item(), b[0].item())
+    assert (a[1] - b[1]).abs().max().item() <= TOL
+    for k in keys:
+        assert abs(a[2][k] - b[2][k]) <= TOL, (k, a[2][k], b[2][k])
+
+
+# ---------------------------------------------------------------------------------------------
+# registration and loading
+
+
+def test_registered_under_verl_names():
+    assert POLICY_LOSS_REGISTRY["gapo"] is gv.compute_policy_loss_gapo
+    assert POLICY_LOSS_REGISTRY["gapo_seq"] is gv.compute_policy_loss_gapo_seq
+
+
+def test_entry_point_declared():
+    from importlib.metadata import entry_points
+
+    eps = {ep.name: ep.value for ep in entry_points(group="verl.plugins")}
+    assert eps.get("gapo") == "gapo.integrations.verl"
+
+
+_PROBE = textwrap.dedent("""
+    import sys, traceback
+
+    class _Spy:  # reports which of verl's two mechanisms imports the adapter
+        def find_spec(self, name, path=None, target=None):
+            if name == "gapo.integrations.verl":
+                frames = [f.name for f in traceback.extract_stack()]
+                how = "env_var" if "import_external_libs" in frames else "entry_point" if "load" in frames else "?"
+                print("LOADED_BY", how)
+            return None
+
+    sys.meta_path.insert(0, _Spy())
+    {pre}
+    import verl
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R
+    print("REGISTERED", sorted(k for k in ("gapo", "gapo_seq") if k in R),
+          getattr(R.get("gapo"), "__module__", None))
+    {post}
+""")
+
+
+def _fresh(env_extra, pre="", post=""):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
+    env.update(env_extra)
+    return subprocess.Popen([sys.executable, "-c", _PROBE.format(pre=pre, post=post)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+
+
+def test_loading_in_fresh_processes():
+    """``import verl`` alone registers the losses through the entry point; with entry points off,
+    ``VERL_USE_EXTERNAL_MODULES`` does; a failing import is loud (ERROR log, and stubs that raise
+    the cause instead of verl's "Unsupported loss mode")."""
+    broken_post = textwrap.dedent("""
+        try:
+            R["gapo"]()
+        except RuntimeError as e:
+            print("STUB", e)
+    """)
+    procs = {
+        "entry_point": _fresh({}),
+        "env_var": _fresh({"VERL_USE_EXTERNAL_PLUGINS": "none",
+                           "VERL_USE_EXTERNAL_MODULES": "gapo.integrations.verl"}),
+        # the core cannot be imported: verl's loader alone would hide that at DEBUG level
+        "broken": _fresh({}, pre="sys.modules['gapo.losses'] = None", post=broken_post),
+    }
+    out = {k: p.communicate(timeout=300) for k, p in procs.items()}
+    ok = "REGISTERED ['gapo', 'gapo_seq'] gapo.integrations.verl"
+    for how in ("entry_point", "env_var"):
+        stdout = out[how][0]
+        assert ok in stdout and f"LOADED_BY {how}" in stdout, out[how]
+        assert stdout.count("LOADED_BY") == 1, out[how]
+    stdout, stderr = out["broken"]
+    assert "gapo's verl plugin failed to load" in stderr, stderr
+    assert "STUB gapo's verl plugin failed to load" in stdout, stdout
+
+
+def test_unsupported_verl_version_is_an_import_error(monkeypatch):
+    import verl
+
+    monkeypatch.setattr(verl, "__version__", "0.8.3")
+    with pytest.raises(ImportError, match=r"verl>=0\.9\.1,<0\.10.*found verl 0\.8\.3"):
+        gv._require_supported_verl()
+    monkeypatch.setattr(verl, "__version__", "0.10.0")
+    with pytest.raises(ImportError, match=r"supports verl>=0\.9\.1,<0\.10"):
+        gv._require_supported_verl()
+
+
+def test_failed_load_registers_loud_stubs(monkeypatch, caplog):
+    monkeypatch.delitem(POLICY_LOSS_REGISTRY, "gapo")
+    monkeypatch.delitem(POLICY_LOSS_REGISTRY, "gapo_seq")
+    with caplog.at_level(logging.ERROR, logger="gapo.integrations.verl"):
+        gv._announce_failure(ImportError("boom"))
+    assert "failed to load" in caplog.text and "boom" in caplog.text
+    with pytest.raises(RuntimeError, match="boom"):
+        get_policy_loss_fn("gapo_seq")()
+
+
+def test_hydra_config_selects_gapo_policy_loss_config():
+    """The real verl trainer config, overridden as in docs/scale-out.md, gives our config class."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    conf_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=conf_dir, version_base=None):
+        cfg = compose("ppo_trainer", overrides=[
+            "algorithm.adv_estimator=grpo",
+            "algorithm.norm_adv_by_std_in_grpo=False",
+            "actor_rollout_ref.rollout.n=8",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.actor.clip_ratio_low=0.003",
+            "actor_rollout_ref.actor.clip_ratio_high=0.003",
+            "actor_rollout_ref.actor.policy_loss.loss_mode=gapo_seq",
+            "actor_rollout_ref.actor.policy_loss._target_=gapo.integrations.verl.GAPOPolicyLossConfig",
+            "+actor_rollout_ref.actor.policy_loss.eps_high_max=0.005",
+            "+actor_rollout_ref.actor.policy_loss.adv_estimator=${algorithm.adv_estimator}",
+            "+actor_rollout_ref.actor.policy_loss.norm_adv_by_std_in_grpo=${algorithm.norm_adv_by_std_in_grpo}",
+        ])
+    act = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert isinstance(act.policy_loss, GAPOPolicyLossConfig)
+    assert act.policy_loss.eps_high_max == 0.005 and act.policy_loss.norm_adv_by_std_in_grpo is False
+    assert act.rollout_n == 8
+    old, logp, adv, mask, _ = group_batch(0, noise=0.02)
+    _, _, m = call("gapo_seq", old, logp, adv, mask, act)
+    assert 0.003 < m["actor/gapo_eps_high_mean"] < 0.005
+
+
+# ---------------------------------------------------------------------------------------------
+# equal to verl's own losses when GAPO's range is empty
+
+
+@pytest.mark.parametrize("agg", VERL_AGG_MODES)
+@pytest.mark.parametrize("schedule", ["linear", "log"])
+def test_gapo_with_eps_high_max_eq_eps_low_equals_vanilla(agg, schedule):
+    old, logp, adv, mask, _ = group_batch(1)
+    logp[:6, :3] += 1.5  # dual clip (ratio > 3, A < 0) gets exercised too
+    pl = GAPOPolicyLossConfig(loss_mode="gapo", eps_high_max=0.2, schedule=schedule)
+    ours = call("gapo", old, logp, adv, mask, actor(agg=agg, policy_loss=pl))
+    ref = call("vanilla", old, logp, adv, mask, actor(agg=agg))
+    assert_same(ours, ref)
+    assert ref[2]["actor/pg_clipfrac"] > 0.05 and ref[2]["actor/pg_clipfrac_lower"] > 0
+    assert abs(ours[2]["actor/gapo_eps_high_mean"] - 0.2) < TOL
+
+
+@pytest.mark.parametrize("agg", VERL_AGG_MODES)
+def test_gapo_seq_with_eps_high_max_eq_eps_low_equals_gspo(agg):
+    old, logp, adv, mask, _ = group_batch(2, noise=0.02)
+    pl = GAPOPolicyLossConfig(loss_mode="gapo_seq", eps_high_max=3e-3)
+    ours = call("gapo_seq", old, logp, adv, mask, actor(low=3e-3, high=3e-3, agg=agg, policy_loss=pl))
+    ref = call("gspo", old, logp, adv, mask, actor(low=3e-3, high=3e-3, agg=agg))
+    assert_same(ours, ref)
+    assert 0.1 < ref[2]["actor/pg_clipfrac"] < 0.9
+
+
+def test_global_batch_info_is_honoured_like_verl():
+    """verl's actor sets dp_size / global counts before each call; the loss must scale like vanilla."""
+    old, logp, adv, mask, _ = group_batch(3)
+    info = {"dp_size": 4, "batch_num_tokens": 1234, "global_batch_size": 96, "loss_scale_factor": 512}
+    for agg in VERL_AGG_MODES:
+        pl = GAPOPolicyLossConfig(loss_mode="gapo", eps_high_max=0.2)
+        cfg_ours, cfg_ref = actor(agg=agg, policy_loss=pl), actor(agg=agg)
+        cfg_ours.global_batch_info.update(info)
+        cfg_ref.global_batch_info.update(info)
+        assert_same(call("gapo", old, logp, adv, mask, cfg_ours), call("vanilla", old, logp, adv, mask, cfg_ref))
+
+
+def test_plain_policy_loss_config_uses_documented_defaults():
+    """loss_mode=gapo without our config class: ε_high_max = clip_ratio_high, Dr.GRPO, rewards in [0, 1]."""
+    G = 4
+    rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0])  # c = 1 and c = 2
+    old, logp, adv, mask, _ = group_batch(4, G=G, prompts=2, rewards=rewards)
+    _, _, m = call("gapo", old, logp, adv, mask, actor(G=G, low=0.2, high=0.28,
+                                                       policy_loss=PolicyLossConfig(loss_mode="gapo")))
+    # w: c=1 correct → 1; c=2 correct → 2/3 (×2 rows); others 0 → ε = 0.2 + 0.08·w
+    expected = 0.2 + 0.08 * (1 + 2 / 3 + 2 / 3) / 8
+    assert abs(m["actor/gapo_eps_high_mean"] - expected) < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# GAPO's ε from the advantages verl computes
+
+
+def test_eps_hand_computed_binary_group():
+    """G = 4. Group A [1,0,0,0]: c = 1, the correct rollout has w = (4−1)/(4−1) = 1 → ε = 0.28.
+    Group B [1,1,0,0]: c = 2, w = (4−2)/3 = 2/3 → ε = 0.2 + 0.08·2/3 = 0.25333.
+    Group C [1,1,1,1]: A = 0 → ε_low. Incorrect rollouts → ε_low.
+    Ratios 1.26 on every token: inside 1 + 0.28 (gradient flows) but outside 1 + 0.2533 (clipped,
+    no gradient) — so the per-row ε is visible in the gradient verl would back-propagate."""
+    G = 4
+    rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1])
+    adv_row = torch.tensor([0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5, 0, 0, 0, 0])
+    B, T = 12, 5
+    mask = torch.ones(B, T, dtype=torch.bool)
+    adv = adv_row[:, None].expand(B, T).contiguous()
+    old = torch.full((B, T), -2.0)
+    logp = old + torch.log(torch.tensor(1.26))
+    pl = GAPOPolicyLossConfig(loss_mode="gapo", eps_high_max=0.28)
+    loss, grad, m = call("gapo", old, logp, adv, mask, actor(G=G, low=0.2, high=0.2, policy_loss=pl))
+
+    w = success_weight_from_advantages(adv_row, G)
+    assert torch.allclose(w, torch.tensor([1.0, 0, 0, 0, 2 / 3, 2 / 3, 0, 0, 0, 0, 0, 0]), atol=1e-6)
+    assert torch.allclose(w, success_weight(rewards, G), atol=1e-6)
+    assert abs(m["actor/gapo_eps_high_mean"] - (0.28 + 2 * 0.25333333 + 9 * 0.2) / 12) < 1e-6
+    assert (grad[0] != 0).all()  # ρ = 1.26 < 1.28: unclipped
+    assert (grad[4:6] == 0).all()  # ρ = 1.26 > 1.2533: clipped
+    assert (grad[1:4] != 0).all() and (grad[8:] == 0).all()  # A < 0 unclipped above; A = 0 no gradient
+    # tokens of rows 4, 5 are clipped; nothing else is (A < 0 rows: ρ > 1 − ε_low)
+    assert abs(m["actor/pg_clipfrac"] - 2 / 12) < 1e-6
+    assert abs(m["actor/gapo_clipfrac_high"] - 2 / 12) < 1e-6
+
+
+@pytest.mark.parametrize("estimator,norm", [("drgrpo", False), ("grpo", True), ("rloo", False)])
+@pytest.mark.parametrize("G", [2, 5, 8, 16])
+def test_success_weight_recovered_from_verl_advantages_in_any_row_order(estimator, norm, G):
+    """Advantages from verl's own estimators, rows shuffled as in a verl micro-batch: the weight of
+    every row equals ``gapo.clipping.success_weight`` on the raw rewards."""
+    prompts = 40
+    g = torch.Generator().manual_seed(G)
+    rewards = (torch.rand(G * prompts, generator=g) < torch.rand(prompts, generator=g).repeat_interleave(G)).float()
+    _, _, adv, mask, _ = group_batch(G, G=G, prompts=prompts, rewards=rewards, estimator=estimator)
+    perm = torch.randperm(G * prompts, generator=g)
+    est = "rloo" if estimator == "rloo" else "grpo"
+    w = success_weight_from_advantages(gv._row_advantages(adv[perm], mask[perm]), G, adv_estimator=est,
+                                       norm_adv_by_std_in_grpo=norm)
+    assert torch.allclose(w, success_weight(rewards, G)[perm], atol=1e-5)
+    # ε of a row equals the core's gapo_eps_high on the full group, for both schedules
+    for schedule in ("linear", "log"):
+        pl = GAPOPolicyLossConfig(loss_mode="gapo", eps_high_max=0.28, schedule=schedule,
+                                  adv_estimator=est, norm_adv_by_std_in_grpo=norm)
+        ref = gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28, schedule=schedule)[perm]
+        for mb in range(0, 12, 3):  # micro-batches of three shuffled rows
+            rows = slice(mb, mb + 3)
+            _, _, m = call("gapo", torch.zeros(3, mask.shape[1]), torch.zeros(3, mask.shape[1]),
+                           adv[perm][rows], mask[perm][rows], actor(G=G, policy_loss=pl))
+            assert abs(m["actor/gapo_eps_high_mean"] - ref[rows].mean().item()) < 1e-5
+
+
+def test_non_binary_rewards_with_drgrpo():
+    G = 4
+    rewards = torch.tensor([0.5, 0.25, 0.0, 1.0, -1.0, 1.0, 0.0, 0.0])
+    _, _, adv, mask, _ = group_batch(0, G=G, prompts=2, rewards=rewards)
+    a = gv._row_advantages(adv, mask)
+    w = success_weight_from_advantages(a, G, reward_range=(-1.0, 1.0), binary_rewards=False)
+    assert torch.allclose(w, success_weight(rewards, G, reward_range=(-1.0, 1.0)), atol=1e-6)
+    with pytest.raises(ValueError, match="binary rewards"):
+        success_weight_from_advantages(a, G, reward_range=(-1.0, 1.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# configurations where ε would be wrong are rejected
+
+
+def test_std_normalised_advantages_under_drgrpo_config_are_rejected():
+    _, _, adv, mask, _ = group_batch(5, estimator="grpo")
+    old = torch.zeros_like(adv)
+    with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo"):
+        call("gapo", old, old, adv, mask, actor(policy_loss=GAPOPolicyLossConfig(eps_high_max=0.28)))
+
+
+def test_drgrpo_advantages_under_std_config_are_rejected():
+    _, _, adv, mask, _ = group_batch(5, estimator="drgrpo")
+    old = torch.zeros_like(adv)
+    pl = GAPOPolicyLossConfig(eps_high_max=0.28, norm_adv_by_std_in_grpo=True)
+    with pytest.raises(ValueError, match="binary rewards"):
+        call("gapo", old, old, adv, mask, actor(policy_loss=pl))
+
+
+def test_wrong_group_size_or_reward_range_is_rejected():
+    _, _, adv, mask, _ = group_batch(6, G=8)
+    old = torch.zeros_like(adv)
+    pl = GAPOPolicyLossConfig(eps_high_max=0.28)
+    with pytest.raises(ValueError, match="G=6"):
+        call("gapo", old, old, adv, mask, actor(G=6, policy_loss=pl))
+    pl = GAPOPolicyLossConfig(eps_high_max=0.28, reward_min=-1.0, reward_max=1.0)
+    with pytest.raises(ValueError, match="binary rewards"):
+        call("gapo", old, old, adv, mask, actor(policy_loss=pl))
+
+
+def test_token_varying_advantages_are_rejected():
+    _, _, adv, mask, _ = group_batch(7)
+    adv = adv + torch.linspace(0, 0.1, adv.shape[1]) * mask
+    old = torch.zeros_like(adv)
+    with pytest.raises(ValueError, match="vary across the tokens"):
+        call("gapo", old, old, adv, mask, actor(policy_loss=GAPOPolicyLossConfig(eps_high_max=0.28)))
+
+
+def test_rollout_correction_weights_are_rejected():
+    old, logp, adv, mask, _ = group_batch(8)
+    with pytest.raises(ValueError, match="rollout correction"):
+        call("gapo", old, logp, adv, mask, actor(policy_loss=GAPOPolicyLossConfig(eps_high_max=0.28)),
+             rollout_is_weights=torch.ones_like(adv))
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"loss_mode": "vanilla"}, "loss_mode must be one of"),
+    ({"schedule": "cubic"}, "schedule must be one of"),
+    ({"reward_min": 1.0, "reward_max": 1.0}, "reward_max"),
+    ({"adv_estimator": "gae"}, "adv_estimator='gae'"),
+    ({"norm_adv_by_std_in_grpo": True, "binary_rewards": False}, "only for binary rewards"),
+    ({"eps_high_max": -0.1}, "eps_high_max must be >= 0"),
+])
+def test_invalid_gapo_config_fields(fields, match):
+    with pytest.raises(ValueError, match=match):
+        GAPOPolicyLossConfig(**fields)
+
+
+@pytest.mark.parametrize("kw,pl,match", [
+    ({"low": 0.2, "high": 0.25}, {"eps_high_max": 0.28}, "ambiguous GAPO clip range"),
+    ({"low": 0.2, "high": 0.2}, {"eps_high_max": 0.1}, "eps_high_max .* >= clip_ratio_low"),
+    ({"G": 1}, {"eps_high_max": 0.28}, "rollout_n"),
+])
+def test_invalid_actor_combinations(kw, pl, match):
+    old, logp, adv, mask, _ = group_batch(9)
+    with pytest.raises(ValueError, match=match):
+        call("gapo", old, logp, adv, mask, actor(policy_loss=GAPOPolicyLossConfig(**pl), **kw))
