@@ -10,7 +10,8 @@ Adam. One *step* is one batch: generate + score + ``num_iterations`` optimiser s
 ``num_iterations=2`` TRL also recomputes the behaviour log-probs, as GRPO with μ > 1 must).
 
 Reported per configuration: median step time, median generation time (inside the step),
-completion tokens per second (generated tokens / step time), peak RSS. The first step is a
+completion tokens per second (generated tokens / step time), peak RSS, and the median process
+CPU time per step (all threads; on a shared machine it moves less than wall time does). The first step is a
 warm-up and not counted. ``main`` runs each configuration in a fresh process so that peak RSS
 and thread settings do not leak between them; ``run_trl`` is importable for ``bench_step.py``.
 """
@@ -61,6 +62,7 @@ def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1,
     gen_times: list[float] = []
     gen_tokens: list[int] = []
     step_ends: list[float] = []
+    cpu_ends: list[float] = []  # process CPU time: less sensitive than wall time to a busy machine
 
     class Timed(GRPOTrainer):
         def _generate_and_score_completions(self, inputs):
@@ -73,6 +75,7 @@ def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1,
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
             step_ends.append(time.perf_counter())
+            cpu_ends.append(time.process_time())
 
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
@@ -94,6 +97,7 @@ def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1,
     k = num_iterations
     # step c spans optimiser steps c·k … c·k+k−1; it starts when step c−1's last optimiser step ends
     step_s = [step_ends[c * k + k - 1] - step_ends[c * k - 1] for c in range(warmup, total)]
+    cpu_s = [cpu_ends[c * k + k - 1] - cpu_ends[c * k - 1] for c in range(warmup, total)]
     toks = gen_tokens[warmup:total]
     med = statistics.median(step_s)
     return {
@@ -105,6 +109,7 @@ def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1,
         "completions_per_step": prompts_per_step * group,
         "step_s_median": med,
         "step_s": step_s,
+        "cpu_s_median": statistics.median(cpu_s),
         "gen_s_median": statistics.median(gen_times[warmup:total]),
         "completion_tokens_per_step": statistics.median(toks),
         "completion_tokens_per_s": statistics.median(t / s for t, s in zip(toks, step_s)),
@@ -124,7 +129,7 @@ def main() -> None:
         print(json.dumps(run_trl(a.steps, a.threads[0], a.num_iterations[0])))
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    print(f"{'threads':>7} {'mu':>3} {'step_s':>8} {'gen_s':>7} {'tok/step':>8} {'tok/s':>8} {'rss_MB':>7}")
+    print(f"{'threads':>7} {'mu':>3} {'step_s':>8} {'cpu_s':>7} {'gen_s':>7} {'tok/step':>8} {'tok/s':>8} {'rss_MB':>7}")
     for mu in a.num_iterations:
         for th in a.threads:
             out = subprocess.run(
@@ -133,7 +138,7 @@ def main() -> None:
                 env={**env, "OMP_NUM_THREADS": str(th)}, capture_output=True, text=True, check=True,
             )
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"{th:>7} {mu:>3} {r['step_s_median']:>8.3f} {r['gen_s_median']:>7.3f} "
+            print(f"{th:>7} {mu:>3} {r['step_s_median']:>8.3f} {r['cpu_s_median']:>7.3f} {r['gen_s_median']:>7.3f} "
                   f"{r['completion_tokens_per_step']:>8.0f} {r['completion_tokens_per_s']:>8.0f} "
                   f"{r['peak_rss_mb']:>7.0f}", flush=True)
     print(f"# {r['engine']}, {r['n_params'] / 1e6:.2f}M-parameter Qwen2, {r['completions_per_step']} completions "

@@ -57,8 +57,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from gapo.clipping import gapo_eps_high
 
 SUPPORTED_TRL = (Version("1.16"), Version("1.17"))
-_trl_version = Version(trl.__version__)
-if not SUPPORTED_TRL[0] <= Version(_trl_version.base_version) < SUPPORTED_TRL[1]:
+try:
+    _trl_version = Version(Version(trl.__version__).base_version)
+except Exception:  # "unknown" when the distribution metadata is missing
+    _trl_version = None
+if _trl_version is None or not SUPPORTED_TRL[0] <= _trl_version < SUPPORTED_TRL[1]:
     raise ImportError(
         f"gapo.integrations.trl supports trl>=1.16,<1.17 (1.16.x); found trl {trl.__version__}. "
         "It overrides private GRPOTrainer methods whose behaviour it was checked against; "
