@@ -123,6 +123,13 @@ def test_hand_computed_eps_for_binary_groups(policy, tmp_path):
     eps = trainer.compute_eps_high(torch.tensor([1.0, float("nan"), 0.0, 0.0]), 4)
     torch.testing.assert_close(eps, torch.tensor([0.2 + 0.08 * 8 / 9, 0.2, 0.2, 0.2]), rtol=0, atol=1e-6)
 
+    # "log" schedule: log(1+ε) interpolated, (1.2)·(1.28/1.2)^w − 1; same endpoints, w=1/3 → 0.226095 (linear: 0.226667)
+    trainer.args.gapo_schedule = "log"
+    eps = trainer.compute_eps_high(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0]), 4)
+    mid = 1.2 * (1.28 / 1.2) ** (1 / 3) - 1
+    torch.testing.assert_close(eps, torch.tensor([0.28, 0.2, 0.2, 0.2, mid, mid, mid, 0.2]), rtol=0, atol=1e-6)
+    trainer.args.gapo_schedule = "linear"
+
     # rewards outside reward_range are an error, not a silently wrong ε
     with pytest.raises(ValueError, match="reward_range"):
         trainer.compute_eps_high(torch.tensor([2.0, 0.0, 0.0, 0.0]), 4)
