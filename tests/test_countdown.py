@@ -211,7 +211,8 @@ def test_unwritable_division_excluded():
 
 
 @pytest.mark.parametrize("numbers,target", [c for c in CASES if len(c[0]) == 3]
-                         + [((2, 3, 5, 7), 24), ((2, 2, 4, 4), 1)])
+                         + [((2, 3, 5, 7), 24), ((2, 2, 4, 4), 1), ((8, 6, 10, 4), 1),
+                            ((2, 10, 3, 6), 9), ((3, 3, 6, 9), 6)])
 def test_solver_matches_every_writable_completion(numbers, target):
     # independent of the solver's enumeration: all completions, mapped through canonical()
     found = {canonical(c, numbers) for c, v in _all_completions(list(numbers)) if v == target}

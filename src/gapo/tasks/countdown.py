@@ -62,7 +62,8 @@ the numbers by dynamic programming over sub-multisets (two disjoint parts, all o
 both orders), deduplicating canonical forms per sub-multiset; it is exact because whether an
 expression combines with another depends only on its value and canonical form. Forms whose
 derivation has a value collision are then kept only if some step order of one of their
-derivations (up to 9 kept per form) reads back as the form. Results are cached per multiset
+derivations (built from up to 8 root realisations kept per form and sub-form) reads back as
+the form. Results are cached per multiset
 and per (multiset, target).
 """
 
@@ -73,8 +74,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import product
-from typing import Sequence, Union
+from itertools import islice, product
+from typing import Iterator, Sequence, Union
 
 from gapo.tasks.base import Problem, draw_problems
 
@@ -105,7 +106,9 @@ class _Expr:
     pos: tuple[str, ...]
     neg: tuple[str, ...]
     deriv: Derivation
-    alts: list = field(default_factory=list)  # more derivations (distinct root splits)
+    # root realisations (x, op, y), the first giving ``deriv``; more are kept (up to
+    # _MAX_SPLITS) to find a writable derivation when the first is not
+    splits: list = field(default_factory=list, repr=False)
 
 
 def _leaf(v: int) -> _Expr:
@@ -134,7 +137,7 @@ def _combine(x: _Expr, op: str, y: _Expr, value: int) -> _Expr:
         kind, plus, minus = "*", "*", "/"
     pos, neg = tuple(sorted(pos)), tuple(sorted(neg))
     text = plus.join(pos) + "".join(minus + t for t in neg)
-    return _Expr(value, kind, text, pos, neg, (op, x.deriv, y.deriv, value))
+    return _Expr(value, kind, text, pos, neg, (op, x.deriv, y.deriv, value), [(x, op, y)])
 
 
 def _apply(a: int, op: str, b: int) -> int | None:
@@ -182,7 +185,7 @@ def _minus(values: tuple[int, ...], part: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(rest.elements()))
 
 
-_MAX_ALTS = 8  # extra derivations kept per expression, tried when the first cannot be written
+_MAX_SPLITS = 8  # root realisations kept per expression
 
 
 @lru_cache(maxsize=4096)
@@ -200,8 +203,8 @@ def _exprs(values: tuple[int, ...]) -> dict[str, _Expr]:
             for y in _exprs(right).values():
                 for e in _combinations(x, y):
                     seen = out.setdefault(e.text, e)
-                    if seen is not e and len(seen.alts) < _MAX_ALTS:
-                        seen.alts.append(e.deriv)
+                    if seen is not e and len(seen.splits) < _MAX_SPLITS:
+                        seen.splits.append(e.splits[0])
     return out
 
 
@@ -284,13 +287,24 @@ def _order_for(expr: _Expr, rng: random.Random | None = None) -> str | None:
     if not collision:
         return render(expr.deriv, rng)
     values = tuple(sorted(leaves))
-    orders = [c for d in [expr.deriv, *expr.alts] for c in _all_orders(d)]
+    orders = [c for d in islice(_derivations(expr), 256) for c in _all_orders(d)]
     if rng is not None:
         rng.shuffle(orders)
     for completion in orders:
         if canonical(completion, values) == expr.text:
             return completion
     return None
+
+
+def _derivations(expr: _Expr) -> Iterator[Derivation]:
+    """Derivations of ``expr`` from its kept root realisations, recursively."""
+    if expr.kind == "n":
+        yield expr.value
+        return
+    for x, op, y in expr.splits:
+        for dx in _derivations(x):
+            for dy in _derivations(y):
+                yield (op, dx, dy, expr.value)
 
 
 # ---------------------------------------------------------------- completions
