@@ -21,7 +21,9 @@ pytest.importorskip("verl")
 from verl.trainer.ppo.core_algos import (  # noqa: E402
     POLICY_LOSS_REGISTRY,
     compute_grpo_outcome_advantage,
+    compute_grpo_vectorized_outcome_advantage,
     compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
     get_policy_loss_fn,
 )
 from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
@@ -54,6 +56,10 @@ def group_batch(seed, G=8, prompts=4, T=16, noise=0.3, rewards=None, estimator="
     index = np.repeat(np.arange(prompts), G)
     if estimator == "rloo":
         adv, _ = compute_rloo_outcome_advantage(token_rewards, mask.float(), index)
+    elif estimator == "rloo_vectorized":
+        adv, _ = compute_rloo_vectorized_outcome_advantage(token_rewards, mask.float(), index)
+    elif estimator == "grpo_vectorized":
+        adv, _ = compute_grpo_vectorized_outcome_advantage(token_rewards, mask.float(), index)
     else:
         adv, _ = compute_grpo_outcome_advantage(token_rewards, mask.float(), index,
                                                 norm_adv_by_std_in_grpo=(estimator == "grpo"))
@@ -292,7 +298,8 @@ def test_eps_hand_computed_binary_group():
     assert abs(m["actor/gapo_clipfrac_high"] - 2 / 12) < 1e-6
 
 
-@pytest.mark.parametrize("estimator,norm", [("drgrpo", False), ("grpo", True), ("rloo", False)])
+@pytest.mark.parametrize("estimator,norm", [("drgrpo", False), ("grpo", True), ("rloo", False),
+                                            ("grpo_vectorized", True), ("rloo_vectorized", False)])
 @pytest.mark.parametrize("G", [2, 5, 8, 16])
 def test_success_weight_recovered_from_verl_advantages_in_any_row_order(estimator, norm, G):
     """Advantages from verl's own estimators, rows shuffled as in a verl micro-batch: the weight of
@@ -302,7 +309,7 @@ def test_success_weight_recovered_from_verl_advantages_in_any_row_order(estimato
     rewards = (torch.rand(G * prompts, generator=g) < torch.rand(prompts, generator=g).repeat_interleave(G)).float()
     _, _, adv, mask, _ = group_batch(G, G=G, prompts=prompts, rewards=rewards, estimator=estimator)
     perm = torch.randperm(G * prompts, generator=g)
-    est = "rloo" if estimator == "rloo" else "grpo"
+    est = "grpo" if estimator == "drgrpo" else estimator
     w = success_weight_from_advantages(gv._row_advantages(adv[perm], mask[perm]), G, adv_estimator=est,
                                        norm_adv_by_std_in_grpo=norm)
     assert torch.allclose(w, success_weight(rewards, G)[perm], atol=1e-5)

@@ -30,14 +30,11 @@ its ``ppo_loss`` forwards only ``old_log_probs``, ``advantages``, ``response_mas
 therefore recovered *per row* (micro-batches are shuffled, so the rows of a group need not be
 together) from the row's own advantage, with ``G = actor.rollout_n`` and ``Δ = R_max − R_min``:
 
-==========================================  ============================  ===================
-``algorithm.*`` (set the same in            advantage verl computes       centred reward
-``policy_loss.*``)                                                        ``x = (R − R̄)/Δ``
-==========================================  ============================  ===================
-adv_estimator=grpo, norm_adv_by_std=False   ``A = R − R̄``  (Dr.GRPO)       ``A/Δ``
-adv_estimator=rloo                          ``A = G/(G−1)·(R − R̄)``        ``(G−1)/G · A/Δ``
-adv_estimator=grpo, norm_adv_by_std=True    ``A = (R − R̄)/(std_unb + 1e-6)``  binary rewards only
-==========================================  ============================  ===================
+- ``adv_estimator=grpo``, ``norm_adv_by_std_in_grpo=False`` (Dr.GRPO): ``A = R − R̄``, so the
+  centred reward is ``x = (R − R̄)/Δ = A/Δ``;
+- ``adv_estimator=rloo``: ``A = G/(G−1)·(R − R̄)``, so ``x = (G−1)/G · A/Δ``;
+- ``adv_estimator=grpo``, ``norm_adv_by_std_in_grpo=True``: ``A = (R − R̄)/(std_unbiased + 1e-6)``,
+  binary rewards only (below);
 
 so ``w = clamp(x·G/(G−1), 0, 1)`` exactly, for any rewards in ``[R_min, R_max]``. Std-normalised
 advantages are invertible only for binary rewards: with ``p = c/G`` the correct rollouts have
