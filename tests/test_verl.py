@@ -374,11 +374,16 @@ def test_token_varying_advantages_are_rejected():
         call("gapo", old, old, adv, mask, actor(policy_loss=GAPOPolicyLossConfig(eps_high_max=0.28)))
 
 
-def test_rollout_correction_weights_are_rejected():
+@pytest.mark.parametrize("name, ref", [("gapo", "vanilla"), ("gapo_seq", "gspo")])
+def test_rollout_correction_weights_match_verl(name, ref):
     old, logp, adv, mask, _ = group_batch(8)
-    with pytest.raises(ValueError, match="rollout correction"):
-        call("gapo", old, logp, adv, mask, actor(policy_loss=GAPOPolicyLossConfig(eps_high_max=0.28)),
-             rollout_is_weights=torch.ones_like(adv))
+    w = torch.rand(adv.shape, generator=torch.Generator().manual_seed(3)) * 2
+    pl = GAPOPolicyLossConfig(loss_mode=name, eps_high_max=0.2)
+    ours = call(name, old, logp, adv, mask, actor(policy_loss=pl), rollout_is_weights=w)
+    theirs = call(ref, old, logp, adv, mask, actor(), rollout_is_weights=w)
+    assert_same(ours, theirs)
+    unweighted = call(ref, old, logp, adv, mask, actor())
+    assert abs(theirs[0].item() - unweighted[0].item()) > 1e-4  # the weights matter
 
 
 @pytest.mark.parametrize("fields,match", [

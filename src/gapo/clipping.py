@@ -34,7 +34,7 @@ import torch
 
 from gapo._checks import check_eps, check_reward_range, check_rewards, unknown
 
-__all__ = ["success_weight", "gapo_eps_high", "eps_high_for", "EPS_SCHEDULES"]
+__all__ = ["success_weight", "gapo_eps_high", "eps_high_from_weight", "eps_high_for", "EPS_SCHEDULES"]
 
 
 def success_weight(
@@ -68,10 +68,23 @@ def gapo_eps_high(
 
     ``linear``: ``ε_low + (ε_high_max − ε_low)·w``; ``log``: ``(1+ε_low)·((1+ε_high_max)/(1+ε_low))^w − 1``.
     """
+    return eps_high_from_weight(success_weight(rewards, group_size, reward_range=reward_range),
+                                eps_low=eps_low, eps_high_max=eps_high_max, schedule=schedule)
+
+
+def eps_high_from_weight(
+    w: torch.Tensor,  # (B,) success weights in [0, 1]
+    *,
+    eps_low: float,
+    eps_high_max: float,
+    schedule: str = "linear",
+) -> torch.Tensor:  # (B,)
+    """GAPO's schedule applied to given success weights ``w`` (for adapters that recover ``w``
+    from advantages rather than rewards, e.g. verl's)."""
     check_eps(eps_low, eps_high_max)
     if eps_high_max < eps_low:
         raise ValueError(f"eps_high_max ({eps_high_max!r}) must be >= eps_low ({eps_low!r})")
-    w = success_weight(rewards, group_size, reward_range=reward_range)
+    w = w.float().clone()
     if schedule == "linear":
         return w.mul_(eps_high_max - eps_low).add_(eps_low)
     if schedule == "log":

@@ -16,7 +16,9 @@ ratio (``level="sequence"``, arXiv 2507.18071)::
     s_i = exp(mean_t(logp − old_logp))  over response tokens
     s[i,t] = sg(s_i) · exp(logp[i,t] − sg(logp[i,t]))     # value s_i, gradient per token
 
-Log-ratios are clamped to ±20 before ``exp`` so that extreme inputs give finite losses.
+Token log-ratios are clamped to ±20 before ``exp``; the GSPO sequence log-ratio is capped at
++10 (as verl's ``gspo``), so extreme inputs give finite losses and both match verl exactly.
+``weights`` (optional, (B, T)) multiply the per-token loss, e.g. rollout-correction IS weights.
 GAPO only supplies a per-rollout ``eps_high`` (see ``gapo.clipping``); with a constant tensor
 the computation is exactly fixed clipping.
 
@@ -41,7 +43,8 @@ from gapo.aggregation import agg_loss
 
 __all__ = ["policy_loss", "cispo_loss", "LOSSES", "LOG_RATIO_CLAMP", "log_ratio"]
 
-LOG_RATIO_CLAMP = 20.0
+LOG_RATIO_CLAMP = 20.0  # token level, ±
+SEQ_LOG_RATIO_MAX = 10.0  # sequence level, upper cap only (verl's gspo)
 LEVELS = ("token", "sequence")
 
 
@@ -72,13 +75,14 @@ def log_ratio(
     level: str = "token",
 ) -> torch.Tensor:  # (B, T) log ρ, with the GSPO-token gradient at sequence level
     """``log ρ``: token ``logp − old_logp``, or GSPO's ``sg(log s_i) + logp − sg(logp)``."""
-    diff = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     if level == "token":
-        return diff
+        return (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     if level == "sequence":
+        # as verl's gspo: no per-token clamp inside the mean, the combined log-ratio capped at +10
         mask = response_mask.to(logp.dtype)
-        seq = (diff * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # (B,) log s_i
-        return (seq.detach().unsqueeze(-1) + (logp - logp.detach())).clamp(max=LOG_RATIO_CLAMP)
+        diff = (logp - old_logp) * mask
+        seq = diff.sum(-1) / mask.sum(-1).clamp(min=1.0)  # (B,) log s_i
+        return (seq.detach().unsqueeze(-1) + (logp - logp.detach())).clamp(max=SEQ_LOG_RATIO_MAX)
     raise unknown("ratio level", level, LEVELS)
 
 
@@ -141,6 +145,7 @@ def policy_loss(
     level: str = "token",
     agg: str = "token-mean",
     clip_ratio_c: float | None = None,
+    weights: torch.Tensor | None = None,  # (B, T) per-token loss weights, e.g. rollout IS correction
     **agg_kwargs,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate ``max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high))`` (arXiv 1707.06347, 2507.18071).
@@ -166,6 +171,9 @@ def policy_loss(
         pg3 = -adv * clip_ratio_c
         dual = (loss_mat > pg3) & (adv < 0)
         loss_mat = torch.where(dual, pg3, loss_mat)
+    if weights is not None:
+        check_same_shape(weights=weights, logp=logp)
+        loss_mat = loss_mat * weights
     loss = agg_loss(loss_mat, response_mask, agg, **agg_kwargs)
 
     with torch.no_grad():
@@ -213,15 +221,15 @@ def cispo_loss(
 
 
 def _ppo(logp, old_logp, advantages, response_mask, *, eps_low, eps_high, agg="token-mean",
-         clip_ratio_c=None, **agg_kwargs):
+         clip_ratio_c=None, **kwargs):
     return policy_loss(logp, old_logp, advantages, response_mask, eps_low=eps_low, eps_high=eps_high,
-                       level="token", agg=agg, clip_ratio_c=clip_ratio_c, **agg_kwargs)
+                       level="token", agg=agg, clip_ratio_c=clip_ratio_c, **kwargs)
 
 
 def _gspo(logp, old_logp, advantages, response_mask, *, eps_low, eps_high, agg="token-mean",
-          clip_ratio_c=None, **agg_kwargs):
+          clip_ratio_c=None, **kwargs):
     return policy_loss(logp, old_logp, advantages, response_mask, eps_low=eps_low, eps_high=eps_high,
-                       level="sequence", agg=agg, clip_ratio_c=clip_ratio_c, **agg_kwargs)
+                       level="sequence", agg=agg, clip_ratio_c=clip_ratio_c, **kwargs)
 
 
 # name -> loss with the shared signature. "ppo" is the token-ratio surrogate of GRPO/DAPO/GAPO,

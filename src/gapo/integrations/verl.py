@@ -58,8 +58,8 @@ used with ``loss_mode=gapo``.
 **Loss.** ``gapo.losses.policy_loss`` with verl's aggregation normalisers (``global_batch_info``);
 ``gapo`` applies verl's dual clip (``clip_ratio_c``) like ``vanilla``; ``gapo_seq`` has none,
 like ``gspo``. With ``ε_high_max == ε_low`` they equal verl's ``vanilla`` and ``gspo``
-(tests/test_verl.py). ``rollout_is_weights`` (verl's rollout correction) is not supported yet
-and is rejected.
+(tests/test_verl.py). ``rollout_is_weights`` (verl's rollout correction) multiply the per-token
+loss after clipping, as in verl's own losses.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ try:
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
     from verl.workers.config import PolicyLossConfig
 
-    from gapo.clipping import gapo_eps_high
+    from gapo.clipping import eps_high_from_weight
     from gapo.losses import policy_loss
 except BaseException as _exc:  # noqa: BLE001 - re-raised after making it visible
     _announce_failure(_exc)
@@ -368,24 +368,18 @@ def _agg_kwargs(loss_agg_mode: str, info: dict) -> tuple[str, dict]:
 
 def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
                rollout_is_weights):
-    if rollout_is_weights is not None:
-        raise ValueError(
-            "GAPO's verl losses do not support rollout correction weights yet; disable "
-            "algorithm.rollout_correction (rollout_is) or use loss_mode=vanilla/gspo")
     p = _params(config)
     a_row = _row_advantages(advantages, response_mask)
     w = success_weight_from_advantages(
         a_row, p.group_size, adv_estimator=p.adv_estimator, norm_adv_by_std_in_grpo=p.norm_by_std,
         reward_range=p.reward_range, binary_rewards=p.binary)
-    # Reuse the core's schedule exactly: a 2-row group [w, 0] with rewards in [0, 1] has
-    # success weights [w, 0] (centred w/2 over (G−1)/G = 1/2), so row 0 gets ε_high(w).
-    pairs = torch.stack([w, torch.zeros_like(w)], dim=-1).reshape(-1)
-    eps_high = gapo_eps_high(pairs, 2, eps_low=p.eps_low, eps_high_max=p.eps_high_max,
-                             schedule=p.schedule, reward_range=(0.0, 1.0))[0::2].to(log_prob.device)
+    eps_high = eps_high_from_weight(w, eps_low=p.eps_low, eps_high_max=p.eps_high_max,
+                                    schedule=p.schedule).to(log_prob.device)
     mode, agg_kwargs = _agg_kwargs(loss_agg_mode, config.get("global_batch_info", None))
     loss, m = policy_loss(
         log_prob, old_log_prob, advantages, response_mask, eps_low=p.eps_low, eps_high=eps_high,
-        level=level, agg=mode, clip_ratio_c=p.clip_ratio_c if level == "token" else None, **agg_kwargs)
+        level=level, agg=mode, clip_ratio_c=p.clip_ratio_c if level == "token" else None,
+        weights=rollout_is_weights, **agg_kwargs)
     metrics = {
         "actor/pg_clipfrac": m["loss/clipfrac"].item(),
         "actor/ppo_kl": m["loss/approx_kl"].item(),

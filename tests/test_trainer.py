@@ -1,0 +1,166 @@
+"""The trainer end to end: learning happens, resume is exact, bad input fails early and clearly."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from gapo.config import load_config
+from gapo.pretrain import PretrainConfig, get_base_policy
+from gapo.trainer import RunExists, Trainer
+
+TASK = dict(n_numbers=2, num_range=(1, 10))
+# an easy supervised base: 2-number Countdown over 1-10, 150 SFT steps of a micro Llama (~5 s);
+# measured base pass@1 ≈ 0.35 on held-out instances
+EASY = PretrainConfig(name="test-easy", sft_mix=((TASK, 1.0),), rl_task=TASK, model_preset="micro", pool_size=300,
+                      batch_size=32, max_steps=150, time_budget_s=None, lr=1e-2, warmup_steps=10)
+
+
+@pytest.fixture(scope="session")
+def easy_policy(tmp_path_factory):
+    os.environ["GAPO_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    return str(get_base_policy(EASY, progress=False))
+
+
+def _cfg(policy, *extra):
+    return load_config(None, [f"model.path={policy}", "task.name=countdown", "task.params.n_numbers=2",
+                              "task.params.num_range=[1,10]", "task.train_size=300", "train.prompts=8",
+                              "train.group_size=4", "train.mini_batches=2", "train.progress=false",
+                              "eval.problems=16", "eval.samples=4", "eval.every=0", "train.checkpoint_every=0",
+                              *extra])
+
+
+def _records(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_rl_raises_the_pass_rate(easy_policy, tmp_path):
+    # measured: held-out pass@1 0.36 -> 0.48 after 100 steps; rollout pass rate 0.70 -> 0.76
+    cfg = _cfg(easy_policy, "train.steps=60", "optim.lr=3e-4", "train.epochs=2", "train.group_size=8",
+               "train.prompts=16", "algo.eps_schedule=linear", "algo.eps_high=0.28", "eval.problems=32",
+               "eval.samples=8")
+    res = Trainer(cfg, tmp_path / "run").fit()
+    recs = _records(tmp_path / "run")
+    train = [r for r in recs if r["kind"] == "train"]
+    evals = [r for r in recs if r["kind"] == "eval"]
+    early = sum(r["rollout/pass_rate"] for r in train[:10]) / 10
+    late = sum(r["rollout/pass_rate"] for r in train[-10:]) / 10
+    assert late > early + 0.03, (early, late)
+    assert evals[-1]["eval/pass@1"] > evals[0]["eval/pass@1"] + 0.05, (evals[0]["eval/pass@1"], evals[-1]["eval/pass@1"])
+    assert res["step"] == 60
+    # the diagnostics the issue asks for are there
+    for key in ("loss/clipfrac", "loss/approx_kl", "policy/entropy", "rollout/frac_zero_std", "time/sample_s",
+                "time/score_s", "time/update_s", "clip/frac_high_pos", "rollout/response_len"):
+        assert key in train[-1], key
+    assert any(k.startswith("clip/frac_high_by_c/") for r in train for k in r)
+    assert any(k.startswith("clip/eps_high_by_c/") for r in train for k in r)
+    assert "eval/coverage" in evals[-1] and "eval/first_move_entropy" in evals[-1]
+    assert (tmp_path / "run" / "policy" / "config.json").is_file()
+
+
+def _state(tr):
+    return {k: v.clone() for k, v in tr.model.state_dict().items()}
+
+
+def _strip_times(recs):
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in recs]
+
+
+@pytest.mark.parametrize("extra", [[], ["algo.loss=gspo", "algo.eps_low=3e-3", "algo.eps_high=5e-3",
+                                        "algo.eps_schedule=linear", "algo.dynamic_sampling=true"]])
+def test_resume_is_bit_exact(easy_policy, tmp_path, extra):
+    cfg = lambda: _cfg(easy_policy, "train.steps=4", "optim.lr=1e-3", "train.epochs=2", *extra)  # noqa: E731
+    full = Trainer(cfg(), tmp_path / "full")
+    full.fit()
+    part = Trainer(cfg(), tmp_path / "part")
+    part.fit(stop_after=2)
+    assert part.step == 2 and (tmp_path / "part" / "checkpoint.pt").is_file()
+    resumed = Trainer(cfg(), tmp_path / "part", resume=True)
+    assert resumed.step == 2
+    resumed.fit()
+    a, b = _state(full), _state(resumed)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert _strip_times(_records(tmp_path / "full")) == _strip_times(_records(tmp_path / "part"))
+
+
+def test_every_loss_and_option_runs(easy_policy, tmp_path):
+    for i, extra in enumerate([["algo.loss=cispo", "algo.eps_high=0.28"],
+                               ["algo.kl_coef=0.1", "algo.kl_estimator=k3", "algo.entropy_coef=0.01"],
+                               ["algo.advantage=passk", "algo.advantage_params={k: 2}", "algo.clip_ratio_c=3.0"],
+                               ["algo.advantage=focal", "algo.advantage_params={gamma: 1.0}", "algo.eps_schedule=log",
+                                "algo.eps_high=0.28", "algo.old_logp=sampler"]]):
+        tr = Trainer(_cfg(easy_policy, "train.steps=1", "eval.problems=0", *extra), tmp_path / f"r{i}")
+        tr.fit()
+        rec = _records(tmp_path / f"r{i}")[-1]
+        assert rec["step"] == 1 and all(v == v for v in rec.values() if isinstance(v, float)), extra
+        if "algo.kl_coef=0.1" in extra:
+            assert "loss/kl_ref" in rec
+
+
+def test_gapo_eps_in_force_per_c(easy_policy, tmp_path):
+    # with binary rewards and G = 4, a correct rollout of a group with c successes gets
+    # eps_low + (eps_high_max - eps_low) (G - c)/(G - 1); the per-c mean over the group's rows
+    # mixes its c correct rows with G - c incorrect ones at eps_low
+    Trainer(_cfg(easy_policy, "train.steps=2", "eval.problems=0", "algo.eps_schedule=linear", "algo.eps_high=0.5"),
+            tmp_path / "r").fit()
+    for rec in _records(tmp_path / "r"):
+        for key, v in rec.items():
+            if key.startswith("clip/eps_high_by_c/"):
+                c, G = int(key.rsplit("/", 1)[1]), 4
+                pos = 0.2 + 0.3 * (G - c) / (G - 1) if 0 < c < G else 0.2
+                assert v == pytest.approx((c * pos + (G - c) * 0.2) / G, abs=1e-6), (c, v)
+
+
+def test_existing_run_folder_is_refused(easy_policy, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    with pytest.raises(RunExists, match="--resume"):
+        Trainer(_cfg(easy_policy, "train.steps=1"), tmp_path / "run")
+    with pytest.raises(ValueError, match="no checkpoint"):
+        Trainer(_cfg(easy_policy, "train.steps=1"), tmp_path / "other", resume=True)
+
+
+def test_nan_reward_names_task_and_problem(easy_policy, tmp_path, monkeypatch):
+    from gapo.tasks.countdown import CountdownTask
+
+    monkeypatch.setattr(CountdownTask, "score", lambda self, problem, completion: float("nan"))
+    with pytest.raises(ValueError, match="countdown") as e:
+        Trainer(_cfg(easy_policy, "train.steps=1", "eval.problems=0"), tmp_path / "r").fit()
+    assert ">" in str(e.value)  # the problem's prompt is quoted
+
+
+def test_bad_model_path_is_clear(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        Trainer(load_config(None, [f"model.path={tmp_path}/nope", "train.progress=false"]), tmp_path / "r")
+
+
+def test_sigterm_checkpoints_and_exits_cleanly(easy_policy, tmp_path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gapo.cli", "train", "--out", str(run), f"model.path={easy_policy}",
+           "task.params.n_numbers=2", "task.params.num_range=[1,10]", "task.train_size=300", "train.prompts=8",
+           "train.group_size=4", "train.mini_batches=2", "train.steps=100000", "eval.problems=0",
+           "train.checkpoint_every=0", "train.progress=false"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 120
+    while time.time() < deadline and not (run / "metrics.jsonl").is_file():
+        time.sleep(0.2)
+    assert (run / "metrics.jsonl").is_file(), p.communicate(timeout=5)[0]
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 130, out
+    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert state["step"] >= 1
+    assert len(_records(run)) == state["step"]
+    # and it resumes from there
+    resumed = Trainer(load_config(None, cmd[6:-0] if False else [a for a in cmd[6:]] + ["train.steps=" + str(state["step"] + 1)]),
+                      run, resume=True)
+    resumed.fit()
+    assert resumed.step == state["step"] + 1
