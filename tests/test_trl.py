@@ -106,6 +106,27 @@ def test_end_to_end_learns_and_logs_gapo_metrics(policy, tmp_path):
     assert any(h["clip_ratio/region_mean"] > 0 for h in logs[1:]), logs
 
 
+def test_fixed_eps_training_matches_trl(policy, tmp_path):
+    # Whole-loop parity: with eps_high_max == epsilon, 4 optimiser steps of GAPOTrainer (same seed,
+    # same sampling, reused batches) end at the same parameters as TRL's GRPOTrainer.
+    from trl import GRPOConfig
+
+    path, tok = policy
+    gapo = _trainer(policy, tmp_path / "gapo", max_steps=4, eps_high_max=0.2)
+    gapo.train()
+    cfg = {k: v for k, v in _config(tmp_path, max_steps=4).to_dict().items()
+           if k in ("per_device_train_batch_size", "num_generations", "max_completion_length", "learning_rate",
+                    "max_steps", "num_iterations", "steps_per_generation", "seed", "loss_type", "beta", "epsilon")}
+    grpo = GRPOTrainer(model=path, reward_funcs=frac_a, train_dataset=_dataset(), processing_class=tok,
+                       args=GRPOConfig(output_dir=str(tmp_path / "grpo"), use_cpu=True, bf16=False, report_to="none",
+                                       save_strategy="no", disable_tqdm=True, logging_steps=1, **cfg))
+    grpo.train()
+    for (n, a), b in zip(gapo.model.named_parameters(), grpo.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=n)
+    assert [h["loss"] for h in gapo.state.log_history if "loss" in h] == \
+        [h["loss"] for h in grpo.state.log_history if "loss" in h]
+
+
 def test_hand_computed_eps_for_binary_groups(policy, tmp_path):
     trainer = _trainer(policy, tmp_path)
     # G = 4, ε_low 0.2, ε_high_max 0.28, w = (G − c)/(G − 1) for a correct rollout:
