@@ -153,6 +153,48 @@ class Trainer:
         rewards, stats = score_batch(self.task, flat, texts, workers=self.cfg.task.scoring_workers)
         return torch.tensor(rewards, dtype=torch.float32), stats
 
+    def _sample_and_score(self, problems: list):
+        """Sample and score; returns ``(rollout, rewards, stats, score_wait_s)``.
+
+        With ``task.scoring_workers > 0`` (slow verifiers: math-verify, code in the sandbox) the
+        groups are sampled in chunks and each chunk's scoring runs in the worker pool while the
+        next chunk is sampled; only the wait after the last chunk is counted as scoring time.
+        """
+        from gapo.scoring import submit_batch
+
+        workers = self.cfg.task.scoring_workers
+        if workers == 0:
+            ro = self._sample(problems)
+            ts = time.perf_counter()
+            rewards, stats = self._score(problems, ro.texts(self.tok))
+            return ro, rewards, stats, time.perf_counter() - ts
+        G = self.cfg.train.group_size
+        n_chunks = min(4, len(problems))
+        size = -(-len(problems) // n_chunks)
+        pending = []
+        for c in range(0, len(problems), size):
+            chunk = problems[c : c + size]
+            ro_c = self._sample(chunk)
+            flat = [p for p in chunk for _ in range(G)]
+            pending.append((chunk, ro_c, submit_batch(self.task, flat, ro_c.texts(self.tok), workers=workers)))
+        ts = time.perf_counter()
+        parts, stats, n = [], {}, 0
+        for chunk, ro_c, fut in pending:
+            rw, st = fut.result()
+            parts.append((chunk, ro_c, torch.tensor(rw, dtype=torch.float32)))
+            k = len(rw)
+            for key, v in st.items():  # fractions and means: weighted by completions; counts: summed
+                if isinstance(v, (int, float)):
+                    w = k if key.endswith(("_frac", "/mean")) else 1
+                    stats[key] = stats.get(key, 0.0) + w * v
+            n += k
+        for key in stats:
+            if key.endswith(("_frac", "/mean")):
+                stats[key] /= max(n, 1)
+        wait = time.perf_counter() - ts
+        _, ro, rewards = self._gather(parts, [(i, g) for i, part in enumerate(parts) for g in range(len(part[0]))])
+        return ro, rewards, stats, wait
+
     def _rollout(self) -> dict:
         """Sample and score P groups; with dynamic sampling, replace zero-variance groups."""
         from gapo.sampling import Rollout
@@ -162,10 +204,8 @@ class Trainer:
         t0 = time.perf_counter()
         t_score = 0.0
         problems = self._next_problems(t.prompts)
-        ro = self._sample(problems)
-        ts = time.perf_counter()
-        rewards, stats = self._score(problems, ro.texts(self.tok))
-        t_score += time.perf_counter() - ts
+        ro, rewards, stats, wait = self._sample_and_score(problems)
+        t_score += wait
         zero = adv_mod.zero_std_groups(rewards, G)
         info = {"rollout/frac_zero_std": float(zero.float().mean()), "rollout/refill_rounds": 0}
         if a.dynamic_sampling:
@@ -176,10 +216,8 @@ class Trainer:
             while len(keep) < t.prompts and rounds < a.max_refill_rounds:
                 rounds += 1
                 more = self._next_problems(t.prompts)
-                ro2 = self._sample(more)
-                ts = time.perf_counter()
-                r2, _ = self._score(more, ro2.texts(self.tok))
-                t_score += time.perf_counter() - ts
+                ro2, r2, _, wait = self._sample_and_score(more)
+                t_score += wait
                 z2 = adv_mod.zero_std_groups(r2, G)
                 parts.append((more, ro2, r2))
                 keep += [(rounds, g) for g in range(t.prompts) if not z2[g]]
