@@ -1,0 +1,99 @@
+"""``gapo compare``: a tiny grid end to end (cells, skip, resume, failure isolation, report) and bad input."""
+
+import json
+import os
+
+import pytest
+
+from gapo.compare import load_grid, main, report, run_grid
+
+TASK = {"n_numbers": 2, "num_range": [1, 10]}
+# the tiny base of tests/test_trainer.py (EASY): 2-number Countdown, micro Llama, 150 SFT steps
+EASY = {"name": "test-easy", "task": "countdown", "sft_mix": [[TASK, 1.0]], "rl_task": TASK, "model_preset": "micro",
+        "pool_size": 300, "batch_size": 32, "max_steps": 150, "time_budget_s": None, "lr": 1e-2, "warmup_steps": 10}
+COMMON = {"train.steps": 2, "train.prompts": 4, "train.group_size": 4, "train.mini_batches": 2,
+          "train.checkpoint_every": 1, "task.train_size": 200, "eval.problems": 6, "eval.samples": 4, "eval.every": 0,
+          "optim.lr": 1e-3}
+
+
+def _grid(**kw):
+    g = {"name": "test", "regimes": ["easy"], "regime_defs": {"easy": {"base": EASY}}, "methods": ["drgrpo", "gapo"],
+         "seeds": [0], "common": dict(COMMON), "workers": 2}
+    g.update(kw)
+    return g
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GAPO_CACHE", str(tmp_path_factory.getbasetemp() / "compare-cache"))
+
+
+def test_unknown_names_are_listed():
+    with pytest.raises(ValueError, match=r"unknown method 'gapoo'.*'gapo'"):
+        load_grid(_grid(methods=["gapoo"]))
+    with pytest.raises(ValueError, match=r"unknown regime 'medium'.*'arithmetic'.*'high'.*'low'"):
+        load_grid(_grid(regimes=["medium"]))
+    with pytest.raises(ValueError, match=r"unknown task.*'cuontdown'.*'countdown'"):
+        load_grid(_grid(regime_defs={"easy": {"base": {**EASY, "task": "cuontdown"}}}))
+    with pytest.raises(ValueError, match=r"unknown config key"):
+        load_grid(_grid(common={"train.stepz": 3}))
+    with pytest.raises(ValueError, match=r"unknown grid key"):
+        load_grid({**_grid(), "methodz": []})
+
+
+def test_quick_grid_file_is_valid():
+    g = load_grid(os.path.join(os.path.dirname(__file__), "..", "configs", "grid-quick.yaml"))
+    assert g["methods"] and g["regimes"] and g["seeds"]
+    full = load_grid(os.path.join(os.path.dirname(__file__), "..", "configs", "grid.yaml"))
+    assert len(full["seeds"]) >= 5
+
+
+def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
+    from gapo.compare import cell_config, cell_dir
+    from gapo.trainer import Trainer
+
+    g = load_grid(_grid(method_defs={"boom": {"optim.lr": 1e30}}, methods=["drgrpo", "gapo", "boom"]))
+    out = tmp_path / "grid"
+    # an interrupted cell: one of two steps done and checkpointed before the grid starts
+    from gapo.pretrain import get_base_policy
+    from gapo.compare import pretrain_config
+    base = str(get_base_policy(pretrain_config(g["_regimes"]["easy"]), progress=False))
+    d = cell_dir(out, "easy", "gapo", 0)
+    Trainer(cell_config(g, "easy", "gapo", 0, base_path=base), d).fit(stop_after=1)
+    assert (d / "checkpoint.pt").is_file()
+
+    stats = run_grid(g, out, say=lambda s: None)
+    assert stats["done"] == 2 and stats["failed"] == 1, stats
+    for m in ("drgrpo", "gapo"):
+        done = json.loads((cell_dir(out, "easy", m, 0) / "done.json").read_text())
+        assert done["step"] == 2 and "eval/pass@1" in done["eval"]
+    assert json.loads((d / "done.json").read_text())["resumed"] is True
+    failed = json.loads((cell_dir(out, "easy", "boom", 0) / "failed.json").read_text())
+    assert failed["error"] and cell_dir(out, "easy", "boom", 0).with_name("seed0.log").is_file()
+    # the pre-training evaluation is shared: identical in every cell
+    evals = [json.loads((cell_dir(out, "easy", m, 0) / "metrics.jsonl").read_text().splitlines()[0]) for m in ("drgrpo", "gapo")]
+    assert evals[0]["eval/pass@1"] == evals[1]["eval/pass@1"] and evals[0]["step"] == 0
+
+    # a second invocation redoes nothing
+    mtime = (cell_dir(out, "easy", "drgrpo", 0) / "done.json").stat().st_mtime
+    stats = run_grid(g, out, say=lambda s: None)
+    assert stats["done"] == 0 and stats["skipped"] == 3
+    assert (cell_dir(out, "easy", "drgrpo", 0) / "done.json").stat().st_mtime == mtime
+
+    md = report(g, out, tmp_path / "rep", say=lambda s: None)
+    text = md.read_text()
+    assert "| gapo |" in text and "boom" in text  # the failed cell is listed
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert summary["n_cells_done"] == 2
+    assert summary["paired"]["easy"]["gapo"]["vs"] == "drgrpo"
+    assert (tmp_path / "rep" / "passk.png").is_file() and (tmp_path / "rep" / "clip_by_c.png").is_file()
+
+
+def test_cli_report_only_without_cells_fails_clearly(tmp_path, capsys):
+    import yaml
+
+    p = tmp_path / "g.yaml"
+    p.write_text(yaml.safe_dump(_grid()))
+    from gapo.cli import main as cli_main
+    rc = cli_main(["compare", "--config", str(p), "--out", str(tmp_path / "none"), "--report-only"])
+    assert rc == 2 and "no finished cells" in capsys.readouterr().err
