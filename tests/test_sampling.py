@@ -165,3 +165,44 @@ def test_chunked_logprobs_equal_unchunked_with_grads(model, prompts):
         logits = model(input_ids=r.input_ids, attention_mask=r.attention_mask, position_ids=pos).logits[:, -T - 1 : -1]
         ref = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
     assert torch.allclose(e0 * m, ref * m, atol=1e-5)
+
+
+def _qwen2_gqa(vocab):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)  # q/k/v biases, 2 key-value heads for 4 query heads (GQA)
+    m = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                     tie_word_embeddings=False)).float().eval()
+    with torch.no_grad():
+        m.lm_head.weight[EOS] *= 6.0
+        for layer in m.model.layers:
+            layer.self_attn.k_proj.bias.normal_()
+    return m
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
+def test_fast_decoder_equals_model_forward(model, tok, prompts, arch):
+    # the fast KV-cached decoder must reproduce model.forward's decoding: same tokens, same logp
+    from gapo.sampling import _KVDecoder
+
+    m = model if arch == "llama" else _qwen2_gqa(len(tok))
+    assert _KVDecoder.build(m) is not None
+    for temperature in (0, 0.8):
+        a, b = (sample(m, prompts * 3, max_new_tokens=24, temperature=temperature, eos_token_id=EOS, fast=fast,
+                       generator=torch.Generator().manual_seed(11)) for fast in (True, False))
+        assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.response_mask, b.response_mask)
+        assert torch.allclose(a.logp, b.logp, atol=1e-6, rtol=0)
+        if temperature:
+            assert torch.allclose(a.logp, _full_logp(m, a, temperature), atol=1e-5, rtol=0)
+
+
+def test_fast_decoder_declines_hooked_models(model):
+    from gapo.sampling import _KVDecoder
+
+    h = model.model.layers[0].mlp.register_forward_hook(lambda *a: None)
+    try:
+        assert _KVDecoder.build(model) is None
+    finally:
+        h.remove()
+    assert _KVDecoder.build(model) is not None

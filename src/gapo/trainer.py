@@ -281,29 +281,44 @@ class Trainer:
         success = adv_mod.group_success_count(rewards_d, G, reward_range=a.reward_range)
         ids, attn, mask = ro.input_ids, ro.attention_mask, ro.response_mask.float()
         T = ro.completion_ids.shape[1]
+        level = "sequence" if a.loss == "gspo" else "token"
+        B = ids.shape[0]
+        mb = B // t.mini_batches
         ent_sum = None
+        # Epoch 0's permutation is drawn before the behaviour log-probs (nothing between draws from
+        # self.gen, so the random stream is unchanged). Its first mini-batch is then forwarded under
+        # exactly the parameters of π_old, so its old_logp is that forward's logp.detach() (as
+        # TRL does for num_iterations = 1): the separate no-grad pass covers only the other rows,
+        # and none at all with one mini-batch. This is the same quantity, not an approximation.
+        perm0 = torch.randperm(B, generator=self.gen, device=self.gen.device).to(self.device)
+        reuse = a.old_logp == "recompute"
         with torch.no_grad():
-            if a.old_logp == "recompute":
-                old_logp, ent = self._logprobs(self.model, ids, attn, T)
-                ent_sum = float((ent * mask).sum())
+            if reuse:
+                old_logp = torch.zeros(mask.shape, dtype=torch.float32, device=self.device)
+                ent_sum = 0.0
+                rest = perm0[mb:]
+                if rest.numel():
+                    lp_rest, ent_rest = self._logprobs(self.model, ids[rest], attn[rest], T)
+                    old_logp[rest] = lp_rest.float()
+                    ent_sum = float((ent_rest * mask[rest]).sum())
             else:
                 old_logp = ro.logp
             ref_logp = self._logprobs(self.ref_model, ids, attn, T)[0] if self.ref_model is not None else None
 
-        level = "sequence" if a.loss == "gspo" else "token"
-        B = ids.shape[0]
-        mb = B // t.mini_batches
         loss_fn = LOSSES[a.loss]
         sums: dict[str, float] = {}
         counts: dict = {}
         n_updates = 0
         grad_norms = []
         for _epoch in range(t.epochs):
-            perm = torch.randperm(B, generator=self.gen, device=self.gen.device).to(self.device)
+            perm = perm0 if _epoch == 0 else torch.randperm(B, generator=self.gen, device=self.gen.device).to(self.device)
             for i in range(t.mini_batches):
                 rows = perm[i * mb : (i + 1) * mb]
                 m = mask[rows]
                 logp, ent = self._logprobs(self.model, ids[rows], attn[rows], T)
+                if reuse and _epoch == 0 and i == 0:  # parameters still those of π_old (see above)
+                    old_logp[rows] = logp.detach().float()
+                    ent_sum += float((ent.detach() * m).sum())
                 loss, metrics = loss_fn(logp, old_logp[rows], advantages[rows], m, eps_low=a.eps_low,
                                         eps_high=eps_high[rows], agg=a.agg, clip_ratio_c=a.clip_ratio_c)
                 total = loss
