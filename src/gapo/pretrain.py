@@ -57,8 +57,8 @@ class PretrainConfig:
     model_preset: str = "tiny"
     pool_size: int = 3000  # train problems per mix component (3-number 1-10 has ~3.1k)
     batch_size: int = 64
-    max_steps: int = 2000
-    time_budget_s: float | None = 150.0
+    max_steps: int = 600
+    time_budget_s: float | None = 300.0  # safety cap for slow machines; steps bind normally
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
     warmup_steps: int = 50
@@ -143,16 +143,34 @@ class _Batcher:
         self.vocab = tok.get_vocab()
         self.unk = tok.unk_token_id
         self.bos, self.eos, self.pad = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
+        self.draws = self.failures = 0
+        self.last_error = ""
 
     def _ids(self, s: str) -> list[int]:
         return [self.vocab.get(c, self.unk) for c in s]
 
+    def _draw(self):
+        # A task whose demonstration fails on an instance must not kill a long build: redraw,
+        # but give up loudly if failures are common (a broken task, not a rare corner case).
+        for _ in range(100):
+            j = self.rng.choices(range(len(self.tasks)), self.weights)[0]
+            p = self.pools[j][self.rng.randrange(len(self.pools[j]))]
+            self.draws += 1
+            try:
+                return p, self.tasks[j].demonstration(p, self.rng)
+            except Exception as e:  # noqa: BLE001 - reported below if frequent
+                self.failures += 1
+                self.last_error = f"{p.prompt!r}: {e!r}"
+                if self.failures > 20 and self.failures > 0.01 * self.draws:
+                    raise RuntimeError(
+                        f"{self.failures}/{self.draws} demonstrations failed; last: {self.last_error}"
+                    ) from e
+        raise RuntimeError(f"no demonstration could be made; last: {self.last_error}")
+
     def batch(self, n: int):
         rows, starts = [], []
         for _ in range(n):
-            j = self.rng.choices(range(len(self.tasks)), self.weights)[0]
-            p = self.pools[j][self.rng.randrange(len(self.pools[j]))]
-            demo = self.tasks[j].demonstration(p, self.rng)
+            p, demo = self._draw()
             prompt = [self.bos] + self._ids(p.prompt)
             rows.append(prompt + self._ids(demo) + [self.eos])
             starts.append(len(prompt))
@@ -183,10 +201,12 @@ def _lr_factor(progress: float, step: int, cfg: PretrainConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cos
 
 
-def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50):
+def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50, callback=None):
     """Train a base policy from scratch; returns ``(model, tokenizer, stats)``.
 
-    ``stats`` holds the loss curve (every ``log_every`` steps), steps taken and wall time.
+    ``stats`` holds the loss curve (every ``log_every`` steps), steps taken, wall and CPU time.
+    ``callback(step, model, tok)``, if given, runs every ``log_every`` steps (e.g. to evaluate;
+    it must leave the model in train mode and not touch the RNGs it does not own).
     """
     from gapo import tasks
     from gapo.model import build_model, build_tokenizer
@@ -215,6 +235,7 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50)
         bar = tqdm(total=cfg.max_steps, desc=f"pretrain base ({cfg.name})", unit="step", leave=False)
     curve, ema = [], None
     start = time.perf_counter()
+    cpu0 = time.process_time()
     step = 0
     while step < cfg.max_steps:
         elapsed = time.perf_counter() - start
@@ -237,6 +258,9 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50)
         ema = lv if ema is None else 0.95 * ema + 0.05 * lv
         if step == 1 or step % log_every == 0:
             curve.append((step, round(time.perf_counter() - start, 2), lv))
+            if callback is not None and step % log_every == 0:
+                callback(step, model, tok)
+                model.train()
         if bar is not None:
             bar.update(1)
             if step % 10 == 0:
@@ -247,7 +271,9 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50)
     stats = {
         "steps": step,
         "train_s": round(time.perf_counter() - start, 2),
+        "train_cpu_s": round(time.process_time() - cpu0, 2),
         "data_s": round(t_data, 2),
+        "demo_failures": batcher.failures,
         "final_loss_ema": ema,
         "curve": curve,
     }

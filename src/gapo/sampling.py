@@ -116,15 +116,24 @@ def _has_hooks(module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
-class _KVDecoder:
-    """KV-cached decoding of a Llama/Qwen2 causal LM without the per-call machinery of
-    ``model.forward`` (output capturing, mask construction, ``DynamicCache`` concatenation),
-    which dominates the cost of one decoding step for small models. It calls the model's own
-    embedding, norm, projection, MLP and rotary modules in the order of the Hugging Face
-    forward, attends with ``scaled_dot_product_attention`` over a preallocated cache, and is
-    checked against ``model.forward`` by tests/test_sampling.py. ``build`` returns ``None`` for
-    any other layout (sliding windows, hooks, adapters, quantised or custom modules), and
-    ``sample`` then uses ``model.forward``.
+class _FastLM:
+    """Llama/Qwen2 forward passes without the per-call machinery of ``model.forward`` (output
+    capturing, mask construction, ``DynamicCache`` concatenation), which dominates a decoding
+    step of a small model, and with each distinct prompt computed once (GRPO samples G
+    completions per prompt, so a batch holds every prompt G times).
+
+    It calls the model's own embedding, norm, projection, MLP and rotary modules in the order
+    of the Hugging Face forward and attends with ``scaled_dot_product_attention``; rows are
+    independent, so sharing a prompt's keys and values between its copies computes the same
+    function (and, under autograd, the same gradient: the copies' gradients are summed into the
+    shared prompt activations). tests/test_sampling.py checks it against ``model.forward``.
+    ``build`` returns ``None`` for any other layout (sliding windows, hooks, adapters, quantised
+    or custom modules, attention dropout in training mode, gradient checkpointing); callers then
+    use ``model.forward``.
+
+    Decoding (``prefill`` / ``step`` / ``select``) keeps keys and values in preallocated
+    buffers and runs without autograd; ``hidden`` (training and log-prob recomputation) is
+    autograd-safe.
     """
 
     @classmethod
@@ -137,6 +146,8 @@ class _KVDecoder:
         if any(lt != "full_attention" for lt in (getattr(cfg, "layer_types", None) or ())):
             return None
         if getattr(cfg, "final_logit_softcapping", None) or type(model.lm_head) is not torch.nn.Linear:
+            return None
+        if model.training and (getattr(cfg, "attention_dropout", 0.0) or getattr(model, "is_gradient_checkpointing", False)):
             return None
         for layer in base.layers:
             at, mlp = layer.self_attn, layer.mlp
@@ -156,59 +167,109 @@ class _KVDecoder:
         at = self.layers[0].self_attn
         self.head_dim, self.scaling, self.n_rep = at.head_dim, at.scaling, at.num_key_value_groups
 
-    def _attend(self, i, x, cos, sin, mask, t0, t1):
-        # one decoder layer on x (b, q, H) at cache slots [t0, t1); mask (b, 1, q, t1) bool
-        layer = self.layers[i]
+    # ---------------------------------------------------------------- one decoder layer, in two halves
+    def _qkv(self, layer, x, cos, sin):
         at = layer.self_attn
         h = layer.input_layernorm(x)
         shape = (*x.shape[:-1], -1, self.head_dim)
         q = at.q_proj(h).view(shape).transpose(1, 2)
         k = at.k_proj(h).view(shape).transpose(1, 2)
         v = at.v_proj(h).view(shape).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        self.k[i][:, :, t0:t1] = k
-        self.v[i][:, :, t0:t1] = v
-        K, V = self.k[i][:, :, :t1], self.v[i][:, :, :t1]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def _rest(self, layer, x, q, K, V, mask):
         if self.n_rep > 1:
             K, V = _repeat_kv(K, self.n_rep), _repeat_kv(V, self.n_rep)
         o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling)
-        x = x + at.o_proj(o.transpose(1, 2).reshape(*x.shape[:-1], -1))
+        x = x + layer.self_attn.o_proj(o.transpose(1, 2).reshape(*x.shape[:-1], -1))
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
     def _rope(self, x, pos):
-        cos, sin = self.cos[pos], self.sin[pos]  # (b, q, d)
-        return cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
+        cos, sin = self.rotary(x, pos)  # (b, q, d), as the model computes it
+        return cos[:, None], sin[:, None]
 
+    @staticmethod
+    def _causal(key_ok, n_past):
+        # (b, 1, q, n_past + q) bool: all valid past keys, then causal over the new ones; a
+        # padding query may also see itself, so that every softmax row is finite
+        b, q = key_ok.shape[0], key_ok.shape[1] - n_past
+        dev = key_ok.device
+        new = torch.ones(q, q, dtype=torch.bool, device=dev).tril()[None] & key_ok[:, None, n_past:]
+        new = new | torch.eye(q, dtype=torch.bool, device=dev)
+        return torch.cat([key_ok[:, None, :n_past].expand(b, q, n_past), new], -1)[:, None]
+
+    def _prompts(self, ids, mask):
+        """Forward the distinct rows of (ids, mask); returns (inverse (B,), hidden (u, P, H), [(k, v)] per layer)."""
+        u, inv = torch.unique(torch.cat([ids, mask.to(ids.dtype)], 1), dim=0, return_inverse=True)
+        if u.shape[0] == ids.shape[0]:
+            inv = None
+        else:
+            ids, mask = u[:, : ids.shape[1]], u[:, ids.shape[1] :]
+        x = self.embed(ids)
+        cos, sin = self._rope(x, _positions(mask))
+        m = self._causal(mask.bool(), 0)
+        kvs = []
+        for layer in self.layers:
+            q, k, v = self._qkv(layer, x, cos, sin)
+            x = self._rest(layer, x, q, k, v, m)
+            kvs.append((k, v))
+        return inv, x, kvs
+
+    # ---------------------------------------------------------------- training / log-prob recomputation
+    def hidden(self, input_ids, attention_mask, T):
+        """Final-normed hidden states (B, T, H) of positions L-T-1 … L-2 (those that predict
+        the response), as ``model.model(...).last_hidden_state[:, L-T-1 : L-1]``."""
+        B, L = input_ids.shape
+        P = L - T
+        inv, hp, kvs = self._prompts(input_ids[:, :P], attention_mask[:, :P])
+        take = (lambda t: t) if inv is None else (lambda t: t[inv])
+        last = take(hp[:, -1:])
+        if T == 1:
+            return self.norm(last)
+        ids, key_ok = input_ids[:, P : L - 1], attention_mask[:, : L - 1].bool()
+        x = self.embed(ids)
+        cos, sin = self._rope(x, _positions(attention_mask)[:, P : L - 1])
+        m = self._causal(key_ok, P)
+        for layer, (pk, pv) in zip(self.layers, kvs):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            x = self._rest(layer, x, q, torch.cat([take(pk), k], 2), torch.cat([take(pv), v], 2), m)
+        return self.norm(torch.cat([last, x], 1))
+
+    # ---------------------------------------------------------------- decoding
     def prefill(self, ids, mask, pos, n_new):
         """Run the left-padded prompts; returns the last position's logits (B, V)."""
         B, P = ids.shape
-        x = self.embed(ids)
-        # cos/sin for every position this call can reach, from the model's own rotary module
+        inv, x, kvs = self._prompts(ids, mask)
+        # cos/sin for every position decoding can reach (a table lookup is bit-identical to
+        # calling the rotary module per step: each entry is one product inv_freq · position)
         cos, sin = self.rotary(x, torch.arange(int(pos.max()) + n_new + 1, device=ids.device)[None])
         self.cos, self.sin = cos[0], sin[0]
-        kv = self.layers[0].self_attn.k_proj.out_features // self.head_dim
-        self.k = [x.new_zeros(B, kv, P + n_new, self.head_dim) for _ in self.layers]
-        self.v = [x.new_zeros(B, kv, P + n_new, self.head_dim) for _ in self.layers]
+        kv = kvs[0][0].shape[1]
+        self.k, self.v = [], []
+        for k, v in kvs:
+            K = k.new_zeros(B, kv, P + n_new, self.head_dim)
+            V = v.new_zeros(B, kv, P + n_new, self.head_dim)
+            K[:, :, :P] = k if inv is None else k[inv]
+            V[:, :, :P] = v if inv is None else v[inv]
+            self.k.append(K)
+            self.v.append(V)
         self.key_ok = torch.ones(B, P + n_new, dtype=torch.bool, device=ids.device)
         self.key_ok[:, :P] = mask.bool()
-        causal = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril()
-        # a padding query may see itself only, so that every row of the softmax is finite
-        m = (causal[None] & self.key_ok[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=ids.device)
-        c, s = self._rope(x, pos)
-        for i in range(len(self.layers)):
-            x = self._attend(i, x, c, s, m[:, None], 0, P)
         self.len = P
-        return self.head(self.norm(x[:, -1:]))[:, 0]
+        last = x[:, -1:] if inv is None else x[inv, -1:]
+        return self.head(self.norm(last))[:, 0]
 
     def step(self, tok, pos):
         """Feed one token per row (b,) at positions pos (b, 1); returns logits (b, V)."""
         x = self.embed(tok[:, None])
-        c, s = self._rope(x, pos)
+        cos, sin = self.cos[pos][:, None].to(x.dtype), self.sin[pos][:, None].to(x.dtype)
         t = self.len
         m = self.key_ok[:, None, None, : t + 1]
-        for i in range(len(self.layers)):
-            x = self._attend(i, x, c, s, m, t, t + 1)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            self.k[i][:, :, t] = k[:, :, 0]
+            self.v[i][:, :, t] = v[:, :, 0]
+            x = self._rest(layer, x, q, self.k[i][:, :, : t + 1], self.v[i][:, :, : t + 1], m)
         self.len = t + 1
         return self.head(self.norm(x))[:, 0]
 
@@ -251,7 +312,7 @@ def sample(
     completion. ``generator`` (on the model's device) makes sampling reproducible. With
     ``compact`` finished rows are dropped from the KV cache as the batch thins out (it changes
     which random numbers a row draws, never the distribution). ``fast`` decodes Llama/Qwen2
-    models with ``_KVDecoder`` (same numbers, less per-token overhead); other models, and
+    models with ``_FastLM`` (same numbers, less per-token overhead, each distinct prompt prefilled once); other models, and
     ``fast=False``, go through ``model.forward``.
     """
     if max_new_tokens < 1:
@@ -275,7 +336,7 @@ def sample(
 
         attn = torch.cat([mask, mask.new_ones((B, N))], dim=1)
         pos = _positions(mask)
-        dec = _KVDecoder.build(model) if fast else None
+        dec = _FastLM.build(model) if fast else None
         if dec is not None:
             cache = None
             logits = dec.prefill(ids, mask, pos, N)
@@ -303,7 +364,8 @@ def sample(
                 n_done = int(done.sum())
                 if n_done == done.numel():
                     break
-                if compact and n_done * 4 >= done.numel() and done.numel() > 1:
+                can_select = dec is not None or hasattr(cache, "batch_select_indices")
+                if compact and can_select and n_done * 4 >= done.numel() and done.numel() > 1:
                     keep = (~done).nonzero()[:, 0]
                     if dec is not None:
                         dec.select(keep)
@@ -363,6 +425,7 @@ def logprobs(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     max_chunk_bytes: int = 256 * 2**20,
+    fast: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token ``logp (B, T)`` and ``entropy (B, T)`` of the response under
     ``softmax(logits / temperature)`` (``temperature <= 0`` is treated as 1).
@@ -372,6 +435,8 @@ def logprobs(
     logits), so the ``(B, T, V)`` float32 tensor is never built for large ``V``. Under autograd
     each chunk is checkpointed, so the backward pass recomputes the chunk's logits instead of
     storing them. Masked positions hold meaningless values; multiply by the response mask.
+    ``fast`` runs the decoder of Llama/Qwen2 models with ``_FastLM``, which computes each
+    distinct prompt once (rows of a GRPO group share it); ``fast=False`` uses ``model.model``.
     """
     B, L = input_ids.shape
     T = int(response_len)
@@ -388,8 +453,12 @@ def logprobs(
         lse = torch.logsumexp(logits, -1)
         ent = lse - (torch.softmax(logits, -1) * logits).sum(-1)
         return logits.gather(-1, targets[..., None])[..., 0] - lse, ent
-    hidden = dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
-    hidden = hidden[:, L - T - 1 : L - 1]  # position j predicts token j + 1
+    fast_lm = _FastLM.build(model) if fast else None
+    if fast_lm is not None:  # the same hidden states, each distinct prompt computed once
+        hidden = fast_lm.hidden(input_ids, attention_mask, T)
+    else:
+        hidden = dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
+        hidden = hidden[:, L - T - 1 : L - 1]  # position j predicts token j + 1
     V = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
     if chunk_size is None:
         chunk_size = max(1, max_chunk_bytes // (4 * B * V * 3))  # logits, probs, product
