@@ -184,10 +184,10 @@ def _qwen2_gqa(vocab):
 @pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
 def test_fast_decoder_equals_model_forward(model, tok, prompts, arch):
     # the fast KV-cached decoder must reproduce model.forward's decoding: same tokens, same logp
-    from gapo.sampling import _KVDecoder
+    from gapo.sampling import _FastLM
 
     m = model if arch == "llama" else _qwen2_gqa(len(tok))
-    assert _KVDecoder.build(m) is not None
+    assert _FastLM.build(m) is not None
     for temperature in (0, 0.8):
         a, b = (sample(m, prompts * 3, max_new_tokens=24, temperature=temperature, eos_token_id=EOS, fast=fast,
                        generator=torch.Generator().manual_seed(11)) for fast in (True, False))
@@ -198,11 +198,35 @@ def test_fast_decoder_equals_model_forward(model, tok, prompts, arch):
 
 
 def test_fast_decoder_declines_hooked_models(model):
-    from gapo.sampling import _KVDecoder
+    from gapo.sampling import _FastLM
 
     h = model.model.layers[0].mlp.register_forward_hook(lambda *a: None)
     try:
-        assert _KVDecoder.build(model) is None
+        assert _FastLM.build(model) is None
     finally:
         h.remove()
-    assert _KVDecoder.build(model) is not None
+    assert _FastLM.build(model) is not None
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
+def test_fast_logprobs_equal_model_forward_with_grads(model, tok, prompts, arch):
+    # shared-prompt forward (each distinct prompt once, G copies) == model.model on every row,
+    # values and gradients; prompts of different lengths (left padding), rows stopped early
+    m = model if arch == "llama" else _qwen2_gqa(len(tok))
+    r = sample(m, prompts * 4, max_new_tokens=20, eos_token_id=EOS, generator=torch.Generator().manual_seed(12))
+    assert r.lengths.min() < r.lengths.max()
+    T = r.completion_ids.shape[1]
+    mk = r.response_mask.float()
+    out = []
+    for fast in (True, False):
+        m.zero_grad()
+        lp, ent = logprobs(m, r.input_ids, r.attention_mask, T, temperature=0.9, fast=fast)
+        ((lp * mk).sum() + 0.1 * (ent * mk).sum()).backward()
+        out.append((lp.detach() * mk, ent.detach() * mk, [p.grad.clone() for p in m.parameters()]))
+    m.zero_grad()
+    (lp0, e0, g0), (lp1, e1, g1) = out
+    assert torch.allclose(lp0, lp1, atol=1e-5, rtol=0) and torch.allclose(e0, e1, atol=1e-5, rtol=0)
+    for a, b in zip(g0, g1):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():  # and against the plain full forward of the model
+        assert torch.allclose(logprobs(m, r.input_ids, r.attention_mask, T)[0] * mk, _full_logp(m, r), atol=1e-5)
