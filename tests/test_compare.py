@@ -39,6 +39,18 @@ def test_unknown_names_are_listed():
         load_grid(_grid(common={"train.stepz": 3}))
     with pytest.raises(ValueError, match=r"unknown grid key"):
         load_grid({**_grid(), "methodz": []})
+    with pytest.raises(ValueError, match=r"unknown method \(regime 'easy'.*'dapo'"):
+        load_grid(_grid(regime_defs={"easy": {"base": EASY, "methods": ["dapo"]}}))
+
+
+def test_regime_method_subsets():
+    from gapo.compare import grid_cells
+
+    g = load_grid(_grid(regimes=["easy", "easy2"], seeds=[0, 1], regime_defs={
+        "easy": {"base": EASY}, "easy2": {"base": EASY, "methods": ["gapo"]}}))
+    cells = grid_cells(g)
+    assert len(cells) == 2 * (2 + 1) and ("easy2", "drgrpo", 0) not in cells
+    assert cells[:3] == [("easy", "drgrpo", 0), ("easy", "gapo", 0), ("easy2", "gapo", 0)]  # seed-major
 
 
 def test_quick_grid_file_is_valid():
