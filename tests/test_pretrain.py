@@ -120,8 +120,15 @@ def test_cache_key_covers_training_fields():
         dataclasses.replace(TINY, sft_mix=((dict(n_numbers=4, num_range=(1, 5)), 1.0),)).cache_key(),
     }
     assert len(keys) == 5
-    assert PRESETS["low"].cache_key() == PRESETS["high"].cache_key()  # one shared base policy
-    assert PRESETS["low"].rl_task != PRESETS["high"].rl_task
+    assert dataclasses.replace(PRESETS["low"], rl_task={}, name="x").cache_key() == PRESETS["low"].cache_key()
+
+
+def test_presets_are_valid_and_their_tasks_build():
+    for name, cfg in PRESETS.items():
+        assert cfg.name == name and cfg.max_steps >= 1
+        for params, weight in cfg.sft_mix:
+            assert weight > 0 and tasks.get(cfg.task, **params).generate("train", 2, seed=0)
+        assert tasks.get(cfg.task, **cfg.rl_task).generate("eval", 2, seed=0)
 
 
 def test_unknown_preset_is_a_clear_error():

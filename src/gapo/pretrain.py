@@ -6,21 +6,26 @@ problem is drawn it gets a *fresh random* correct demonstration (``task.demonstr
 policy starts RL with diverse first moves rather than one memorised solution per instance.
 Problems come from the task's ``train`` split only; held-out evaluation uses ``eval``.
 
-Presets pick a supervised mix and the RL task on which the base pass rate lands in a regime:
+Presets pick a supervised mix and the RL task on which the base pass rate lands in a regime
+(measured values next to ``PRESETS``):
 
-- ``low``:  SFT on 3-number Countdown plus some 4-number instances; RL on 4-number instances
-  (numbers 1–10) where the base pass@1 is low (target 2–15%).
-- ``high``: the same base policy; RL on 3-number instances where base pass@1 is above 60%.
+- ``low``:  SFT on 3-number Countdown plus 30% 4-number instances; RL on 4-number instances
+  with at least two canonical solutions (numbers 1–10): base pass@1 ≈ 4%, pass@8 ≈ 24%.
+- ``high``: SFT on 2- and 3-number instances; RL on 2-number instances: base pass@1 ≈ 86%.
+  (3-number instances reach only ≈ 28% within the same ~3-minute budget.)
 
-Both presets share the supervised recipe, so they share one cached policy. The cache key is a
-hash of every field that affects the weights (task mix, model size, optimisation, budgets,
-seed, library format version); the RL task is not part of it. Built policies live in
+The cache key is a hash of every field that affects the weights (task mix, model size,
+optimisation, budgets, seed, library format version); the RL task, name and description are
+not part of it, so presets that differ only in their RL task share one cached policy. Built policies live in
 ``$GAPO_CACHE/base/<key>`` (default ``~/.cache/gapo/base/<key>``), written to a temporary folder
 and renamed into place, so a crash never leaves a half-written policy that looks valid.
 
-A time budget makes the number of optimiser steps depend on the machine; the cosine schedule
-then follows ``progress = max(step / max_steps, elapsed / time_budget_s)`` so it still anneals
-to the end. Set ``time_budget_s=None`` for a bit-reproducible, step-limited run.
+The presets are step-limited (reproducible). ``time_budget_s`` is a safety cap in *CPU seconds
+of this process* (``time.process_time``), not wall time, so a machine shared with other jobs
+does not silently produce an under-trained policy; on an idle one-thread machine the two agree.
+When the cap binds, the number of steps depends on the machine, and the cosine schedule follows
+``progress = max(step / max_steps, cpu / time_budget_s)`` so it still anneals to the end. Set
+``time_budget_s=None`` for a strictly step-limited run.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: time budget counts process CPU time
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class PretrainConfig:
     pool_size: int = 3000  # train problems per mix component (3-number 1-10 has ~3.1k)
     batch_size: int = 64
     max_steps: int = 600
-    time_budget_s: float | None = 300.0  # safety cap for slow machines; steps bind normally
+    time_budget_s: float | None = 300.0  # CPU-second cap for slow machines; steps bind normally
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
     warmup_steps: int = 50
@@ -88,22 +93,30 @@ def _jsonable(x):
     return x
 
 
-_SFT_MIX = (
-    (dict(n_numbers=3, num_range=(1, 10)), 0.7),
-    (dict(n_numbers=4, num_range=(1, 10)), 0.3),
-)
+# Calibrated on 2 shared CPU cores (one torch thread); pass rates at temperature 1.0 on 200
+# held-out (eval-split) problems x 8 samples, see the commit that set them.
 PRESETS: dict[str, PretrainConfig] = {
+    # 600 steps x 64 (~226 CPU-s on one thread): 4-number (>=2 solutions) pass@1 0.039,
+    # pass@8 0.24; plain 4-number 0.025 / 0.15.
     "low": PretrainConfig(
         name="low",
-        sft_mix=_SFT_MIX,
-        rl_task=dict(n_numbers=4, num_range=(1, 10)),
-        description="RL on 4-number Countdown (numbers 1-10); base pass@1 in the low regime",
+        sft_mix=(
+            (dict(n_numbers=3, num_range=(1, 10)), 0.7),
+            (dict(n_numbers=4, num_range=(1, 10)), 0.3),
+        ),
+        rl_task=dict(n_numbers=4, num_range=(1, 10), min_solutions=2),
+        description="RL on 4-number Countdown (numbers 1-10, >= 2 solutions); base pass@1 ~4%",
     ),
+    # 600 steps x 64 (~173 CPU-s): 2-number pass@1 0.86, pass@8 0.965 (3-number: 0.28 / 0.69).
+    # The 2-number instance space is small (~35 eval instances); fine for a stability check.
     "high": PretrainConfig(
         name="high",
-        sft_mix=_SFT_MIX,
-        rl_task=dict(n_numbers=3, num_range=(1, 10)),
-        description="RL on 3-number Countdown (numbers 1-10); base pass@1 above 60%",
+        sft_mix=(
+            (dict(n_numbers=2, num_range=(1, 10)), 0.25),
+            (dict(n_numbers=3, num_range=(1, 10)), 0.75),
+        ),
+        rl_task=dict(n_numbers=2, num_range=(1, 10)),
+        description="RL on 2-number Countdown (numbers 1-10); base pass@1 ~86%",
     ),
 }
 
@@ -238,7 +251,7 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50,
     cpu0 = time.process_time()
     step = 0
     while step < cfg.max_steps:
-        elapsed = time.perf_counter() - start
+        elapsed = time.process_time() - cpu0
         if cfg.time_budget_s is not None and elapsed >= cfg.time_budget_s:
             break
         frac = step / cfg.max_steps
