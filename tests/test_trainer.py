@@ -115,12 +115,18 @@ def test_gapo_eps_in_force_per_c(easy_policy, tmp_path):
     # mixes its c correct rows with G - c incorrect ones at eps_low
     Trainer(_cfg(easy_policy, "train.steps=2", "eval.problems=0", "algo.eps_schedule=linear", "algo.eps_high=0.5"),
             tmp_path / "r").fit()
+    seen_pos = False
     for rec in _records(tmp_path / "r"):
         for key, v in rec.items():
             if key.startswith("clip/eps_high_by_c/"):
                 c, G = int(key.rsplit("/", 1)[1]), 4
                 pos = 0.2 + 0.3 * (G - c) / (G - 1) if 0 < c < G else 0.2
                 assert v == pytest.approx((c * pos + (G - c) * 0.2) / G, abs=1e-6), (c, v)
+            if key.startswith("clip/eps_high_pos_by_c/"):
+                c, G = int(key.rsplit("/", 1)[1]), 4
+                assert v == pytest.approx(0.2 + 0.3 * (G - c) / (G - 1), abs=1e-6), (c, v)
+                seen_pos = True
+    assert seen_pos
 
 
 def test_existing_run_folder_is_refused(easy_policy, tmp_path):

@@ -52,7 +52,7 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:  # (..., V) -> (.
 
 
 _COUNT_FIELDS = ("tokens", "dev_sum", "pos_tokens", "pos_clipped", "neg_tokens", "neg_clipped",
-                 "rows", "eps_sum", "adv_abs_sum")
+                 "rows", "eps_sum", "adv_abs_sum", "pos_rows", "pos_eps_sum")
 
 
 @torch.no_grad()
@@ -82,8 +82,10 @@ def clip_counts_by_c(
     for c in torch.unique(success_count).tolist():
         rows = success_count == c
         sums = per_row[rows].sum(0).tolist()
+        prow = rows & pos
         out[int(c)] = dict(zip(_COUNT_FIELDS, sums + [float(rows.sum()), float(eh[rows].double().sum()),
-                                                      float(advantages[rows].double().abs().sum())]))
+                                                      float(advantages[rows].double().abs().sum()),
+                                                      float(prow.sum()), float(eh[prow].double().sum())]))
     return out
 
 
@@ -99,7 +101,8 @@ def merge_counts(total: dict, new: dict) -> dict:
 def clip_stats_from_counts(counts: dict) -> dict[str, float]:
     """``clip/frac_high_by_c/{c}`` (share of positive-advantage tokens above ``1+ε_high``),
     ``clip/frac_low_by_c/{c}``, ``clip/ratio_dev_by_c/{c}`` (mean ``|ρ−1|``),
-    ``clip/eps_high_by_c/{c}``, ``clip/adv_by_c/{c}`` (mean ``|A|``), ``clip/tokens_pos_by_c/{c}``."""
+    ``clip/eps_high_by_c/{c}`` (all rollouts), ``clip/eps_high_pos_by_c/{c}`` (positive-advantage
+    rollouts: the bound that can bind), ``clip/adv_by_c/{c}`` (mean ``|A|``), ``clip/tokens_pos_by_c/{c}``."""
     out: dict[str, float] = {}
     for c in sorted(counts):
         f = counts[c]
@@ -109,6 +112,8 @@ def clip_stats_from_counts(counts: dict) -> dict[str, float]:
         out[f"clip/eps_high_by_c/{c}"] = f["eps_sum"] / f["rows"]
         out[f"clip/adv_by_c/{c}"] = f["adv_abs_sum"] / f["rows"]
         out[f"clip/tokens_pos_by_c/{c}"] = f["pos_tokens"]
+        if f["pos_rows"]:
+            out[f"clip/eps_high_pos_by_c/{c}"] = f["pos_eps_sum"] / f["pos_rows"]
         if f["pos_tokens"]:
             out[f"clip/frac_high_by_c/{c}"] = f["pos_clipped"] / f["pos_tokens"]
         if f["neg_tokens"]:

@@ -293,10 +293,20 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50,
     return model, tok, stats
 
 
+def shipped_dir(preset: str | PretrainConfig) -> Path | None:
+    """The copy of a preset's base policy shipped inside the package (``gapo/assets/base/<key>``),
+    if there is one. The ``low`` preset ships (3.4 MB) so that ``gapo demo`` starts at once; it
+    is exactly what ``get_base_policy("low", rebuild=True)`` produces (step-limited, seeded),
+    up to floating-point differences between CPUs."""
+    d = Path(__file__).parent / "assets" / "base" / resolve(preset).cache_key()
+    return d if (d / "config.json").is_file() else None
+
+
 def get_base_policy(
     preset: str | PretrainConfig = "low", *, rebuild: bool = False, progress: bool = True
 ) -> Path:
-    """Path of the cached base policy for ``preset``, training and caching it if needed.
+    """Path of the base policy for ``preset``: the user's cache, else the copy shipped with gapo,
+    else trained now and cached.
 
     Load it with ``gapo.model.load_policy(path)``. ``rebuild=True`` trains anew and replaces
     the cached copy atomically.
@@ -307,6 +317,8 @@ def get_base_policy(
     final = cache_dir(cfg)
     if final.is_dir() and (final / "config.json").is_file() and not rebuild:
         return final
+    if not rebuild and (shipped := shipped_dir(cfg)) is not None:
+        return shipped
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{time.time_ns()}"
     try:

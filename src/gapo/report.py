@@ -165,7 +165,7 @@ def write_report(runs: list[dict], out_dir: str | Path, *, title: str = "gapo re
     width = 0.8 / max(len(runs), 1)
     for i, run in enumerate(runs):
         for ax, prefix, label in ((axes[0], "clip/frac_high_by_c/", "clipped share of A>0 tokens"),
-                                  (axes[1], "clip/eps_high_by_c/", "ε_high in force")):
+                                  (axes[1], "clip/eps_high_pos_by_c/", "ε_high of A>0 rollouts")):
             d = _by_c(run["train"], prefix)
             ax.bar([c + (i - (len(runs) - 1) / 2) * width for c in d], list(d.values()), width=width,
                    color=f"C{i}", label=run["name"])
