@@ -22,7 +22,7 @@ __all__ = ["Config", "load_config", "apply_overrides", "to_dict", "from_dict"]
 class TaskConfig:
     name: str = "countdown"  # a gapo.tasks name: countdown, arithmetic, math, rg, humaneval, mbpp
     params: dict = field(default_factory=dict)  # passed to gapo.tasks.get(name, **params)
-    train_size: int = 20000  # problems in the training pool (cycled, reshuffled each pass)
+    train_size: int = 20000  # at most this many distinct training problems (pool = min(this, prompts × steps))
     scoring_workers: int = 0  # >0: score in a process pool (slow verifiers)
 
 

@@ -99,7 +99,7 @@ def _smooth(xs: list[float], w: int) -> list[float]:
     return out
 
 
-def write_report(runs: list[dict], out_dir: str | Path, *, title: str = "gapo report") -> Path:
+def write_report(runs: list[dict], out_dir: str | Path, *, title: str = "gapo report", notes: str = "") -> Path:
     """Write PNG figures and ``report.md`` comparing ``runs`` into ``out_dir``; returns the md path."""
     import matplotlib
 
@@ -181,7 +181,7 @@ def write_report(runs: list[dict], out_dir: str | Path, *, title: str = "gapo re
         plt.close(fig)
 
     summaries = [summarise(r) for r in runs]
-    lines = [f"# {title}", "", format_table(summaries), ""]
+    lines = [f"# {title}", "", *([notes, ""] if notes else []), format_table(summaries), ""]
     for name, _ in figs:
         lines += [f"![{name[:-4]}]({name})", ""]
     md = out / "report.md"

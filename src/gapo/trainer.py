@@ -86,7 +86,9 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
         self.max_new_tokens = cfg.sampling.max_new_tokens or self.task.max_completion_len + 1
-        self.pool = self.task.generate("train", cfg.task.train_size, t.seed)
+        # the pool is what the run will visit: generating (and solving) instances is not free, so
+        # never more than prompts × steps (passes over it are reshuffled; dynamic sampling wraps)
+        self.pool = self.task.generate("train", max(1, min(cfg.task.train_size, t.prompts * t.steps)), t.seed)
         self.eval_problems = self.task.generate("eval", cfg.eval.problems, cfg.eval.seed) if cfg.eval.problems else []
         self.prompt_ids = {}
         self.py_rng = random.Random(t.seed)
