@@ -415,7 +415,7 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> None:
         state = {
-            "step": self.step, "pos": self.pos, "order": self.order,
+            "step": self.step, "pos": self.pos, "order": self.order, "pool_size": len(self.pool),
             "model": self.model.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
             "py_rng": self.py_rng.getstate(), "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
             "config": to_dict(self.cfg), "policy_path": self.policy_path,
@@ -433,6 +433,8 @@ class Trainer:
         self.gen.set_state(state["gen"])
         torch.set_rng_state(state["torch_rng"])
         self.step, self.pos, self.order = state["step"], state["pos"], state["order"]
+        if state.get("pool_size", len(self.pool)) != len(self.pool):  # resumed with other train.steps
+            self.pool = self.task.generate("train", state["pool_size"], self.cfg.train.seed)
         # drop records written after the checkpoint (the run died before its next one)
         log = self.run_dir / "metrics.jsonl"
         if log.exists():
