@@ -230,3 +230,17 @@ def test_fast_logprobs_equal_model_forward_with_grads(model, tok, prompts, arch)
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
     with torch.no_grad():  # and against the plain full forward of the model
         assert torch.allclose(logprobs(m, r.input_ids, r.attention_mask, T)[0] * mk, _full_logp(m, r), atol=1e-5)
+
+
+def test_entropy_grad_false_detaches_entropy_only(model, prompts):
+    r = sample(model, prompts * 2, max_new_tokens=20, eos_token_id=EOS, generator=torch.Generator().manual_seed(13))
+    T, m = r.completion_ids.shape[1], r.response_mask.float()
+    grads = []
+    for entropy_grad in (True, False):
+        model.zero_grad()
+        lp, ent = logprobs(model, r.input_ids, r.attention_mask, T, chunk_size=3, entropy_grad=entropy_grad)
+        assert ent.requires_grad == entropy_grad
+        (lp * m).sum().backward()
+        grads.append((lp.detach(), ent.detach(), model.lm_head.weight.grad.clone()))
+    model.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

@@ -403,7 +403,7 @@ def _head_and_decoder(model):
     return head, dec
 
 
-def _chunk_stats(h, targets, head, temperature: float, softcap):
+def _chunk_stats(h, targets, head, temperature: float, softcap, entropy_grad: bool = True):
     # h (B, C, H), targets (B, C) -> logp (B, C), entropy (B, C); float32 math on a chunk only.
     logits = head(h).float()
     if softcap:
@@ -412,7 +412,12 @@ def _chunk_stats(h, targets, head, temperature: float, softcap):
         logits = logits / temperature
     lse = torch.logsumexp(logits, -1)
     logp = logits.gather(-1, targets[..., None])[..., 0] - lse
-    ent = lse - (torch.softmax(logits, -1) * logits).sum(-1)
+    # Without entropy_grad the entropy is a detached diagnostic: nothing is saved for its
+    # backward. This matters beyond speed: in a checkpointed chunk, tensors recomputed for a
+    # branch whose backward never runs stay alive until the whole backward ends, so a loss
+    # without an entropy term would keep every chunk's (B, C, V) softmax and logits.
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        ent = lse - (torch.softmax(logits, -1) * logits).sum(-1)
     return logp, ent
 
 
@@ -426,6 +431,7 @@ def logprobs(
     chunk_size: int | None = None,
     max_chunk_bytes: int = 256 * 2**20,
     fast: bool = True,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token ``logp (B, T)`` and ``entropy (B, T)`` of the response under
     ``softmax(logits / temperature)`` (``temperature <= 0`` is treated as 1).
@@ -437,6 +443,8 @@ def logprobs(
     storing them. Masked positions hold meaningless values; multiply by the response mask.
     ``fast`` runs the decoder of Llama/Qwen2 models with ``_FastLM``, which computes each
     distinct prompt once (rows of a GRPO group share it); ``fast=False`` uses ``model.model``.
+    ``entropy_grad=False`` returns the entropy detached (pass it when the loss has no entropy
+    term: it keeps the memory of a checkpointed backward bounded, see ``_chunk_stats``).
     """
     B, L = input_ids.shape
     T = int(response_len)
@@ -463,7 +471,7 @@ def logprobs(
     if chunk_size is None:
         chunk_size = max(1, max_chunk_bytes // (4 * B * V * 3))  # logits, probs, product
     if chunk_size >= T:
-        return _chunk_stats(hidden, targets, head, temperature, softcap)
+        return _chunk_stats(hidden, targets, head, temperature, softcap, entropy_grad)
     use_ckpt = torch.is_grad_enabled() and hidden.requires_grad
     lps, ents = [], []
     for s in range(0, T, chunk_size):
@@ -471,9 +479,9 @@ def logprobs(
         if use_ckpt:
             from torch.utils.checkpoint import checkpoint
 
-            lp, en = checkpoint(_chunk_stats, h, y, head, temperature, softcap, use_reentrant=False)
+            lp, en = checkpoint(_chunk_stats, h, y, head, temperature, softcap, entropy_grad, use_reentrant=False)
         else:
-            lp, en = _chunk_stats(h, y, head, temperature, softcap)
+            lp, en = _chunk_stats(h, y, head, temperature, softcap, entropy_grad)
         lps.append(lp)
         ents.append(en)
     return torch.cat(lps, 1), torch.cat(ents, 1)

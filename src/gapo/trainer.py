@@ -270,7 +270,8 @@ class Trainer:
     def _logprobs(self, model, ids, attn, T):
         from gapo.sampling import logprobs
 
-        return logprobs(model, ids, attn, T, temperature=self.cfg.sampling.temperature)
+        return logprobs(model, ids, attn, T, temperature=self.cfg.sampling.temperature,
+                        entropy_grad=bool(self.cfg.algo.entropy_coef))
 
     def train_step(self) -> dict:
         cfg, a, t = self.cfg, self.cfg.algo, self.cfg.train
