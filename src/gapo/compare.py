@@ -717,7 +717,7 @@ def _tables_md(summary: dict, rows: list[dict]) -> str:
             lines.append("|---|" + "---|" * len(cs))
             for m, v in by_m.items():
                 lines.append(f"| {m} | " + " | ".join(
-                    f"{v[f'dev_by_c/{c}']['mean']:.4f}" if f"dev_by_c/{c}" in v else "–" for c in cs) + " |")
+                    f"{v[f'dev_by_c/{c}']['mean']:.4f}" if v.get(f"dev_by_c/{c}", {}).get("n") else "–" for c in cs) + " |")
             lines.append("")
     if summary.get("claims"):
         lines += ["## Claims (issue 4 item 5): paired differences, mean ± 95% t-interval; sign by the CI", "",
