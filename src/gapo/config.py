@@ -225,7 +225,8 @@ def _unknown_key(key: str, known) -> ValueError:
 
 
 def _all_keys() -> list[str]:
-    return [f"{s.name}.{f.name}" for s in dataclasses.fields(Config) for f in dataclasses.fields(s.type if isinstance(s.type, type) else _section_types(Config)[s.name])]
+    sections = _section_types(Config)
+    return [f"{name}.{f.name}" for name, cls in sections.items() for f in dataclasses.fields(cls)]
 
 
 def set_key(cfg: Config, key: str, value) -> None:
