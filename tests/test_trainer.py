@@ -174,3 +174,15 @@ def test_sigterm_checkpoints_and_exits_cleanly(easy_policy, tmp_path):
                       run, resume=True)
     resumed.fit()
     assert resumed.step == state["step"] + 1
+
+
+def test_tensorboard_logging(easy_policy, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    Trainer(_cfg(easy_policy, "train.steps=2", "eval.problems=4", "log.tensorboard=true"), tmp_path / "r").fit()
+    acc = EventAccumulator(str(tmp_path / "r" / "tb"))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "rollout/reward" in tags and "eval/pass@1" in tags and "loss/clipfrac" in tags
+    assert [e.step for e in acc.Scalars("rollout/reward")] == [1, 2]
