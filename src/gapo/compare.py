@@ -646,6 +646,10 @@ def _claims(grid: dict, cells: dict) -> list[dict]:
                 if d:
                     out.append({"claim": "4 mechanism: GAPO lowers low-c clipping", "regime": reg, "method": m, "vs": b,
                                 "key": f"clip_by_c/{c}", **mean_ci(d)})
+                d = diff(reg, m, b, f"dev_by_c/{c}")
+                if d:
+                    out.append({"claim": "4 mechanism: GAPO lets low-c ratios move further", "regime": reg, "method": m,
+                                "vs": b, "key": f"dev_by_c/{c}", **mean_ci(d)})
     # RL improves on the base policy at all? (after - before)
     for reg in grid["regimes"]:
         for m in grid["methods"]:
@@ -771,18 +775,19 @@ def _figures(grid: dict, cells: dict, agg: dict, fdir: Path) -> list[str]:
                                ("dev_by_c", "ratio_dev_by_c.png", "mean |ρ−1|")):
         fig, axes = plt.subplots(1, len(regimes), figsize=(5 * len(regimes), 3.6), squeeze=False)
         for ax, r in zip(axes[0], regimes):
-            width = 0.8 / max(len(show), 1)
-            for i, m in enumerate(show):
+            here = [m for m in show if m in agg[r]]
+            width = 0.8 / max(len(here), 1)
+            for i, m in enumerate(here):
                 v = agg[r].get(m, {})
                 cs = sorted(int(k.split("/")[1]) for k in v if k.startswith(f"{key}/"))
-                ax.bar([c + (i - (len(show) - 1) / 2) * width for c in cs], [v[f"{key}/{c}"]["mean"] for c in cs],
+                ax.bar([c + (i - (len(here) - 1) / 2) * width for c in cs], [v[f"{key}/{c}"]["mean"] for c in cs],
                        yerr=[v[f"{key}/{c}"]["ci"] if math.isfinite(v[f"{key}/{c}"]["ci"]) else 0 for c in cs],
                        width=width, color=colors[m], label=m, capsize=1)
             ax.set_title(r)
             ax.set_xlabel("c = correct rollouts in the group")
             ax.grid(alpha=0.3, axis="y")
+            ax.legend(fontsize=7)
         axes[0][0].set_ylabel(ylabel)
-        axes[0][-1].legend(fontsize=7)
         fig.tight_layout()
         names.append(_save(fig, fdir, fname))
 
