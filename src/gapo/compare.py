@@ -103,7 +103,7 @@ def load_grid(path: str | Path | dict) -> dict:
             raise ValueError(f"grid file {str(p)!r} does not exist")
         g = yaml.safe_load(p.read_text()) or {}
     allowed = {"name", "methods", "regimes", "seeds", "common", "method_defs", "regime_defs", "workers",
-               "out", "report_dir", "figures_dir", "baseline"}
+               "out", "report_dir", "figures_dir", "baseline", "roles"}
     for k in g:
         if k not in allowed:
             raise ValueError(f"unknown grid key {k!r}; accepted: {sorted(allowed)}")
@@ -616,8 +616,9 @@ def _claims(grid: dict, cells: dict) -> list[dict]:
         return [cells[(r, a, s)]["summary"].get(key, float("nan")) - cells[(r, b, s)]["summary"].get(key, float("nan"))
                 for s in seeds if (r, a, s) in cells and (r, b, s) in cells]
 
+    roles = grid.get("roles") or {}  # e.g. {low: cd-low}: which regime plays the claim's "low"/"high"
     for claim, r, a, b, key in CLAIM_TESTS:
-        for reg in (grid["regimes"] if r == "*" else [r]):
+        for reg in (grid["regimes"] if r == "*" else [roles.get(r, r)]):
             d = diff(reg, a, b, key)
             if d:
                 out.append({"claim": claim, "regime": reg, "method": a, "vs": b, "key": key, **mean_ci(d)})
@@ -874,7 +875,8 @@ def main(args) -> int:
     grid = load_grid(path)
     out = Path(getattr(args, "out", None) or grid.get("out") or "runs/compare")
     if not getattr(args, "report_only", False):
-        stats = run_grid(grid, out, retry_failed=getattr(args, "retry_failed", False))
+        stats = run_grid(grid, out, retry_failed=getattr(args, "retry_failed", False),
+                         say=lambda s: print(s, flush=True))
         print(f"grid: {stats['done']} cells run, {stats['failed']} failed, {stats['skipped']} skipped "
               f"of {stats['total']} in {stats['wall_s']:.0f}s")
     report(grid, out, getattr(args, "report_dir", None), getattr(args, "figures_dir", None))
