@@ -84,21 +84,12 @@ class BenchTask:
 
 
 def make_policy(path: str, seed: int = 0) -> None:
-    """Save the benchmark's Qwen2 + character tokenizer (as ``bench_trl_step.run_trl`` builds it)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """Save the benchmark's Qwen2 + character tokenizer (``bench_trl_step.build_policy``)."""
+    from bench_trl_step import build_policy
 
-    from gapo.model import build_tokenizer, save_policy
+    from gapo.model import save_policy
 
-    tok = build_tokenizer(ALPHABET)
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=512, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-        tie_word_embeddings=False, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )).float()
-    save_policy(model, tok, path)
+    save_policy(*build_policy(seed), path)
 
 
 def run_gapo(policy: str, n_steps: int, threads: int, mu: int, *, warmup: int = 1, seed: int = 0,

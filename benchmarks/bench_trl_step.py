@@ -35,18 +35,14 @@ def _prompts(n: int) -> list[dict]:
     return [{"prompt": f"{(7 * i) % 90 + 10}+{(13 * i) % 90 + 10}="} for i in range(n)]
 
 
-def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1, seed: int = 0) -> dict:
-    """Time ``n_steps`` GRPO steps (after ``warmup``) of TRL's GRPOTrainer; returns a dict of results."""
+def build_policy(seed: int = 0):
+    """The benchmark's policy: a 1.06M-parameter Qwen2 (random weights from ``seed``) and the
+    character tokenizer. Both systems start from exactly this."""
     import torch
-    from datasets import Dataset
-    from transformers import Qwen2Config, Qwen2ForCausalLM, TrainerCallback
-    from transformers.utils import logging as hf_logging
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from gapo.model import build_tokenizer
 
-    torch.set_num_threads(threads)
-    hf_logging.set_verbosity_error()
     tok = build_tokenizer(ALPHABET)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(Qwen2Config(
@@ -55,6 +51,20 @@ def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1,
         tie_word_embeddings=False, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
     )).float()
+    return model, tok
+
+
+def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1, seed: int = 0) -> dict:
+    """Time ``n_steps`` GRPO steps (after ``warmup``) of TRL's GRPOTrainer; returns a dict of results."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from transformers.utils import logging as hf_logging
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(threads)
+    hf_logging.set_verbosity_error()
+    model, tok = build_policy(seed)
     n_params = sum(p.numel() for p in model.parameters())
 
     prompts_per_step, group = 8, 8
