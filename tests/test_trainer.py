@@ -186,3 +186,20 @@ def test_tensorboard_logging(easy_policy, tmp_path):
     tags = acc.Tags()["scalars"]
     assert "rollout/reward" in tags and "eval/pass@1" in tags and "loss/clipfrac" in tags
     assert [e.step for e in acc.Scalars("rollout/reward")] == [1, 2]
+
+
+def test_missing_tracking_package_is_a_clear_error(easy_policy, tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_wandb(name, *a, **k):
+        if name == "wandb":
+            raise ImportError("No module named 'wandb'")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    tr = Trainer(_cfg(easy_policy, "train.steps=1", "log.wandb=true"), tmp_path / "r")
+    with pytest.raises(ValueError, match=r"gapo\[tracking\]"):
+        tr.fit()
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()  # failed before the base evaluation

@@ -78,9 +78,10 @@ def cmd_eval(args) -> int:
 
     torch.set_num_threads(args.threads)
     cfg = _load(args)
-    model_path = args.model or str(__import__("gapo.pretrain", fromlist=["x"]).get_base_policy(cfg.model.base_preset))
+    from gapo.pretrain import get_base_policy, resolve
+
+    model_path = args.model or str(get_base_policy(cfg.model.base_preset))
     if cfg.task.name == "countdown" and not cfg.task.params and not args.model:
-        from gapo.pretrain import resolve
         cfg.task.params = dict(resolve(cfg.model.base_preset).rl_task)
     task = tasks.get(cfg.task.name, **cfg.task.params)
     model, tok = load_policy(model_path, cfg.model.device)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,18 +169,15 @@ def _coerce(value, tp, key: str):
     """Coerce ``value`` (from YAML or a ``key=value`` string) to the annotated type ``tp``."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            if type(None) in args:
-                return None
-        errors = []
+    if origin in (typing.Union, types.UnionType):  # X | None
+        if type(None) in args and (value is None or (isinstance(value, str) and value.lower() in ("none", "null"))):
+            return None
         for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, key)
-            except ValueError as e:
-                errors.append(str(e))
+            if a is not type(None):
+                try:
+                    return _coerce(value, a, key)
+                except ValueError:
+                    pass
         raise ValueError(f"{key}: cannot interpret {value!r} as {tp}")
     if tp is bool:
         if isinstance(value, bool):

@@ -66,16 +66,17 @@ def evaluate(
         bar.close()
     model.train(was_training)
 
-    correct = [sum(task.score(p, t) > 0 for t in ts) for p, ts in zip(problems, texts)]
+    ok = [[task.score(p, t) > 0 for t in ts] for p, ts in zip(problems, texts)]  # each sample scored once
+    correct = [sum(o) for o in ok]
     out: dict = {f"eval/pass@{k}": v for k, v in pass_at_k_curve(n, correct).items()}
     moves = [[task.first_move(t) for t in ts] for ts in texts]
     out["eval/first_move_entropy"] = sum(map(first_move_entropy, moves)) / max(len(problems), 1)
     out["eval/first_moves_distinct"] = sum(len({m for m in ms if m is not None}) for ms in moves) / max(len(problems), 1)
     if hasattr(task, "solutions") and hasattr(task, "canonical"):
         shares = []
-        for p, ts in zip(problems, texts):
+        for p, ts, os_ in zip(problems, texts, ok):
             sols = task.solutions(p)
-            found = {task.canonical(t, p) for t in ts if task.score(p, t) > 0} - {None}
+            found = {task.canonical(t, p) for t, o in zip(ts, os_) if o} - {None}
             shares.append(len(found & set(sols)) / len(sols) if sols else 0.0)
         out["eval/coverage"] = sum(shares) / max(len(shares), 1)
     out["eval/response_len"] = tok_sum / max(len(flat), 1)

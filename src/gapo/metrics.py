@@ -12,6 +12,7 @@ mean ``|ρ − 1|``, and the mean ``ε_high`` in force.
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -22,9 +23,9 @@ __all__ = ["pass_at_k", "pass_at_k_curve", "entropy_from_logits", "clip_stats_by
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from ``n`` samples with ``c`` correct (arXiv 2107.03374)."""
     for name, v in (("n", n), ("c", c), ("k", k)):
-        if isinstance(v, bool) or not isinstance(v, int) and not (hasattr(v, "__index__")):
+        if isinstance(v, bool) or not hasattr(v, "__index__"):  # ints, numpy ints, 0-d int tensors
             raise ValueError(f"{name} must be an int, got {v!r}")
-    n, c, k = int(n), int(c), int(k)
+    n, c, k = operator.index(n), operator.index(c), operator.index(k)
     if n < 1 or not 0 <= c <= n:
         raise ValueError(f"need n >= 1 and 0 <= c <= n, got n={n}, c={c}")
     if not 1 <= k <= n:

@@ -401,11 +401,16 @@ class Trainer:
     def _get_writers(self) -> dict:
         if self._writers is None:
             self._writers = {}
+            try:
+                if self.cfg.log.tensorboard:
+                    from torch.utils.tensorboard import SummaryWriter
+                if self.cfg.log.wandb:
+                    import wandb
+            except ImportError as e:
+                raise ValueError(f"log.tensorboard/log.wandb need their packages: pip install 'gapo[tracking]' ({e})") from e
             if self.cfg.log.tensorboard:
-                from torch.utils.tensorboard import SummaryWriter
                 self._writers["tb"] = SummaryWriter(str(self.run_dir / "tb"))
             if self.cfg.log.wandb:
-                import wandb
                 wandb.init(project=self.cfg.log.wandb_project, dir=str(self.run_dir), config=to_dict(self.cfg))
                 self._writers["wandb"] = wandb
         return self._writers
@@ -463,6 +468,7 @@ class Trainer:
         bar = None
         last_eval = None
         try:
+            self._get_writers()  # a missing tracking package fails here, before any work
             if self.step == 0 and self.eval_problems:
                 last_eval = self.evaluate(progress=t.progress)
                 self.log(last_eval)

@@ -142,3 +142,46 @@ def draw_problems(
             allow_repeats = True
             stale = 0
     return out
+
+
+def read_jsonl(path, required=()) -> list[tuple[int, dict]]:
+    """``(line number, record)`` of every non-blank line of a (optionally gzipped) JSONL file.
+
+    Anything malformed is a ``ValueError`` naming the file, the line and the field: a missing
+    file, a directory, non-UTF-8 text, a line that is not a JSON object, a record without one of
+    the ``required`` fields, or a file with no records at all.
+    """
+    import gzip
+    import json
+    import os
+
+    path = str(path)
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: dataset file not found")
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: not a file")
+    opener = gzip.open if path.endswith(".gz") else open
+    out = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); "
+                                     "expected one JSON object per line") from None
+                if not isinstance(rec, dict):
+                    raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+                for field in required:
+                    if field not in rec:
+                        raise ValueError(f"{path}:{lineno}: missing field {field!r} (fields present: {sorted(rec)})")
+                out.append((lineno, rec))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason})") from None
+    except (OSError, EOFError) as e:
+        raise ValueError(f"{path}: cannot read dataset ({e})") from None
+    if not out:
+        raise ValueError(f"{path}: dataset file is empty (no JSON lines)")
+    return out

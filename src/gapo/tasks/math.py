@@ -34,7 +34,6 @@ problems in eval (the shared rule of :func:`gapo.tasks.base.split_of`). Either w
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -44,7 +43,7 @@ from typing import Any
 
 from gapo.scoring import VerifierTimeout, run_with_timeout
 
-from gapo.tasks.base import Problem, split_of
+from gapo.tasks.base import Problem, read_jsonl, split_of
 
 __all__ = ["MathTask", "extract_answer", "gold_from_field", "last_boxed", "verify_answer", "warmup"]
 
@@ -185,41 +184,26 @@ def warmup() -> None:
 
 
 def _load_jsonl(path: Path, prompt_field: str | None, answer_field: str | None):
-    if not path.exists():
-        raise ValueError(f"{path}: dataset file not found")
-    if not path.is_file():
-        raise ValueError(f"{path}: not a file")
     records = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected one JSON object per line") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+    for lineno, rec in read_jsonl(path):
+        if prompt_field is None:
+            prompt_field = next((k for k in _PROMPT_FIELDS if k in rec), None)
             if prompt_field is None:
-                prompt_field = next((k for k in _PROMPT_FIELDS if k in rec), None)
-                if prompt_field is None:
-                    raise ValueError(f"{path}:{lineno}: no question field (tried {list(_PROMPT_FIELDS)}; fields present: {sorted(rec)}); pass prompt_field=")
+                raise ValueError(f"{path}:{lineno}: no question field (tried {list(_PROMPT_FIELDS)}; fields present: {sorted(rec)}); pass prompt_field=")
+        if answer_field is None:
+            answer_field = next((k for k in _ANSWER_FIELDS if k in rec), None)
             if answer_field is None:
-                answer_field = next((k for k in _ANSWER_FIELDS if k in rec), None)
-                if answer_field is None:
-                    raise ValueError(f"{path}:{lineno}: no answer field (tried {list(_ANSWER_FIELDS)}; fields present: {sorted(rec)}); pass answer_field=")
-            for fld in (prompt_field, answer_field):
-                if fld not in rec:
-                    raise ValueError(f"{path}:{lineno}: missing field {fld!r} (fields present: {sorted(rec)})")
-            question = rec[prompt_field]
-            if not isinstance(question, str) or not question.strip():
-                raise ValueError(f"{path}:{lineno}: field {prompt_field!r} must be a non-empty string")
-            gold = gold_from_field(rec[answer_field])
-            if gold is None:
-                raise ValueError(f"{path}:{lineno}: field {answer_field!r} holds no usable answer ({str(rec[answer_field])[:80]!r})")
-            records.append((lineno, question, gold, rec[answer_field]))
-    if not records:
-        raise ValueError(f"{path}: dataset file is empty")
+                raise ValueError(f"{path}:{lineno}: no answer field (tried {list(_ANSWER_FIELDS)}; fields present: {sorted(rec)}); pass answer_field=")
+        for fld in (prompt_field, answer_field):
+            if fld not in rec:
+                raise ValueError(f"{path}:{lineno}: missing field {fld!r} (fields present: {sorted(rec)})")
+        question = rec[prompt_field]
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"{path}:{lineno}: field {prompt_field!r} must be a non-empty string")
+        gold = gold_from_field(rec[answer_field])
+        if gold is None:
+            raise ValueError(f"{path}:{lineno}: field {answer_field!r} holds no usable answer ({str(rec[answer_field])[:80]!r})")
+        records.append((lineno, question, gold, rec[answer_field]))
     return records
 
 
