@@ -78,7 +78,7 @@ BASELINE_OF = {"gapo": "drgrpo", "gapo_log": "drgrpo", "gapo_seq": "gspo_asym"}
 ARITHMETIC_TASK = {"digits": 2, "ops": "+-*"}
 REGIMES: dict[str, dict] = {
     "low": {"base": "low"},  # RL task: the preset's (4-number Countdown, numbers 1-10)
-    "high": {"base": "high"},  # 3-number Countdown
+    "high": {"base": "high"},  # 2-number Countdown (the `high` preset)
     "arithmetic": {
         "base": {"name": "arithmetic", "task": "arithmetic", "sft_mix": [[ARITHMETIC_TASK, 1.0]],
                  "rl_task": ARITHMETIC_TASK, "model_preset": "tiny", "pool_size": 3000, "batch_size": 64,
