@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gapo.metrics import clip_counts_by_c, clip_stats_by_c, clip_stats_from_counts, merge_counts, entropy_from_logits, first_move_entropy, pass_at_k, pass_at_k_curve
+from gapo.metrics import clip_counts_by_c, clip_stats_by_c, clip_stats_from_counts, counts_from_tensor, counts_to_tensor, merge_counts, entropy_from_logits, first_move_entropy, pass_at_k, pass_at_k_curve
 
 
 def _brute(n, c, k):
@@ -94,6 +94,22 @@ def test_clip_counts_merge_equals_whole_batch():
     assert parts.keys() == whole.keys()
     for k in whole:
         assert parts[k] == pytest.approx(whole[k], rel=1e-6), k
+
+
+def test_counts_tensor_round_trip_and_sum():
+    # the dense (c, field) form sums like merge_counts does (what an all-reduce over processes does)
+    g = torch.Generator().manual_seed(1)
+    ratio = 1 + 0.4 * torch.randn(8, 5, generator=g)
+    adv = torch.randn(8, generator=g)
+    mask = torch.ones(8, 5)
+    c = torch.tensor([0, 0, 1, 1, 3, 3, 3, 3])
+    a = clip_counts_by_c(ratio[:4], adv[:4], mask[:4], c[:4], eps_low=0.2, eps_high=0.28)
+    b = clip_counts_by_c(ratio[4:], adv[4:], mask[4:], c[4:], eps_low=0.2, eps_high=0.28)
+    assert counts_from_tensor(counts_to_tensor(a, 5)) == a
+    summed = counts_from_tensor(counts_to_tensor(a, 5) + counts_to_tensor(b, 5))
+    assert summed == merge_counts(merge_counts({}, a), b) and sorted(summed) == [0, 1, 3]  # c = 2, 4: no rows
+    with pytest.raises(ValueError, match="c=3"):
+        counts_to_tensor(b, 3)
 
 
 def test_first_move_entropy():

@@ -181,10 +181,12 @@ def test_eps_uses_whole_groups_across_processes(policy, tmp_path, monkeypatch):
     completions = ["aaaa", "bbbb", "abab", "bbbb", "aaab", "aaab", "aaab", "aaab"]  # frac_a: 1, 0, .5, 0, .75 ×4
     rows = [{"prompt": "ab="}] * 4 + [{"prompt": "bc="}] * 4
     trainer._calculate_rewards(rows, [r["prompt"] for r in rows], completions, [[5]] * 8)
-    local = trainer._gapo_pending_eps
+    local, success = trainer._gapo_pending
     # group (1, 0, .5, 0): mean .375, w = (R − .375)/(.75) → 5/6 and 1/6; group of equal rewards → ε_low
     expected = torch.tensor([0.2 + 0.08 * 5 / 6, 0.2, 0.2 + 0.08 / 6, 0.2] + [0.2] * 4)
     torch.testing.assert_close(local, expected, rtol=0, atol=1e-6)
+    # c = round(sum of the group's rewards): 1 + 0 + .5 + 0 = 1.5 → 2; .75 × 4 = 3
+    assert success.tolist() == [2] * 4 + [3] * 4
 
 
 def _inputs_with_stale_policy(trainer, seed=0):
@@ -266,6 +268,109 @@ def test_per_row_eps_equals_trl_per_row(policy, tmp_path, level):
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-7)
     fixed = GRPOTrainer._compute_loss(trainer, trainer.model, inputs)
     assert ours < fixed  # the released positive tokens lower the loss (−A·ρ with ρ above 1.2)
+
+
+def test_clip_stats_by_c_hand_computed(policy, tmp_path):
+    # Two groups of G = 4, two response tokens each (row 3 has one), old log-probs 0 so ρ = exp(logp).
+    trainer = _trainer(policy, tmp_path)
+    trainer.model.train()
+    third = 0.2 + 0.08 / 3  # ε_high of a correct rollout when c = 3: w = (4 − 3)/3
+    ratio = torch.tensor([
+        [1.25, 1.30], [0.70, 1.00], [1.00, 1.00], [0.90, 5.00],  # c = 1, rewards [1, 0, 0, 0]
+        [1.25, 1.10], [1.00, 1.00], [1.21, 1.23], [0.50, 1.50],  # c = 3, rewards [1, 1, 1, 0]
+    ])
+    inputs = {
+        "completion_mask": torch.tensor([[1, 1]] * 3 + [[1, 0]] + [[1, 1]] * 4),
+        "old_per_token_logps": torch.zeros(8, 2),
+        "advantages": torch.tensor([0.75, -0.25, -0.25, -0.25, 0.25, 0.25, 0.25, -0.75]),  # Dr.GRPO
+        "gapo_eps_high": torch.tensor([0.28, 0.2, 0.2, 0.2, third, third, third, 0.2]),
+        "gapo_success_count": torch.tensor([1, 1, 1, 1, 3, 3, 3, 3]),
+    }
+    trainer._log_gapo_metrics(inputs, ratio.log())
+    stats = trainer.gapo_clip_stats()
+    expected = {
+        # c = 1: A > 0 tokens 1.25, 1.30 vs 1.28 → 1 of 2 clipped; A < 0 tokens 0.70, 1.00, 1.00, 1.00,
+        # 0.90 (the masked 5.00 is ignored) vs 0.8 → 1 of 5; |ρ−1| (.25+.30+.30+0+0+0+.10)/7 = .95/7
+        "clip/frac_high_by_c/1": 1 / 2, "clip/frac_low_by_c/1": 1 / 5, "clip/ratio_dev_by_c/1": 0.95 / 7,
+        "clip/eps_high_by_c/1": (0.28 + 3 * 0.2) / 4, "clip/eps_high_pos_by_c/1": 0.28,
+        "clip/adv_by_c/1": (0.75 + 3 * 0.25) / 4, "clip/tokens_pos_by_c/1": 2.0,
+        # c = 3: A > 0 tokens 1.25, 1.10, 1.00, 1.00, 1.21, 1.23 vs 1.226667 → 1.25, 1.23 clipped (2 of 6);
+        # A < 0 tokens 0.50, 1.50 vs 0.8 → 1 of 2; |ρ−1| (.25+.10+0+0+.21+.23+.50+.50)/8 = 1.79/8
+        "clip/frac_high_by_c/3": 2 / 6, "clip/frac_low_by_c/3": 1 / 2, "clip/ratio_dev_by_c/3": 1.79 / 8,
+        "clip/eps_high_by_c/3": (3 * third + 0.2) / 4, "clip/eps_high_pos_by_c/3": third,
+        "clip/adv_by_c/3": (3 * 0.25 + 0.75) / 4, "clip/tokens_pos_by_c/3": 6.0,
+    }
+    assert stats.keys() == expected.keys()
+    for k, v in expected.items():
+        assert stats[k] == pytest.approx(v, abs=1e-6), k
+    # the whole-batch metrics come from the same sums: 3 of 8 A > 0 tokens above their ε_high, 5 above 1.2
+    m = trainer._metrics["train"]
+    assert m["gapo/clipfrac_pos"][-1] == pytest.approx(3 / 8)
+    assert m["gapo/clipfrac_pos_at_eps_low"][-1] == pytest.approx(5 / 8)
+    assert m["gapo/eps_high_pos_mean"][-1] == pytest.approx((0.28 + 3 * third) / 4)
+
+    # log() hands the pooled values to TRL's logging and starts a new window
+    trainer.log({})
+    logged = trainer.state.log_history[-1]
+    for k, v in expected.items():
+        assert logged[k] == pytest.approx(v, abs=1e-6), k
+    assert trainer.gapo_clip_stats() == {}
+
+
+def test_clip_stats_by_c_pooled_over_micro_batches_match_gapo_trainer(policy, tmp_path):
+    # Two micro-batches through GAPO's _compute_loss pool to what gapo's own trainer computes on the
+    # whole batch (token-level log_ratio + clip_stats_by_c, as in gapo.trainer.Trainer.train_step).
+    from gapo.losses import log_ratio
+    from gapo.metrics import clip_stats_by_c
+
+    trainer = _trainer(policy, tmp_path, eps_high_max=0.5)
+    inputs = _inputs_with_stale_policy(trainer, seed=2)
+    for idx in (slice(0, 7), slice(7, 16)):  # uneven halves: groups are split across micro-batches
+        trainer._compute_loss(trainer.model, _rows(inputs, idx))
+    pooled = trainer.gapo_clip_stats()
+    with torch.no_grad():
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        am = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        logp = GRPOTrainer._get_per_token_logps_and_entropies(
+            trainer, trainer.model, ids, am, inputs["completion_ids"].size(1))[0]
+    mask = inputs["completion_mask"].float()
+    ratio = torch.exp(log_ratio(logp, inputs["old_per_token_logps"], mask, "token"))
+    ref = clip_stats_by_c(ratio, inputs["advantages"], mask, inputs["gapo_success_count"], eps_low=0.2,
+                          eps_high=inputs["gapo_eps_high"])
+    assert pooled.keys() == ref.keys() and any(k.startswith("clip/frac_high_by_c/") for k in ref)
+    for k in ref:
+        assert pooled[k] == pytest.approx(ref[k], rel=1e-5, abs=1e-6), k
+    # the success counts are those of the completions' group rewards
+    texts = trainer.processing_class.batch_decode(inputs["completion_ids"], skip_special_tokens=True)
+    c = torch.tensor(frac_a(texts)).view(-1, 4).sum(1).round().long().repeat_interleave(4)
+    assert torch.equal(inputs["gapo_success_count"], c)
+
+
+def has_a(completions, **kwargs):
+    """Binary reward: 1 if the completion contains an 'a'."""
+    return [float("a" in c) for c in completions]
+
+
+def test_training_logs_clip_stats_by_c(policy, tmp_path):
+    # Binary rewards: every positive-advantage completion of a group with c successes has
+    # ε_high = 0.2 + 0.08·(G − c)/(G − 1), so the logged clip/eps_high_pos_by_c/{c} is exactly that.
+    path, tok = policy
+    trainer = GAPOTrainer(model=path, reward_funcs=has_a, args=_config(tmp_path, max_steps=2),
+                          train_dataset=_dataset(), processing_class=tok)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2
+    seen = set()
+    for h in logs:
+        for key, v in h.items():
+            if key.startswith("clip/eps_high_pos_by_c/"):
+                c = int(key.rsplit("/", 1)[1])
+                seen.add(c)
+                assert 1 <= c <= 3 and v == pytest.approx(0.2 + 0.08 * (4 - c) / 3, abs=1e-6)
+                assert 0.0 <= h[f"clip/frac_high_by_c/{c}"] <= 1.0
+            if key.startswith("clip/ratio_dev_by_c/"):
+                assert math.isfinite(v) and v >= 0.0
+    assert seen, "no mixed group: no positive-advantage completion"
 
 
 def test_rejects_liger_and_bad_config(tmp_path):

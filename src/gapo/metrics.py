@@ -17,7 +17,7 @@ import operator
 import torch
 
 __all__ = ["pass_at_k", "pass_at_k_curve", "entropy_from_logits", "clip_stats_by_c", "clip_counts_by_c",
-           "merge_counts", "clip_stats_from_counts", "first_move_entropy"]
+           "merge_counts", "counts_to_tensor", "counts_from_tensor", "clip_stats_from_counts", "first_move_entropy"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -97,6 +97,24 @@ def merge_counts(total: dict, new: dict) -> dict:
         for k, v in fields.items():
             acc[k] += v
     return total
+
+
+def counts_to_tensor(counts: dict, n_buckets: int) -> torch.Tensor:  # (n_buckets, F) float64
+    """The per-``c`` sums as a dense tensor, row ``c`` for ``c = 0 .. n_buckets−1`` (zeros where
+    absent): one fixed shape on every process, so it can be summed across them (all-reduce).
+    ``counts_from_tensor`` turns it back into ``merge_counts``' form."""
+    out = torch.zeros(n_buckets, len(_COUNT_FIELDS), dtype=torch.float64)
+    for c, fields in counts.items():
+        if not 0 <= c < n_buckets:
+            raise ValueError(f"success count c={c} outside 0..{n_buckets - 1}")
+        out[c] = torch.tensor([fields[k] for k in _COUNT_FIELDS], dtype=torch.float64)
+    return out
+
+
+def counts_from_tensor(t: torch.Tensor) -> dict[int, dict[str, float]]:
+    """Inverse of ``counts_to_tensor``; buckets without rollouts are left out."""
+    rows = _COUNT_FIELDS.index("rows")
+    return {c: dict(zip(_COUNT_FIELDS, r)) for c, r in enumerate(t.double().cpu().tolist()) if r[rows] > 0}
 
 
 def clip_stats_from_counts(counts: dict) -> dict[str, float]:

@@ -16,10 +16,12 @@ How (three small overrides; no TRL code is copied):
    ``num_generations`` completions is whole. We form each completion's scalar reward the way TRL
    does (weighted sum over reward functions, NaN if every function returned ``None``), compute
    ε_high for the whole gathered generation batch, and keep this process's slice.
+   It also keeps each completion's group success count ``c`` (rewards rescaled to [0, 1],
+   summed over the group, rounded; an unscorable completion counts as a failure), for metrics.
 2. ``_generate_and_score_completions``: puts that slice in the output dict as
-   ``"gapo_eps_high"`` (B,), a per-completion tensor like ``"advantages"``, so TRL's shuffle and
-   split into ``steps_per_generation`` micro-batches (and reuse over ``num_iterations``) carry it
-   along row by row.
+   ``"gapo_eps_high"`` and ``"gapo_success_count"`` (B,), per-completion tensors like
+   ``"advantages"``, so TRL's shuffle and split into ``steps_per_generation`` micro-batches (and
+   reuse over ``num_iterations``) carry them along row by row.
 3. ``_compute_loss``: runs TRL's ``_compute_loss`` with ``self.epsilon_high`` set, for the duration
    of the call, to the (B, 1) column of ε_high and ``self.epsilon_low`` to a 0-d tensor
    (``torch.clamp`` takes both bounds as numbers or both as tensors). TRL's
@@ -39,6 +41,19 @@ Metrics logged next to TRL's ``clip_ratio/*`` (per optimiser micro-batch, reduce
 ``gapo/clipfrac_pos`` (share of positive-advantage response tokens — sequences at sequence
 level — above ``1 + ε_high(i)``) and ``gapo/clipfrac_pos_at_eps_low`` (the share fixed symmetric
 clipping at ``epsilon`` would have cut: the headroom GAPO released).
+
+Per group-success count ``c`` (0..G), under the names gapo's own trainer logs
+(:func:`gapo.metrics.clip_stats_from_counts`): ``clip/frac_high_by_c/{c}`` (share of
+positive-advantage units above ``1 + ε_high(i)``), ``clip/frac_low_by_c/{c}`` (share of
+negative-advantage units below ``1 − ε_low``), ``clip/ratio_dev_by_c/{c}`` (mean ``|ρ − 1|``),
+``clip/eps_high_by_c/{c}`` and ``clip/eps_high_pos_by_c/{c}`` (mean ε_high of all / of
+positive-advantage completions), ``clip/adv_by_c/{c}`` (mean ``|A|``) and
+``clip/tokens_pos_by_c/{c}`` (how many positive-advantage units were counted). A unit is a
+response token at token level and a sequence at sequence level (like TRL's ``clip_ratio/*``;
+gapo's trainer counts tokens at both levels). Sparse buckets make per-micro-batch rates noisy, so
+these are pooled: the raw sums are reduced over processes on every micro-batch and added up until
+the next ``log``, which turns them into rates; with ``logging_steps=1`` that is one optimiser step
+(all its gradient-accumulation micro-batches). A bucket with no rollouts in the window is absent.
 """
 
 from __future__ import annotations
@@ -54,7 +69,10 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("gapo.integrations.trl needs TRL: pip install 'gapo[trl]' (trl>=1.16,<1.17)") from exc
 
+from gapo.advantages import group_success_count
 from gapo.clipping import gapo_eps_high
+from gapo.metrics import (clip_counts_by_c, clip_stats_from_counts, counts_from_tensor, counts_to_tensor,
+                          merge_counts)
 
 SUPPORTED_TRL = (Version("1.16"), Version("1.17"))
 try:
@@ -136,7 +154,8 @@ class GAPOTrainer(GRPOTrainer):
         if not isinstance(args, GAPOConfig):
             raise TypeError(f"GAPOTrainer needs a GAPOConfig (it carries eps_high_max etc.), got {type(args).__name__}")
         _validate(args)  # again: fields may have been changed after the config was built
-        self._gapo_pending_eps = None  # this process's ε_high, from _calculate_rewards to the output dict
+        self._gapo_pending = None  # this process's (ε_high, c), from _calculate_rewards to the output dict
+        self._gapo_counts = {"train": {}, "eval": {}}  # per-c clip sums since the last log, all processes
         self._gapo_in_loss = False
         self._gapo_logps = None
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
@@ -176,21 +195,26 @@ class GAPOTrainer(GRPOTrainer):
         weights = self.reward_weights.to(rewards_per_func.device)
         rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # TRL's per-completion reward
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        eps_high = self.compute_eps_high(rewards, group_size)
+        eps_high = self.compute_eps_high(rewards, group_size)  # also checks the rewards against reward_range
+        lo, hi = (float(v) for v in self.args.reward_range)
+        success = group_success_count(rewards.nan_to_num(lo), group_size, reward_range=(lo, hi))
         start = self.accelerator.process_index * len(prompts)  # the slice TRL takes for advantages
-        self._gapo_pending_eps = eps_high[start : start + len(prompts)]
+        local = slice(start, start + len(prompts))
+        self._gapo_pending = (eps_high[local], success[local])
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
-        self._gapo_pending_eps = None
+        self._gapo_pending = None
         output = super()._generate_and_score_completions(inputs)
-        eps_high, self._gapo_pending_eps = self._gapo_pending_eps, None
-        if eps_high is None or eps_high.shape[0] != output["advantages"].shape[0]:
+        pending, self._gapo_pending = self._gapo_pending, None
+        if pending is None or pending[0].shape[0] != output["advantages"].shape[0]:
             raise RuntimeError(
                 "GAPO: no per-completion ε_high matching the advantages; this TRL code path did not go through "
                 "_calculate_rewards as trl 1.16 does."
             )
-        output["gapo_eps_high"] = eps_high.to(output["advantages"].device)  # (B,), split with the batch
+        device = output["advantages"].device
+        output["gapo_eps_high"] = pending[0].to(device)  # (B,), split with the batch
+        output["gapo_success_count"] = pending[1].to(device)  # (B,) long: c of the completion's group
         return output
 
     # -- the loss: TRL's, with ε_high per row ------------------------------------------------------
@@ -222,9 +246,9 @@ class GAPOTrainer(GRPOTrainer):
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
-        mask = mask.to(logps.dtype)
+        mask = mask.float()
         old = inputs.get("old_per_token_logps")
-        log_ratio = logps - (logps if old is None else old)
+        log_ratio = (logps - (logps if old is None else old)).float()
         if self.importance_sampling_level == "sequence":  # one ratio, one count per sequence
             log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
             units = torch.ones_like(log_ratio)
@@ -232,24 +256,36 @@ class GAPOTrainer(GRPOTrainer):
             units = mask
         ratio = torch.exp(log_ratio)
         adv = inputs["advantages"]
-        adv = adv if adv.dim() == 2 else adv.unsqueeze(1)
-        eps = inputs["gapo_eps_high"].to(ratio.dtype).unsqueeze(1)  # (B, 1)
-        pos_rows = (adv > 0).any(dim=1, keepdim=True).to(ratio.dtype)  # (B, 1)
-        pos_units = units * (adv > 0)
-        stats = torch.stack([
-            (pos_units * (ratio > 1 + eps)).sum(),
-            (pos_units * (ratio > 1 + self.epsilon_low)).sum(),
-            pos_units.sum(),
-            eps.sum(),
-            torch.tensor(float(eps.shape[0]), device=eps.device, dtype=eps.dtype),
-            (eps * pos_rows).sum(),
-            pos_rows.sum(),
-        ]).float()
-        s = self.accelerator.reduce(stats, reduction="sum").tolist()
+        if adv.dim() == 2:  # (B, T) advantages of a subclass: one value per row, as GAPO's ε assumes
+            adv = (adv * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        eps = inputs["gapo_eps_high"].float()
+        eps_low = float(self.epsilon_low)
+        counts = clip_counts_by_c(ratio, adv, units, inputs["gapo_success_count"], eps_low=eps_low, eps_high=eps)
+        at_eps_low = ((ratio > 1 + eps_low) * units * (adv > 0).unsqueeze(1)).sum()
+        n_buckets = (self.num_generations if mode == "train" else self.num_generations_eval) + 1
+        local = torch.cat([counts_to_tensor(counts, n_buckets).flatten().float(), at_eps_low.float().view(1).cpu()])
+        total = self.accelerator.reduce(local.to(self.accelerator.device), reduction="sum").cpu().double()
+        by_c = counts_from_tensor(total[:-1].view(n_buckets, -1))
+        merge_counts(self._gapo_counts[mode], by_c)
+
+        # whole-micro-batch rates, averaged over micro-batches by TRL's log like its clip_ratio/*
+        s = {k: sum(f[k] for f in by_c.values()) for k in
+             ("rows", "eps_sum", "pos_rows", "pos_eps_sum", "pos_tokens", "pos_clipped")}
         m = self._metrics[mode]
-        m["gapo/eps_high_mean"].append(s[3] / max(s[4], 1.0))
-        if s[6] > 0:
-            m["gapo/eps_high_pos_mean"].append(s[5] / s[6])
-        if s[2] > 0:
-            m["gapo/clipfrac_pos"].append(s[0] / s[2])
-            m["gapo/clipfrac_pos_at_eps_low"].append(s[1] / s[2])
+        m["gapo/eps_high_mean"].append(s["eps_sum"] / max(s["rows"], 1.0))
+        if s["pos_rows"] > 0:
+            m["gapo/eps_high_pos_mean"].append(s["pos_eps_sum"] / s["pos_rows"])
+        if s["pos_tokens"] > 0:
+            m["gapo/clipfrac_pos"].append(s["pos_clipped"] / s["pos_tokens"])
+            m["gapo/clipfrac_pos_at_eps_low"].append(float(total[-1]) / s["pos_tokens"])
+
+    def gapo_clip_stats(self, mode: str = "train") -> dict[str, float]:
+        """The per-``c`` clip statistics pooled since the last ``log`` (the ``clip/*_by_c/{c}`` metrics)."""
+        return clip_stats_from_counts(self._gapo_counts[mode])
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "train" if self.model.training else "eval"
+        for key, value in self.gapo_clip_stats(mode).items():  # one pooled value: TRL's mean leaves it as is
+            self._metrics[mode][key] = [value]
+        self._gapo_counts[mode] = {}
+        super().log(logs, start_time)
