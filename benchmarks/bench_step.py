@@ -95,6 +95,8 @@ def make_policy(path: str, seed: int = 0) -> None:
 def run_gapo(policy: str, n_steps: int, threads: int, mu: int, *, warmup: int = 1, seed: int = 0,
              extra: list[str] | None = None) -> dict:
     """Time ``n_steps`` gapo steps (after ``warmup``) on the benchmark's work; returns a dict."""
+    if n_steps < 1 or warmup < 0:
+        raise ValueError(f"need n_steps >= 1 and warmup >= 0, got n_steps={n_steps}, warmup={warmup}")
     from gapo import tasks
 
     tasks.register("bench", f"{BenchTask.__module__}:BenchTask")

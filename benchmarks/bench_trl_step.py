@@ -55,7 +55,12 @@ def build_policy(seed: int = 0):
 
 
 def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1, seed: int = 0) -> dict:
-    """Time ``n_steps`` GRPO steps (after ``warmup``) of TRL's GRPOTrainer; returns a dict of results."""
+    """Time ``n_steps`` GRPO steps (after ``warmup``) of TRL's GRPOTrainer; returns a dict of results.
+
+    Step 0 is timed from the start of the training loop (``on_train_begin``), so with ``warmup=0``
+    it includes the loop's one-off setup."""
+    if n_steps < 1 or warmup < 0:
+        raise ValueError(f"need n_steps >= 1 and warmup >= 0, got n_steps={n_steps}, warmup={warmup}")
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -83,6 +88,10 @@ def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1,
             return out
 
     class Clock(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):  # the start of step 0
+            step_ends.append(time.perf_counter())
+            cpu_ends.append(time.process_time())
+
         def on_step_end(self, args, state, control, **kw):
             step_ends.append(time.perf_counter())
             cpu_ends.append(time.process_time())
@@ -105,9 +114,10 @@ def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1,
         wall = time.perf_counter() - t_start
 
     k = num_iterations
-    # step c spans optimiser steps c·k … c·k+k−1; it starts when step c−1's last optimiser step ends
-    step_s = [step_ends[c * k + k - 1] - step_ends[c * k - 1] for c in range(warmup, total)]
-    cpu_s = [cpu_ends[c * k + k - 1] - cpu_ends[c * k - 1] for c in range(warmup, total)]
+    # step_ends[0] is the start of training, step_ends[j + 1] the end of optimiser step j. Step c spans
+    # optimiser steps c·k … c·k+k−1: it starts when step c−1's last one ends (step 0: at the start).
+    step_s = [step_ends[c * k + k] - step_ends[c * k] for c in range(warmup, total)]
+    cpu_s = [cpu_ends[c * k + k] - cpu_ends[c * k] for c in range(warmup, total)]
     toks = gen_tokens[warmup:total]
     med = statistics.median(step_s)
     return {
