@@ -26,11 +26,19 @@ from verl.trainer.ppo.core_algos import (  # noqa: E402
     compute_rloo_vectorized_outcome_advantage,
     get_policy_loss_fn,
 )
+from tensordict import TensorDict  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.utils.metric import Metric, reduce_metrics  # noqa: E402
+from verl.utils.py_functional import append_to_dict  # noqa: E402
 from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
+from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
 import gapo.integrations.verl as gv  # noqa: E402
+from gapo.advantages import group_success_count  # noqa: E402
 from gapo.clipping import gapo_eps_high, success_weight  # noqa: E402
 from gapo.integrations.verl import GAPOPolicyLossConfig, success_weight_from_advantages  # noqa: E402
+from gapo.losses import log_ratio  # noqa: E402
+from gapo.metrics import clip_stats_by_c  # noqa: E402
 
 VERL_AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
                   "seq-mean-token-sum-norm"]
@@ -334,6 +342,149 @@ def test_non_binary_rewards_with_drgrpo():
     assert torch.allclose(w, success_weight(rewards, G, reward_range=(-1.0, 1.0)), atol=1e-6)
     with pytest.raises(ValueError, match="binary rewards"):
         success_weight_from_advantages(a, G, reward_range=(-1.0, 1.0))
+
+
+def test_success_count_recovered_from_advantages():
+    """c of every row's group, from all three invertible estimators; −1 for zero-advantage rows."""
+    G = 4
+    rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1])  # c = 1, 2, 3, 4
+    expected = torch.tensor([1] * 4 + [2] * 4 + [3] * 4 + [-1] * 4)
+    for estimator, norm in (("drgrpo", False), ("grpo", True), ("rloo", False)):
+        _, _, adv, mask, _ = group_batch(0, G=G, prompts=4, rewards=rewards, estimator=estimator)
+        est = "grpo" if estimator == "drgrpo" else estimator
+        w, c = gv.success_from_advantages(gv._row_advantages(adv, mask), G, adv_estimator=est,
+                                          norm_adv_by_std_in_grpo=norm)
+        assert torch.equal(c, expected), (estimator, c)
+        assert torch.allclose(w, success_weight(rewards, G), atol=1e-5)
+    assert gv.success_from_advantages(gv._row_advantages(adv, mask), G, adv_estimator="rloo",
+                                      binary_rewards=False)[1] is None
+
+
+# ---------------------------------------------------------------------------------------------
+# per-success-count metrics
+
+
+BY_C_KEYS = ("actor/gapo_tokens_by_c", "actor/gapo_ratio_dev_sum_by_c", "actor/gapo_tokens_pos_by_c",
+             "actor/gapo_clipped_high_by_c", "actor/gapo_eps_high_pos_by_c")
+
+
+def test_metrics_by_c_hand_computed():
+    """G = 4, ε_low = 0.2, ε_high_max = 0.28, T = 2, token ratios set per row.
+    Group A [1,0,0,0], c = 1: correct row ε = 0.28, ratios (1.26, 1.30): 1.30 > 1.28 clipped;
+      incorrect rows ratio 0.9 (row 3 has one token). Tokens 2+2+2+1 = 7;
+      Σ|ρ−1| = 0.26 + 0.30 + 5·0.1 = 1.06; positive tokens 2, clipped 1.
+    Group B [1,1,0,0], c = 2: correct rows ε = 0.2 + 0.08·2/3 = 0.25333; row 4 (1.26, 1.26): both
+      clipped; row 5 (1.10, 1.20): neither; incorrect rows ratio 1. Tokens 8;
+      Σ|ρ−1| = 0.52 + 0.10 + 0.20 = 0.82; positive tokens 4, clipped 2.
+    Group C [1,1,1,1]: A = 0 (c is 0 or 4, unknowable): ratio 2 everywhere, in no bucket.
+    Bucket c = 3 is empty: zeros; its ε_high = 0.2 + 0.08·1/3."""
+    G = 4
+    adv_row = torch.tensor([0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5, 0, 0, 0, 0])
+    ratio = torch.tensor([[1.26, 1.30], [0.9, 0.9], [0.9, 0.9], [0.9, 0.9], [1.26, 1.26], [1.10, 1.20],
+                          [1.0, 1.0], [1.0, 1.0]] + [[2.0, 2.0]] * 4)
+    mask = torch.ones(12, 2, dtype=torch.bool)
+    mask[3, 1] = False
+    old = torch.full((12, 2), -2.0)
+    logp = old + torch.log(ratio)
+    adv = adv_row[:, None].expand(12, 2).contiguous()
+    pl = GAPOPolicyLossConfig(loss_mode="gapo", eps_high_max=0.28)
+    _, _, m = call("gapo", old, logp, adv, mask, actor(G=G, low=0.2, high=0.2, policy_loss=pl))
+    expected = {1: (7, 1.06, 2, 1, 0.28), 2: (8, 0.82, 4, 2, 0.2 + 0.08 * 2 / 3), 3: (0, 0, 0, 0, 0.2 + 0.08 / 3)}
+    for c, values in expected.items():
+        for key, v in zip(BY_C_KEYS, values):
+            assert abs(m[f"{key}/{c}"] - v) < 1e-5, (key, c, m[f"{key}/{c}"], v)
+    assert not any(k.endswith(("/0", "/4")) for k in m)
+    # the rates they give are gapo.metrics' own (c from the raw rewards, zero-advantage groups left out)
+    rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1])
+    rows = slice(0, 8)
+    ref = clip_stats_by_c(ratio[rows], adv_row[rows], mask[rows], group_success_count(rewards, G)[rows],
+                          eps_low=0.2, eps_high=gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28)[rows])
+    for c in (1, 2):
+        assert abs(m[f"actor/gapo_clipped_high_by_c/{c}"] / m[f"actor/gapo_tokens_pos_by_c/{c}"]
+                   - ref[f"clip/frac_high_by_c/{c}"]) < 1e-6
+        assert abs(m[f"actor/gapo_ratio_dev_sum_by_c/{c}"] / m[f"actor/gapo_tokens_by_c/{c}"]
+                   - ref[f"clip/ratio_dev_by_c/{c}"]) < 1e-6
+        assert abs(m[f"actor/gapo_eps_high_pos_by_c/{c}"] - ref[f"clip/eps_high_pos_by_c/{c}"]) < 1e-6
+    # gapo_seq counts the same tokens against the sequence ratio s = exp(mean log ρ): row 0
+    # s = sqrt(1.26·1.30) = 1.27984 < 1.28 (unclipped), row 4 s = 1.26 > 1.2533 (2 tokens clipped),
+    # row 5 s = sqrt(1.10·1.20) = 1.14891; Σ|s−1| of c = 1: 2·0.27984 + 5·0.1 = 1.05968
+    pl = GAPOPolicyLossConfig(loss_mode="gapo_seq", eps_high_max=0.28)
+    _, _, m = call("gapo_seq", old, logp, adv, mask, actor(G=G, low=0.2, high=0.2, policy_loss=pl))
+    expected = {1: (7, 1.05968, 2, 0), 2: (8, 2 * 0.26 + 2 * 0.14891, 4, 2)}
+    for c, values in expected.items():
+        for key, v in zip(BY_C_KEYS, values):
+            assert abs(m[f"{key}/{c}"] - v) < 1e-4, (key, c, m[f"{key}/{c}"], v)
+
+
+def test_metrics_by_c_absent_for_non_binary_rewards():
+    G = 4
+    rewards = torch.tensor([0.5, 0.25, 0.0, 1.0, -1.0, 1.0, 0.0, 0.0])
+    old, logp, adv, mask, _ = group_batch(0, G=G, prompts=2, rewards=rewards)
+    pl = GAPOPolicyLossConfig(loss_mode="gapo", eps_high_max=0.28, reward_min=-1.0, binary_rewards=False)
+    _, _, m = call("gapo", old, logp, adv, mask, actor(G=G, policy_loss=pl))
+    assert "actor/gapo_eps_high_mean" in m and not any("_by_c/" in k for k in m)
+    pl = GAPOPolicyLossConfig(loss_mode="gapo", eps_high_max=0.28)  # binary: present for c = 1 .. G−1
+    _, _, m = call("gapo", old, logp, *group_batch(0, G=G, prompts=2)[2:4], actor(G=G, policy_loss=pl))
+    assert sorted(k for k in m if "_by_c/" in k) == sorted(f"{k}/{c}" for k in BY_C_KEYS for c in (1, 2, 3))
+
+
+def verl_ppo_loss(cfg, old, logp, adv, mask, *, dp_size, batch_num_tokens, global_batch_size):
+    """verl's own actor loss (``verl.workers.utils.losses.ppo_loss``) on one micro-batch: log-probs
+    as the model returns them (flat over prompt + response, one position early), a 1-token prompt."""
+    B, T = mask.shape
+    lens = mask.sum(-1).tolist()
+    flat = torch.cat([torch.cat([logp[i, :n], torch.zeros(1)]) for i, n in enumerate(lens)])
+    data = TensorDict({"prompts": torch.zeros(B, 1, dtype=torch.long), "responses": torch.zeros(B, T, dtype=torch.long),
+                       "attention_mask": torch.cat([torch.ones(B, 1, dtype=torch.long), mask.long()], 1),
+                       "response_mask": mask.float(), "old_log_probs": old, "advantages": adv}, batch_size=[B])
+    tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=batch_num_tokens,
+                         global_batch_size=global_batch_size)
+    return ppo_loss(cfg, {"log_probs": flat}, data)[1]
+
+
+@pytest.mark.parametrize("name", ["gapo", "gapo_seq"])
+def test_metrics_by_c_survive_verl_aggregation_and_pool_exactly(name):
+    """Through verl's ppo_loss and the reductions of its actor update (micro-batches → dp ranks →
+    mini-batches → reduce_metrics): every per-c key has one value per micro-batch on every rank
+    (verl's Metric.aggregate_dp raises otherwise), and the ratios of the logged means equal
+    gapo.metrics' pooled rates over the whole batch."""
+    G, prompts, ranks, mini, micro = 8, 6, 2, 2, 3  # 48 rows: 2 mini-batches × 2 ranks × 3 micro-batches × 4
+    old, logp, adv, mask, rewards = group_batch(11, G=G, prompts=prompts, noise=0.3 if name == "gapo" else 0.6)
+    perm = torch.randperm(G * prompts, generator=torch.Generator().manual_seed(0))
+    pl = GAPOPolicyLossConfig(loss_mode=name, eps_high_max=0.28)
+    cfg = actor(G=G, policy_loss=pl)
+    step: dict = {}
+    for mb_rows in perm.view(mini, -1):
+        per_rank = []
+        for rank_rows in mb_rows.view(ranks, -1):
+            rank_metrics: dict = {}
+            for rows in rank_rows.view(micro, -1):
+                m = verl_ppo_loss(cfg, old[rows], logp[rows], adv[rows], mask[rows], dp_size=ranks,
+                                  batch_num_tokens=int(mask[mb_rows].sum()), global_batch_size=len(mb_rows))
+                append_to_dict(rank_metrics, m)
+            per_rank.append(rank_metrics)
+        gathered = {k: [r[k] for r in per_rank] for k in per_rank[0]}  # allgather_dict_into_dict
+        append_to_dict(step, {k: Metric.aggregate_dp(v) for k, v in gathered.items()})
+    logged = reduce_metrics(step)
+
+    known = (rewards.view(-1, G).sum(1) % G != 0).repeat_interleave(G)  # groups with 0 < c < G
+    level = "token" if name == "gapo" else "sequence"
+    ratio = torch.exp(log_ratio(logp, old, mask, level))
+    ref = clip_stats_by_c(ratio[known], adv[known, 0], mask[known], group_success_count(rewards, G)[known],
+                          eps_low=0.2, eps_high=gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28)[known])
+    checked = 0
+    for c in range(1, G):
+        if f"clip/ratio_dev_by_c/{c}" not in ref:
+            assert logged[f"actor/gapo_tokens_by_c/{c}"] == 0
+            continue
+        assert abs(logged[f"actor/gapo_ratio_dev_sum_by_c/{c}"] / logged[f"actor/gapo_tokens_by_c/{c}"]
+                   - ref[f"clip/ratio_dev_by_c/{c}"]) < 1e-6
+        if f"clip/frac_high_by_c/{c}" in ref:
+            assert abs(logged[f"actor/gapo_clipped_high_by_c/{c}"] / logged[f"actor/gapo_tokens_pos_by_c/{c}"]
+                       - ref[f"clip/frac_high_by_c/{c}"]) < 1e-6
+            assert abs(logged[f"actor/gapo_eps_high_pos_by_c/{c}"] - ref[f"clip/eps_high_pos_by_c/{c}"]) < 1e-6
+            checked += ref[f"clip/frac_high_by_c/{c}"] > 0
+    assert checked >= 2  # several buckets with clipping, so the comparison means something
 
 
 # ---------------------------------------------------------------------------------------------

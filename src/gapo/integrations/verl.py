@@ -60,6 +60,24 @@ used with ``loss_mode=gapo``.
 like ``gspo``. With ``ε_high_max == ε_low`` they equal verl's ``vanilla`` and ``gspo``
 (tests/test_verl.py). ``rollout_is_weights`` (verl's rollout correction) multiply the per-token
 loss after clipping, as in verl's own losses.
+
+**Metrics.** verl's keys ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``, plus
+``actor/gapo_eps_high_mean``, ``actor/gapo_success_weight_mean``, ``actor/gapo_clipfrac_high``,
+``actor/gapo_clipfrac_low`` (rates over this micro-batch's response tokens). With binary rewards,
+per group-success count ``c = 1 .. G−1`` (``c`` recovered from the advantage as above; rows with
+zero advantage, whose group is all-correct or all-wrong, have no bucket), sums over this
+micro-batch's response tokens, counted by :func:`gapo.metrics.clip_counts_by_c`:
+``actor/gapo_tokens_by_c/{c}``, ``actor/gapo_ratio_dev_sum_by_c/{c}`` (Σ ``|ρ−1|``),
+``actor/gapo_tokens_pos_by_c/{c}`` (tokens of correct rollouts), ``actor/gapo_clipped_high_by_c/{c}``
+(of those, ``ρ > 1+ε_high(i)``), and ``actor/gapo_eps_high_pos_by_c/{c}`` (ε_high of a correct
+rollout of such a group, from the schedule). verl 0.9.1 wraps every key a policy loss returns in
+a mean-aggregated ``Metric``, averages it over micro-batches and data-parallel ranks, and raises
+when a key has a different number of values on two ranks; so every key is returned on every call
+(0 for a bucket the micro-batch lacks) and the logged values are mean sums per rank micro-batch,
+whose ratios are pooled rates: ``gapo_clipped_high_by_c/c ÷ gapo_tokens_pos_by_c/c`` is the clip
+fraction above ``1+ε_high`` and ``gapo_ratio_dev_sum_by_c/c ÷ gapo_tokens_by_c/c`` the mean
+``|ρ−1|`` of bucket ``c`` over the whole update (docs/scale-out.md). With
+``binary_rewards=False`` the per-``c`` keys are absent.
 """
 
 from __future__ import annotations
@@ -76,6 +94,7 @@ __all__ = [
     "TESTED_VERL",
     "compute_policy_loss_gapo",
     "compute_policy_loss_gapo_seq",
+    "success_from_advantages",
     "success_weight_from_advantages",
 ]
 
@@ -130,7 +149,8 @@ try:
     from verl.workers.config import PolicyLossConfig
 
     from gapo.clipping import eps_high_from_weight
-    from gapo.losses import policy_loss
+    from gapo.losses import log_ratio, policy_loss
+    from gapo.metrics import clip_counts_by_c
 except BaseException as _exc:  # noqa: BLE001 - re-raised after making it visible
     _announce_failure(_exc)
     raise
@@ -259,7 +279,12 @@ def _params(config) -> _Params:
 _COUNT_TOL = 1e-3  # |c − round(c)| allowed; fp32 advantages of G ≤ 1024 are far inside it
 
 
-def success_weight_from_advantages(
+def success_weight_from_advantages(advantages: torch.Tensor, group_size: int, **kwargs) -> torch.Tensor:  # (B,)
+    """GAPO's ``w_i`` in [0, 1] alone: ``success_from_advantages(...)[0]``, same keyword arguments."""
+    return success_from_advantages(advantages, group_size, **kwargs)[0]
+
+
+def success_from_advantages(
     advantages: torch.Tensor,  # (B,) one outcome advantage per row
     group_size: int,
     *,
@@ -267,11 +292,15 @@ def success_weight_from_advantages(
     norm_adv_by_std_in_grpo: bool = False,
     reward_range: tuple[float, float] = (0.0, 1.0),
     binary_rewards: bool = True,
-) -> torch.Tensor:  # (B,) w in [0, 1]
-    """Recover GAPO's ``w_i`` from a row's own verl advantage (module docstring); rows independent.
-
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:  # (B,) w in [0, 1]; (B,) long c, or None
+    """``(w, c)``: GAPO's ``w_i`` recovered from a row's own verl advantage (module docstring; rows
+    independent) and, for binary rewards, the number ``c`` of correct rollouts in the row's group.
     Raises ``ValueError`` when an advantage cannot come from the named estimator with this group
     size and reward range.
+
+    ``c`` is ``-1`` on rows with zero advantage (an all-equal group: ``c`` is 0 or G, which the
+    advantage cannot tell apart) and ``c`` is ``None`` when ``binary_rewards=False`` (a centred
+    reward does not determine a count).
     """
     G = group_size
     a = advantages.detach().double()
@@ -282,10 +311,9 @@ def success_weight_from_advantages(
         q = a.square() * (G / (G - 1))
         # correct rows: q = (1−p)/p; incorrect rows: q = p/(1−p); p = c/G
         c = torch.where(a > 0, G / (1.0 + q), G * q / (1.0 + q))
-        nonzero = a != 0
-        _check_counts(c, nonzero, G, "grpo with norm_adv_by_std_in_grpo=True", a)
+        count = _check_counts(c, a != 0, G, "grpo with norm_adv_by_std_in_grpo=True", a)
         w = torch.where(a > 0, (G - c) / (G - 1), torch.zeros_like(a))
-        return w.clamp(0.0, 1.0).to(torch.float32)
+        return w.clamp(0.0, 1.0).to(torch.float32), count
     if adv_estimator.startswith("rloo"):
         x = a * ((G - 1) / G) / span
     else:
@@ -299,13 +327,15 @@ def success_weight_from_advantages(
             f"{norm_adv_by_std_in_grpo}) with rewards in {tuple(reward_range)} and G={G}: |R − mean| "
             f"can be at most (G−1)/G·(R_max − R_min). Check that policy_loss.adv_estimator/"
             "norm_adv_by_std_in_grpo match algorithm.*, reward_min/max the reward, rollout_n the group size")
+    count = None
     if binary_rewards:
         c = torch.where(x > 0, G * (1.0 - x), -G * x)
-        _check_counts(c, x != 0, G, f"{adv_estimator} (norm_adv_by_std_in_grpo={norm_adv_by_std_in_grpo})", a)
-    return (x * (G / (G - 1))).clamp(0.0, 1.0).to(torch.float32)
+        count = _check_counts(c, x != 0, G, f"{adv_estimator} (norm_adv_by_std_in_grpo={norm_adv_by_std_in_grpo})", a)
+    return (x * (G / (G - 1))).clamp(0.0, 1.0).to(torch.float32), count
 
 
-def _check_counts(c: torch.Tensor, rows: torch.Tensor, G: int, what: str, a: torch.Tensor) -> None:
+def _check_counts(c: torch.Tensor, rows: torch.Tensor, G: int, what: str, a: torch.Tensor) -> torch.Tensor:
+    """Check that ``c`` is a whole count in [1, G−1] on ``rows``; return it rounded (long), −1 elsewhere."""
     off = (c - c.round()).abs() > _COUNT_TOL
     out = (c < 1 - _COUNT_TOL) | (c > G - 1 + _COUNT_TOL)
     bad = rows & (off | out)
@@ -316,6 +346,7 @@ def _check_counts(c: torch.Tensor, rows: torch.Tensor, G: int, what: str, a: tor
             f"(it implies {c[i].item():.4f} correct rollouts, not an integer in [1, {G - 1}]). Check that "
             "policy_loss.adv_estimator/norm_adv_by_std_in_grpo match algorithm.*, reward_min/max the "
             "reward values and rollout_n the group size; for non-binary rewards set binary_rewards=False")
+    return torch.where(rows, c.round(), torch.full_like(c, -1.0)).long()
 
 
 def _row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # (B,)
@@ -370,7 +401,7 @@ def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_ag
                rollout_is_weights):
     p = _params(config)
     a_row = _row_advantages(advantages, response_mask)
-    w = success_weight_from_advantages(
+    w, count = success_from_advantages(
         a_row, p.group_size, adv_estimator=p.adv_estimator, norm_adv_by_std_in_grpo=p.norm_by_std,
         reward_range=p.reward_range, binary_rewards=p.binary)
     eps_high = eps_high_from_weight(w, eps_low=p.eps_low, eps_high_max=p.eps_high_max,
@@ -389,7 +420,38 @@ def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_ag
         "actor/gapo_clipfrac_high": m["loss/clipfrac_high"].item(),
         "actor/gapo_clipfrac_low": m["loss/clipfrac_low"].item(),
     }
+    if count is not None:
+        metrics.update(_metrics_by_c(level, old_log_prob, log_prob, a_row, response_mask, count, eps_high, p))
     return loss, metrics
+
+
+# verl key -> field of gapo.metrics.clip_counts_by_c; summed over this micro-batch's tokens
+_BY_C_SUMS = (("actor/gapo_tokens_by_c", "tokens"), ("actor/gapo_ratio_dev_sum_by_c", "dev_sum"),
+              ("actor/gapo_tokens_pos_by_c", "pos_tokens"), ("actor/gapo_clipped_high_by_c", "pos_clipped"))
+
+
+@torch.no_grad()
+def _metrics_by_c(level, old_log_prob, log_prob, a_row, response_mask, count, eps_high, p: _Params) -> dict:
+    """Per-``c`` sums for ``c = 1 .. G−1``, every key on every call (module docstring, "Metrics").
+
+    verl (``Metric.aggregate_dp``) fails when a key has a different number of values on two
+    ranks, so a bucket missing from a micro-batch is logged as 0 rather than left out; sums, not
+    rates, so that verl's plain mean over micro-batches and ranks keeps their ratios exact.
+    """
+    G = p.group_size
+    known = count >= 0  # zero-advantage rows: all-equal group, c is 0 or G
+    ratio = torch.exp(log_ratio(log_prob.detach(), old_log_prob, response_mask, level))
+    counts = clip_counts_by_c(ratio[known], a_row[known], response_mask[known], count[known],
+                              eps_low=p.eps_low, eps_high=eps_high[known])
+    w_pos = (G - torch.arange(1, G, dtype=torch.float64)) / (G - 1)  # correct rollout of a group with c
+    eps_pos = eps_high_from_weight(w_pos, eps_low=p.eps_low, eps_high_max=p.eps_high_max, schedule=p.schedule)
+    out: dict[str, float] = {}
+    for c in range(1, G):
+        fields = counts.get(c)
+        for key, field in _BY_C_SUMS:
+            out[f"{key}/{c}"] = float(fields[field]) if fields else 0.0
+        out[f"actor/gapo_eps_high_pos_by_c/{c}"] = eps_pos[c - 1].item()
+    return out
 
 
 def compute_policy_loss_gapo(
