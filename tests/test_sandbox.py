@@ -258,24 +258,113 @@ def test_bad_arguments():
         sandbox.run("print(1)", timeout_s=0, memory_mb=256)
 
 
+# A pair of processes (``peer=``): main.py holds a secret read from stdin; peer.py, running the
+# attacks below, must not get at it nor at main's process, and must have the same limits.
+PEER_MAIN = r"""
+import json, os
+r, w, pid = __gapo_peer__
+secret = os.read(0, 100)
+os.write(w, b"go\n")
+report = json.loads(os.fdopen(r, "rb").readline())
+print(json.dumps({"report": report, "leaked": secret.decode() in json.dumps(report)}))
+"""
+PEER_ATTACKS = r"""
+import ctypes, gc, json, os, sys, threading
+r, w, main = __gapo_peer__
+os.fdopen(r, "rb").readline()
+libc = ctypes.CDLL(None, use_errno=True)
+got = {"stdin": sys.stdin.read()}
+for what in ("mem", "environ", "maps", "fd/0", "fd/3", "fd/4"):
+    try:
+        with open("/proc/%d/%s" % (main, what), "rb") as f:
+            got[what] = f.read(1 << 16).decode("latin-1")
+    except OSError as e:
+        got[what] = None
+got["ptrace_attach"] = libc.ptrace(16, main, 0, 0)  # PTRACE_ATTACH
+if hasattr(os, "pidfd_open"):
+    fd = os.pidfd_open(main)
+    got["pidfd_getfd"] = [libc.syscall(438, fd, n, 0) for n in range(6)]  # pidfd_getfd
+class IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+buf = ctypes.create_string_buffer(64)
+local = IoVec(ctypes.addressof(buf), 64)
+remote = IoVec(0x400000, 64)
+got["process_vm_readv"] = libc.process_vm_readv(main, ctypes.byref(local), 1,
+                                                ctypes.byref(remote), 1, 0)
+try:
+    got["fork"] = os.fork()
+    if got["fork"] == 0:
+        os._exit(0)
+except OSError:
+    got["fork"] = None
+try:
+    threading.Thread(target=lambda: None).start()
+    got["thread"] = True
+except RuntimeError:
+    got["thread"] = False
+try:
+    got["alloc"] = len(bytearray(2 << 30))
+except MemoryError:
+    got["alloc"] = None
+got["secret_in_memory"] = any(b"s3cr3t" in o for o in gc.get_objects() if type(o) is bytes)
+os.write(w, (json.dumps(got) + "\n").encode())
+"""
+
+
+def _check_peer_report(out: dict) -> None:
+    rep = out["report"]
+    assert not out["leaked"] and not rep["secret_in_memory"]
+    assert rep["stdin"] == ""
+    assert all(rep[k] is None for k in ("mem", "environ", "maps", "fd/0", "fd/3", "fd/4")), rep
+    assert rep["ptrace_attach"] == -1 and rep["process_vm_readv"] == -1
+    assert all(fd == -1 for fd in rep.get("pidfd_getfd", []))
+    assert rep["fork"] is None and rep["thread"] is False and rep["alloc"] is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process isolation")
+def test_peer_process_cannot_reach_main():
+    r = run(PEER_MAIN, peer=PEER_ATTACKS, stdin=b"s3cr3t")
+    assert r.status == "ok" and "peer-process" in r.isolation, r.stderr
+    _check_peer_report(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def test_peer_dies_with_main_and_main_decides():
+    # The peer leaves the session and sleeps: it must not outlive main nor delay the result.
+    peer = "import os, time\nos.setsid()\ntime.sleep(60)\n"
+    t0 = time.monotonic()
+    r = run("import sys\nsys.exit(3)\n", peer=peer, timeout_s=20.0)
+    assert r.status == "failed" and r.returncode == 3
+    r = run("print('main')\n", peer="print('peer', flush=True)\n" + peer, timeout_s=20.0)
+    assert r.status == "ok" and "main" in r.stdout
+    assert time.monotonic() - t0 < 10
+    # and a peer that never stops is bounded by the wall clock of the run
+    r = run("import os\nos.read(__gapo_peer__[0], 1)\n", peer="while True: pass\n",
+            timeout_s=1.0)
+    assert r.status == "timeout"
+
+
 @pytest.mark.skipif(not LINUX_ROOT, reason="exercises the root fallback path")
 def test_fallback_without_namespaces():
     """Without namespaces (another OS, a locked-down container) the sandbox still drops to
     nobody, applies rlimits and guards sockets, and says so."""
     code = (
-        "import json, gapo.sandbox as s\n"
+        "import json, sys, gapo.sandbox as s\n"
         "iso = s.capabilities()\n"
         "a = s.run('import socket; socket.socket()', timeout_s=5, memory_mb=256)\n"
         "b = s.run('import os; os.fork()', timeout_s=5, memory_mb=256)\n"
         "c = s.run('import os; print(os.getuid())', timeout_s=5, memory_mb=256)\n"
+        "d = s.run(sys.argv[1], peer=sys.argv[2], stdin=b's3cr3t', timeout_s=5, memory_mb=256)\n"
         "print(json.dumps([iso.namespaces, iso.network, a.passed, b.passed, c.stdout,"
-        " c.isolation]))\n"
+        " c.isolation, d.stdout.strip().splitlines()[-1:]]))\n"
     )
     env = dict(os.environ, GAPO_SANDBOX_NO_NAMESPACES="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run([sys.executable, "-c", code, PEER_MAIN, PEER_ATTACKS], env=env,
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    ns, network, sock_ok, fork_ok, uid, isolation = json.loads(out.stdout.strip().splitlines()[-1])
+    ns, network, sock_ok, fork_ok, uid, isolation, peer = json.loads(
+        out.stdout.strip().splitlines()[-1])
     assert ns == [] and network == "socket-guard"
     assert not sock_ok and not fork_ok
     assert uid.strip() == "65534" and "socket-guard" in isolation
+    assert peer, "the pair of processes did not run"
+    _check_peer_report(json.loads(peer[0]))

@@ -28,6 +28,10 @@ cached, and reported per run in ``SandboxResult.isolation``; see docs/sandbox.md
   timeout is enforced by the parent, which kills the whole process group; a fresh temporary
   working directory, removed afterwards.
 
+With ``peer=`` a second program runs in a second process of the same sandbox, connected to the
+first by two pipes; the first is made non-dumpable before the peer runs anything, so the peer
+(same user) cannot ptrace it or read its memory or file descriptors (see :func:`run`).
+
 Concurrency is bounded by the usable cores: at most that many sandboxes run at once however
 many threads call :func:`run`; :func:`run_many` runs a list of programs on a bounded pool.
 """
@@ -116,9 +120,10 @@ import json, os, sys
 cfg = json.loads(sys.argv[1])
 applied = []
 wd = cfg["workdir"]
-path = os.path.join(wd, "main.py")
-with open(path, "rb") as f:
-    src = f.read()
+files = {}
+for name in ("main.py", "peer.py") if cfg["peer"] else ("main.py",):
+    with open(os.path.join(wd, name), "rb") as f:
+        files[name] = f.read()
 uid, gid = cfg["uid"], cfg["gid"]
 if cfg["mount"]:
     import ctypes
@@ -181,10 +186,11 @@ if cfg["mount"]:
     o = ("size=%dm,mode=0700," % cfg["tmpfs_mb"]) + owner.rstrip(",")
     if libc.mount(b"tmpfs", wd.encode(), b"tmpfs", 2 | 4, o.rstrip(",").encode()) != 0:
         _err(wd)
-    with open(path, "wb") as f:
-        f.write(src)
-    if uid is not None:
-        os.chown(path, uid, gid)
+    for name, data in files.items():
+        with open(os.path.join(wd, name), "wb") as f:
+            f.write(data)
+        if uid is not None:
+            os.chown(os.path.join(wd, name), uid, gid)
     applied.append("tmpfs")
 if cfg["reaper"]:
     # We are PID 1 of a new PID namespace, and PID 1 ignores signals without a handler (even
@@ -200,6 +206,37 @@ if cfg["reaper"]:
                 continue
         code = os.waitstatus_to_exitcode(st)
         os._exit(code if code >= 0 else 128 - code)
+import ctypes
+try:
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl
+except (OSError, AttributeError):  # not Linux
+    prctl = lambda *a: -1
+me, peer = "main.py", None
+if cfg["peer"]:
+    # Two processes: this one runs main.py, a child runs peer.py; they talk over two pipes.
+    # Non-dumpable (before the fork, again after the uid switch): the peer cannot ptrace this
+    # process nor open its /proc/<pid>/{mem,fd,environ}, so what main.py holds stays private.
+    prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    main_r, peer_w = os.pipe()
+    peer_r, main_w = os.pipe()
+    main_pid = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        me, peer = "peer.py", (peer_r, peer_w, main_pid)
+        for fd in (main_r, main_w, cfg["report_fd"]):
+            os.close(fd)
+        fd, w = os.pipe()  # stdin (e.g. a secret for main.py) is not ours: an empty pipe
+        os.close(w)
+        os.dup2(fd, 0)
+        os.close(fd)
+    else:
+        peer = (main_r, main_w, pid)
+        os.close(peer_r)
+        os.close(peer_w)
+src = files.pop(me)
+files.clear()
+path = os.path.join(wd, me)
 import resource
 for name, value in cfg["rlimits"].items():
     try:
@@ -208,12 +245,8 @@ for name, value in cfg["rlimits"].items():
         applied.append(name)
     except (ValueError, OSError, AttributeError):
         pass
-try:
-    import ctypes
-    if ctypes.CDLL(None).prctl(38, 1, 0, 0, 0) == 0:  # PR_SET_NO_NEW_PRIVS
-        applied.append("no_new_privs")
-except Exception:
-    pass
+if prctl(38, 1, 0, 0, 0) == 0:  # PR_SET_NO_NEW_PRIVS
+    applied.append("no_new_privs")
 if cfg["socket_guard"]:
     import socket, _socket
     class _NoSocket:
@@ -238,13 +271,36 @@ if uid is not None:
     os.setuid(uid)
     applied.append("uid=%d" % uid)
 os.chdir(wd)
-os.write(cfg["report_fd"], json.dumps(applied).encode())
-os.close(cfg["report_fd"])
+if me == "peer.py":
+    prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = SIGKILL (reset by the uid switch: set now)
+    if os.geteuid() == 0:
+        # Root inside a user namespace (no uid to switch to): drop every capability, or this
+        # process could ptrace main.py's despite it being non-dumpable.
+        cap = 0
+        while prctl(24, cap, 0, 0, 0) == 0:  # PR_CAPBSET_DROP
+            cap += 1
+        if libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()) != 0:
+            os.write(2, b"gapo sandbox: cannot drop capabilities of the peer process\n")
+            os._exit(125)
+    # Wait for main.py's process to be private (and alive) before running anything.
+    if os.read(peer[0], 1) != b"\x00" or os.getppid() != peer[2]:
+        os._exit(125)
+else:
+    if peer is not None:
+        prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE (the uid switch may have reset it)
+        os.write(peer[1], b"\x00")
+        applied.append("peer-process")
+    os.write(cfg["report_fd"], json.dumps(applied).encode())
+    os.close(cfg["report_fd"])
+if peer is None or me == "peer.py":
+    sys.path[0:0] = [wd]  # main.py of a pair imports nothing from the shared, writable dir
 sys.argv = [path]
-sys.path[0:0] = [wd]
 code = compile(src, path, "exec")
 del src
-exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__})
+g = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
+if peer is not None:
+    g["__gapo_peer__"] = peer
+exec(code, g)
 """
 
 
@@ -343,6 +399,7 @@ def run(
     timeout_s: float,
     memory_mb: int,
     stdin: bytes | None = None,
+    peer: str | None = None,
     cpu_s: float | None = None,
     file_size_mb: int = 16,
     tmpfs_mb: int = 64,
@@ -356,13 +413,22 @@ def run(
     tmpfs (namespaced runs); stdout and stderr are each capped at ``output_limit_bytes``
     (exceeding it kills the run: status ``output_limit``). ``stdin`` is fed to the program
     (``None``: empty). Never raises for anything the program does.
+
+    ``peer``: a second Python program, run in a second process of the same sandbox (same
+    limits, each process its own; same user) and connected to ``program`` by two pipes: each
+    sees a global ``__gapo_peer__ = (read_fd, write_fd, other_pid)``. The peer's stdin is
+    empty; stdout and stderr are shared. ``program``'s process is made non-dumpable
+    before the peer runs anything, so the peer cannot ptrace it, read its memory or open its
+    file descriptors; the peer is killed when ``program``'s process ends. The result
+    (status, exit code) is ``program``'s. Used by :mod:`gapo.tasks.code` to keep the judge of
+    a completion out of the completion's reach.
     """
     if timeout_s <= 0 or memory_mb <= 0:
         raise ValueError(f"timeout_s and memory_mb must be positive, got {timeout_s}, {memory_mb}")
     with _SLOTS:
         return _run(capabilities(), program, timeout_s=timeout_s, memory_mb=memory_mb,
-                    stdin=stdin, cpu_s=cpu_s, file_size_mb=file_size_mb, tmpfs_mb=tmpfs_mb,
-                    output_limit_bytes=output_limit_bytes)
+                    stdin=stdin, peer=peer, cpu_s=cpu_s, file_size_mb=file_size_mb,
+                    tmpfs_mb=tmpfs_mb, output_limit_bytes=output_limit_bytes)
 
 
 def run_many(
@@ -370,20 +436,23 @@ def run_many(
     *,
     workers: int | None = None,
     stdins: Sequence[bytes | None] | None = None,
+    peers: Sequence[str | None] | None = None,
     **kwargs,
 ) -> list[SandboxResult]:
-    """:func:`run` each program (same keyword arguments) on a pool of at most ``workers``
-    (default :func:`max_concurrency`) threads; results in input order."""
+    """:func:`run` each program (same keyword arguments; ``stdins`` and ``peers`` one entry per
+    program) on a pool of at most ``workers`` (default :func:`max_concurrency`) threads;
+    results in input order."""
     programs = list(programs)
-    if stdins is None:
-        stdins = [None] * len(programs)
-    if len(stdins) != len(programs):
-        raise ValueError("stdins must have one entry per program")
+    stdins = [None] * len(programs) if stdins is None else list(stdins)
+    peers = [None] * len(programs) if peers is None else list(peers)
+    if len(stdins) != len(programs) or len(peers) != len(programs):
+        raise ValueError("stdins and peers must have one entry per program")
     if not programs:
         return []
     n = min(workers or max_concurrency(), len(programs))
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="gapo-sandbox") as pool:
-        futs = [pool.submit(run, p, stdin=s, **kwargs) for p, s in zip(programs, stdins)]
+        futs = [pool.submit(run, p, stdin=s, peer=q, **kwargs)
+                for p, s, q in zip(programs, stdins, peers)]
         return [f.result() for f in futs]
 
 
@@ -414,6 +483,7 @@ def _run(
     timeout_s: float,
     memory_mb: int,
     stdin: bytes | None = None,
+    peer: str | None = None,
     cpu_s: float | None = None,
     file_size_mb: int = 16,
     tmpfs_mb: int = 64,
@@ -424,8 +494,10 @@ def _run(
     workdir = tempfile.mkdtemp(prefix="gapo-sbx-")
     report_r = report_w = -1
     try:
-        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
-            f.write(program)
+        for name, text in (("main.py", program), ("peer.py", peer)):
+            if text is not None:
+                with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
+                    f.write(text)
         mount = "mount" in iso.namespaces
         uid = iso.drop_to_uid
         if uid is not None and not mount:
@@ -454,6 +526,7 @@ def _run(
             "reaper": "pid" in iso.namespaces,
             "preimport": [] if mount or uid is None else list(_PREIMPORT),
             "report_fd": report_w,
+            "peer": peer is not None,
         }
         cmd = [*_prefix(iso), sys.executable, "-I", "-B", "-c", _BOOT, json.dumps(cfg)]
         proc = subprocess.Popen(
