@@ -98,6 +98,48 @@ CHEATS = {
     "settrace_swallow": ("    import sys\n    def t(f, e, a):\n        return t\n"
                          "    sys.settrace(t)\n    return 0.0\n"),
     "huge_output": "    import sys\n    sys.stdout.write('x' * (8 << 20))\n    return 0.0\n",
+    # The candidate runs in its own process: introspection finds no nonce there ...
+    "frame_walk_for_nonce": (
+        "    import sys, os\n    f, found = sys._getframe(), []\n    while f:\n"
+        "        found += [v for v in f.f_locals.values() if isinstance(v, (bytes, str))]\n"
+        "        f = f.f_back\n"
+        f"    for v in found:\n        os.write(1, b'\\n{MARKER} ' + (v if isinstance(v, bytes)"
+        " else v.encode()) + b'\\n')\n    os._exit(0)\n"),
+    # ... and the judge's process is out of reach
+    "read_judge_memory": (
+        "    import os, re\n    pid = os.getppid()\n    try:\n"
+        "        maps = open('/proc/%d/maps' % pid).read().splitlines()\n"
+        "        mem = open('/proc/%d/mem' % pid, 'rb')\n"
+        "        for line in maps:\n"
+        "            lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
+        "            try:\n                mem.seek(lo); data = mem.read(hi - lo)\n"
+        "            except OSError:\n                continue\n"
+        "            for m in re.findall(rb'[0-9a-f]{32}', data):\n"
+        f"                os.write(1, b'\\n{MARKER} ' + m + b'\\n')\n"
+        "    except OSError:\n        pass\n    os._exit(0)\n"),
+    "ptrace_the_judge": ("    import ctypes, os\n"
+                         "    ctypes.CDLL(None).ptrace(16, os.getppid(), 0, 0)\n    return 0.0\n"),
+    "steal_judge_fds": ("    import os\n    fd = os.pidfd_open(os.getppid())\n"
+                        "    import ctypes\n    for n in range(8):\n"
+                        "        g = ctypes.CDLL(None).syscall(438, fd, n, 0)\n"
+                        f"        if g >= 0: os.write(g, b'\\n{MARKER} x\\n')\n"
+                        "    return 0.0\n"),
+    "kill_the_judge": (f"    import os\n    os.write(1, b'\\n{MARKER} ' + b'0' * 32 + b'\\n')\n"
+                       "    os.kill(os.getppid(), 9)\n    os._exit(0)\n"),
+    # The pipe to the judge carries return values only: forged or broken traffic fails.
+    "forge_pipe_replies": ("    import os\n    for fd in range(3, 12):\n        try:\n"
+                           "            os.write(fd, b'[\"ret\", 0.5]\\n[\"pass\"]\\n"
+                           "[\"ok\", true]\\n')\n"
+                           "        except OSError:\n            pass\n    return 0.0\n"),
+    "garbage_on_pipe": ("    import os\n    for fd in range(3, 12):\n        try:\n"
+                        "            os.write(fd, b'\\x00{not json\\n')\n"
+                        "        except OSError:\n            pass\n    return 0.0\n"),
+    "close_the_pipes": ("    import os\n    for fd in range(3, 64):\n        try:\n"
+                        "            os.close(fd)\n        except OSError:\n            pass\n"
+                        "    return 0.0\n"),
+    "exit_0_inside_call": "    import os\n    os._exit(0)\n",
+    "return_generator": "    return (x for x in [0.5])\n",
+    "return_bool_subclass_of_int": "    return True\n",
 }
 
 
@@ -115,14 +157,34 @@ def test_redefining_prompt_helper_does_not_help(he):
     assert he.score(p, p.meta["canonical_solution"]) == 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="documented residual: code in the harness's interpreter "
-                   "can read the nonce from the harness frame (docs/sandbox.md)")
-def test_frame_introspection_residual(he):
+def test_frame_introspection_finds_no_nonce(he):
+    """Formerly a documented residual (the candidate shared the harness's interpreter and read
+    the nonce from its frame): the candidate now runs in a process that never holds it."""
     p = _by_id(he, "HumanEval/2")
     cheat = ("    import sys, os\n    f = sys._getframe()\n"
              "    while f and 'nonce' not in f.f_locals:\n        f = f.f_back\n"
              f"    os.write(1, b'\\n{MARKER} ' + f.f_locals['nonce'] + b'\\n')\n    os._exit(0)\n")
-    assert he.score(p, cheat) == 0.0
+    reward, status = he.score_detailed(p, cheat)
+    assert reward == 0.0 and status == "ok"
+
+
+def test_shadowing_a_builtin_does_not_reach_the_tests(he):
+    # HumanEval/4's check only compares through abs(): a top-level `def abs` scored 1.0 with
+    # the single-process harness. Only the entry point reaches HumanEval's tests now.
+    p = _by_id(he, "HumanEval/4")
+    assert he.score(p, "    return 0.0\ndef abs(x):\n    return 0\n") == 0.0
+    assert he.score(p, p.meta["canonical_solution"]) == 1.0
+
+
+def test_candidate_limits_and_statuses():
+    t = HumanEvalTask(timeout_s=2.0, memory_mb=256)
+    p = _by_id(t, "HumanEval/2")
+    v = t.verdicts([p] * 3, ["    while True: pass\n", "    return len(bytearray(1 << 30))\n",
+                             "    import os, signal\n    os.kill(os.getppid(), signal.SIGSTOP)\n"
+                             "    return 0.5\n"])
+    assert [x.reward for x in v] == [0.0, 0.0, 0.0]
+    assert v[0].status == "timeout" and v[2].status == "timeout"
+    assert v[1].result.status == "memory"
 
 
 def test_score_never_raises_and_counts_unparsable(he):
@@ -180,6 +242,87 @@ def test_mbpp_loads_scores_and_fails_wrong(tmp_path):
     cheat = "class E:\n    def __eq__(s, o): return True\ndef add(a, b):\n    return E()\n"
     assert t.score(ps[0], cheat) == 0.0
     assert t.generate("train", 1, 0) or t.generate("eval", 1, 0)
+
+
+def test_mbpp_plain_data_kwargs_exceptions_and_shadowing(tmp_path):
+    rows = [{"task_id": 3, "prompt": "Stats of a list.",
+             "code": ("def stats(xs, *, scale=1):\n    if not xs:\n"
+                      "        raise ValueError('empty')\n"
+                      "    return (min(xs) * scale, {'n': len(xs)}, set(xs), 2 ** 100, b'x',"
+                      " None)\n"),
+             "test_list": ["assert stats([3, 1, 2], scale=2) == "
+                           "(2, {'n': 3}, {1, 2, 3}, 2 ** 100, b'x', None)",
+                           "try:\n    stats([])\nexcept ValueError:\n    pass\n"
+                           "else:\n    raise AssertionError"]},
+            {"task_id": 4, "prompt": "Add.", "code": "def add(a, b):\n    return a + b\n",
+             "test_list": ["assert abs(add(0.1, 0.2) - 0.3) < 1e-9"]},
+            # the tests use a module only the solution imports (no setup code)
+            {"task_id": 5, "prompt": "Root.",
+             "code": "import math as m\ndef root(x):\n    return m.sqrt(x)\n",
+             "test_list": ["assert m.isclose(root(2.0), 2 ** 0.5)"]}]
+    t = MBPPTask(_write(tmp_path / "p.jsonl", rows))
+    ps = t.problems()
+    assert t.score_many(ps, [t.demonstration(p, random.Random(0)) for p in ps]) == [1.0] * 3
+    assert t.score(ps[0], rows[0]["code"].replace("raise ValueError", "raise KeyError")) == 0.0
+    # a module alias can only name a standard-library module, imported by the judge itself
+    assert t.score(ps[2], "import this as m\ndef root(x):\n    return x ** 0.5\n") == 0.0
+    assert t.score(ps[1], "def add(a, b):\n    return 0\ndef abs(x):\n    return 0\n") == 0.0
+    assert t.score(ps[1], "import os\nos._exit(0)\n") == 0.0
+
+
+def test_strict_returns_false_keeps_objects(tmp_path):
+    """Generators and objects of the candidate's classes cannot cross to the judge: such
+    datasets need ``strict_returns=False`` (the single-process harness, no reward integrity
+    against a hostile completion)."""
+    rows = [{"prompt": "Count up.", "code": "def up(n):\n    yield from range(n)\n",
+             "test_list": ["assert list(up(3)) == [0, 1, 2]"]},
+            {"prompt": "Pairs.", "code": ("class Pair:\n    def __init__(s, a, b):\n"
+                                          "        s.a, s.b = a, b\n"
+                                          "def first(ps):\n    return ps[0].a\n"),
+             "test_list": ["assert first([Pair(5, 24), Pair(1, 2)]) == 5"]}]
+    path = _write(tmp_path / "o.jsonl", rows)
+    for strict, expected in ((True, [0.0, 0.0]), (False, [1.0, 1.0])):
+        t = MBPPTask(path, id_field=None, strict_returns=strict)
+        ps = t.problems()
+        assert t.score_many(ps, [t.demonstration(p, random.Random(0)) for p in ps]) == expected
+
+
+def test_codec_round_trip_and_rejections():
+    import collections
+    import math
+
+    from gapo.tasks import code as code_mod
+    ns = {}
+    exec(code_mod._CODEC, ns)
+    enc, dec = ns["__gapo_codec"]()
+
+    def rt(v):
+        return dec(json.loads(json.dumps(enc(v))))
+
+    values = [None, True, False, 0, -1, 2 ** 53, -(2 ** 70), 10 ** 5000, 1.5, -0.0,
+              float("inf"), 1 + 2j, "é\udc80\n", b"\x00\xff", bytearray(b"ab"), (1, (2,)),
+              [1, [2, []]], {1, 2}, frozenset({(1, 2)}), {"a": [1], (1, 2): {3}},
+              collections.OrderedDict(b=1, a=2), collections.Counter("abca"),
+              collections.defaultdict(list, {1: [2]}), collections.deque([1, 2], maxlen=3),
+              range(1, 10, 2)]
+    for v in values:
+        out = rt(v)
+        assert out == v and type(out) is type(v), v
+    assert math.copysign(1, rt(-0.0)) == -1 and math.isnan(rt(float("nan")))
+    assert rt(collections.defaultdict(list))["x"] == []
+    assert rt(collections.defaultdict(lambda: 0)).default_factory is None
+    assert rt(collections.deque([1], maxlen=3)).maxlen == 3
+
+    class F(float):
+        def __eq__(self, other):
+            return True
+    for bad in (lambda: 0, F(1.0), [object()], (x for x in [1]), {1: type}):
+        with pytest.raises(TypeError):
+            enc(bad)
+    for bad in ({"a": 1}, [], ["zz"], ["d", 1], ["I", 5], [["l"]], ["D", "eval"], ["q", "x"],
+                ["j", "1", "2"], ["s", ["l"]], ["r", 1.0, 2, 1], ["b", "zz"], [1, 2]):
+        with pytest.raises(Exception):
+            dec(bad)
 
 
 def test_mbpp_configurable_fields_and_prompt_is_code(tmp_path):

