@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import warnings
 
 import pytest
 
@@ -281,10 +282,30 @@ def test_strict_returns_false_keeps_objects(tmp_path):
                                           "def first(ps):\n    return ps[0].a\n"),
              "test_list": ["assert first([Pair(5, 24), Pair(1, 2)]) == 5"]}]
     path = _write(tmp_path / "o.jsonl", rows)
-    for strict, expected in ((True, [0.0, 0.0]), (False, [1.0, 1.0])):
-        t = MBPPTask(path, id_field=None, strict_returns=strict)
-        ps = t.problems()
-        assert t.score_many(ps, [t.demonstration(p, random.Random(0)) for p in ps]) == expected
+    t = MBPPTask(path, id_field=None, strict_returns=False)
+    ps = t.problems()
+    assert t.score_many(ps, [t.demonstration(p, random.Random(0)) for p in ps]) == [1.0, 1.0]
+    # When the reference solution itself cannot cross (generator, the solution's own class), it
+    # is the dataset's incompatibility: a scoring error with a warning naming the fix, once per
+    # problem — never a silent zero.
+    t = MBPPTask(path, id_field=None)
+    ps = t.problems()
+    sols = [t.demonstration(p, random.Random(0)) for p in ps]
+    with pytest.warns(UserWarning, match="strict_returns=False") as rec:
+        v = t.verdicts(ps, sols)
+    assert len(rec) == 2
+    assert [x.status for x in v] == ["error", "error"] and [x.reward for x in v] == [0.0, 0.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [x.status for x in t.verdicts(ps[1:], sols[1:])] == ["error"]  # warned once
+    # A completion that returns a generator where the reference returns a list only fails.
+    rows = [{"prompt": "Count up.", "code": "def up(n):\n    return list(range(n))\n",
+             "test_list": ["assert list(up(3)) == [0, 1, 2]"]}]
+    t = MBPPTask(_write(tmp_path / "l.jsonl", rows), id_field=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        v = t.verdicts(t.problems(), ["def up(n):\n    yield from range(n)\n"])
+    assert [(x.status, x.reward) for x in v] == [("ok", 0.0)]
 
 
 def test_codec_round_trip_and_rejections():

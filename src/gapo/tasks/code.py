@@ -39,6 +39,7 @@ import functools
 import marshal
 import random
 import secrets
+import warnings
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
@@ -46,6 +47,8 @@ from gapo import sandbox
 from gapo.tasks.base import Problem, draw_problems, read_jsonl
 
 MARKER = "__GAPO_TESTS_PASSED__"
+# written by the judge when a test passes an argument that cannot cross to the candidate
+UNSUPPORTED = "__GAPO_UNSUPPORTED_ARGUMENT__"
 
 # Everything untrusted reaches the programs below as a str argument; nothing is pasted into code.
 
@@ -173,7 +176,7 @@ def __gapo_candidate(solution):
 
 # The judge process: trusted code only. Candidate output reaches it as decoded plain data.
 _JUDGE = r'''
-def __gapo_judge(trusted, tests, entry_point, marker):
+def __gapo_judge(trusted, tests, entry_point, marker, unsupported):
     import builtins, json, os, sys, time
     nonce = b""
     while True:
@@ -206,11 +209,18 @@ def __gapo_judge(trusted, tests, entry_point, marker):
 
     def proxy(name):
         def candidate(*args, **kwargs):
-            send(["call", name, enc(list(args)), enc(kwargs)])
+            try:
+                msg = ["call", name, enc(list(args)), enc(kwargs)]
+            except TypeError as e:  # the dataset's fault, not the candidate's: say so (see _verdict)
+                sys.stderr.write("%s %s\n" % (unsupported, e))
+                raise
+            send(msg)
             reply = recv()
             if type(reply) is list and len(reply) == 2 and reply[0] == "ret":
                 return dec(reply[1])
             if type(reply) is list and len(reply) == 3 and reply[0] == "exc":
+                if reply[1] == "TypeError" and str(reply[2]).startswith("gapo: only plain data"):
+                    sys.stderr.write("%s %s\n" % (unsupported, reply[2]))
                 exc = builtin_names.get(reply[1]) if type(reply[1]) is str else None
                 if type(exc) is type and issubclass(exc, Exception):
                     raise exc(str(reply[2]))
@@ -369,7 +379,7 @@ def build_programs(solution: str, tests: str, *, trusted: str = "", entry_point:
     if not _needs_prompt(trusted, entry_point):
         trusted = ""  # nothing the tests could use: the judge need not run it (nor import typing)
     judge = (_compiled("judge")
-             + f"__gapo_judge({trusted!r}, {tests!r}, {entry_point!r}, {MARKER!r})\n")
+             + f"__gapo_judge({trusted!r}, {tests!r}, {entry_point!r}, {MARKER!r}, {UNSUPPORTED!r})\n")
     return judge, _compiled("candidate") + f"__gapo_candidate({solution!r})\n"
 
 
@@ -417,6 +427,7 @@ class _CodeTask:
         self.eval_fraction = float(eval_fraction)
         self.strict_returns = bool(strict_returns)
         self._problems: list[Problem] = []
+        self._unsupported: dict = {}  # problem -> reference solution cannot cross either
 
     # -- problem sets ------------------------------------------------------------------------
     def problems(self) -> list[Problem]:
@@ -468,7 +479,34 @@ class _CodeTask:
         if res.status == "sandbox_error":
             return Verdict(0.0, "error", res)
         ok = res.passed and f"{MARKER} {nonce}\n" in res.stdout
+        if not ok and UNSUPPORTED in res.stderr and self._unsupported_problem(problem):
+            return Verdict(0.0, "error", res)
         return Verdict(1.0 if ok else 0.0, "ok", res)
+
+    def _unsupported_problem(self, problem: Problem) -> bool:
+        """A value that is not plain builtin data crossed between the tests and the solution. If
+        the reference solution does the same (checked once per problem), no completion can pass
+        under ``strict_returns=True``: a scoring error and one warning, never a silent zero.
+        Otherwise it is the completion's own failure (say it returned a generator)."""
+        key = problem.meta.get("task_id", problem.prompt)
+        if key in self._unsupported:
+            return self._unsupported[key]
+        self._unsupported[key] = False  # while the reference runs (its verdict comes back here)
+        ref = self.demonstration(problem, random.Random(0))
+        if ref is None:
+            warnings.warn(f"{self.name} problem {key!r}: a completion exchanged an object that is not plain "
+                          "builtin data with the tests, which strict_returns=True cannot carry; if correct "
+                          "solutions do this too, load the dataset with strict_returns=False", stacklevel=3)
+            return False
+        v = self.verdicts([problem], [ref])[0]
+        bad = v.reward == 0.0 and v.result is not None and UNSUPPORTED in v.result.stderr
+        self._unsupported[key] = bad
+        if bad:
+            warnings.warn(f"{self.name} problem {key!r}: the tests and the reference solution exchange an "
+                          "object that is not plain builtin data, which strict_returns=True cannot carry, so "
+                          "every completion scores 0 here; load this dataset with strict_returns=False "
+                          "(docs/sandbox.md)", stacklevel=3)
+        return bad
 
     def verdicts(self, problems: Sequence[Problem], completions: Sequence[str], *,
                  workers: int | None = None) -> list[Verdict]:
