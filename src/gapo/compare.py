@@ -796,8 +796,11 @@ def _figures(grid: dict, cells: dict, agg: dict, fdir: Path) -> list[str]:
             for i, m in enumerate(here):
                 v = agg[r].get(m, {})
                 cs = sorted(int(k.split("/")[1]) for k in v if k.startswith(f"{key}/"))
-                ax.bar([c + (i - (len(here) - 1) / 2) * width for c in cs], [v[f"{key}/{c}"]["mean"] for c in cs],
-                       yerr=[v[f"{key}/{c}"]["ci"] if math.isfinite(v[f"{key}/{c}"]["ci"]) else 0 for c in cs],
+                mean = [v[f"{key}/{c}"]["mean"] for c in cs]
+                ci = [v[f"{key}/{c}"]["ci"] if math.isfinite(v[f"{key}/{c}"]["ci"]) else 0 for c in cs]
+                top = 1.0 if key == "clip_by_c" else math.inf  # intervals cut at the possible range
+                yerr = [[min(e, y) for y, e in zip(mean, ci)], [min(e, top - y) for y, e in zip(mean, ci)]]
+                ax.bar([c + (i - (len(here) - 1) / 2) * width for c in cs], mean, yerr=yerr,
                        width=width, color=colors[m], label=m, capsize=1)
             ax.set_title(r)
             ax.set_xlabel("c = correct rollouts in the group")
