@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gapo.advantages import ADVANTAGES, compute, group_success_count, zero_std_groups
+from gapo.advantages import ADVANTAGES, compute, group_success_count, rescaled_rewards, zero_std_groups
 
 R = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])  # G = 4: c = 1 and c = 2
 
@@ -115,3 +115,51 @@ def test_bad_input(name, kwargs, match):
     rewards = kwargs.pop("rewards", torch.tensor([1.0, 0.0, 0.0, 0.0]))
     with pytest.raises(ValueError, match=match):
         compute(name, rewards, 4, **kwargs)
+
+
+# --- reward_range = "group" / "batch" -------------------------------------------------------------
+def test_success_count_under_group_and_batch_ranges_hand_computed():
+    # G = 4, batch min 2, max 7.
+    #   [5, 3, 3, 3]: "group" u = [1, 0, 0, 0] → c = 1 (the lone best);
+    #                 "batch" u = [3/5, 1/5, 1/5, 1/5] → 1.2 → 1
+    #   [7, 6, 5, 3]: "group" u = [1, 3/4, 1/2, 0] → 2.25 → 2; "batch" [1, 4/5, 3/5, 1/5] → 2.6 → 3
+    #   [2, 2, 2, 2]: constant: "group" places it on the batch's scale, u = 0 → c = 0; "batch" u = 0 → 0
+    #   [7, 7, 7, 7]: constant at the batch's max: u = 1 → c = 4 under both
+    r = torch.tensor([5.0, 3, 3, 3, 7, 6, 5, 3, 2, 2, 2, 2, 7, 7, 7, 7])
+    assert group_success_count(r, 4, reward_range="group").tolist() == [1] * 4 + [2] * 4 + [0] * 4 + [4] * 4
+    assert group_success_count(r, 4, reward_range="batch").tolist() == [1] * 4 + [3] * 4 + [0] * 4 + [4] * 4
+    u = rescaled_rewards(r, 4, reward_range="group")
+    assert u[:8].tolist() == pytest.approx([1, 0, 0, 0, 1, 0.75, 0.5, 0])
+    # a constant batch: nothing to rescale by → u = 0, c = 0 (no NaN)
+    assert group_success_count(torch.full((4,), 0.3), 2, reward_range="group").tolist() == [0] * 4
+    assert rescaled_rewards(torch.full((4,), 0.3), 2, reward_range="batch").tolist() == [0.0] * 4
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1.0]), min_size=4, max_size=24).filter(lambda x: len(x) % 4 == 0 and 0 < sum(x) < len(x)))
+def test_binary_success_count_is_the_same_under_every_range(rewards):
+    # 0/1 rewards, a batch holding both values: c is the number of successes under (0,1), "group", "batch"
+    r = torch.tensor(rewards)
+    ref = group_success_count(r, 4)
+    assert torch.equal(ref, r.view(-1, 4).sum(1).long().repeat_interleave(4))
+    assert torch.equal(group_success_count(r, 4, reward_range="group"), ref)
+    assert torch.equal(group_success_count(r, 4, reward_range="batch"), ref)
+    # and a shifted, scaled copy (e.g. ±1 rewards) gives the same counts without naming a range
+    assert torch.equal(group_success_count(r * 2 - 1, 4, reward_range="group"), ref)
+
+
+def test_tuple_range_success_count_unchanged():
+    # the fixed-range formula: round(Σ (R − lo)/(hi − lo)); ±1 rewards with (−1, 1): [1, −1, −1, 1] → 2
+    r = torch.tensor([1.0, -1, -1, 1, 0.5, 0.5, -1, -1])
+    assert group_success_count(r, 4, reward_range=(-1, 1)).tolist() == [2] * 4 + [round(0.75 + 0.75)] * 4
+
+
+def test_focal_under_group_range():
+    # rewards 0/10: "group" rescales to 0/1, so focal equals its (0, 10) and its 0/1 version:
+    # group 1 p̂ = 1/4 → (3/4)^2; A (drgrpo) scales with the rewards (×10)
+    r10 = R * 10
+    a = compute("focal", r10, 4, gamma=2.0, reward_range="group")
+    torch.testing.assert_close(a, compute("focal", r10, 4, gamma=2.0, reward_range=(0, 10)))
+    torch.testing.assert_close(a, 10 * compute("focal", R, 4, gamma=2.0))
+    with pytest.raises(ValueError, match="reward_range"):
+        compute("focal", R, 4, reward_range="per-group")

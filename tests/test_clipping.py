@@ -106,3 +106,106 @@ def test_bad_input_names_the_argument(kwargs, match):
 def test_unknown_schedule_suggests_close_match():
     with pytest.raises(ValueError, match="Did you mean 'linear'"):
         eps_high_for("lineer", torch.tensor([1.0, 0.0]), 2, eps_low=0.2, eps_high=0.28)
+
+
+# --- reward_range = "group" / "batch" -------------------------------------------------------------
+def _reference_weight(r, G, lo, hi):
+    """The fixed-range formula written out: clamp((R − mean) · G/((G−1)(hi − lo)), 0, 1)."""
+    g = r.view(-1, G).float()
+    return (g - g.mean(1, keepdim=True)).mul_(G / ((G - 1) * (hi - lo))).clamp_(0, 1).view(-1)
+
+
+def test_group_range_hand_computed():
+    # G = 4, "group": each group's own R_min, R_max.
+    #   [5, 3, 3, 3]: mean 3.5, span 2; best: 1.5 · (4/3) / 2 = 1 → the lone best rollout gets ε_high_max
+    #   [7, 6, 5, 3]: mean 5.25, span 4; 7: 1.75 · (4/3)/4 = 7/12; 6: 0.75 · (4/3)/4 = 1/4; 5, 3 below mean → 0
+    #   [2, 2, 2, 2]: no spread → w = 0 (no NaN)
+    r = torch.tensor([5.0, 3, 3, 3, 7, 6, 5, 3, 2, 2, 2, 2])
+    w = success_weight(r, 4, reward_range="group")
+    assert w.tolist() == pytest.approx([1, 0, 0, 0, 7 / 12, 1 / 4, 0, 0, 0, 0, 0, 0], abs=1e-6)
+    eps = gapo_eps_high(r, 4, eps_low=0.2, eps_high_max=0.28, reward_range="group")
+    assert eps.tolist() == pytest.approx([0.28, 0.2, 0.2, 0.2, 0.2 + 0.08 * 7 / 12, 0.22] + [0.2] * 6, abs=1e-6)
+
+
+def test_batch_range_hand_computed():
+    # same rewards, "batch": R_min = 2, R_max = 7 over the whole batch, span 5.
+    #   [5, 3, 3, 3]: 1.5 · (4/3) / 5 = 0.4;  [7, 6, 5, 3]: 7 → 1.75 · (4/3)/5 = 7/15, 6 → 0.75 · (4/3)/5 = 0.2
+    r = torch.tensor([5.0, 3, 3, 3, 7, 6, 5, 3, 2, 2, 2, 2])
+    w = success_weight(r, 4, reward_range="batch")
+    assert w.tolist() == pytest.approx([0.4, 0, 0, 0, 7 / 15, 0.2, 0, 0, 0, 0, 0, 0], abs=1e-6)
+    # a constant batch has no range: w = 0 everywhere, ε_low
+    assert success_weight(torch.full((4,), 3.0), 2, reward_range="batch").tolist() == [0.0] * 4
+    eps = eps_high_for("log", torch.full((4,), 3.0), 2, eps_low=0.2, eps_high=0.28, reward_range="batch")
+    assert torch.allclose(eps, torch.full((4,), 0.2))
+
+
+def test_default_tuple_range_is_the_fixed_formula_bit_for_bit():
+    g = torch.Generator().manual_seed(0)
+    r = torch.rand(64, generator=g)
+    assert torch.equal(success_weight(r, 8), _reference_weight(r, 8, 0.0, 1.0))
+    assert torch.equal(success_weight(r * 2 - 1, 8, reward_range=(-1, 1)), _reference_weight(r * 2 - 1, 8, -1.0, 1.0))
+
+
+@settings(max_examples=150, deadline=None)
+@given(rewards=st.lists(st.sampled_from([0.0, 1.0]), min_size=4, max_size=24).filter(lambda x: len(x) % 4 == 0))
+def test_binary_rewards_group_and_batch_equal_unit_range(rewards):
+    # 0/1 rewards: a mixed group spans [0, 1]; a constant group has w = 0 under every range.
+    # "batch" spans [0, 1] unless the batch is constant (then every group is, and w = 0 anyway).
+    r = torch.tensor(rewards)
+    ref = success_weight(r, 4)
+    assert torch.equal(success_weight(r, 4, reward_range="group"), ref)
+    assert torch.equal(success_weight(r, 4, reward_range="batch"), ref)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rewards=st.lists(st.floats(-10, 10, width=32), min_size=8, max_size=8),
+       scale=st.lists(st.floats(0.1, 10), min_size=2, max_size=2),
+       shift=st.lists(st.floats(-50, 50), min_size=2, max_size=2))
+def test_group_range_is_per_group_min_max_and_affine_invariant(rewards, scale, shift):
+    r = torch.tensor(rewards)
+    w = success_weight(r, 4, reward_range="group")
+    assert torch.isfinite(w).all() and ((w >= 0) & (w <= 1)).all()
+    # equals the fixed-range formula with each group's own (min, max)
+    for p in range(2):
+        grp = r[4 * p:4 * p + 4]
+        if grp.max() > grp.min():
+            torch.testing.assert_close(w[4 * p:4 * p + 4], _reference_weight(grp, 4, grp.min().item(), grp.max().item()),
+                                       rtol=1e-4, atol=1e-5)
+        else:
+            assert (w[4 * p:4 * p + 4] == 0).all()
+    # a positive affine map of each group's rewards leaves w unchanged (up to float32 rounding)
+    a = torch.tensor(scale).repeat_interleave(4)
+    b = torch.tensor(shift).repeat_interleave(4)
+    moved = (r.double() * a + b).float()
+    spread_ok = all((r[4 * p:4 * p + 4].max() - r[4 * p:4 * p + 4].min()).item() > 1e-2 for p in range(2))
+    if spread_ok:
+        torch.testing.assert_close(success_weight(moved, 4, reward_range="group"), w, rtol=0, atol=2e-3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rewards=st.lists(st.floats(-10, 10, width=32), min_size=8, max_size=8))
+def test_batch_range_is_the_tuple_of_the_batch_min_max(rewards):
+    r = torch.tensor(rewards)
+    w = success_weight(r, 4, reward_range="batch")
+    if r.max() > r.min():
+        ref = success_weight(r, 4, reward_range=(r.min().item(), r.max().item()))
+        torch.testing.assert_close(w, ref, rtol=1e-5, atol=1e-6)
+    else:
+        assert (w == 0).all()
+
+
+@pytest.mark.parametrize("name", sorted(EPS_SCHEDULES))
+@pytest.mark.parametrize("rr", ["group", "batch"])
+def test_every_schedule_takes_a_string_range(name, rr):
+    # 10 points for the lone best of [10, 0, 0, 0]: w = 1 under both ("batch" spans 0..10 here)
+    out = eps_high_for(name, torch.tensor([10.0, 0.0, 0.0, 0.0]), 4, eps_low=0.2, eps_high=0.28, reward_range=rr)
+    assert out[0].item() == pytest.approx(0.28) and torch.allclose(out[1:], torch.tensor(0.2 if name != "fixed" else 0.28))
+
+
+@pytest.mark.parametrize("bad, match", [("grup", "Did you mean 'group'"), ("minmax", "one of"), ((0, 1, 2), "R_min"),
+                                        ((0, float("inf")), "R_max > R_min"), (None, "R_min")])
+def test_bad_reward_range_is_a_clear_error(bad, match):
+    with pytest.raises(ValueError, match=match):
+        success_weight(torch.tensor([1.0, 0.0]), 2, reward_range=bad)
+    with pytest.raises(ValueError, match=match):
+        eps_high_for("fixed", torch.tensor([1.0, 0.0]), 2, eps_low=0.2, eps_high=0.2, reward_range=bad)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable
 
 import torch
@@ -33,11 +34,40 @@ def check_rewards(rewards: torch.Tensor, group_size: int) -> None:
         raise ValueError(f"rewards contain NaN/inf at rows {bad}")
 
 
-def check_reward_range(reward_range: tuple[float, float]) -> tuple[float, float]:
-    lo, hi = (float(v) for v in reward_range)
-    if not hi > lo:
+REWARD_RANGE_MODES = ("group", "batch")
+
+
+def check_reward_range(reward_range) -> tuple[float, float] | str:
+    """``reward_range`` is ``(R_min, R_max)`` with finite ``R_max > R_min`` (returned as floats),
+    or ``"group"`` / ``"batch"`` (returned as is): the range taken from each group's own rewards,
+    or from the whole batch's (see :func:`reward_bounds`)."""
+    if isinstance(reward_range, str):
+        if reward_range in REWARD_RANGE_MODES:
+            return reward_range
+        close = difflib.get_close_matches(reward_range, REWARD_RANGE_MODES, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"reward_range must be (R_min, R_max) or one of {list(REWARD_RANGE_MODES)}, "
+                         f"got {reward_range!r}.{hint}")
+    try:
+        lo, hi = (float(v) for v in reward_range)
+    except (TypeError, ValueError):
+        raise ValueError(f"reward_range must be (R_min, R_max) or one of {list(REWARD_RANGE_MODES)}, "
+                         f"got {reward_range!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
         raise ValueError(f"reward_range must be (R_min, R_max) with R_max > R_min, got {reward_range!r}")
     return lo, hi
+
+
+def reward_bounds(grouped: torch.Tensor, reward_range) -> tuple:
+    """``(R_min, R_max)`` for rewards of shape ``(P, G)`` (one group per row) under ``reward_range``:
+    two floats for a tuple; for ``"group"`` two ``(P, 1)`` tensors, each group's own min and max;
+    for ``"batch"`` two 0-d tensors, the min and max over every reward of the batch."""
+    rr = check_reward_range(reward_range)
+    if rr == "group":
+        return grouped.amin(1, keepdim=True), grouped.amax(1, keepdim=True)
+    if rr == "batch":
+        return grouped.amin(), grouped.amax()
+    return rr
 
 
 def check_eps(eps_low: float, eps_high) -> None:

@@ -13,6 +13,9 @@ Rewards are ``(B,)`` with ``B = prompts × G`` and each group's rows contiguous.
     focal   Ã_i = (1 − p̂)^γ · A_i on top of a base estimator (F-GRPO, arXiv 2602.06717),
             p̂ = the group's mean reward rescaled to [0, 1] (= c/G for binary rewards)
 
+``reward_range`` (focal's p̂ and ``group_success_count``'s c) is ``(lo, hi)``, ``"group"`` or
+``"batch"``, as in :mod:`gapo.clipping`: see :func:`rescaled_rewards`.
+
 A group whose rewards are all equal gets zero advantage under every estimator.
 """
 
@@ -22,9 +25,9 @@ import math
 
 import torch
 
-from gapo._checks import check_reward_range, check_rewards, unknown
+from gapo._checks import check_reward_range, check_rewards, reward_bounds, unknown
 
-__all__ = ["compute", "ADVANTAGES", "zero_std_groups", "group_success_count"]
+__all__ = ["compute", "ADVANTAGES", "zero_std_groups", "group_success_count", "rescaled_rewards"]
 
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # (P, G) float64
@@ -90,15 +93,21 @@ def passk(rewards, group_size, *, k: int = 4, **_unused) -> torch.Tensor:
 
 
 def focal(rewards, group_size, *, gamma: float = 1.0, base: str = "drgrpo",
-          reward_range: tuple[float, float] = (0.0, 1.0), **params) -> torch.Tensor:
-    """``Ã_i = (1 − p̂)^γ · A_i`` (F-GRPO, arXiv 2602.06717): down-weights easy groups."""
+          reward_range: tuple[float, float] | str = (0.0, 1.0), **params) -> torch.Tensor:
+    """``Ã_i = (1 − p̂)^γ · A_i`` (F-GRPO, arXiv 2602.06717): down-weights easy groups.
+    ``p̂`` = the group's mean of :func:`rescaled_rewards` under ``reward_range``."""
     if not gamma >= 0:
         raise ValueError(f"gamma must be >= 0, got {gamma!r}")
     if base == "focal":
         raise ValueError("focal cannot be its own base estimator")
-    lo, hi = check_reward_range(reward_range)
+    rr = check_reward_range(reward_range)
     a = compute(base, rewards, group_size, **params).double().view(-1, group_size)
-    p_hat = ((rewards.double().view(-1, group_size) - lo) / (hi - lo)).mean(1, keepdim=True).clamp(0, 1)
+    if isinstance(rr, tuple):
+        lo, hi = rr
+        u = (rewards.double().view(-1, group_size) - lo) / (hi - lo)
+    else:
+        u = rescaled_rewards(rewards, group_size, reward_range=rr).view(-1, group_size)
+    p_hat = u.mean(1, keepdim=True).clamp(0, 1)
     return _out((1.0 - p_hat) ** gamma * a, rewards)
 
 
@@ -118,11 +127,45 @@ def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # 
     return (r == r[:, :1]).all(1)
 
 
+def rescaled_rewards(rewards: torch.Tensor, group_size: int, *,
+                     reward_range: tuple[float, float] | str = (0.0, 1.0)) -> torch.Tensor:  # (B,) float64
+    """Rewards rescaled to [0, 1]: ``u_i = (R_i − R_min) / (R_max − R_min)`` (clamped to [0, 1]).
+
+    - ``(lo, hi)``: ``R_min = lo``, ``R_max = hi``;
+    - ``"group"``: the group's own min and max. A constant group has no range of its own and
+      is placed on the batch's scale, ``(R_i − min_B)/(max_B − min_B)`` (so a group of all-1
+      rewards in a 0/1 batch gets u = 1, as under ``(0, 1)``), or u = 0 if the batch is constant;
+    - ``"batch"``: the min and max over all of ``rewards``; u = 0 if they are equal.
+    """
+    rr = check_reward_range(reward_range)
+    r = _groups(rewards, group_size)  # (P, G) float64
+    lo, hi = reward_bounds(r, rr)
+    span = hi - lo if isinstance(rr, tuple) else (hi - lo).expand_as(r)
+    if isinstance(rr, tuple):
+        return ((r - lo) / span).clamp(0, 1).reshape(-1)
+    u = torch.where(span > 0, (r - lo) / span.clamp(min=torch.finfo(r.dtype).tiny), torch.zeros_like(r))
+    if rr == "group":
+        b_lo, b_hi = reward_bounds(r, "batch")
+        on_batch = (r - b_lo) / (b_hi - b_lo) if b_hi > b_lo else torch.zeros_like(r)
+        u = torch.where(span > 0, u, on_batch)
+    return u.clamp(0, 1).reshape(-1)
+
+
 def group_success_count(rewards: torch.Tensor, group_size: int, *,
-                        reward_range: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:  # (B,) long
-    """``c`` per rollout: the number of successes in its group (rewards rescaled to [0,1], summed,
-    rounded; exact for binary rewards)."""
-    lo, hi = check_reward_range(reward_range)
-    r = _groups(rewards, group_size)
-    c = ((r - lo) / (hi - lo)).sum(1).round().long()
-    return c.repeat_interleave(group_size)
+                        reward_range: tuple[float, float] | str = (0.0, 1.0)) -> torch.Tensor:  # (B,) long
+    """``c`` per rollout: the number of successes in its group, ``c = round(Σ_group u_j)`` with
+    ``u`` the rewards rescaled to [0, 1] by ``reward_range`` (:func:`rescaled_rewards`).
+
+    Exact for binary rewards with ``(0, 1)``. Under ``"group"``, a group with two reward levels
+    counts the rollouts at its max (``c = 1``: the lone best rollout, which gets ``w = 1``);
+    with several levels, partial credit adds up (``[1, .5, 0, 0]`` → 1.5 → 2). For 0/1 rewards,
+    ``"group"`` and ``"batch"`` give the ``(0, 1)`` count whenever the batch holds both a 0 and a 1.
+    """
+    rr = check_reward_range(reward_range)
+    if isinstance(rr, tuple):  # the fixed-range formula, unchanged
+        lo, hi = rr
+        r = _groups(rewards, group_size)
+        c = ((r - lo) / (hi - lo)).sum(1).round().long()
+        return c.repeat_interleave(group_size)
+    u = rescaled_rewards(rewards, group_size, reward_range=rr).view(-1, group_size)
+    return u.sum(1).round().long().repeat_interleave(group_size)

@@ -19,11 +19,33 @@ of a hard group (``c = 1``) gets ``ε_high_max``, a correct rollout of an all-co
 ``ε_low``; incorrect rollouts (``A ≤ 0``) get ``ε_low`` (their upper bound never binds).
 ``w`` is computed from the *raw* rewards, so GAPO composes with every advantage estimator.
 
+``reward_range`` says where ``R_min`` and ``R_max`` come from:
+
+- ``(lo, hi)``: a fixed range, the range of the reward (the default ``(0, 1)``; a verifiable
+  0/1 reward). Rewards are not checked against it here (callers that know better do).
+- ``"group"``: each group's own ``R_min = min_j R_j`` and ``R_max = max_j R_j``::
+
+      w_i = clamp((R_i − mean_g R) / ((G − 1)/G · (max_g R − min_g R)), 0, 1)
+
+  For reward models and shaped rewards of any scale: ``w`` is unchanged when a group's rewards
+  are shifted or scaled. Every group with a spread is treated like a binary group whose best
+  reward is a success and worst a failure: the lone best rollout of a group whose other
+  rollouts tie at the group's minimum gets ``w = 1`` (``ε_high_max``), however small the
+  spread (as GRPO's std scaling amplifies it); a group that mixes several reward levels gives
+  its best rollout ``w < 1``. A constant group (no spread) has ``w = 0``: ``ε_low`` for all.
+  With 0/1 rewards it gives exactly the ``(0, 1)`` widths (a mixed group spans [0, 1]; a
+  constant one has ``w = 0`` either way).
+- ``"batch"``: ``R_min``, ``R_max`` = the min and max over every reward passed in (the whole
+  batch: pass the whole generation batch, not a micro-batch). Keeps the scale of groups
+  relative to each other (a group whose rewards span less than the batch's gets less
+  headroom); one outlier reward compresses every ``w`` towards 0. A constant batch has ``w = 0``.
+
 Every entry of ``EPS_SCHEDULES`` has one signature::
 
     fn(rewards (B,), group_size, *, eps_low, eps_high, reward_range) -> eps_high per rollout (B,)
 
-where ``eps_high`` is the constant for "fixed" and ``ε_high_max`` for the GAPO schedules.
+where ``eps_high`` is the constant for "fixed" and ``ε_high_max`` for the GAPO schedules, and
+``reward_range`` is ``(lo, hi)``, ``"group"`` or ``"batch"``.
 """
 
 from __future__ import annotations
@@ -32,7 +54,7 @@ import math
 
 import torch
 
-from gapo._checks import check_eps, check_reward_range, check_rewards, unknown
+from gapo._checks import check_eps, check_reward_range, check_rewards, reward_bounds, unknown
 
 __all__ = ["success_weight", "gapo_eps_high", "eps_high_from_weight", "eps_high_for", "EPS_SCHEDULES"]
 
@@ -41,18 +63,28 @@ def success_weight(
     rewards: torch.Tensor,  # (B,), rows of a group contiguous
     group_size: int,
     *,
-    reward_range: tuple[float, float] = (0.0, 1.0),
+    reward_range: tuple[float, float] | str = (0.0, 1.0),
 ) -> torch.Tensor:  # (B,) in [0, 1]
     """``w_i = clamp((R_i − mean_group R) / ((G−1)/G · (R_max − R_min)), 0, 1)`` (arXiv 2609.00444).
 
     The denominator is the largest centred reward a rollout can have (one success among G
     failures), so ``w = 1`` exactly for the lone correct rollout of a binary group.
+    ``reward_range``: ``(lo, hi)`` fixes ``R_min, R_max``; ``"group"`` takes each group's own
+    min and max, ``"batch"`` the min and max of all of ``rewards``; where that range is empty
+    (a constant group or batch) ``w = 0`` (see the module docstring).
     """
     check_rewards(rewards, group_size)
-    lo, hi = check_reward_range(reward_range)
+    rr = check_reward_range(reward_range)
     r = rewards.view(-1, group_size).float()  # (P, G)
-    scale = group_size / ((group_size - 1) * (hi - lo))
-    return (r - r.mean(dim=1, keepdim=True)).mul_(scale).clamp_(0.0, 1.0).view(-1)
+    centred = r - r.mean(dim=1, keepdim=True)
+    if isinstance(rr, tuple):
+        lo, hi = rr
+        scale = group_size / ((group_size - 1) * (hi - lo))
+        return centred.mul_(scale).clamp_(0.0, 1.0).view(-1)
+    lo, hi = reward_bounds(r, rr)  # (P, 1) for "group", 0-d for "batch"
+    span = (hi - lo).expand_as(r)
+    w = centred.mul_(group_size / (group_size - 1)).div_(span.clamp(min=torch.finfo(r.dtype).tiny))
+    return torch.where(span > 0, w, torch.zeros_like(w)).clamp_(0.0, 1.0).view(-1)
 
 
 def gapo_eps_high(
@@ -62,7 +94,7 @@ def gapo_eps_high(
     eps_low: float,
     eps_high_max: float,
     schedule: str = "linear",
-    reward_range: tuple[float, float] = (0.0, 1.0),
+    reward_range: tuple[float, float] | str = (0.0, 1.0),
 ) -> torch.Tensor:  # (B,)
     """Per-rollout upper clip width of GAPO (arXiv 2609.00444, Eq. 11 for ``schedule="linear"``).
 
@@ -97,6 +129,7 @@ def _fixed(rewards, group_size, *, eps_low, eps_high, reward_range=(0.0, 1.0)):
     """Constant ``ε_high`` for every rollout (GRPO, DAPO clip-higher)."""
     check_rewards(rewards, group_size)
     check_eps(eps_low, eps_high)
+    check_reward_range(reward_range)
     return torch.full(rewards.shape, float(eps_high), dtype=torch.float32, device=rewards.device)
 
 
@@ -120,9 +153,10 @@ def eps_high_for(
     *,
     eps_low: float,
     eps_high: float,
-    reward_range: tuple[float, float] = (0.0, 1.0),
+    reward_range: tuple[float, float] | str = (0.0, 1.0),
 ) -> torch.Tensor:  # (B,)
-    """Dispatch to ``EPS_SCHEDULES[schedule]``; unknown names raise ``ValueError``."""
+    """Dispatch to ``EPS_SCHEDULES[schedule]``; unknown names raise ``ValueError``.
+    ``reward_range`` is ``(lo, hi)``, ``"group"`` or ``"batch"`` (module docstring)."""
     if schedule not in EPS_SCHEDULES:
         raise unknown("eps schedule", schedule, EPS_SCHEDULES)
     return EPS_SCHEDULES[schedule](rewards, group_size, eps_low=eps_low, eps_high=eps_high,
