@@ -368,3 +368,277 @@ def test_fallback_without_namespaces():
     assert uid.strip() == "65534" and "socket-guard" in isolation
     assert peer, "the pair of processes did not run"
     _check_peer_report(json.loads(peer[0]))
+
+
+# ------------------------------------------------------------------ IPC, sockets, memory, orphans
+CAPS = sandbox.capabilities()
+NEEDS_IPCNS = pytest.mark.skipif("ipc" not in CAPS.namespaces,
+                                 reason=f"no IPC namespace here ({CAPS.describe()})")
+NEEDS_MOUNT_NET = pytest.mark.skipif(not {"mount", "net"} <= set(CAPS.namespaces),
+                                     reason=f"no mount+net namespaces here ({CAPS.describe()})")
+NEEDS_CGROUP_MEMORY = pytest.mark.skipif("cgroup-memory" not in CAPS.cgroups,
+                                         reason=f"no cgroup memory limit here ({CAPS.describe()})")
+
+IPC_LIB = r"""
+import ctypes, ctypes.util, os
+libc = ctypes.CDLL(None, use_errno=True)
+try:
+    mq_open = libc.mq_open
+except AttributeError:
+    mq_open = ctypes.CDLL(ctypes.util.find_library("rt"), use_errno=True).mq_open
+libc.shmat.restype = ctypes.c_void_p
+KEY_SHM, KEY_MSG, MQ = 0x67617031, 0x67617032, b"/gapo-test-mq"
+IPC_CREAT, IPC_EXCL, IPC_NOWAIT = 0o1000, 0o2000, 0o4000
+class Msg(ctypes.Structure):
+    _fields_ = [("mtype", ctypes.c_long), ("mtext", ctypes.c_char * 64)]
+"""
+
+IPC_LEAVE = IPC_LIB + r"""
+shm = libc.shmget(KEY_SHM, 4096, IPC_CREAT | 0o666)
+addr = libc.shmat(shm, None, 0)
+ctypes.memmove(addr, b"left-behind", 11)
+q = libc.msgget(KEY_MSG, IPC_CREAT | 0o666)
+m = Msg(1, b"left-behind")
+libc.msgsnd(q, ctypes.byref(m), 64, IPC_NOWAIT)
+mq = mq_open(MQ, os.O_CREAT | os.O_RDWR, 0o666, None)
+libc.mq_send(mq, b"left-behind", 11, 0)
+print(shm, q, mq)
+"""
+
+IPC_FIND = IPC_LIB + r"""
+import json
+found = {"shm": libc.shmget(KEY_SHM, 0, 0), "msg": libc.msgget(KEY_MSG, 0),
+         "mq": mq_open(MQ, os.O_RDONLY, 0, None), "sysvipc": []}
+for name in ("shm", "msg"):
+    try:
+        found["sysvipc"] += open("/proc/sysvipc/" + name).read().splitlines()[1:]
+    except OSError:
+        pass
+print(json.dumps(found))
+"""
+
+
+@NEEDS_IPCNS
+def test_ipc_namespace_is_private():
+    """SysV shared memory, SysV message queues and POSIX message queues left by one sandbox are
+    not visible to the next one, nor to the host; the host's SysV objects are not visible in
+    a sandbox."""
+    import ctypes
+    r = run(IPC_LEAVE)
+    assert r.status == "ok" and "ipcns" in r.isolation, r.stderr
+    assert all(int(x) >= 0 for x in r.stdout.split()), r.stdout  # it did create them
+    r = run(IPC_FIND)
+    found = json.loads(r.stdout)
+    assert found["shm"] == -1 and found["msg"] == -1 and found["mq"] == -1, found
+    assert found["sysvipc"] == []
+    host = {}
+    exec(IPC_LIB, host)
+    libc = host["libc"]
+    assert libc.shmget(host["KEY_SHM"], 0, 0) == -1 and libc.msgget(host["KEY_MSG"], 0) == -1
+    assert host["mq_open"](host["MQ"], os.O_RDONLY, 0, None) == -1
+    # a segment of the host is invisible inside
+    shm = libc.shmget(host["KEY_SHM"], 4096, host["IPC_CREAT"] | 0o600)
+    assert shm >= 0
+    try:
+        found = json.loads(run(IPC_FIND).stdout)
+        assert found["shm"] == -1 and found["sysvipc"] == []
+    finally:
+        libc.shmctl(shm, 0, None)  # IPC_RMID
+        ctypes.set_errno(0)
+
+
+def _meminfo_kb(key: str) -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+
+@NEEDS_IPCNS
+def test_sysv_shared_memory_does_not_outlive_the_call():
+    prog = IPC_LIB + r"""
+size = 160 << 20
+shm = libc.shmget(0, size, IPC_CREAT | 0o600)   # IPC_PRIVATE, never removed
+addr = libc.shmat(shm, None, 0)
+ctypes.memset(addr, 1, size)
+libc.shmdt(ctypes.c_void_p(addr))
+print(shm)
+"""
+    before = _meminfo_kb("Shmem")
+    r = run(prog, memory_mb=512)
+    assert r.status == "ok" and int(r.stdout) >= 0, r.stderr
+    time.sleep(0.2)
+    assert _meminfo_kb("Shmem") - before < 80 << 10  # the 160 MiB went with the namespace
+
+
+@NEEDS_IPCNS
+def test_sysv_shared_memory_is_bounded_by_memory_mb():
+    prog = IPC_LIB + r"""
+total = 0
+for _ in range(64):
+    if libc.shmget(0, 64 << 20, IPC_CREAT | 0o600) < 0:
+        break
+    total += 64
+print(total)
+"""
+    r = run(prog, memory_mb=256)
+    assert r.status == "ok", r.stderr
+    assert int(r.stdout) <= 256  # shmall of the sandbox's own namespace
+
+
+SOCKET_PROBE = r"""
+import json, socket, sys
+out = {}
+for path in sys.argv_paths:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        s.sendall(b"hello from the sandbox")
+        out[path] = "connected"
+    except OSError as e:
+        out[path] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+@NEEDS_MOUNT_NET
+def test_host_unix_sockets_are_unreachable(sentinel_dir):
+    """World-writable listening sockets of the host, under /run and in a directory the sandbox
+    can otherwise see (outside the covered ones): connect fails, nothing arrives."""
+    paths = [f"/run/gapo-test-{secrets.token_hex(4)}.sock",
+             os.path.join(sentinel_dir, "listener.sock")]
+    servers = []
+    try:
+        for p in paths:
+            srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            srv.bind(p)
+            os.chmod(p, 0o777)
+            srv.listen(4)
+            srv.settimeout(0.2)
+            servers.append(srv)
+        r = run(SOCKET_PROBE.replace("sys.argv_paths", repr(paths)))
+        out = json.loads(r.stdout)
+        assert all(v != "connected" for v in out.values()), out
+        for srv in servers:
+            with pytest.raises(socket.timeout):
+                srv.accept()
+    finally:
+        for srv, p in zip(servers, paths):
+            srv.close()
+            os.unlink(p)
+
+
+MEMFD_BOMB = r"""
+import os
+fds, total = [], 0
+chunk = b"x" * (8 << 20)
+while total < (600 << 20) and len(fds) < 56:
+    fd = os.memfd_create("bomb")
+    for _ in range(2):
+        os.write(fd, chunk)       # write(), never mapped: invisible to RLIMIT_AS
+        total += len(chunk)
+    fds.append(fd)
+print(total >> 20)
+"""
+
+SHM_FILES_BOMB = r"""
+import os
+chunk = b"x" * (8 << 20)
+total = 0
+for i in range(75):
+    with open("/dev/shm/f%d" % i, "wb") as f:
+        f.write(chunk)
+    total += 8
+print(total)
+"""
+
+
+@NEEDS_CGROUP_MEMORY
+@pytest.mark.parametrize("prog", [MEMFD_BOMB, SHM_FILES_BOMB], ids=["memfd", "dev-shm"])
+def test_memfd_and_shm_files_count_against_memory_mb(prog):
+    """600 MiB in memfds (written, not mapped) or /dev/shm files, with memory_mb=256 and a tmpfs
+    big enough not to be the bound: the sandbox's cgroup stops it."""
+    r = run(prog, memory_mb=256, tmpfs_mb=1024, timeout_s=20.0)
+    assert not r.passed and r.status == "memory", (r.status, r.stdout, r.stderr[-300:])
+    assert "cgroup-memory" in r.isolation
+
+
+def test_dev_shm_is_bounded_by_its_tmpfs():
+    r = run(SHM_FILES_BOMB, memory_mb=256)  # tmpfs_mb=64: ENOSPC or the cgroup, never 600 MiB
+    assert not r.passed
+
+
+def test_harmless_devices_work():
+    prog = ("import os\nwith open('/dev/null', 'w') as f:\n    f.write('x')\n"
+            "assert len(open('/dev/urandom', 'rb').read(16)) == 16\n"
+            "assert open('/dev/zero', 'rb').read(4) == bytes(4)\nassert len(os.urandom(8)) == 8\n"
+            "print('ok')\n")
+    r = run(prog)
+    assert r.status == "ok" and r.stdout.strip() == "ok", r.stderr
+
+
+def test_disks_and_other_devices_are_not_there():
+    r = run("import os\nprint(sorted(os.listdir('/dev')))\n")
+    assert r.status == "ok", r.stderr
+    if "dev-minimal" in r.isolation:
+        names = set(json.loads(r.stdout.replace("'", '"')))
+        assert names <= {"null", "zero", "full", "random", "urandom", "fd", "stdin", "stdout",
+                         "stderr", "shm"}, names
+
+
+def test_installed_third_party_package_imports():
+    pytest.importorskip("numpy")
+    r = run("import numpy as np\nprint(int(np.arange(10).sum()), np.linalg.inv([[2.0]]))\n",
+            memory_mb=512, timeout_s=20.0)
+    assert r.status == "ok" and r.stdout.startswith("45"), r.stderr[-500:]
+
+
+def test_capabilities_report_every_guarantee():
+    feats = CAPS.features()
+    assert set(feats) == {"network", "ipc", "unix_sockets", "filesystem", "processes", "memory",
+                          "cleanup", "user"}
+    assert ("ipc" in CAPS.namespaces) == feats["ipc"].startswith("private")
+    assert ("cgroup-memory" in CAPS.cgroups) == feats["memory"].startswith("cgroup")
+    assert CAPS.describe().startswith(sys.platform)
+
+
+def _sandbox_processes(marker: str) -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.skipif(not CAPS.pdeathsig, reason=f"no PR_SET_PDEATHSIG here ({CAPS.describe()})")
+def test_sandbox_dies_with_the_process_that_started_it():
+    """A process running sandboxes is SIGKILLed mid-run (what a scoring pool does to a worker
+    past its deadline): no process of its sandboxes survives."""
+    mem = 300 + secrets.randbelow(200)
+    marker = f'"RLIMIT_AS": {mem << 20}'
+    code = ("import sys, gapo.sandbox as s\n"
+            "print('start', flush=True)\n"
+            f"s.run_many(['import time\\ntime.sleep(60)\\n'] * 2, timeout_s=60, memory_mb={mem},"
+            " peers=[None, 'import time\\ntime.sleep(60)\\n'])\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"start"
+        deadline = time.monotonic() + 20
+        while len(_sandbox_processes(marker)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _sandbox_processes(marker), "the sandboxes did not start"
+        child.kill()
+        child.wait()
+        deadline = time.monotonic() + 5
+        while _sandbox_processes(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _sandbox_processes(marker) == []
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    sandbox.reap_orphans()

@@ -53,6 +53,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Sequence
 
+from gapo import sandbox_ns
+from gapo.sandbox_boot import BOOT
+
 __all__ = [
     "SandboxResult",
     "Isolation",
@@ -84,18 +87,53 @@ class Isolation:
 
     platform: str
     root: bool
-    namespaces: tuple[str, ...]  # subset of ("user", "net", "mount", "pid")
+    namespaces: tuple[str, ...]  # subset of ("user", "net", "ipc", "mount", "pid")
     drop_to_uid: int | None  # the unprivileged uid the child switches to (root only)
     unshare: str | None  # path of util-linux unshare, when namespaces are used
+    cgroups: tuple[str, ...] = ()  # ("cgroup-kill", "cgroup-memory") where usable
+    setpriv: str | None = None  # util-linux setpriv, for PR_SET_PDEATHSIG on unshare
 
     @property
     def network(self) -> str:
         return "netns" if "net" in self.namespaces else "socket-guard"
 
+    @property
+    def pdeathsig(self) -> bool:
+        """Whether a sandbox dies with the thread that started it (Linux ``PR_SET_PDEATHSIG``)."""
+        return self.platform.startswith("linux") and ("pid" not in self.namespaces
+                                                     or self.setpriv is not None)
+
+    def features(self) -> dict[str, str]:
+        """Each guarantee and how it holds here (the isolation table of docs/sandbox.md)."""
+        ns, cg = self.namespaces, self.cgroups
+        mem = ("cgroup (all processes, tmpfs, shared memory, memfds)" if "cgroup-memory" in cg
+               else "RLIMIT_AS per process; tmpfs sizes, IPC limits and RLIMIT_FSIZE x "
+                    "RLIMIT_NOFILE bound the rest")
+        ends = " + ".join(x for x, on in (("process group", True), ("pid namespace", "pid" in ns),
+                                           ("cgroup.kill", "cgroup-kill" in cg),
+                                           ("pdeathsig", self.pdeathsig)) if on)
+        return {
+            "network": "network namespace" if "net" in ns else "socket guard (Python-level)",
+            "ipc": ("private IPC namespace (SysV shm/msg, POSIX mq), limits bounded"
+                    if "ipc" in ns else "shared with the host"),
+            "unix_sockets": ("host socket files hidden (private /run, /tmp, /dev/shm; others "
+                             "covered)" if "mount" in ns and "net" in ns
+                             else "host socket files reachable (file permissions only)"),
+            "filesystem": ("read-only tree, private tmpfs, minimal /dev" if "mount" in ns
+                           else "host file system, file permissions only"),
+            "processes": "private pid namespace" if "pid" in ns else "host pid namespace",
+            "memory": mem,
+            "cleanup": ends,
+            "user": (f"uid {self.drop_to_uid}" if self.drop_to_uid is not None
+                     else "the calling user"),
+        }
+
     def describe(self) -> str:
         ns = "+".join(self.namespaces) or "none"
         uid = f"uid {self.drop_to_uid}" if self.drop_to_uid is not None else "same uid"
-        return f"{self.platform}: namespaces {ns}, {uid}, network {self.network}, rlimits"
+        cg = "+".join(self.cgroups) or "no cgroups"
+        return (f"{self.platform}: namespaces {ns}, {uid}, network {self.network}, {cg}, "
+                f"pdeathsig {'yes' if self.pdeathsig else 'no'}, rlimits")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,197 +149,8 @@ class SandboxResult:
     stderr_truncated: bool = False
 
 
-# --------------------------------------------------------------------------------------------
-# The bootstrap: runs in the child as `python -I -B -c _BOOT CONFIG` (still privileged), applies
-# the isolation, reports what it applied on a pipe, then executes the program in-process (so no
-# execve after the uid switch: RLIMIT_NPROC=0 would refuse it, which is intended).
-_BOOT = r"""
-import json, os, sys
-cfg = json.loads(sys.argv[1])
-applied = []
-wd = cfg["workdir"]
-files = {}
-for name in ("main.py", "peer.py") if cfg["peer"] else ("main.py",):
-    with open(os.path.join(wd, name), "rb") as f:
-        files[name] = f.read()
-uid, gid = cfg["uid"], cfg["gid"]
-if cfg["mount"]:
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    def _err(what):
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), what)
-    class MountAttr(ctypes.Structure):
-        _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                    ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
-    # mount_setattr(AT_FDCWD, "/", AT_RECURSIVE, {RDONLY|NOSUID|NODEV}): whole tree read-only.
-    attr = MountAttr(0x1 | 0x2 | 0x4, 0, 0, 0)
-    SYS_mount_setattr = {"x86_64": 442, "aarch64": 442}.get(os.uname().machine)
-    if SYS_mount_setattr is not None and libc.syscall(SYS_mount_setattr, -100, b"/", 0x8000,
-                                                      ctypes.byref(attr),
-                                                      ctypes.sizeof(attr)) == 0:
-        applied.append("ro-root")
-    opts_tmp = "size=%dm,mode=1777" % cfg["tmpfs_mb"]
-    owner = "uid=%d,gid=%d," % (uid, gid) if uid is not None else ""
-    for d in ("/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(d) and not os.path.islink(d):
-            if libc.mount(b"tmpfs", d.encode(), b"tmpfs", 2 | 4, opts_tmp.encode()) != 0:
-                _err(d)
-    # The interpreter's own files must stay importable after the uid switch (e.g. a pyenv
-    # Python under /root, mode 0700): cover each such non-searchable ancestor with a read-only
-    # tmpfs that holds nothing but read-only bind mounts of the directories Python needs.
-    blocked = {}
-    for p in cfg["python_paths"]:
-        parts = p.split("/")
-        for i in range(2, len(parts)):
-            anc = "/".join(parts[:i])
-            try:
-                if not os.stat(anc).st_mode & 0o001:
-                    blocked.setdefault(anc, set()).add(p)
-                    break
-            except OSError:
-                break
-    for k, (anc, paths) in enumerate(sorted(blocked.items())):
-        stages = []
-        for j, p in enumerate(sorted(paths)):
-            st = "/tmp/.gapo-stage-%d-%d" % (k, j)
-            os.mkdir(st)
-            if libc.mount(p.encode(), st.encode(), None, 4096 | 16384, None) != 0:  # BIND|REC
-                _err(p)
-            stages.append((st, p))
-        if libc.mount(b"tmpfs", anc.encode(), b"tmpfs", 2 | 4, b"size=1m,mode=0755") != 0:
-            _err(anc)
-        for st, p in stages:
-            os.makedirs(p, mode=0o755, exist_ok=True)
-            if libc.mount(st.encode(), p.encode(), None, 8192, None) != 0:  # MS_MOVE
-                _err(p)
-            os.rmdir(st)
-        ro = MountAttr(0x1, 0, 0, 0)
-        if SYS_mount_setattr is not None:
-            libc.syscall(SYS_mount_setattr, -100, anc.encode(), 0, ctypes.byref(ro),
-                         ctypes.sizeof(ro))
-        applied.append("python-bind")
-    if not os.path.isdir(wd):
-        os.makedirs(wd, mode=0o700)
-    o = ("size=%dm,mode=0700," % cfg["tmpfs_mb"]) + owner.rstrip(",")
-    if libc.mount(b"tmpfs", wd.encode(), b"tmpfs", 2 | 4, o.rstrip(",").encode()) != 0:
-        _err(wd)
-    for name, data in files.items():
-        with open(os.path.join(wd, name), "wb") as f:
-            f.write(data)
-        if uid is not None:
-            os.chown(os.path.join(wd, name), uid, gid)
-    applied.append("tmpfs")
-if cfg["reaper"]:
-    # We are PID 1 of a new PID namespace, and PID 1 ignores signals without a handler (even
-    # SIGKILL/SIGSEGV sent by itself): run the program in a child and mirror its exit.
-    child = os.fork()
-    if child:
-        os.close(cfg["report_fd"])
-        while True:
-            try:
-                _, st = os.waitpid(child, 0)
-                break
-            except InterruptedError:
-                continue
-        code = os.waitstatus_to_exitcode(st)
-        os._exit(code if code >= 0 else 128 - code)
-import ctypes
-try:
-    libc = ctypes.CDLL(None, use_errno=True)
-    prctl = libc.prctl
-except (OSError, AttributeError):  # not Linux
-    prctl = lambda *a: -1
-me, peer = "main.py", None
-if cfg["peer"]:
-    # Two processes: this one runs main.py, a child runs peer.py; they talk over two pipes.
-    # Non-dumpable (before the fork, again after the uid switch): the peer cannot ptrace this
-    # process nor open its /proc/<pid>/{mem,fd,environ}, so what main.py holds stays private.
-    prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
-    main_r, peer_w = os.pipe()
-    peer_r, main_w = os.pipe()
-    main_pid = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        me, peer = "peer.py", (peer_r, peer_w, main_pid)
-        for fd in (main_r, main_w, cfg["report_fd"]):
-            os.close(fd)
-        fd, w = os.pipe()  # stdin (e.g. a secret for main.py) is not ours: an empty pipe
-        os.close(w)
-        os.dup2(fd, 0)
-        os.close(fd)
-    else:
-        peer = (main_r, main_w, pid)
-        os.close(peer_r)
-        os.close(peer_w)
-src = files.pop(me)
-files.clear()
-path = os.path.join(wd, me)
-import resource
-for name, value in cfg["rlimits"].items():
-    try:
-        soft, hard = value if isinstance(value, list) else (value, value)
-        resource.setrlimit(getattr(resource, name), (soft, hard))
-        applied.append(name)
-    except (ValueError, OSError, AttributeError):
-        pass
-if prctl(38, 1, 0, 0, 0) == 0:  # PR_SET_NO_NEW_PRIVS
-    applied.append("no_new_privs")
-if cfg["socket_guard"]:
-    import socket, _socket
-    class _NoSocket:
-        def __init__(self, *a, **k):
-            raise PermissionError("network access is disabled in the gapo sandbox")
-    for mod in (socket, _socket):
-        for attr_name in ("socket", "socketpair", "create_connection", "create_server",
-                          "fromfd", "getaddrinfo"):
-            if hasattr(mod, attr_name):
-                setattr(mod, attr_name, _NoSocket)
-    applied.append("socket-guard")
-for name in cfg["preimport"]:
-    # Without a mount namespace, an interpreter under a directory nobody cannot search (e.g.
-    # /root/.pyenv) cannot import after the uid switch: load the common modules now.
-    try:
-        __import__(name)
-    except Exception:
-        pass
-if uid is not None:
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-    applied.append("uid=%d" % uid)
-os.chdir(wd)
-if me == "peer.py":
-    prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = SIGKILL (reset by the uid switch: set now)
-    if os.geteuid() == 0:
-        # Root inside a user namespace (no uid to switch to): drop every capability, or this
-        # process could ptrace main.py's despite it being non-dumpable.
-        cap = 0
-        while prctl(24, cap, 0, 0, 0) == 0:  # PR_CAPBSET_DROP
-            cap += 1
-        if libc.capset((ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()) != 0:
-            os.write(2, b"gapo sandbox: cannot drop capabilities of the peer process\n")
-            os._exit(125)
-    # Wait for main.py's process to be private (and alive) before running anything.
-    if os.read(peer[0], 1) != b"\x00" or os.getppid() != peer[2]:
-        os._exit(125)
-else:
-    if peer is not None:
-        prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE (the uid switch may have reset it)
-        os.write(peer[1], b"\x00")
-        applied.append("peer-process")
-    os.write(cfg["report_fd"], json.dumps(applied).encode())
-    os.close(cfg["report_fd"])
-if peer is None or me == "peer.py":
-    sys.path[0:0] = [wd]  # main.py of a pair imports nothing from the shared, writable dir
-sys.argv = [path]
-code = compile(src, path, "exec")
-del src
-g = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
-if peer is not None:
-    g["__gapo_peer__"] = peer
-exec(code, g)
-"""
+# The bootstrap (runs in the child, still privileged): see gapo.sandbox_boot.
+_BOOT = BOOT
 
 
 # Loaded before the uid switch when the stdlib may be unreadable afterwards (no mount namespace).
@@ -352,19 +201,38 @@ def capabilities() -> Isolation:
     candidates: list[tuple[str, ...]] = []
     if unshare:
         if root:
-            candidates = [("net", "mount", "pid"), ("net", "mount"), ("net",)]
+            candidates = [("net", "ipc", "mount", "pid"), ("net", "mount", "pid"),
+                          ("net", "mount"), ("net",)]
         else:
-            candidates = [("user", "net", "mount", "pid"), ("user", "net", "mount"),
-                          ("user", "net")]
+            candidates = [("user", "net", "ipc", "mount", "pid"), ("user", "net", "mount", "pid"),
+                          ("user", "net", "mount"), ("user", "net")]
+    cgroups = _cgroup_layers()
+    setpriv = _which("setpriv") if unshare else None
     for ns in candidates:
-        iso = Isolation(sys.platform, root, ns, drop, unshare)
+        iso = Isolation(sys.platform, root, ns, drop, unshare, cgroups, setpriv)
         try:
             res = _run(iso, "print('ok')", timeout_s=10.0, memory_mb=256, probe=True)
         except OSError:
             continue
         if res.passed and res.stdout.strip() == "ok":
             return iso
-    return Isolation(sys.platform, root, (), drop, None)
+    return Isolation(sys.platform, root, (), drop, None, cgroups, None)
+
+
+def _cgroup_layers() -> tuple[str, ...]:
+    if not sys.platform.startswith("linux"):
+        return ()
+    sup = sandbox_ns.cgroup_support()
+    return tuple(n for n, k in (("cgroup-kill", "kill"), ("cgroup-memory", "memory")) if k in sup)
+
+
+def reap_orphans() -> int:
+    """Kill what is left of sandboxes whose starting process died (a scoring worker killed on
+    timeout) and remove their cgroups; returns how many were found. Needs cgroups (Linux);
+    elsewhere returns 0 (``PR_SET_PDEATHSIG`` already took them down on Linux)."""
+    if not capabilities().cgroups:
+        return 0
+    return sandbox_ns.reap_orphans()
 
 
 def max_concurrency() -> int:
@@ -384,13 +252,16 @@ def _prefix(iso: Isolation) -> list[str]:
         flags += ["--user", "--map-root-user"]
     if "net" in iso.namespaces:
         flags.append("--net")
+    if "ipc" in iso.namespaces:
+        flags.append("--ipc")
     if "mount" in iso.namespaces:
         flags.append("--mount")
     if "pid" in iso.namespaces:
         flags += ["--pid", "--fork", "--kill-child"]
         if "mount" in iso.namespaces:
             flags.append("--mount-proc")
-    return [iso.unshare, *flags, "--"]
+    pre = [iso.setpriv, "--pdeathsig", "KILL"] if "pid" in iso.namespaces and iso.setpriv else []
+    return [*pre, iso.unshare, *flags, "--"]
 
 
 def run(
@@ -465,7 +336,22 @@ def _child_env(workdir: str) -> dict[str, str]:
         "HOME": workdir,
         "TMPDIR": workdir,
         "PYTHONIOENCODING": "utf-8",
+        # RLIMIT_NPROC=0 forbids threads: numerical libraries must not try to start a pool
+        # (OpenBLAS aborts numpy's import otherwise).
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "NUMEXPR_NUM_THREADS": "1",
     }
+
+
+def _ipc_limits(memory_mb: int) -> dict[str, int]:
+    """Limits of the sandbox's own IPC namespace (``/proc/sys`` keys): SysV shared memory at
+    most ``memory_mb`` in all, few segments, message queues and POSIX queues."""
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    return {"kernel/shmmax": memory_mb << 20, "kernel/shmall": (memory_mb << 20) // page,
+            "kernel/shmmni": 64, "kernel/msgmni": 16, "kernel/msgmnb": 16384,
+            "fs/mqueue/queues_max": 16}
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -493,6 +379,7 @@ def _run(
     t0 = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="gapo-sbx-")
     report_r = report_w = -1
+    cgroup = sandbox_ns.Cgroup(memory_mb << 20) if iso.cgroups else None
     try:
         for name, text in (("main.py", program), ("peer.py", peer)):
             if text is not None:
@@ -527,6 +414,13 @@ def _run(
             "preimport": [] if mount or uid is None else list(_PREIMPORT),
             "report_fd": report_w,
             "peer": peer is not None,
+            # die with this thread; checked against getppid() where we are the direct parent
+            "parent_pid": None if "pid" in iso.namespaces else os.getpid(),
+            "cgroups": cgroup.procs_files if cgroup else [],
+            "cgroup_layers": cgroup.layers if cgroup else [],
+            "ipc_limits": _ipc_limits(memory_mb) if "ipc" in iso.namespaces else {},
+            "covered": list(sandbox_ns.COVERED_DIRS),
+            "sockets": sandbox_ns.host_unix_sockets() if mount else [],
         }
         cmd = [*_prefix(iso), sys.executable, "-I", "-B", "-c", _BOOT, json.dumps(cfg)]
         proc = subprocess.Popen(
@@ -553,6 +447,9 @@ def _run(
                 except OSError:
                     pass
         shutil.rmtree(workdir, ignore_errors=True)
+        oom = cgroup is not None and cgroup.oom_killed()
+        if cgroup is not None:
+            cgroup.destroy()  # kills anything left (another session, a setsid'd peer)
     duration = time.monotonic() - t0
     try:
         applied = tuple(json.loads(report.decode())) if report else ()
@@ -573,6 +470,8 @@ def _run(
         status = "ok"
     elif rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
         status = "timeout"
+    elif oom:
+        status = "memory"  # the cgroup's OOM killer (tmpfs, shared memory, memfds count)
     elif rc is not None and (rc < 0 or rc > 128):
         status = "killed"
     elif "MemoryError" in stderr[-2000:]:

@@ -1,0 +1,286 @@
+"""Host-side helpers of :mod:`gapo.sandbox`: per-sandbox cgroups and the host's Unix sockets.
+
+Kept apart from ``sandbox.py`` (the API and the process pump) because this is Linux plumbing
+with its own failure modes; every function degrades to "not available" instead of raising, and
+:func:`gapo.sandbox.capabilities` reports what holds on this machine.
+
+**Cgroups.** Each sandbox gets its own cgroup, *nested under the calling process's own cgroup*
+(so whatever limits the caller lives under still apply, and nothing is moved out of them):
+
+- cgroup v2 (the unified hierarchy, controllers or not): ``cgroup.kill`` kills every process of
+  the sandbox, wherever it moved to (another session, another process group) when the call ends;
+  with the ``memory`` controller delegated to the caller's cgroup, also ``memory.max``.
+- cgroup v1 ``memory`` (hybrid hosts such as this one): ``memory.limit_in_bytes``.
+
+The memory limit covers what ``RLIMIT_AS`` does not see: tmpfs files (``/dev/shm``, ``/tmp``),
+SysV/POSIX shared memory and memfds written with ``write()``, page tables, pipe buffers.
+The sandbox's bootstrap joins the cgroups itself (``cgroup.procs`` <- 0) before it runs
+anything, so every process it forks is inside. The cgroup's name carries the creating process's
+pid, so :func:`reap_orphans` can find and kill the sandboxes of a process that died (a scoring
+worker killed on timeout) and remove their cgroups.
+
+**Host Unix sockets.** A network namespace hides abstract Unix sockets, but a socket *file* is
+reachable through the file system (``connect`` works on a read-only mount). The sandbox covers
+``/run``, ``/var/run``, ``/tmp``, ``/var/tmp`` and ``/dev/shm`` with private tmpfs, and
+:func:`host_unix_sockets` lists the listening socket files elsewhere (from ``/proc/net/unix``) so
+the bootstrap can bind an empty file over each.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import stat
+import time
+
+__all__ = ["Cgroup", "cgroup_support", "host_unix_sockets", "reap_orphans", "COVERED_DIRS"]
+
+#: Directories the sandbox covers with a private tmpfs (nothing of the host shows through).
+COVERED_DIRS = ("/tmp", "/var/tmp", "/run", "/var/run", "/dev/shm")
+
+_PREFIX = "gapo-sbx-"
+_counter = itertools.count()
+
+
+def _mounts() -> list[tuple[str, str, str]]:
+    """(mount point, fs type, options) of this process's mount table."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            return [(p[1], p[2], p[3]) for p in (line.split() for line in f) if len(p) >= 4]
+    except OSError:
+        return []
+
+
+def _own_cgroups() -> dict[str, str]:
+    """``{"v2": path, "memory": path}`` of this process (``/proc/self/cgroup``)."""
+    out: dict[str, str] = {}
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            for line in f:
+                hid, ctrls, path = line.rstrip("\n").split(":", 2)
+                if hid == "0" and ctrls == "":
+                    out["v2"] = path
+                elif "memory" in ctrls.split(","):
+                    out["memory"] = path
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def cgroup_support() -> dict[str, str]:
+    """Parent directories for sandbox cgroups on this machine (detected once, by creating and
+    removing a test cgroup): ``{"kill": dir}`` for cgroup v2 ``cgroup.kill``, ``{"memory":
+    dir, "memory_kind": "v2"|"v1"}`` for a memory limit. Empty where nothing is usable (not
+    Linux, not root and nothing delegated, a container without cgroupfs)."""
+    if os.environ.get("GAPO_SANDBOX_NO_CGROUPS") == "1":
+        return {}
+    own = _own_cgroups()
+    out: dict[str, str] = {}
+    for mnt, fstype, _ in _mounts():
+        if fstype == "cgroup2" and "v2" in own and "kill" not in out:
+            base = os.path.normpath(mnt + own["v2"])
+            if _probe(base, "cgroup.kill"):
+                out["kill"] = base
+                try:
+                    with open(os.path.join(base, "cgroup.subtree_control")) as f:
+                        if "memory" in f.read().split():
+                            out["memory"], out["memory_kind"] = base, "v2"
+                except OSError:
+                    pass
+    if "memory" not in out and "memory" in own:
+        for mnt, fstype, opts in _mounts():
+            if fstype == "cgroup" and "memory" in opts.split(","):
+                base = os.path.normpath(mnt + own["memory"])
+                if _probe(base, "memory.limit_in_bytes"):
+                    out["memory"], out["memory_kind"] = base, "v1"
+                break
+    return out
+
+
+def _probe(base: str, needed: str) -> bool:
+    path = os.path.join(base, f"{_PREFIX}probe-{os.getpid()}")
+    try:
+        os.mkdir(path)
+    except OSError:
+        return False
+    try:
+        return os.path.exists(os.path.join(path, needed))
+    finally:
+        _rmdir(path)
+
+
+def _write(path: str, value: str) -> bool:
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+        return True
+    except OSError:
+        return False
+
+
+def _rmdir(path: str, tries: int = 50) -> None:
+    for _ in range(tries):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # EBUSY: the last process is still exiting
+            time.sleep(0.002)
+
+
+class Cgroup:
+    """The cgroup(s) of one sandbox: created before the sandbox starts, removed after it."""
+
+    def __init__(self, memory_bytes: int):
+        sup = cgroup_support()
+        name = f"{_PREFIX}{os.getpid()}-{next(_counter)}"
+        self.dirs: list[str] = []
+        self.kill_dir = self.mem_dir = None
+        self.layers: list[str] = []
+        if "kill" in sup and _mkdir(os.path.join(sup["kill"], name)):
+            self.kill_dir = os.path.join(sup["kill"], name)
+            self.dirs.append(self.kill_dir)
+            self.layers.append("cgroup-kill")
+        if "memory" in sup:
+            d = os.path.join(sup["memory"], name)
+            if d == self.kill_dir or _mkdir(d):
+                if d != self.kill_dir:
+                    self.dirs.append(d)
+                v1 = sup["memory_kind"] == "v1"
+                ok = _write(os.path.join(d, "memory.limit_in_bytes" if v1 else "memory.max"),
+                            str(memory_bytes))
+                # No swap either: tmpfs pages must not move to swap out of the limit's sight.
+                for f, v in (("memory.memsw.limit_in_bytes", str(memory_bytes)),
+                             ("memory.swap.max", "0"), ("memory.swappiness", "0")):
+                    if os.path.exists(os.path.join(d, f)):
+                        _write(os.path.join(d, f), v)
+                if ok:
+                    self.mem_dir, self.mem_v1 = d, v1
+                    self.layers.append("cgroup-memory")
+
+    @property
+    def procs_files(self) -> list[str]:
+        """The ``cgroup.procs`` files the bootstrap writes 0 into (joining every cgroup)."""
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs]
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel's OOM killer killed a process of this sandbox (memory limit)."""
+        if self.mem_dir is None:
+            return False
+        name = "memory.oom_control" if self.mem_v1 else "memory.events"
+        try:
+            with open(os.path.join(self.mem_dir, name)) as f:
+                for line in f:
+                    k, _, v = line.partition(" ")
+                    if k == "oom_kill" and int(v) > 0:
+                        return True
+        except (OSError, ValueError):
+            pass
+        return False
+
+    def destroy(self) -> None:
+        """Kill whatever is still inside and remove the cgroups."""
+        _kill_and_remove(self.dirs)
+        self.dirs = []
+
+
+def _mkdir(path: str) -> bool:
+    try:
+        os.mkdir(path)
+        return True
+    except OSError:
+        return False
+
+
+def _kill_and_remove(dirs: list[str]) -> None:
+    for d in dirs:
+        if not _write(os.path.join(d, "cgroup.kill"), "1"):
+            _kill_listed(os.path.join(d, "cgroup.procs"))
+    for d in dirs:
+        _rmdir(d)
+
+
+def _kill_listed(procs_file: str) -> None:
+    """Without ``cgroup.kill`` (v1): SIGKILL every pid listed, until none is left."""
+    for _ in range(20):
+        try:
+            with open(procs_file) as f:
+                pids = [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            return
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        time.sleep(0.005)
+
+
+def reap_orphans() -> int:
+    """Kill the sandboxes whose creating process is gone and remove their cgroups (e.g. after
+    a scoring worker was killed on timeout); returns how many cgroups were removed."""
+    sup = cgroup_support()
+    stale = []
+    for base in {sup.get("kill"), sup.get("memory")} - {None}:
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for n in names:
+            if not n.startswith(_PREFIX):
+                continue
+            try:
+                owner = int(n[len(_PREFIX):].split("-")[0])
+            except ValueError:
+                continue
+            if not _alive(owner):
+                stale.append(os.path.join(base, n))
+    _kill_and_remove(stale)
+    return len(stale)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    # a zombie is dead for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def host_unix_sockets(limit: int = 4096) -> list[str]:
+    """Listening Unix socket files of the host outside :data:`COVERED_DIRS` (which the sandbox
+    hides anyway), from ``/proc/net/unix``: the bootstrap binds an empty file over each."""
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return []
+    covered = tuple(d + "/" for d in COVERED_DIRS) + ("/dev/",)
+    out = []
+    for line in lines:
+        parts = line.split(None, 7)
+        if len(parts) < 8 or not parts[7].startswith("/"):
+            continue
+        path = parts[7]
+        if path.startswith(covered) or path in out:
+            continue
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                out.append(path)
+        except OSError:
+            continue
+        if len(out) >= limit:
+            break
+    return out
