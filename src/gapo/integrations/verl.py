@@ -3,8 +3,15 @@
 Supported verl: ``>=0.9.1,<0.10`` (tested: 0.9.1). Selecting it in a verl run::
 
     actor_rollout_ref.actor.policy_loss.loss_mode=gapo          # or gapo_seq
-    actor_rollout_ref.actor.policy_loss._target_=gapo.integrations.verl.GAPOPolicyLossConfig
     +actor_rollout_ref.actor.policy_loss.eps_high_max=0.28      # optional, see below
+
+**Configuration.** verl builds the actor config with ``hydra.utils.instantiate``, which calls
+``verl.workers.config.PolicyLossConfig(**policy_loss)``. While this module is loaded, that call
+returns a :class:`GAPOPolicyLossConfig` for ``loss_mode=gapo|gapo_seq`` (``_install_config_dispatch``),
+so GAPO's ``+policy_loss.*`` keys need no ``_target_`` override and are checked in verl's
+``validate_config`` at start-up; a GAPO key with another loss mode, or an unknown key with a GAPO
+loss mode, is a ``TypeError`` naming the fix. ``policy_loss._target_=gapo.integrations.verl.
+GAPOPolicyLossConfig`` still works (and imports this module where verl's plugins are disabled).
 
 **Loading.** gapo declares the ``verl.plugins`` entry point ``gapo = gapo.integrations.verl``,
 so ``import verl`` imports this module in every process (driver and Ray workers) and the two
@@ -83,7 +90,7 @@ fraction above ``1+ε_high`` and ``gapo_ratio_dev_sum_by_c/c ÷ gapo_tokens_by_c
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 import torch
@@ -162,7 +169,8 @@ except BaseException as _exc:  # noqa: BLE001 - re-raised after making it visibl
 
 @dataclass
 class GAPOPolicyLossConfig(PolicyLossConfig):
-    """verl's ``PolicyLossConfig`` plus GAPO's fields (select with ``policy_loss._target_``).
+    """verl's ``PolicyLossConfig`` plus GAPO's fields (what ``PolicyLossConfig(loss_mode="gapo", ...)``
+    builds while this module is loaded, or select it with ``policy_loss._target_``).
 
     Args:
         loss_mode: ``"gapo"`` (token ratio) or ``"gapo_seq"`` (GSPO sequence ratio).
@@ -217,6 +225,63 @@ def _check_gapo_fields(pl) -> None:
             "std-normalised GRPO advantages (norm_adv_by_std_in_grpo=True) determine group success only "
             "for binary rewards; with binary_rewards=False use Dr.GRPO (algorithm.norm_adv_by_std_in_grpo="
             "False, and the same in policy_loss) or RLOO")
+
+
+
+# --------------------------------------------------------------------------------------------
+# ``loss_mode=gapo`` with verl's own ``_target_``: instantiate GAPOPolicyLossConfig
+
+_VERL_FIELDS = frozenset(f.name for f in fields(PolicyLossConfig))
+GAPO_FIELDS = tuple(f.name for f in fields(GAPOPolicyLossConfig) if f.name not in _VERL_FIELDS)
+
+
+def _policy_loss_config_new(cls, *args, **kwargs):
+    """``PolicyLossConfig.__new__`` while this module is loaded (see :func:`_install_config_dispatch`).
+
+    ``PolicyLossConfig(loss_mode="gapo"|"gapo_seq", ...)`` returns a :class:`GAPOPolicyLossConfig`
+    (a subclass, so Python then runs *its* ``__init__`` with the same keyword arguments, GAPO's
+    fields included). GAPO fields with another loss mode, and unknown keys with a GAPO loss mode,
+    are a ``TypeError`` that names the fix. Everything else is left to verl.
+    """
+    if cls is PolicyLossConfig:
+        mode = kwargs.get("loss_mode", "vanilla")
+        if mode in LOSS_MODES:
+            cls = GAPOPolicyLossConfig
+        else:
+            ours = sorted(k for k in kwargs if k in GAPO_FIELDS)
+            if ours:
+                raise TypeError(
+                    f"actor_rollout_ref.actor.policy_loss has GAPO's field(s) {ours} but loss_mode={mode!r}; "
+                    f"they apply only to loss_mode={' or '.join(LOSS_MODES)} (set "
+                    "actor_rollout_ref.actor.policy_loss.loss_mode=gapo or gapo_seq, or drop the "
+                    "+actor_rollout_ref.actor.policy_loss.* overrides)")
+    if issubclass(cls, GAPOPolicyLossConfig):
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in kwargs if k not in known)
+        if unknown:
+            raise TypeError(
+                f"actor_rollout_ref.actor.policy_loss: unknown key(s) {unknown} for loss_mode="
+                f"{kwargs.get('loss_mode', 'gapo')!r}; GAPO's keys are {list(GAPO_FIELDS)} "
+                "(docs/scale-out.md, verl section)")
+    return object.__new__(cls)
+
+
+def _install_config_dispatch() -> None:
+    """Make verl's own ``PolicyLossConfig`` target build GAPO's config for GAPO's loss modes.
+
+    verl builds the actor config with ``hydra.utils.instantiate`` (``omega_conf_to_dataclass``,
+    ``_convert_="partial"``), which calls ``verl.workers.config.PolicyLossConfig(**policy_loss)``:
+    keys added with ``+actor_rollout_ref.actor.policy_loss.eps_high_max=...`` would be an
+    "unexpected keyword argument" there. Replacing the class's ``__new__`` (it has none of its own;
+    ``object.__new__`` is used otherwise) changes nothing for other loss modes, for copies and
+    pickles (``__new__`` without arguments), or for an explicit ``_target_``.
+    """
+    current = PolicyLossConfig.__dict__.get("__new__")
+    if current is not None and getattr(current, "__func__", current) is _policy_loss_config_new:
+        return
+    if current is not None and getattr(current, "__func__", current).__module__ != __name__:
+        _log.warning("verl's PolicyLossConfig already has a __new__ (%r); gapo replaces it", current)
+    PolicyLossConfig.__new__ = staticmethod(_policy_loss_config_new)
 
 
 @dataclass(frozen=True)
@@ -494,3 +559,4 @@ def _register() -> None:
 
 
 _register()
+_install_config_dispatch()

@@ -1,0 +1,370 @@
+"""verl start-up with GAPO (issue 12): the documented ``main_ppo`` commands, ``+policy_loss.*``
+keys without a ``_target_`` override, start-up errors in gapo's words, and the packages verl's
+default trainer imports.
+
+The two launch commands are read from docs/scale-out.md, so the docs and these tests cannot
+drift apart. Nothing here starts Ray.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pickle
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl")
+
+import verl  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
+from hydra.errors import InstantiationException  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from verl.utils.config import omega_conf_to_dataclass, validate_config  # noqa: E402
+from verl.workers.config import PolicyLossConfig  # noqa: E402
+
+import gapo.integrations.verl as gv  # noqa: E402
+from gapo.integrations.verl import GAPOPolicyLossConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "scale-out.md"
+CONF_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+PL = "actor_rollout_ref.actor.policy_loss"
+
+# what a minimal run needs besides the override under test
+BASE = ["data.train_files=/d/train.parquet", "data.val_files=/d/val.parquet", "actor_rollout_ref.model.path=/m",
+        "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "trainer.n_gpus_per_node=1"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the documented commands
+
+
+def doc_scripts() -> dict[str, str]:
+    """The bash blocks of the verl section that run ``main_ppo``, by their ``loss_mode``."""
+    text = DOCS.read_text()
+    section = text[text.index("\n## verl\n"):text.index("\n## TRL\n")]
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    scripts = [b for b in blocks if "python3 -m verl.trainer.main_ppo" in b]
+    modes = [re.search(rf"{PL}\.loss_mode=(\w+)", b).group(1) for b in scripts]
+    assert sorted(modes) == ["gapo", "gapo_seq"], modes  # exactly one command per loss mode
+    return dict(zip(modes, scripts))
+
+
+def doc_overrides(script: str, env: dict | None = None) -> list[str]:
+    """The Hydra overrides of a documented script, shell variables filled in as its defaults do."""
+    env = {"PWD": "/work", **(env or {})}
+    for name, default in re.findall(r"^(\w+)=\$\{\1:-(.*)\}$", script, flags=re.M):
+        env.setdefault(name, re.sub(r"\$(\w+)", lambda m: env[m.group(1)], default))
+    cmd = script[script.index("python3 -m verl.trainer.main_ppo"):]
+    cmd = cmd[:cmd.index('"$@"')].replace("\\\n", " ")
+    cmd = re.sub(r"\$(\w+)", lambda m: env[m.group(1)], cmd)  # leaves '${algorithm.*}' alone
+    return shlex.split(cmd)[3:]
+
+
+def _compose(overrides):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return compose("ppo_trainer", overrides=list(overrides))
+
+
+def _expected(override, cfg):
+    """The value an override should leave in the composed (resolved) config."""
+    value = override.value()
+    if isinstance(value, str) and value.startswith("${") and value.endswith("}"):
+        return OmegaConf.select(cfg, value[2:-1])
+    return value
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-12 * max(1, abs(b))
+    return a == b
+
+
+def check_every_override(overrides, cfg, actor):
+    """Each override is in the composed config with its value, and each one under
+    ``actor_rollout_ref.actor`` is in the dataclass verl's workers build from it."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    assert len(parsed) == len(overrides)
+    checked_in_dataclass = []
+    for o in parsed:
+        key, want = o.key_or_group, _expected(o, cfg)
+        got = OmegaConf.select(cfg, key, throw_on_missing=True)
+        got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+        assert _same(got, want), (key, got, want)
+        if key.startswith("actor_rollout_ref.actor."):
+            obj = actor
+            for part in key.split(".")[2:]:
+                obj = getattr(obj, part)
+            assert _same(obj, want), (key, obj, want)
+            checked_in_dataclass.append(key)
+    return checked_in_dataclass
+
+
+@pytest.mark.parametrize("mode", ["gapo", "gapo_seq"])
+def test_docs_command_composes_validates_and_instantiates_gapo(mode):
+    """verl's real ppo_trainer config with the documented overrides passes verl's validate_config;
+    every override arrives, in the config and in the actor dataclass (GAPO's fields included,
+    without a _target_ override); the loss runs with it and spans the documented widths."""
+    from test_verl import call, group_batch  # the verl test helpers (losses called as verl's actor calls them)
+
+    script = doc_scripts()[mode]
+    assert "_target_" not in script  # the shorthand is the documented way now
+    overrides = doc_overrides(script)
+    cfg = _compose(overrides)
+    validate_config(cfg, use_reference_policy=False, use_critic=False)
+    OmegaConf.resolve(cfg)  # as TaskRunnerV1.run does before building the workers
+    act = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # as engine_workers.init_model does
+    pl = act.policy_loss
+    assert type(pl) is GAPOPolicyLossConfig and pl.loss_mode == mode
+    in_dataclass = check_every_override(overrides, cfg, act)
+    assert {f"{PL}.{k}" for k in ("loss_mode", "eps_high_max", "adv_estimator", "norm_adv_by_std_in_grpo")} <= set(in_dataclass)
+    assert cfg.data.train_batch_size == 256 and cfg.actor_rollout_ref.rollout.n == 8
+    lo, hi = {"gapo_seq": (3e-3, 5e-3), "gapo": (0.2, 0.28)}[mode]
+    assert (act.clip_ratio_low, act.clip_ratio_high, pl.eps_high_max) == (lo, lo, hi)
+    assert act.loss_agg_mode == {"gapo_seq": "seq-mean-token-mean", "gapo": "token-mean"}[mode]
+    assert (pl.adv_estimator, pl.norm_adv_by_std_in_grpo) == ("grpo", False)  # interpolated from algorithm.*
+    act = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # fresh copy for the loss call
+    old, logp, adv, mask, rewards = group_batch(0, noise=0.02)
+    _, grad, m = call(mode, old, logp, adv, mask, act)
+    assert lo < m["actor/gapo_eps_high_mean"] < hi and grad.abs().sum() > 0
+
+
+_CAPTURE = textwrap.dedent("""
+    # stands in for `python3`: runs verl's real main_ppo entry point (hydra.main, auto_set_device,
+    # validate_config) and, instead of starting Ray, what TaskRunnerV1.run and the actor worker do next
+    import json, sys
+    assert sys.argv[1:3] == ["-m", "verl.trainer.main_ppo"], sys.argv
+    sys.argv = ["main_ppo.py"] + sys.argv[3:]
+    import verl.trainer.main_ppo as main_ppo
+
+    def run_ppo(config, task_runner_class):
+        from omegaconf import OmegaConf
+        import transfer_queue  # noqa: F401  (TaskRunnerV1.run)
+        from verl.trainer.ppo.v1 import get_trainer_cls
+        from verl.utils.config import omega_conf_to_dataclass
+        trainer = get_trainer_cls(config.trainer.v1.trainer_mode)
+        OmegaConf.resolve(config)
+        actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+        pl = actor.policy_loss
+        print("GAPO_CAPTURE " + json.dumps({
+            "trainer": trainer.__name__,
+            "policy_loss_type": type(pl).__module__ + "." + type(pl).__qualname__,
+            "policy_loss": {k: pl[k] for k in ("loss_mode", "eps_high_max", "schedule", "reward_min",
+                                               "reward_max", "adv_estimator", "norm_adv_by_std_in_grpo")},
+            "clip": [actor.clip_ratio_low, actor.clip_ratio_high],
+            "config": OmegaConf.to_container(config),
+        }), flush=True)
+
+    main_ppo.run_ppo = run_ppo
+    main_ppo.main()
+""")
+
+
+def test_docs_scripts_start_main_ppo(tmp_path):
+    """Both documented scripts, run verbatim by bash with `python3` standing for a probe that runs
+    verl's main_ppo up to Ray: the plugin loads through the entry point in a fresh process, the
+    start-up imports of the default trainer succeed, and every override arrives."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "capture.py").write_text(_CAPTURE)
+    shim = bin_dir / "python3"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{tmp_path / "capture.py"}" "$@"\n')
+    shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_USE_EXTERNAL", "MODEL", "DATA"))}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", HYDRA_FULL_ERROR="1")
+    procs = {}
+    for mode, script in doc_scripts().items():
+        run_dir = tmp_path / mode
+        run_dir.mkdir()
+        (run_dir / "launch.sh").write_text(script)
+        procs[mode] = subprocess.Popen(["bash", "launch.sh", "trainer.logger=[console]"], cwd=run_dir, env=env,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for mode, p in procs.items():
+        stdout, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, (mode, stderr[-4000:])
+        line = [ln for ln in stdout.splitlines() if ln.startswith("GAPO_CAPTURE ")]
+        assert len(line) == 1, (stdout[-2000:], stderr[-4000:])
+        out = json.loads(line[0][len("GAPO_CAPTURE "):])
+        assert out["trainer"] == "PPOTrainerSync"
+        assert out["policy_loss_type"] == "gapo.integrations.verl.GAPOPolicyLossConfig"
+        lo, hi = {"gapo_seq": (3e-3, 5e-3), "gapo": (0.2, 0.28)}[mode]
+        assert out["clip"] == [lo, lo]
+        assert out["policy_loss"] == {"loss_mode": mode, "eps_high_max": hi, "schedule": "linear", "reward_min": 0.0,
+                                      "reward_max": 1.0, "adv_estimator": "grpo", "norm_adv_by_std_in_grpo": False}
+        cfg = OmegaConf.create(out["config"])
+        overrides = doc_overrides(doc_scripts()[mode], env={"PWD": str(tmp_path / mode)})
+        overrides.append("trainer.logger=[console]")  # "$@" of the script: extra overrides pass through
+        last = {o.key_or_group: o for o in OverridesParser.create().parse_overrides(overrides)}  # last one wins
+        assert len(last) == len(overrides) - 1  # only trainer.logger appears twice
+        for o in last.values():
+            got = OmegaConf.select(cfg, o.key_or_group, throw_on_missing=True)
+            got = OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+            assert _same(got, _expected(o, cfg)), (mode, o.key_or_group, got)
+        assert cfg.trainer.logger == ["console"]
+        assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-Math-1.5B"  # the script's default
+
+
+# ---------------------------------------------------------------------------------------------
+# +policy_loss.* without _target_
+
+
+@pytest.mark.parametrize("mode", ["gapo", "gapo_seq"])
+def test_gapo_keys_work_without_target_override(mode):
+    cfg = _compose(BASE + [f"{PL}.loss_mode={mode}", f"+{PL}.eps_high_max=0.28", f"+{PL}.schedule=log",
+                           f"+{PL}.reward_min=-1", f"+{PL}.binary_rewards=false"])
+    assert cfg.actor_rollout_ref.actor.policy_loss._target_ == "verl.workers.config.PolicyLossConfig"
+    validate_config(cfg, use_reference_policy=False, use_critic=False)
+    pl = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss
+    assert type(pl) is GAPOPolicyLossConfig
+    assert (pl.loss_mode, pl.eps_high_max, pl.schedule, pl.reward_min, pl.binary_rewards) == (mode, 0.28, "log", -1.0, False)
+    assert pl.rollout_correction == PolicyLossConfig().rollout_correction  # verl's own fields kept
+
+
+def test_gapo_loss_mode_alone_gets_gapo_config_with_defaults():
+    cfg = _compose(BASE + [f"{PL}.loss_mode=gapo"])
+    pl = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss
+    assert type(pl) is GAPOPolicyLossConfig
+    assert (pl.eps_high_max, pl.schedule, pl.reward_min, pl.reward_max, pl.adv_estimator,
+            pl.norm_adv_by_std_in_grpo, pl.binary_rewards) == (None, "linear", 0.0, 1.0, "grpo", False, True)
+
+
+def test_explicit_target_still_works():
+    cfg = _compose(BASE + [f"{PL}.loss_mode=gapo_seq", f"{PL}._target_=gapo.integrations.verl.GAPOPolicyLossConfig",
+                           f"+{PL}.eps_high_max=5e-3"])
+    pl = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss
+    assert type(pl) is GAPOPolicyLossConfig and pl.eps_high_max == 5e-3
+
+
+def test_other_loss_modes_are_untouched():
+    pl = omega_conf_to_dataclass(_compose(BASE + [f"{PL}.loss_mode=gspo"]).actor_rollout_ref.actor).policy_loss
+    assert type(pl) is PolicyLossConfig and pl.loss_mode == "gspo"
+    assert type(PolicyLossConfig()) is PolicyLossConfig
+    assert type(PolicyLossConfig(loss_mode="vanilla", clip_cov_ratio=0.1)) is PolicyLossConfig
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_key'"):  # verl's own error
+        PolicyLossConfig(loss_mode="vanilla", no_such_key=1)
+
+
+def test_copies_and_pickles_keep_type_and_fields():
+    pl = PolicyLossConfig(loss_mode="gapo_seq", eps_high_max=5e-3, schedule="log")
+    assert type(pl) is GAPOPolicyLossConfig
+    for clone in (copy.deepcopy(pl), pickle.loads(pickle.dumps(pl)), copy.copy(pl)):
+        assert type(clone) is GAPOPolicyLossConfig and clone == pl
+    plain = PolicyLossConfig(loss_mode="gspo")
+    assert type(pickle.loads(pickle.dumps(plain))) is PolicyLossConfig
+
+
+def test_dispatch_install_is_idempotent():
+    before = PolicyLossConfig.__dict__["__new__"]
+    gv._install_config_dispatch()
+    assert PolicyLossConfig.__dict__["__new__"] is before
+    assert type(PolicyLossConfig(loss_mode="gapo")) is GAPOPolicyLossConfig
+
+
+# ---------------------------------------------------------------------------------------------
+# start-up errors in gapo's words
+
+
+def _startup_error(extra):
+    cfg = _compose(BASE + extra)
+    with pytest.raises(InstantiationException) as info:
+        validate_config(cfg, use_reference_policy=False, use_critic=False)
+    return str(info.value)
+
+
+def test_gapo_key_with_another_loss_mode_names_the_fix():
+    msg = _startup_error([f"{PL}.loss_mode=vanilla", f"+{PL}.eps_high_max=0.28"])
+    assert "GAPO's field(s) ['eps_high_max'] but loss_mode='vanilla'" in msg
+    assert "policy_loss.loss_mode=gapo or gapo_seq" in msg
+
+
+def test_misspelt_gapo_key_lists_gapo_keys():
+    msg = _startup_error([f"{PL}.loss_mode=gapo", f"+{PL}.eps_hihg_max=0.28"])
+    assert "unknown key(s) ['eps_hihg_max']" in msg
+    for name in gv.GAPO_FIELDS:
+        assert repr(name) in msg
+
+
+@pytest.mark.parametrize("extra, match", [
+    ([f"+{PL}.schedule=cosine"], "policy_loss.schedule must be one of"),
+    ([f"+{PL}.reward_min=1", f"+{PL}.reward_max=0"], r"policy_loss.reward_max \(0.0\) must be > reward_min"),
+    ([f"+{PL}.adv_estimator=gae"], "policy_loss.adv_estimator='gae'"),
+])
+def test_invalid_gapo_values_fail_at_startup(extra, match):
+    msg = _startup_error([f"{PL}.loss_mode=gapo"] + extra)
+    assert re.search(match, msg), msg
+
+
+def test_gapo_fields_are_the_documented_ones():
+    text = DOCS.read_text()
+    section = text[text.index("\n## verl\n"):text.index("\n## TRL\n")]
+    for name in gv.GAPO_FIELDS:
+        assert f"`+policy_loss.{name}`" in section or f"+policy_loss.{name}`" in section, name
+
+
+# ---------------------------------------------------------------------------------------------
+# what main_ppo imports at start-up, and the `verl` extra that installs it
+
+STARTUP_MODULES = [
+    "transfer_queue", "cachetools", "fastapi", "uvicorn", "zmq", "msgspec",
+    "verl.trainer.main_ppo", "verl.trainer.main_ppo_v0", "verl.trainer.ppo.v1", "verl.trainer.ppo.ray_trainer",
+    "verl.workers.engine_workers", "verl.workers.rollout.router", "verl.workers.rollout.utils",
+    "verl.experimental.agent_loop", "verl.experimental.reward_loop",
+]
+
+
+@pytest.mark.parametrize("module", STARTUP_MODULES)
+def test_main_ppo_startup_modules_import(module):
+    import importlib
+
+    importlib.import_module(module)
+
+
+def _requirement_names(reqs):
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    return {canonicalize_name(Requirement(r).name): Requirement(r) for r in reqs}
+
+
+def test_verl_extra_installs_what_the_default_trainer_imports():
+    tomllib = pytest.importorskip("tomllib")
+    from importlib.metadata import packages_distributions, requires
+    from packaging.utils import canonicalize_name
+
+    extra = _requirement_names(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+                               ["optional-dependencies"]["verl"])
+    assert str(extra["verl"].specifier) == "==0.9.1"
+    # the distributions that provide the modules verl's default trainer imports but verl does not require
+    dists = packages_distributions()
+    for module in ("transfer_queue", "cachetools", "fastapi", "uvicorn"):
+        names = {canonicalize_name(d) for d in dists.get(module, [])}
+        assert names & set(extra), (module, names)
+    # each is one of verl's own `verl-core` requirements, with a specifier verl's accepts
+    core = {}
+    for r in requires("verl"):
+        if 'extra == "verl-core"' in r:
+            req = _requirement_names([r.split(";")[0]])
+            core.update(req)
+    for name, req in extra.items():
+        if name != "verl":
+            assert name in core, name
+    # and every new package (with the dependencies they bring that verl's base does not) is pinned
+    lock = {}
+    for line in (ROOT / "requirements" / "lock.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==", 1)
+            lock[canonicalize_name(name)] = version.strip()
+    for name in list(extra) + ["pyzmq", "msgspec", "starlette"]:
+        assert name in lock, name
+        assert extra.get(name) is None or extra[name].specifier.contains(lock[name]), (name, lock[name])
