@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from datasets import Dataset  # noqa: E402  (trl depends on datasets)
 from trl import GRPOTrainer  # noqa: E402
 
-from gapo.integrations.trl import GAPOConfig, GAPOTrainer  # noqa: E402
+from gapo.integrations.trl import GAPOConfig, GAPOTrainer, GAPOWarning  # noqa: E402
 
 pytestmark = pytest.mark.trl
 
@@ -151,7 +151,11 @@ def test_hand_computed_eps_for_binary_groups(policy, tmp_path):
     torch.testing.assert_close(eps, torch.tensor([0.28, 0.2, 0.2, 0.2, mid, mid, mid, 0.2]), rtol=0, atol=1e-6)
     trainer.args.gapo_schedule = "linear"
 
-    # rewards outside reward_range are an error, not a silently wrong ε
+    # the same widths under a fixed [0, 1] range (0/1 rewards: a mixed group spans [0, 1] anyway) ...
+    trainer.args.reward_range = [0.0, 1.0]
+    eps = trainer.compute_eps_high(rewards, 4)
+    torch.testing.assert_close(eps, torch.tensor(expected), rtol=0, atol=1e-6)
+    # ... where rewards outside reward_range are an error, not a silently wrong ε
     with pytest.raises(ValueError, match="reward_range"):
         trainer.compute_eps_high(torch.tensor([2.0, 0.0, 0.0, 0.0]), 4)
 
@@ -245,6 +249,7 @@ def _rows(inputs, idx):
     return {k: (v[idx] if isinstance(v, torch.Tensor) and v.ndim > 0 else v) for k, v in inputs.items()}
 
 
+@pytest.mark.filterwarnings("ignore::gapo.integrations.trl.GAPOWarning")  # token widths at sequence level
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_per_row_eps_equals_trl_per_row(policy, tmp_path, level):
     # ε_high differs per row: rows with A > 0 get 0.5, the rest 0.2. Under loss_type="dapo" the
@@ -340,9 +345,11 @@ def test_clip_stats_by_c_pooled_over_micro_batches_match_gapo_trainer(policy, tm
     assert pooled.keys() == ref.keys() and any(k.startswith("clip/frac_high_by_c/") for k in ref)
     for k in ref:
         assert pooled[k] == pytest.approx(ref[k], rel=1e-5, abs=1e-6), k
-    # the success counts are those of the completions' group rewards
+    # the success counts are those of the completions' group rewards, under the default reward_range="group"
+    from gapo.advantages import group_success_count
+
     texts = trainer.processing_class.batch_decode(inputs["completion_ids"], skip_special_tokens=True)
-    c = torch.tensor(frac_a(texts)).view(-1, 4).sum(1).round().long().repeat_interleave(4)
+    c = group_success_count(torch.tensor(frac_a(texts)), 4, reward_range="group")
     assert torch.equal(inputs["gapo_success_count"], c)
 
 
@@ -373,21 +380,26 @@ def test_training_logs_clip_stats_by_c(policy, tmp_path):
     assert seen, "no mixed group: no positive-advantage completion"
 
 
-def test_rejects_liger_and_bad_config(tmp_path):
+def test_rejects_bad_config(tmp_path):
     common = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
-    with pytest.raises(ValueError, match="use_liger_kernel"):
-        GAPOConfig(use_liger_kernel=True, **common)
-    with pytest.raises(ValueError, match="loss_type"):
-        GAPOConfig(loss_type="cispo", **common)
+    for loss_type, why in (("sapo", "soft sigmoid gate"), ("vespo", "gamma function")):
+        with pytest.raises(ValueError, match=f"loss_type must be one of .*{why}"):
+            GAPOConfig(loss_type=loss_type, **common)
     with pytest.raises(ValueError, match="eps_high_max"):
         GAPOConfig(epsilon=0.2, eps_high_max=0.1, **common)
     with pytest.raises(ValueError, match="epsilon_high"):
         GAPOConfig(epsilon_high=0.28, **common)
+    with pytest.raises(ValueError, match="eps_high_max=4.0"):  # TRL's cispo cap 5.0 in GAPO's terms
+        GAPOConfig(loss_type="cispo", epsilon_high=5.0, **common)
     with pytest.raises(ValueError, match="gapo_schedule"):
         GAPOConfig(gapo_schedule="cosine", **common)
+    with pytest.raises(ValueError, match="Did you mean 'group'"):
+        GAPOConfig(reward_range="grup", **common)
+    with pytest.raises(ValueError, match="R_max > R_min"):
+        GAPOConfig(reward_range=[1.0, 1.0], **common)
     cfg = GAPOConfig(**common)
-    cfg.use_liger_kernel = True  # changed after construction: the trainer checks again
-    with pytest.raises(ValueError, match="use_liger_kernel"):
+    cfg.loss_type = "sapo"  # changed after construction: the trainer checks again
+    with pytest.raises(ValueError, match="loss_type"):
         GAPOTrainer(model="unused", reward_funcs=frac_a, args=cfg)
 
 
@@ -403,3 +415,203 @@ def test_unsupported_trl_version_is_an_import_error(monkeypatch):
         importlib.import_module("gapo.integrations.trl")
     monkeypatch.undo()
     importlib.import_module("gapo.integrations.trl")
+
+
+# --- issue 12: eval groups of one, on-policy warning, widths vs ratio level ------------------------
+def test_eval_with_one_generation_per_prompt_runs(policy, tmp_path):
+    # num_generations_eval=1: no group, so ε_high = ε_low for every completion, c = 0, and no per-c
+    # metrics; the eval loop (generation, rewards, _compute_loss) must run as it does in GRPOTrainer.
+    path, tok = policy
+    args = _config(tmp_path, max_steps=1, num_generations_eval=1, per_device_eval_batch_size=4,
+                   eval_strategy="steps", eval_steps=1)
+    trainer = GAPOTrainer(model=path, reward_funcs=frac_a, args=args, train_dataset=_dataset(),
+                          eval_dataset=_dataset(4), processing_class=tok)
+    assert trainer.compute_eps_high(torch.tensor([1.0, 0.0, 0.5]), 1).tolist() == pytest.approx([0.2] * 3)
+    assert trainer.compute_success_count(torch.tensor([1.0, 0.0, 0.5]), 1).tolist() == [0, 0, 0]
+    trainer.train()
+    evals = [h for h in trainer.state.log_history if "eval_loss" in h]
+    assert evals, trainer.state.log_history
+    assert evals[-1]["eval_gapo/eps_high_mean"] == pytest.approx(0.2)
+    assert not [k for k in evals[-1] if "_by_c/" in k]
+    # training (groups of 4) still logs them
+    assert any(k.startswith("clip/eps_high_by_c/") for h in trainer.state.log_history for k in h)
+
+
+def _gapo_warnings(record):
+    return [str(w.message) for w in record if issubclass(w.category, GAPOWarning)]
+
+
+def test_warns_once_when_every_ratio_is_one(policy, tmp_path):
+    path, tok = policy
+    # TRL's defaults: num_iterations=1, steps_per_generation = gradient_accumulation_steps → ratio ≡ 1
+    with pytest.warns(GAPOWarning) as record:
+        GAPOTrainer(model=path, reward_funcs=frac_a, train_dataset=_dataset(), processing_class=tok,
+                    args=_config(tmp_path, num_iterations=1, steps_per_generation=None, gradient_accumulation_steps=2))
+    msgs = _gapo_warnings(record)
+    assert len(msgs) == 1
+    assert "exactly 1" in msgs[0] and "num_iterations > 1" in msgs[0] and \
+        "steps_per_generation > gradient_accumulation_steps" in msgs[0]
+    # reuse of the generation batch (either way), or eps_high_max == epsilon (GRPO on purpose): no warning
+    for kw in (dict(num_iterations=2, steps_per_generation=1), dict(num_iterations=1, steps_per_generation=4),
+               dict(num_iterations=1, steps_per_generation=1, eps_high_max=0.2)):
+        import warnings
+
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            GAPOTrainer(model=path, reward_funcs=frac_a, train_dataset=_dataset(), processing_class=tok,
+                        args=_config(tmp_path, **kw))
+        assert not _gapo_warnings(rec), (kw, _gapo_warnings(rec))
+
+
+def test_widths_are_checked_against_the_ratio_level(policy, tmp_path):
+    path, tok = policy
+    common = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    # a GSPO run that left eps_high_max at its token-level default 0.28: an error with the paper's widths
+    with pytest.raises(ValueError, match=r"sequence-level width.*0\.003.*0\.005") as err:
+        GAPOConfig(importance_sampling_level="sequence", epsilon=3e-4, **common)
+    assert "epsilon=0.2, eps_high_max=0.28" in str(err.value)
+    with pytest.raises(ValueError, match="sequence-level width"):  # the same mix at token level
+        GAPOConfig(epsilon=3e-3, eps_high_max=0.28, **common)
+    # consistent widths of the other level: a loud warning naming the paper's values
+    for kw, match in ((dict(importance_sampling_level="sequence"), "rarely leaves"),
+                      (dict(importance_sampling_level="token", epsilon=3e-3, eps_high_max=5e-3), "almost every token")):
+        with pytest.warns(GAPOWarning, match=match) as record:
+            GAPOTrainer(model=path, reward_funcs=frac_a, train_dataset=_dataset(), processing_class=tok,
+                        args=_config(tmp_path, **kw))
+        assert "epsilon=0.003, eps_high_max=0.005" in _gapo_warnings(record)[0]
+    # the paper's GSPO widths at sequence level: no warning
+    import warnings
+
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        GAPOTrainer(model=path, reward_funcs=frac_a, train_dataset=_dataset(), processing_class=tok,
+                    args=_config(tmp_path, importance_sampling_level="sequence", loss_type="grpo",
+                                 epsilon=3e-3, eps_high_max=5e-3))
+    assert not _gapo_warnings(rec)
+
+
+# --- issue 12: reward ranges ------------------------------------------------------------------------
+def reward_model_score(completions, **kwargs):
+    """A reward-model-like score on an arbitrary scale: 10 · frac_a − 3, in [−3, 7]."""
+    return [10 * r - 3 for r in frac_a(completions)]
+
+
+def test_default_group_range_takes_rewards_of_any_scale(policy, tmp_path):
+    # The default reward_range="group" is invariant to an affine map of the rewards, so a reward model's
+    # scores give the widths of their [0, 1] version, and training runs where [0, 1] would raise.
+    path, tok = policy
+    trainer = GAPOTrainer(model=path, reward_funcs=reward_model_score, args=_config(tmp_path, max_steps=2),
+                          train_dataset=_dataset(), processing_class=tok)
+    assert trainer.args.reward_range == "group"
+    g = torch.Generator().manual_seed(0)
+    r = torch.rand(16, generator=g)
+    torch.testing.assert_close(trainer.compute_eps_high(10 * r - 3, 4), trainer.compute_eps_high(r, 4),
+                               rtol=0, atol=1e-6)
+    # [5, NaN, 3, 3]: the NaN becomes the mean of the others, 11/3; span 2 → w(5) = (4/3)·(4/3)/2 = 8/9;
+    # it counts as a failure (its group's lowest reward, 3): c = 1
+    eps = trainer.compute_eps_high(torch.tensor([5.0, float("nan"), 3.0, 3.0]), 4)
+    torch.testing.assert_close(eps, torch.tensor([0.2 + 0.08 * 8 / 9, 0.2, 0.2, 0.2]), rtol=0, atol=1e-6)
+    assert trainer.compute_success_count(torch.tensor([5.0, float("nan"), 3.0, 3.0]), 4).tolist() == [1] * 4
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2 and all(0.2 - 1e-6 <= h["gapo/eps_high_mean"] <= 0.28 + 1e-6 for h in logs)
+
+    trainer.args.reward_range = [0.0, 1.0]  # the same scores against a fixed [0, 1]: a clear error
+    with pytest.raises(ValueError, match="outside reward_range.*'group'"):
+        trainer.compute_eps_high(10 * r - 3, 4)
+
+
+def test_batch_range_hand_computed(policy, tmp_path):
+    trainer = _trainer(policy, tmp_path, reward_range="batch")
+    # batch min −1, max 3 (span 4). Group [3, −1, −1, −1]: mean 0, w(3) = 3·(4/3)/4 = 1 → 0.28.
+    # Group [1, 1, 0, 0]: mean .5, w(1) = .5·(4/3)/4 = 1/6 → 0.2 + 0.08/6. An all-unscorable group: ε_low, c = 0.
+    rewards = torch.tensor([3.0, -1, -1, -1, 1, 1, 0, 0] + [float("nan")] * 4)
+    eps = trainer.compute_eps_high(rewards, 4)
+    torch.testing.assert_close(eps, torch.tensor([0.28, 0.2, 0.2, 0.2] + [0.2 + 0.08 / 6] * 2 + [0.2] * 6),
+                               rtol=0, atol=1e-6)
+    # c = round(Σ (R − min_B)/(max_B − min_B)): 1 + 0 + 0 + 0 = 1; .5 + .5 + .25 + .25 = 1.5 → 2;
+    # the unscorable group counts as failures at the batch's lowest reward: 0
+    assert trainer.compute_success_count(rewards, 4).tolist() == [1] * 4 + [2] * 4 + [0] * 4
+
+
+def test_reward_range_from_the_command_line(tmp_path):
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(GAPOConfig)
+    for argv, expected in ((["--reward_range", "batch"], "batch"), (["--reward_range", "-1", "1"], [-1.0, 1.0]),
+                           ([], "group")):
+        (cfg,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--use_cpu", "true",
+                                                      "--report_to", "none", *argv])
+        assert cfg.reward_range == expected
+
+
+# --- issue 12: CISPO and Liger ----------------------------------------------------------------------
+def test_cispo_caps_the_is_weight_per_rollout_like_gapo_cispo_loss(policy, tmp_path):
+    # TRL's cispo: L = −sg(min(ρ, cap))·A·logp; GAPO's cap of completion i is 1 + ε_high(i). gapo's own
+    # cispo_loss clips at 1 − ε_low below too; with ε_low → 1 that bound is out of reach (ρ > 1e-6 here),
+    # so the two must give the same loss and gradients for per-row ε_high.
+    from gapo.losses import cispo_loss
+
+    trainer = _trainer(policy, tmp_path, loss_type="cispo", eps_high_max=0.5)
+    inputs = _inputs_with_stale_policy(trainer, seed=3)
+    g = torch.Generator().manual_seed(3)
+    inputs["gapo_eps_high"] = 0.2 + 0.3 * torch.rand(16, generator=g)  # a different cap on every row
+    ours, g_ours = _loss_and_grads(trainer._compute_loss, trainer, inputs)
+
+    def gapo_ref(model, x):
+        ids = torch.cat([x["prompt_ids"], x["completion_ids"]], 1)
+        am = torch.cat([x["prompt_mask"], x["completion_mask"]], 1)
+        logp = GRPOTrainer._get_per_token_logps_and_entropies(trainer, model, ids, am, x["completion_ids"].size(1))[0]
+        mask = x["completion_mask"].float()
+        loss, _ = cispo_loss(logp, x["old_per_token_logps"], x["advantages"], mask, eps_low=1 - 1e-6,
+                             eps_high=x["gapo_eps_high"], agg="token-mean")
+        # TRL's cispo normaliser: num_items_in_batch / processes · grad-accum / steps_per_generation (1 · 1 / 2)
+        normaliser = x["num_items_in_batch"].float() * trainer.current_gradient_accumulation_steps / 2
+        return loss * mask.sum() / normaliser
+
+    ref, g_ref = _loss_and_grads(gapo_ref, trainer, inputs)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-7)
+    for a, b in zip(g_ours, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    # TRL's cispo_clip_ratio counts A > 0 tokens above each row's own cap 1 + ε_high(i)
+    with torch.no_grad():
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        am = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        logp = GRPOTrainer._get_per_token_logps_and_entropies(trainer, trainer.model, ids, am, ids.size(1) - inputs["prompt_ids"].size(1))[0]
+    ratio = torch.exp(logp - inputs["old_per_token_logps"])
+    mask = inputs["completion_mask"].bool()
+    capped = (ratio > 1 + inputs["gapo_eps_high"].unsqueeze(1)) & (inputs["advantages"] > 0).unsqueeze(1) & mask
+    assert trainer._metrics["train"]["cispo_clip_ratio"][-1] == pytest.approx(capped.sum().item() / mask.sum().item())
+    assert capped.any()  # the per-row caps bind on this batch
+    # with every cap at 1 + epsilon, the loss is TRL's own cispo at epsilon_high = 1 + epsilon
+    inputs["gapo_eps_high"] = torch.full((16,), 0.2)
+    fixed, _ = _loss_and_grads(trainer._compute_loss, trainer, inputs)
+    trainer.epsilon_high = 1.2
+    try:
+        trl_fixed, _ = _loss_and_grads(lambda m, x: GRPOTrainer._compute_loss(trainer, m, x), trainer, inputs)
+    finally:
+        trainer.epsilon_high = 0.2
+    assert torch.equal(fixed, trl_fixed) and not torch.allclose(fixed, ours)
+
+
+def test_liger_kernel_leaves_the_loss_to_the_adapter(policy, tmp_path, monkeypatch):
+    # trl 1.16 applies Liger's layer kernels only (it forces liger_kernel_config fused_linear_cross_entropy
+    # =False and rejects True), so the loss is still GRPOTrainer._compute_loss, i.e. GAPO's. liger-kernel
+    # (Triton, GPU) cannot run here: transformers' apply_liger_kernel is replaced by a recorder, and the
+    # test checks that training then applies GAPO's per-rollout bound exactly as without Liger.
+    import transformers.trainer as hf_trainer
+
+    calls = []
+    monkeypatch.setattr(hf_trainer, "apply_liger_kernel", lambda model, cfg: calls.append(dict(cfg or {})))
+    path, tok = policy
+    trainer = GAPOTrainer(model=path, reward_funcs=has_a, args=_config(tmp_path, max_steps=2, use_liger_kernel=True),
+                          train_dataset=_dataset(), processing_class=tok)
+    trainer.train()
+    assert calls == [{"fused_linear_cross_entropy": False}]
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    seen = [(int(k.rsplit("/", 1)[1]), v) for h in logs for k, v in h.items() if k.startswith("clip/eps_high_pos_by_c/")]
+    assert seen and all(v == pytest.approx(0.2 + 0.08 * (4 - c) / 3, abs=1e-6) for c, v in seen)
+    # Liger's fused cross-entropy would replace the forward: TRL refuses it
+    with pytest.raises(ValueError, match="fused_linear_cross_entropy"):
+        GAPOTrainer(model=path, reward_funcs=has_a, train_dataset=_dataset(), processing_class=tok,
+                    args=_config(tmp_path, use_liger_kernel=True, liger_kernel_config={"fused_linear_cross_entropy": True}))
