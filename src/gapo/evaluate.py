@@ -18,6 +18,7 @@ import time
 import torch
 
 from gapo.metrics import first_move_entropy, pass_at_k_curve
+from gapo.scoring import score_checked
 
 __all__ = ["evaluate"]
 
@@ -66,7 +67,9 @@ def evaluate(
         bar.close()
     model.train(was_training)
 
-    ok = [[task.score(p, t) > 0 for t in ts] for p, ts in zip(problems, texts)]  # each sample scored once
+    # each sample scored once; a task that raises or returns a non-finite reward is a ValueError
+    # naming the task and the problem (gapo.scoring), not a bare traceback
+    ok = [[score_checked(task, problems, j, t) > 0 for t in ts] for j, ts in enumerate(texts)]
     correct = [sum(o) for o in ok]
     out: dict = {f"eval/pass@{k}": v for k, v in pass_at_k_curve(n, correct).items()}
     moves = [[task.first_move(t) for t in ts] for ts in texts]

@@ -228,9 +228,10 @@ def _cgroup_layers() -> tuple[str, ...]:
 
 def reap_orphans() -> int:
     """Kill what is left of sandboxes whose starting process died (a scoring worker killed on
-    timeout) and remove their cgroups; returns how many were found. Needs cgroups (Linux);
-    elsewhere returns 0 (``PR_SET_PDEATHSIG`` already took them down on Linux)."""
-    if not capabilities().cgroups:
+    timeout): kill their cgroups' processes, remove the cgroups and scratch directories; returns
+    how many were found. Linux only (``PR_SET_PDEATHSIG`` has already taken the processes down;
+    this is the second line and the clean-up)."""
+    if not sys.platform.startswith("linux"):
         return 0
     return sandbox_ns.reap_orphans()
 
@@ -377,7 +378,7 @@ def _run(
     probe: bool = False,
 ) -> SandboxResult:
     t0 = time.monotonic()
-    workdir = tempfile.mkdtemp(prefix="gapo-sbx-")
+    workdir = tempfile.mkdtemp(prefix=f"gapo-sbx-{os.getpid()}-")
     report_r = report_w = -1
     cgroup = sandbox_ns.Cgroup(memory_mb << 20) if iso.cgroups else None
     try:

@@ -241,7 +241,31 @@ def reap_orphans() -> int:
             if not _alive(owner):
                 stale.append(os.path.join(base, n))
     _kill_and_remove(stale)
-    return len(stale)
+    return len(stale) + _remove_stale_dirs()
+
+
+def _remove_stale_dirs() -> int:
+    """Scratch directories (``$TMPDIR/gapo-sbx-<pid>-*``) of sandbox owners that died before
+    their ``finally`` could remove them."""
+    import shutil
+    import tempfile
+
+    base, n = tempfile.gettempdir(), 0
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(_PREFIX):
+            continue
+        try:
+            owner = int(name[len(_PREFIX):].split("-")[0])
+        except ValueError:
+            continue
+        if not _alive(owner):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            n += 1
+    return n
 
 
 def _alive(pid: int) -> bool:

@@ -29,9 +29,21 @@ With ``workers == 0`` scoring runs in the calling process. On the main thread th
 ``SIGALRM`` timer (soft: it interrupts Python code, which is where sympy spends its time);
 off the main thread the task's own guard applies (``MathTask`` then uses a helper process).
 
-A task that returns NaN or an infinite reward is a bug in the task: ``ValueError`` naming the
-task and the problem. An exception raised by ``task.score`` propagates (with the task and the
-problem in the message); tasks must turn bad completions into reward 0 themselves.
+Scoring errors are the task's bugs, never the completion's (tasks turn bad completions into
+reward 0 themselves), and stop the run with a ``ValueError`` (the CLI prints it as ``gapo train:
+error: ...`` and exits 2) that names the task, the problem (index in the batch, ``task_id`` when
+the problem has one, the start of the prompt) and what went wrong:
+
+- ``task.score`` / ``score_detailed`` raised: the original exception's type and message (chained
+  as ``__cause__``), serial or in a worker;
+- a reward that is not a finite number with ``|r| <= MAX_ABS_REWARD`` (1e6): NaN and ±inf, and
+  also absurd finite values such as 1e30, whose square (the advantage's variance) overflows
+  float32 and turns every advantage of the group into NaN. Nothing is silently zeroed.
+
+A task may declare ``score_timeout_s``, the longest one ``score_detailed`` call can take because
+the task enforces its own limit (the code tasks: the sandbox's wall clock). The pool then trusts
+it: no soft alarm, and the hard kill comes only after ``max(timeout_s, score_timeout_s)`` plus a
+grace period, so a worker is never killed while its sandbox is still inside its own deadline.
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ import multiprocessing as mp
 import multiprocessing.connection as mpc
 import pickle
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -56,10 +69,18 @@ __all__ = [
     "submit_batch",
     "run_with_timeout",
     "score_one",
+    "score_checked",
+    "check_reward",
     "STATUSES",
+    "MAX_ABS_REWARD",
 ]
 
 STATUSES = ("ok", "unparsable", "timeout", "error")
+
+#: Largest accepted |reward|: beyond it the group's variance overflows float32 (see above).
+MAX_ABS_REWARD = 1e6
+#: Added to a task's own ``score_timeout_s`` before the pool kills the worker.
+SELF_TIMED_GRACE_S = 5.0
 
 
 class VerifierTimeout(Exception):
@@ -231,6 +252,13 @@ class _Worker:
             self.proc.kill()
         self.proc.join(timeout=5)
         self.conn.close()
+        # Its sandboxes died with it (PR_SET_PDEATHSIG); remove what is left (cgroups, dirs).
+        sb = sys.modules.get("gapo.sandbox")
+        if sb is not None:
+            try:
+                sb.reap_orphans()
+            except Exception:  # noqa: BLE001 - cleanup must not break the pool
+                pass
 
 
 class _Workers:
@@ -342,15 +370,44 @@ def _check_inputs(task, problems, completions):
         )
 
 
-def _finish(task, problems, rewards, statuses, t0) -> tuple[list[float], dict]:
+def _where(task, problems, i) -> str:
+    """``task 'x', problem 3 (id 'HumanEval/2', prompt 'def f...')`` for error messages."""
     name = getattr(task, "name", type(task).__name__)
+    p = problems[i]
+    meta = getattr(p, "meta", None)
+    tid = meta.get("task_id") if isinstance(meta, dict) else None
+    prompt = str(getattr(p, "prompt", p))[:120]
+    ident = f"id {tid!r}, " if tid is not None else ""
+    return f"task {name!r}, problem {i} ({ident}prompt {prompt!r})"
+
+
+def check_reward(task, problems, i, reward) -> float:
+    """``reward`` as a float, or ``ValueError`` naming the task and problem when it is not a
+    finite number within ``±MAX_ABS_REWARD``."""
+    try:
+        r = float(reward)
+    except (TypeError, ValueError):
+        raise ValueError(f"{_where(task, problems, i)}: reward {reward!r} is not a number; "
+                         "rewards must be finite floats") from None
+    if not math.isfinite(r) or abs(r) > MAX_ABS_REWARD:
+        raise ValueError(f"{_where(task, problems, i)}: returned reward {r}; rewards must be "
+                         f"finite and within ±{MAX_ABS_REWARD:g}")
+    return r
+
+
+def score_checked(task, problems, i, completion) -> float:
+    """``task.score(problems[i], completion)`` for evaluation: an exception or a bad reward
+    becomes the same ``ValueError`` as in :func:`score_batch`."""
+    try:
+        r = task.score(problems[i], completion)
+    except Exception as e:  # noqa: BLE001
+        _raise_from_task(task, problems, i, e)
+    return check_reward(task, problems, i, r)
+
+
+def _finish(task, problems, rewards, statuses, t0) -> tuple[list[float], dict]:
     for i, r in enumerate(rewards):
-        if not math.isfinite(r):
-            prompt = getattr(problems[i], "prompt", problems[i])
-            raise ValueError(
-                f"task {name!r} returned reward {r} for problem {i} (prompt {str(prompt)[:120]!r}); "
-                "rewards must be finite"
-            )
+        check_reward(task, problems, i, r)
     n = len(rewards)
     stats: dict[str, float] = {"reward/n": float(n)}
     stats["reward/mean"] = sum(rewards) / n if n else 0.0
@@ -363,12 +420,20 @@ def _finish(task, problems, rewards, statuses, t0) -> tuple[list[float], dict]:
 
 
 def _raise_from_task(task, problems, i, exc):
-    name = getattr(task, "name", type(task).__name__)
-    prompt = getattr(problems[i], "prompt", problems[i])
-    raise RuntimeError(
-        f"task {name!r} raised {type(exc).__name__} while scoring problem {i} "
-        f"(prompt {str(prompt)[:120]!r}): {exc}"
+    raise ValueError(
+        f"{_where(task, problems, i)}: the task's score function raised "
+        f"{type(exc).__name__}: {exc}"
     ) from exc
+
+
+def _deadlines(task, timeout_s: float | None) -> tuple[float | None, float | None]:
+    """(soft alarm, hard kill) per completion. A task that times itself (``score_timeout_s``,
+    e.g. the sandbox's wall clock) gets no soft alarm and a hard kill only after its own
+    deadline: killing the worker first would orphan the sandbox's processes."""
+    own = getattr(task, "score_timeout_s", None)
+    if isinstance(own, (int, float)) and own > 0:
+        return None, max(timeout_s or 0.0, float(own)) + SELF_TIMED_GRACE_S
+    return (None if timeout_s is None else 0.9 * timeout_s), timeout_s
 
 
 class ScoringPool:
@@ -398,10 +463,10 @@ class ScoringPool:
         key = hashlib.sha1(blob).hexdigest()
         # The worker's own soft alarm fires a little before the parent's hard kill, so an
         # interruptible verifier reports a clean timeout and the worker survives.
-        soft = None if timeout_s is None else 0.9 * timeout_s
+        soft, hard = _deadlines(task, timeout_s)
         jobs = [("score", p, c, soft) for p, c in zip(problems, completions)]
         with self._lock:
-            outs = self._workers.run(jobs, timeout_s, ("task:" + key, ("task", blob)))
+            outs = self._workers.run(jobs, hard, ("task:" + key, ("task", blob)))
         rewards, statuses = [], []
         for i, (status, value) in enumerate(outs):
             if status == "ok":
@@ -410,7 +475,7 @@ class ScoringPool:
                 _raise_from_task(task, problems, i, value)
             else:  # timeout (hard kill) or error (worker died)
                 r, s = 0.0, status
-            rewards.append(float(r))
+            rewards.append(check_reward(task, problems, i, r))
             statuses.append(s)
         return _finish(task, problems, rewards, statuses, t0)
 
@@ -454,12 +519,13 @@ def score_batch(task, problems, completions, *, workers: int = 0, timeout_s: flo
     _check_inputs(task, problems, completions)
     t0 = time.perf_counter()
     rewards, statuses = [], []
+    soft, _ = _deadlines(task, timeout_s)
     for i, (p, c) in enumerate(zip(problems, completions)):
         try:
-            r, s = _score_guarded(task, p, c, timeout_s)
+            r, s = _score_guarded(task, p, c, soft)
         except Exception as e:  # noqa: BLE001
             _raise_from_task(task, problems, i, e)
-        rewards.append(float(r))
+        rewards.append(check_reward(task, problems, i, r))
         statuses.append(s)
     return _finish(task, problems, rewards, statuses, t0)
 

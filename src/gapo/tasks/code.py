@@ -136,6 +136,14 @@ class _CodeTask:
         self._problems: list[Problem] = []
         self._unsupported: dict = {}  # problem -> reference solution cannot cross either
 
+    @property
+    def score_timeout_s(self) -> float:
+        """The longest one ``score_detailed`` call takes: the sandbox enforces ``timeout_s``
+        itself, at most twice (the completion, then once per problem the reference solution,
+        see :meth:`_unsupported_problem`), plus start-up. :mod:`gapo.scoring` derives its pool
+        deadline from this, so a worker is never killed while its sandbox is still running."""
+        return 2 * (self.timeout_s + 5.0)
+
     # -- problem sets ------------------------------------------------------------------------
     def problems(self) -> list[Problem]:
         """Every problem of the dataset, in file order (for a full benchmark run)."""
