@@ -1,0 +1,514 @@
+"""Golden regression check: small deterministic trainings must reproduce their recorded metrics.
+
+    python benchmarks/regression.py record              # write benchmarks/golden/*.jsonl
+    python benchmarks/regression.py check               # rerun everything, compare exactly
+    python benchmarks/regression.py check --only demo resume
+    python benchmarks/regression.py list
+
+Training is deterministic on CPU, so a change that is meant to leave behaviour alone (a
+restructuring, a rename) must reproduce every metric bit for bit. Each *unit* below runs gapo
+only through its command line (``python -m gapo.cli ...`` in a child process), never through
+module paths, so the check survives moving code between modules. Every unit writes its records
+as compact JSON lines; every line carries ``_src`` (the run or artefact it came from). ``check``
+compares each record with the golden one exactly (floats equal after a JSON round trip), ignoring
+``time/*`` fields, and prints, per source, the first key that differs and the set of keys that
+differ anywhere.
+
+Units (about 3 minutes together on 2 shared CPU cores):
+
+- ``demo``: ``gapo demo`` (fixed clipping vs GAPO, the demo's own settings) with fewer steps and
+  a smaller evaluation.
+- ``grid``: ``gapo compare`` on a tiny grid: regime ``low`` (the shipped preset) × token GAPO,
+  GSPO-sequence GAPO (``gspo`` + linear schedule), CISPO and pass@k shaping; regimes
+  ``high_mini`` and ``arith_mini`` (the ``high`` preset's SFT mix and RL task, and the grid's
+  arithmetic regime, each pretrained for 60 steps from scratch into an empty cache, so
+  pretraining is covered too) × token GAPO. Pretraining statistics are compared as well.
+- ``resume``: one ``gapo train`` run straight through, the same run stopped by SIGTERM and resumed,
+  and the same run killed (SIGKILL) after a periodic checkpoint and resumed; all three must give
+  the golden records.
+- ``eval``: ``gapo eval`` of the default base policy (its preset → task resolution).
+- ``parity``: values of the verl and TRL adapters (``gapo.integrations.*``): verl's registered
+  ``gapo``/``gapo_seq`` losses on a fixed batch (loss, gradient sums, metrics) and two optimiser
+  steps of TRL's ``GAPOTrainer`` on a random tiny Qwen2 (its log history). Skipped where verl or
+  TRL are not installed.
+
+Run it with the interpreter of the environment under test (``.venv/bin/python``). To check
+another checkout's code, put its ``src`` first: ``PYTHONPATH=/path/to/src``. Golden values
+depend on the CPU and the torch build they were recorded with (``golden/meta.json``); on another
+machine, ``record`` from a trusted commit first.
+
+Configuration keys renamed by a later change (``algo.eps_high`` → ``algo.eps_high_max``) are
+detected once at start, by asking the command line, and applied to every override.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = HERE / "golden"
+IGNORED_PREFIXES = ("time/",)
+
+# --------------------------------------------------------------------------------- the units
+# The demo's own overrides come from `gapo demo` itself; only length and evaluation shrink.
+DEMO_ARGS = ["--steps", "3", "--eval-every", "2", "--eval-problems", "16", "--eval-samples", "8", "--seed", "0"]
+
+RESUME_OVERRIDES = [
+    "model.base_preset=low", "train.steps=6", "train.prompts=4", "train.group_size=4", "train.mini_batches=2",
+    "train.epochs=2", "train.checkpoint_every=2", "train.progress=false", "train.seed=3",
+    "algo.eps_schedule=linear", "algo.eps_low=0.2", "algo.eps_high=0.28", "optim.lr=1e-4",
+    "eval.problems=4", "eval.samples=2", "eval.every=3",
+]
+
+EVAL_ARGS = ["--problems", "16", "--n", "8"]
+
+HIGH_MIX = [[{"n_numbers": 2, "num_range": [1, 10]}, 0.25], [{"n_numbers": 3, "num_range": [1, 10]}, 0.75]]
+ARITH_TASK = {"digits": 2, "ops": "+-*"}
+GRID = {
+    "name": "regression",
+    "methods": ["gapo", "gapo_seq", "cispo", "passk"],
+    "regimes": ["low", "high_mini", "arith_mini"],
+    "seeds": [0],
+    "workers": 2,
+    "method_defs": {
+        "cispo": {"algo.loss": "cispo", "algo.eps_schedule": "fixed", "algo.advantage": "drgrpo",
+                  "algo.advantage_params": {}, "algo.eps_low": 0.2, "algo.eps_high": 0.28},
+    },
+    "regime_defs": {
+        "high_mini": {"base": {"name": "high_mini", "sft_mix": HIGH_MIX, "rl_task": {"n_numbers": 2, "num_range": [1, 10]},
+                               "pool_size": 200, "max_steps": 60, "time_budget_s": None, "warmup_steps": 10},
+                      "methods": ["gapo"]},
+        "arith_mini": {"base": {"name": "arith_mini", "task": "arithmetic", "sft_mix": [[ARITH_TASK, 1.0]],
+                                "rl_task": ARITH_TASK, "pool_size": 300, "max_steps": 60, "time_budget_s": None,
+                                "warmup_steps": 10},
+                       "task": {"name": "arithmetic", "params": ARITH_TASK},
+                       "methods": ["gapo"]},
+    },
+    "common": {"optim.lr": 1e-4, "train.steps": 3, "train.prompts": 8, "train.group_size": 8,
+               "train.mini_batches": 4, "train.epochs": 2, "train.checkpoint_every": 0,
+               "eval.problems": 8, "eval.samples": 4, "eval.every": 0},
+}
+
+UNITS = ["demo", "grid", "resume", "eval", "parity"]
+QUICK = ["demo", "resume"]  # what tests/test_regression.py checks
+
+
+# --------------------------------------------------------------------------------- helpers
+class Env:
+    """How to call the gapo under test, and the key names it accepts."""
+
+    def __init__(self, work: Path, verbose: bool):
+        self.work = work
+        self.verbose = verbose
+        self.cache = work / "cache"  # empty: presets come from the package, mini presets are trained
+        self.env = dict(os.environ, GAPO_CACHE=str(self.cache), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                        PYTHONUNBUFFERED="1")
+        self.renames: dict[str, str] = {}
+
+    def gapo(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "gapo.cli", *args]
+
+    def run(self, args: list[str], *, timeout: float = 900) -> subprocess.CompletedProcess:
+        if self.verbose:
+            print("  $ gapo " + " ".join(args[3:]), flush=True)
+        p = subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=timeout, cwd=self.work)
+        if p.returncode != 0:
+            raise RuntimeError(f"`{' '.join(args[3:])}` exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        return p
+
+    def key(self, k: str) -> str:
+        return self.renames.get(k, k)
+
+    def overrides(self, items: list[str]) -> list[str]:
+        out = []
+        for it in items:
+            k, _, v = it.partition("=")
+            out.append(f"{self.key(k)}={v}")
+        return out
+
+    def detect_renames(self) -> None:
+        """``algo.eps_high`` → ``algo.eps_high_max`` once gapo renames it (the old key is then an
+        error naming the new one). The probe fails validation on purpose, so nothing runs."""
+        probe = self.gapo("train", "--out", str(self.work / "probe"), "algo.eps_high=0.2", "train.group_size=1")
+        p = subprocess.run(probe, env=self.env, capture_output=True, text=True, timeout=300, cwd=self.work)
+        msg = p.stdout + p.stderr
+        if "group_size" in msg:
+            return  # the key was accepted; validation stopped at group_size
+        if "eps_high_max" in msg:
+            self.renames["algo.eps_high"] = "algo.eps_high_max"
+            print("note: config key algo.eps_high is now algo.eps_high_max", flush=True)
+            return
+        raise RuntimeError(f"cannot tell which eps key gapo accepts; probe said:\n{msg[-3000:]}")
+
+
+def normalise(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if not k.startswith(IGNORED_PREFIXES)}
+
+
+def read_metrics(path: Path, src: str) -> list[dict]:
+    out = []
+    for ln in path.read_text().splitlines():
+        if ln.strip():
+            out.append({"_src": src, **normalise(json.loads(ln))})
+    return out
+
+
+def pretrain_stats(cache: Path) -> list[dict]:
+    """The loss curve and step count of every base policy trained into ``cache`` (times dropped)."""
+    out = []
+    for meta in sorted(cache.glob("base/*/gapo_policy.json")):
+        extra = json.loads(meta.read_text()).get("extra", {})
+        st = dict(extra.get("stats", {}))
+        for k in ("train_s", "train_cpu_s", "data_s", "build_s"):
+            st.pop(k, None)
+        st["curve"] = [[c[0], c[2]] for c in st.get("curve", [])]  # (step, seconds, loss) -> (step, loss)
+        name = extra.get("pretrain_config", {}).get("name", meta.parent.name)
+        out.append({"_src": f"pretrain/{name}", "cache_key": extra.get("cache_key"), **st})
+    return out
+
+
+# --------------------------------------------------------------------------------- unit runners
+def unit_demo(env: Env) -> list[dict]:
+    out = env.work / "demo"
+    env.run(env.gapo("demo", "--out", str(out), *DEMO_ARGS))
+    return [r for m in ("fixed", "gapo") for r in read_metrics(out / m / "metrics.jsonl", f"demo/{m}")]
+
+
+def unit_grid(env: Env) -> list[dict]:
+    import yaml
+
+    grid = json.loads(json.dumps(GRID))
+    for m in grid["method_defs"].values():
+        for k in list(m):
+            m[env.key(k)] = m.pop(k)
+    cfg = env.work / "grid.yaml"
+    cfg.write_text(yaml.safe_dump(grid, sort_keys=False))
+    out = env.work / "grid"
+    env.run(env.gapo("compare", "--config", str(cfg), "--out", str(out)))
+    recs = []
+    for f in sorted(out.glob("**/metrics.jsonl")):
+        src = "grid/" + f.parent.relative_to(out).as_posix()
+        recs += read_metrics(f, src)
+    n_cells = len({r["_src"] for r in recs})
+    if n_cells != 6:
+        raise RuntimeError(f"grid: expected 6 cells with metrics, found {n_cells}; see {out}")
+    return recs + pretrain_stats(env.cache)
+
+
+def _train_args(env: Env, out: Path, *extra: str) -> list[str]:
+    return env.gapo("train", "--out", str(out), *extra, *env.overrides(RESUME_OVERRIDES))
+
+
+def _n_train(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    return sum(1 for ln in path.read_text().splitlines() if ln.endswith("}") and '"kind": "train"' in ln)
+
+
+def _interrupt(env: Env, out: Path, sig: int, after: int) -> None:
+    """Start the run, send ``sig`` once ``after`` train records are written; it must not finish."""
+    if env.verbose:
+        print(f"  $ gapo train --out {out} … (signal {sig} after {after} steps)", flush=True)
+    p = subprocess.Popen(_train_args(env, out), env=env.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, cwd=env.work)
+    log = out / "metrics.jsonl"
+    while p.poll() is None and _n_train(log) < after:
+        time.sleep(0.01)
+    if p.poll() is not None:
+        raise RuntimeError(f"resume: the run ended before it could be interrupted (rc {p.returncode}):\n"
+                           f"{p.stdout.read()[-3000:]}")
+    p.send_signal(sig)
+    text, _ = p.communicate(timeout=600)
+    want = 130 if sig == signal.SIGTERM else -signal.SIGKILL
+    if p.returncode != want:
+        raise RuntimeError(f"resume: interrupted run exited {p.returncode}, expected {want}:\n{text[-3000:]}")
+    if (out / "policy").exists():
+        raise RuntimeError("resume: the interrupted run finished anyway")
+
+
+def unit_resume(env: Env) -> list[dict]:
+    straight = env.work / "resume-straight"
+    env.run(_train_args(env, straight))
+    golden = read_metrics(straight / "metrics.jsonl", "resume")
+    for name, sig, after in (("term", signal.SIGTERM, 2), ("kill", signal.SIGKILL, 3)):
+        d = env.work / f"resume-{name}"
+        _interrupt(env, d, sig, after)
+        env.run(_train_args(env, d, "--resume"))
+        got = read_metrics(d / "metrics.jsonl", "resume")
+        where = first_difference(golden, got)
+        if where:
+            raise RuntimeError(f"resume: run stopped by {signal.Signals(sig).name} and resumed differs from "
+                               f"the straight run: {where}")
+    return golden
+
+
+def unit_eval(env: Env) -> list[dict]:
+    p = env.run(env.gapo("eval", *EVAL_ARGS))
+    text = p.stdout
+    res = json.loads(text[text.index("{"): text.rindex("}") + 1])
+    return [{"_src": "eval/low", **normalise(res)}]
+
+
+PARITY = r'''
+import json, math, tempfile
+import torch
+
+def num(v):
+    if isinstance(v, torch.Tensor):
+        v = v.detach().double().mean().item() if v.numel() > 1 else v.item()
+    if hasattr(v, "value"):  # verl's Metric
+        v = v.value
+    if isinstance(v, (list, tuple)):
+        return [num(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+def emit(rec):
+    print("@@REC " + json.dumps(rec))
+
+try:
+    import verl  # noqa: F401
+    have_verl = True
+except ImportError:
+    have_verl = False
+if have_verl:
+    import gapo.integrations.verl as gv
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.workers.config import ActorConfig
+    g = torch.Generator().manual_seed(0)
+    G, P, T = 8, 4, 16
+    B = G * P
+    rewards = (torch.rand(B, generator=g) < 0.4).float()
+    lengths = torch.randint(2, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    r = rewards.view(P, G)
+    adv = ((r - r.mean(1, keepdim=True)).reshape(B, 1).expand(B, T) * mask).contiguous()
+    old = -torch.rand(B, T, generator=g) * 3.0
+    logp = old + torch.randn(B, T, generator=g) * 0.3
+    logp_seq = old + torch.randn(B, T, generator=g) * 0.02  # sequence ratios near GSPO's narrow band
+    cases = [("gapo", 0.2, 0.2, dict(eps_high_max=0.28, schedule="linear")),
+             ("gapo", 0.2, 0.2, dict(eps_high_max=0.28, schedule="log")),
+             ("gapo_seq", 3e-3, 3e-3, dict(eps_high_max=5e-3, schedule="linear"))]
+    for name, lo, hi, pl in cases:
+        for agg in ("token-mean", "seq-mean-token-sum-norm"):
+            cfg = ActorConfig(strategy="fsdp", rollout_n=G, ppo_micro_batch_size_per_gpu=1, clip_ratio=lo,
+                              clip_ratio_low=lo, clip_ratio_high=hi, loss_agg_mode=agg,
+                              policy_loss=gv.GAPOPolicyLossConfig(loss_mode=name, **pl))
+            x = (logp_seq if name == "gapo_seq" else logp).clone().requires_grad_(True)
+            loss, m = get_policy_loss_fn(name)(old_log_prob=old, log_prob=x, advantages=adv, response_mask=mask,
+                                               loss_agg_mode=agg, config=cfg)
+            loss.backward()
+            emit({"_src": f"verl/{name}/{pl['schedule']}/{agg}", "loss": loss.item(), "grad_sum": x.grad.sum().item(),
+                  "grad_abs_sum": x.grad.abs().sum().item(), **{k: num(v) for k, v in sorted(m.items())}})
+
+try:
+    import trl  # noqa: F401
+    have_trl = True
+except ImportError:
+    have_trl = False
+if have_trl:
+    from datasets import Dataset
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from gapo.integrations.trl import GAPOConfig, GAPOTrainer
+    alphabet, specials = "abcde+=", ["<pad>", "<bos>", "<eos>", "<unk>"]
+    tmp = tempfile.mkdtemp()
+    vocab = {t: i for i, t in enumerate(specials + list(alphabet))}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tk.save(tmp + "/tokenizer.json")
+    tok = PreTrainedTokenizerFast(tokenizer_file=tmp + "/tokenizer.json", pad_token="<pad>", bos_token="<bos>",
+                                  eos_token="<eos>", unk_token="<unk>", padding_side="left")
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                 pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
+                     ).save_pretrained(tmp + "/model")
+
+    def frac_a(completions, **kwargs):
+        return [c.count("a") / max(len(c), 1) for c in completions]
+
+    args = GAPOConfig(output_dir=tmp + "/out", use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+                      per_device_train_batch_size=8, num_generations=4, max_completion_length=6, logging_steps=1,
+                      learning_rate=3e-2, max_steps=4, num_iterations=2, steps_per_generation=2, seed=0,
+                      loss_type="dapo", beta=0.0, epsilon=0.2, eps_high_max=0.28, disable_tqdm=True)
+    data = Dataset.from_list([{"prompt": alphabet[i % 5] + alphabet[(i + 1) % 5] + "="} for i in range(8)])
+    tr = GAPOTrainer(model=tmp + "/model", reward_funcs=frac_a, args=args, train_dataset=data, processing_class=tok)
+    tr.train()
+    for i, h in enumerate(tr.state.log_history):
+        emit({"_src": f"trl/log{i}", **{k: num(v) for k, v in sorted(h.items())
+                                          if not any(s in k for s in ("runtime", "per_second", "time"))}})
+    emit({"_src": "trl/params", "sum": float(sum(p.detach().double().sum() for p in tr.model.parameters())),
+          "abs_sum": float(sum(p.detach().double().abs().sum() for p in tr.model.parameters()))})
+'''
+
+
+def unit_parity(env: Env) -> list[dict]:
+    if env.verbose:
+        print("  $ python -c <verl/TRL adapter values>", flush=True)
+    p = subprocess.run([sys.executable, "-c", PARITY], env=env.env, capture_output=True, text=True, timeout=900,
+                       cwd=env.work)
+    if p.returncode != 0:
+        raise RuntimeError(f"parity snippet exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    return [json.loads(ln[6:]) for ln in p.stdout.splitlines() if ln.startswith("@@REC ")]
+
+
+RUNNERS = {"demo": unit_demo, "grid": unit_grid, "resume": unit_resume, "eval": unit_eval, "parity": unit_parity}
+
+
+# --------------------------------------------------------------------------------- comparison
+def _roundtrip(recs: list[dict]) -> list[dict]:
+    return [json.loads(json.dumps(r)) for r in recs]
+
+
+def _by_src(recs: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in recs:
+        out.setdefault(r["_src"], []).append(r)
+    return out
+
+
+def _where(r: dict) -> str:
+    bits = [f"{k}={r[k]}" for k in ("kind", "step") if k in r]
+    return f"[{', '.join(bits)}] " if bits else ""
+
+
+def compare(golden: list[dict], got: list[dict]) -> dict[str, dict]:
+    """Per source: ``{"first": str | None, "keys": sorted differing keys}``."""
+    g, n = _by_src(_roundtrip(golden)), _by_src(_roundtrip(got))
+    res = {}
+    for src in sorted(set(g) | set(n)):
+        a, b = g.get(src, []), n.get(src, [])
+        first, keys = None, set()
+        if not a or not b:
+            first = "missing in the " + ("new run" if a else "golden set")
+        elif len(a) != len(b):
+            first = f"{len(b)} records, golden {len(a)}"
+        for ra, rb in zip(a, b):
+            for k in list(ra) + [k for k in rb if k not in ra]:
+                if k not in rb or k not in ra or ra[k] != rb[k]:
+                    keys.add(k)
+                    if first is None:
+                        va = ra.get(k, "<absent>")
+                        vb = rb.get(k, "<absent>")
+                        first = f"{_where(ra)}{k}: golden {_short(va)}, now {_short(vb)}"
+        res[src] = {"first": first, "keys": sorted(keys)}
+    return res
+
+
+def first_difference(golden: list[dict], got: list[dict]) -> str | None:
+    for src, d in compare(golden, got).items():
+        if d["first"]:
+            return f"{src}: {d['first']}"
+    return None
+
+
+def _short(v) -> str:
+    s = json.dumps(v)
+    return s if len(s) < 80 else s[:77] + "..."
+
+
+def write_golden(path: Path, recs: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in recs))
+
+
+def read_golden(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def _meta() -> dict:
+    code = "import gapo, torch, json; print(json.dumps([gapo.__file__, torch.__version__]))"
+    where, tv = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                          check=True).stdout)
+    return {"gapo": where, "torch": tv, "python": platform.python_version(), "machine": platform.machine()}
+
+
+# --------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("command", choices=["record", "check", "list"])
+    ap.add_argument("--only", nargs="+", choices=UNITS, help="a subset of the units")
+    ap.add_argument("--quick", action="store_true", help=f"only {QUICK}")
+    ap.add_argument("--golden", default=str(GOLDEN), help="folder of the golden files")
+    ap.add_argument("--keep", help="keep the run folders here (default: a temporary folder, removed)")
+    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--note", default="", help="record: stored in golden/meta.json (e.g. the commit recorded from)")
+    args = ap.parse_args(argv)
+    if args.command == "list":
+        for u in UNITS:
+            print(f"{u:8s} {RUNNERS[u].__name__}")
+        return 0
+    units = args.only or (QUICK if args.quick else UNITS)
+    golden = Path(args.golden)
+    meta = _meta()
+    print(f"gapo under test: {meta['gapo']} (torch {meta['torch']})", flush=True)
+    if args.command == "check":
+        missing = [u for u in units if not (golden / f"{u}.jsonl").is_file()]
+        if missing:
+            print(f"no golden file for {missing} in {golden}; run `record` first", file=sys.stderr)
+            return 2
+        mf = golden / "meta.json"
+        if mf.is_file() and json.loads(mf.read_text()).get("torch") != meta["torch"]:
+            print(f"warning: golden values were recorded with torch {json.loads(mf.read_text())['torch']}, "
+                  f"this is {meta['torch']}; floats may differ for that reason alone", flush=True)
+    tmp = None
+    if args.keep:
+        work = Path(args.keep)
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="gapo-regression-")
+        work = Path(tmp.name)
+    env = Env(work, verbose=not args.quiet)
+    env.detect_renames()
+    failed, t_all = [], time.perf_counter()
+    try:
+        for u in units:
+            t0 = time.perf_counter()
+            print(f"[{u}]", flush=True)
+            try:
+                recs = RUNNERS[u](env)
+            except Exception as e:  # noqa: BLE001 - reported, the other units go on
+                print(f"  ERROR: {e}", flush=True)
+                failed.append(u)
+                continue
+            dt = time.perf_counter() - t0
+            if args.command == "record":
+                write_golden(golden / f"{u}.jsonl", recs)
+                print(f"  recorded {len(recs)} records from {len({r['_src'] for r in recs})} sources ({dt:.0f}s)")
+                continue
+            res = compare(read_golden(golden / f"{u}.jsonl"), recs)
+            bad = {s: d for s, d in res.items() if d["first"]}
+            for s, d in res.items():
+                if d["first"]:
+                    print(f"  DIFF {s}: {d['first']}")
+                    print(f"       differing keys: {', '.join(d['keys']) or '-'}")
+            if bad:
+                failed.append(u)
+            print(f"  {'differs' if bad else 'identical'}: {len(res) - len(bad)}/{len(res)} sources ({dt:.0f}s)",
+                  flush=True)
+        if args.command == "record" and not failed:
+            meta.pop("gapo")  # a path of this machine
+            meta.update(units=units, note=args.note)
+            (golden / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    print(f"{'FAILED: ' + ', '.join(failed) if failed else 'all identical' if args.command == 'check' else 'done'}"
+          f" ({time.perf_counter() - t_all:.0f}s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
