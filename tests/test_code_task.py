@@ -378,3 +378,142 @@ def test_mbpp_bad_files(tmp_path):
     emptyprompt.write_text(json.dumps({"prompt": " ", "test_list": ["assert 1"]}) + "\n")
     with pytest.raises(ValueError, match=r"ep\.jsonl:1: field 'prompt'"):
         MBPPTask(str(emptyprompt))
+
+
+# ------------------------------------------------------- the judge trusts nothing the candidate touches
+PRIME_ROWS = [{"task_id": "primes", "prompt": "Write is_prime(n).",
+               "code": "def is_prime(n):\n    return n > 1 and all(n % d for d in range(2, n))\n",
+               "test_list": ["assert all(map(is_prime, [2, 3, 5, 7, 11]))",
+                             "assert not any(map(is_prime, [1, 4, 6, 8, 9]))",
+                             "assert list(filter(is_prime, range(10))) == [2, 3, 5, 7]",
+                             "assert all(is_prime(p) for p in [13, 17])",
+                             "assert sum(map(is_prime, range(20))) == 8"]}]
+
+
+@pytest.fixture(scope="module")
+def primes(tmp_path_factory):
+    t = MBPPTask(_write(tmp_path_factory.mktemp("mbpp") / "primes.jsonl", PRIME_ROWS))
+    return t, t.problems()[0]
+
+
+# Code that, if it ever runs inside the judge, finds the nonce in the judge's frames and prints
+# the pass line (exit 0): any path from the candidate's files into the judge forges a 1.0.
+_IN_JUDGE = ("import sys, os\nf = sys._getframe()\nwhile f:\n"
+             "    n = f.f_locals.get('nonce')\n    if isinstance(n, bytes):\n"
+             f"        os.write(1, b'\\n{MARKER} ' + n + b'\\n')\n        os._exit(0)\n"
+             "    f = f.f_back\n")
+
+
+def _drop_and_name(files: dict, modules: list[str]) -> str:
+    """A wrong solution that writes ``files`` into its (shared, writable) working directory and
+    hands the judge module objects named ``modules`` (the judge imported what the names said)."""
+    return ("import os, types\n"
+            + "".join(f"open({name!r}, 'w').write({body!r})\n" for name, body in files.items())
+            + "".join(f"m{i} = types.ModuleType({m!r})\n" for i, m in enumerate(modules))
+            + "def is_prime(n):\n    return True\n")
+
+
+MODULE_CHEATS = {
+    # unittest.__main__ runs test discovery in the working directory: a candidate test file ran
+    # inside the judge (a 10-line wrong solution scored 1.0 on MBPP)
+    "unittest_main_discovery": _drop_and_name({"test_gapo.py": _IN_JUDGE}, ["unittest.__main__"]),
+    "side_effect_modules": _drop_and_name({}, ["this", "antigravity", "__hello__", "__phello__",
+                                               "idlelib.idle", "turtledemo.__main__",
+                                               "lib2to3.__main__", "venv.__main__"]),
+    "runpy_style": _drop_and_name({"evil.py": _IN_JUDGE}, ["runpy", "evil", "__main__"]),
+    "file_named_like_stdlib": _drop_and_name({"statistics.py": _IN_JUDGE, "fractions.py": _IN_JUDGE,
+                                              "json.py": _IN_JUDGE},
+                                             ["statistics", "fractions", "json"]),
+    "site_hooks_in_cwd": _drop_and_name({"sitecustomize.py": _IN_JUDGE,
+                                         "usercustomize.py": _IN_JUDGE,
+                                         "gapo.pth": "import sitecustomize\n"},
+                                        ["sitecustomize", "usercustomize", "site"]),
+    "third_party_name": _drop_and_name({"numpy.py": _IN_JUDGE}, ["numpy", "pytest", "gapo"]),
+    "package_dir_in_cwd": ("import os, types\nos.makedirs('pkg', exist_ok=True)\n"
+                           f"open('pkg/__init__.py', 'w').write({_IN_JUDGE!r})\n"
+                           "m = types.ModuleType('pkg')\ndef is_prime(n):\n    return True\n"),
+}
+
+@pytest.mark.parametrize("name", sorted(MODULE_CHEATS))
+def test_mbpp_module_cheats_score_zero(primes, name):
+    """Nothing the candidate names or writes reaches the judge's imports or file reads."""
+    t, p = primes
+    v = t.verdicts([p], [MODULE_CHEATS[name]])[0]
+    assert v.reward == 0.0, (name, v.result and v.result.stdout[-300:])
+    assert v.status == "ok"
+
+
+STOP_CHEATS = {
+    "raise_stopiteration": "def is_prime(n):\n    raise StopIteration\n",
+    "next_of_empty": "def is_prime(n):\n    return next(iter([]))\n",
+    "stopiteration_with_value": "def is_prime(n):\n    raise StopIteration(True)\n",
+    "stop_async_iteration": "def is_prime(n):\n    raise StopAsyncIteration\n",
+}
+
+# One problem per construct; in each, a call that *stops the iteration* makes the assert pass.
+STOP_TESTS = {
+    "all_map": "assert all(map(is_prime, [2, 3, 5, 7]))",
+    "not_any_map": "assert not any(map(is_prime, [4, 6, 8]))",
+    "filter": "assert not list(filter(is_prime, [4, 6, 8]))",
+    "sum_map": "assert sum(map(is_prime, [4, 6, 9])) == 0",
+    "unpack_map": "assert [*map(is_prime, [1, 4])] == [] or [*map(is_prime, [1, 4])] == [False] * 2",
+    "genexp": "assert all(is_prime(p) for p in [13, 17])",
+    "sorted_key": "assert sorted([4, 3], key=is_prime)[-1] == 3",
+}
+
+
+@pytest.fixture(scope="module")
+def stop_task(tmp_path_factory):
+    rows = [{**PRIME_ROWS[0], "task_id": k, "test_list": [v]} for k, v in STOP_TESTS.items()]
+    t = MBPPTask(_write(tmp_path_factory.mktemp("stop") / "stop.jsonl", rows))
+    return t, t.problems()
+
+
+@pytest.mark.parametrize("name", sorted(STOP_CHEATS))
+def test_stopiteration_from_the_candidate_does_not_end_iteration_early(stop_task, name):
+    """PEP 479 at the call boundary: all(map(f, xs)) with f raising StopIteration scored 1.0."""
+    t, ps = stop_task
+    v = t.verdicts(ps + ps, [PRIME_ROWS[0]["code"]] * len(ps) + [STOP_CHEATS[name]] * len(ps))
+    assert [x.reward for x in v[: len(ps)]] == [1.0] * len(ps)  # the tests are passable
+    passed = [p.meta["task_id"] for p, x in zip(ps, v[len(ps):]) if x.reward != 0.0]
+    assert not passed, (name, passed)
+
+
+def test_stopiteration_only_ends_iteration_when_the_tests_say_so(tmp_path):
+    """Converted at the call boundary: a candidate's StopIteration fails ``all(map(f, xs))``
+    (an error, not an early stop) and still reaches a test that expects an exception."""
+    rows = [{"prompt": "x", "code": "def f(x):\n    raise StopIteration\n",
+             "test_list": ["try:\n    f(1)\nexcept RuntimeError as e:\n"
+                           "    assert 'StopIteration' in str(e)\nelse:\n    raise AssertionError"]}]
+    t = MBPPTask(_write(tmp_path / "s.jsonl", rows), id_field=None)
+    p = t.problems()[0]
+    assert t.score(p, rows[0]["code"]) == 1.0
+
+
+def test_mbpp_correct_solutions_with_devices_and_packages_pass(primes):
+    pytest.importorskip("numpy")
+    t, p = primes
+    base = PRIME_ROWS[0]["code"]
+    good = {
+        "canonical": base,
+        "dev_null": "import sys\nsys.stdout = open('/dev/null', 'w')\nprint('quiet')\n" + base,
+        "dev_urandom": ("import os\nassert len(open('/dev/urandom', 'rb').read(16)) == 16\n"
+                        "assert len(os.urandom(8)) == 8\n" + base),
+        "numpy": ("import numpy as np\ndef is_prime(n):\n    if n < 2:\n        return False\n"
+                  "    return bool(np.all(n % np.arange(2, n) != 0))\n"),
+        "math_alias": "import math as m\ndef is_prime(n):\n"
+                      "    return n > 1 and all(n % d for d in range(2, m.isqrt(n) + 1))\n",
+    }
+    v = t.verdicts([p] * len(good), list(good.values()))
+    got = {k: x.reward for k, x in zip(good, v)}
+    assert got == {k: 1.0 for k in good}, {k: x.result and x.result.stderr[-400:]
+                                            for k, x in zip(good, v) if x.reward != 1.0}
+
+
+def test_safe_modules_are_standard_library_and_side_effect_free():
+    import sys
+
+    from gapo.tasks.judge import SAFE_MODULES
+    assert all(m.split(".")[0] in sys.stdlib_module_names for m in SAFE_MODULES)
+    assert not SAFE_MODULES & {"this", "antigravity", "unittest", "unittest.__main__", "runpy",
+                               "idlelib", "site", "sitecustomize", "__hello__", "pdb", "code"}
