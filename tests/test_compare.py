@@ -77,7 +77,7 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     from gapo.compare import cell_config, cell_dir
     from gapo.trainer import Trainer
 
-    g = load_grid(_grid(method_defs={"boom": {"optim.lr": 1e30}}, methods=["drgrpo", "gapo", "boom"]))
+    g = load_grid(_grid(method_defs={"boom": {"model.path": "/nonexistent/model"}}, methods=["drgrpo", "gapo", "boom"]))
     out = tmp_path / "grid"
     # an interrupted cell: one of two steps done and checkpointed before the grid starts
     from gapo.pretrain import get_base_policy

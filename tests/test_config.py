@@ -7,7 +7,7 @@ from gapo.config import Config, load_config
 
 def test_overrides_are_typed():
     cfg = load_config(None, ["algo.eps_high=0.28", "train.steps=7", "algo.reward_range=[-1, 1]",
-                             "algo.advantage_params={k: 4}", "task.params.n_numbers=3", "algo.clip_ratio_c=none",
+                             "algo.advantage=passk", "algo.advantage_params={k: 4}", "task.params.n_numbers=3", "algo.clip_ratio_c=none",
                              "algo.dynamic_sampling=true", "model.threads=2"])
     assert cfg.algo.eps_high == 0.28 and cfg.train.steps == 7 and cfg.algo.reward_range == (-1.0, 1.0)
     assert cfg.algo.advantage_params == {"k": 4} and cfg.task.params == {"n_numbers": 3}
@@ -27,14 +27,14 @@ def test_yaml_file_then_overrides(tmp_path):
     (["train.steps=abc"], r"train.steps: expected int"),
     (["train.steps=2.5"], r"train.steps: expected int"),
     (["algo.dynamic_sampling=maybe"], r"expected true/false"),
-    (["train.group_size=1"], r"group_size must be >= 2"),
+    (["train.group_size=1"], r"train.group_size \(command line\): must be an integer >= 2"),
     (["train.mini_batches=5"], r"does not divide the rollout batch"),
     (["algo.eps_schedule=linear", "algo.eps_high=0.1"], r"eps_high \(ε_high_max\) >= algo.eps_low"),
     (["algo.loss=ppo2"], r"unknown policy loss 'ppo2'.*Did you mean 'ppo'"),
     (["algo.advantage=gae"], r"unknown advantage estimator 'gae'"),
     (["task.name=countdwn"], r"unknown task 'countdwn'"),
     (["algo.loss=cispo", "algo.clip_ratio_c=3"], r"not defined for the cispo loss"),
-    (["sampling.temperature=0"], r"temperature must be > 0"),
+    (["sampling.temperature=0"], r"sampling.temperature \(command line\): must be a finite number > 0"),
     (["model.base_preset=medium"], r"unknown base-policy preset 'medium'"),
     (["steps=3"], r"must look like section.key=value|unknown config key"),
 ])
@@ -58,3 +58,119 @@ def test_bad_files(tmp_path):
 
 def test_defaults_validate():
     assert Config().validate().algo.eps_schedule == "fixed"
+
+
+# ------------------------------------------------------------------ every field has a domain
+def _numeric_fields():
+    import dataclasses
+    import typing
+
+    from gapo.config import Config
+
+    for sec, cls in typing.get_type_hints(Config).items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            args = set(typing.get_args(tp)) or {tp}
+            if args & {int, float} or typing.get_origin(tp) is tuple:
+                yield f"{sec}.{f.name}", tp
+
+
+def test_every_numeric_field_has_a_domain():
+    from gapo.config import DOMAINS
+
+    missing = [k for k, _ in _numeric_fields() if k not in DOMAINS]
+    assert not missing, f"numeric config fields without a domain check: {missing}"
+
+
+@pytest.mark.parametrize("key", [k for k, tp in _numeric_fields() if "float" in str(tp) and "tuple" not in str(tp)])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_floats_are_rejected_everywhere(key, value):
+    with pytest.raises(ValueError, match=rf"{key} \(command line\): must be a finite number"):
+        load_config(None, [f"{key}={value}"])
+
+
+@pytest.mark.parametrize("override, match", [
+    ("optim.warmup_steps=-5", r"optim.warmup_steps \(command line\): must be an integer >= 0"),
+    ("optim.grad_clip=-1", r"optim.grad_clip .*> 0"),
+    ("optim.grad_clip=0", r"optim.grad_clip .*> 0, got 0.0"),
+    ("optim.lr=2", r"optim.lr .*<= 1"),
+    ("optim.betas=[0.9, 1.0]", r"optim.betas .*< 1"),
+    ("algo.kl_coef=-1", r"algo.kl_coef .*>= 0"),
+    ("algo.eps_low=1", r"algo.eps_low .*< 1"),
+    ("task.train_size=0", r"task.train_size .*>= 1"),
+    ("task.scoring_workers=-1", r"task.scoring_workers .*>= 0"),
+    ("model.threads=0", r"model.threads .*>= 1"),
+    ("sampling.top_p=0", r"sampling.top_p .*> 0"),
+    ("sampling.max_new_tokens=100000000", r"sampling.max_new_tokens .*<= 1048576"),
+    ("eval.samples=0", r"eval.samples .*>= 1"),
+    ("train.seed=-1", r"train.seed .*>= 0"),
+    ("algo.reward_range=[0, inf]", r"algo.reward_range .*finite"),
+    ("algo.reward_range=everything", r"algo.reward_range .*'group' or 'batch'"),
+    ("model.device=tpu9", r"model.device .*not a device name"),
+    ("model.device=cuda:3", r"model.device .*(not available|does not exist)"),
+])
+def test_out_of_domain_values_name_key_and_accepted_range(override, match):
+    with pytest.raises(ValueError, match=match):
+        load_config(None, [override])
+
+
+def test_reward_range_accepts_group_and_batch():
+    assert load_config(None, ["algo.reward_range=group"]).algo.reward_range == "group"
+    assert load_config(None, ["algo.reward_range=batch"]).algo.reward_range == "batch"
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["algo.advantage_params={eps: 1e-4}"], r"algo.advantage_params .*unknown entry 'eps'; accepted: \[\]"),
+    (["algo.advantage=grpo", "algo.advantage_params={esp: 1e-4}"], r"unknown entry 'esp'.*Did you mean eps"),
+    (["algo.advantage=passk", "algo.advantage_params={k: 4, kk: 2}"], r"unknown entry 'kk'"),
+    (["task.params.n_numbrs=3"], r"task.params: unknown entry 'n_numbrs'.*Did you mean n_numbers"),
+])
+def test_dict_params_are_checked_against_the_component(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        load_config(None, overrides)
+
+
+def test_dict_params_the_component_accepts_pass():
+    cfg = load_config(None, ["algo.advantage=focal", "algo.advantage_params={gamma: 2, base: grpo, eps: 1e-4}",
+                             "task.params.n_numbers=3", "task.params.min_solutions=2"])
+    assert cfg.algo.advantage_params == {"gamma": 2, "base": "grpo", "eps": 1e-4}
+
+
+def test_duplicate_yaml_keys_name_file_and_line(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("algo:\n  eps_low: 0.2\n  eps_high: 0.28\n  eps_low: 0.1\n")
+    with pytest.raises(ValueError, match=r"run.yaml', line 4: duplicate key 'eps_low' \(first set at line 2\)"):
+        load_config(f)
+    f.write_text("train:\n  steps: 3\ntrain:\n  steps: 4\n")
+    with pytest.raises(ValueError, match=r"line 3: duplicate key 'train'"):
+        load_config(f)
+
+
+def test_non_utf8_yaml_names_file_and_line(tmp_path):
+    f = tmp_path / "latin1.yaml"
+    f.write_bytes("train:\n  steps: 3\n# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.yaml', line 3: not UTF-8 .*0xe9"):
+        load_config(f)
+
+
+def test_values_from_a_file_name_the_file_and_line(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("train:\n  steps: 3\noptim:\n  lr: .nan\n")
+    with pytest.raises(ValueError, match=r"optim.lr \(run.yaml:4\): must be a finite number > 0"):
+        load_config(f)
+    f.write_text("train:\n  stpes: 3\n")
+    with pytest.raises(ValueError, match=r"run.yaml', line 2: unknown config key 'train.stpes'.*train.steps"):
+        load_config(f)
+    f.write_text("- just\n- a list\n")
+    with pytest.raises(ValueError, match="must be a mapping of sections"):
+        load_config(f)
+
+
+def test_config_diff_lists_changed_keys():
+    from gapo.config import diff, to_dict
+
+    a = to_dict(load_config(None, ["task.params.n_numbers=3"]))
+    b = to_dict(load_config(None, ["task.params.n_numbers=4", "optim.lr=1e-4"]))
+    assert diff(a, b) == {"optim.lr": (5e-05, 1e-4), "task.params.n_numbers": (3, 4)}
+    assert diff(a, a) == {}

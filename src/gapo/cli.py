@@ -43,7 +43,9 @@ def _common_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. algo.eps_high=0.28")
 
 
-def _load(args) -> "object":
+def _load(args, base: dict | None = None) -> "object":
+    """The config: ``base`` (a resumed run's saved config) or the defaults, then ``--config``,
+    ``--task``/``--model`` and the overrides."""
     from gapo.config import load_config
 
     overrides = []
@@ -51,15 +53,25 @@ def _load(args) -> "object":
         overrides += parse_task(args.task)
     if getattr(args, "model", None):
         overrides.append(f"model.path={args.model}")
-    return load_config(args.config, overrides + list(args.overrides))
+    return load_config(args.config, overrides + list(args.overrides), base=base)
 
 
 def cmd_train(args) -> int:
+    from gapo.run_dir import RunFolder
     from gapo.trainer import Trainer
 
-    cfg = _load(args)
+    if args.resume and not args.out:
+        raise ValueError("--resume needs --out RUN_FOLDER (the run to continue)")
+    if args.allow_change and not args.resume:
+        raise ValueError("--allow-change only applies with --resume")
+    base = None
+    if args.resume:  # a resumed run starts from its own saved config; changes must be asked for
+        folder = RunFolder(args.out)
+        folder.check(resume=True, overwrite=False)
+        base = folder.saved_config()
+    cfg = _load(args, base)
     out = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
-    tr = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite)
+    tr = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite, allow_change=args.allow_change)
     res = tr.fit()
     print(f"run folder: {out}  (step {res['step']}{', stopped early' if res['stopped'] else ''})")
     if res["eval"]:
@@ -78,11 +90,10 @@ def cmd_eval(args) -> int:
 
     torch.set_num_threads(args.threads)
     cfg = _load(args)
-    from gapo.pretrain import get_base_policy, resolve
+    from gapo.pretrain import get_base_policy, resolve_base_task
 
-    model_path = args.model or str(get_base_policy(cfg.model.base_preset))
-    if cfg.task.name == "countdown" and not cfg.task.params and not args.model:
-        cfg.task.params = dict(resolve(cfg.model.base_preset).rl_task)
+    cfg = resolve_base_task(cfg)
+    model_path = cfg.model.path or str(get_base_policy(cfg.model.base_preset))
     task = tasks.get(cfg.task.name, **cfg.task.params)
     model, tok = load_policy(model_path, cfg.model.device)
     problems = task.generate(args.split, args.problems, cfg.eval.seed)
@@ -184,8 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common_train_args(p)
     p.add_argument("--out", help="run folder (default runs/<timestamp>)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
-    g.add_argument("--overwrite", action="store_true", help="delete --out and start over")
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its checkpoint, with its saved config")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace the gapo run in --out (only once the new run has validated)")
+    p.add_argument("--allow-change", action="store_true",
+                   help="with --resume: apply config/overrides that differ from the saved config (logged)")
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("eval", help="held-out pass@k (and coverage) of a policy")
@@ -218,12 +233,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args, extra = ap.parse_known_args(argv)
+    # key=value overrides may come before and after flags (argparse takes one run of positionals)
+    stray = [x for x in extra if x.startswith("-") or "=" not in x or not hasattr(args, "overrides")]
+    if stray:
+        ap.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = list(args.overrides) + extra
     try:
         return args.fn(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError, FloatingPointError) as e:  # OSError: full disk, read-only folder, …
         print(f"gapo {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"gapo {args.cmd}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

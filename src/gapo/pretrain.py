@@ -133,6 +133,15 @@ def resolve(preset: str | PretrainConfig) -> PretrainConfig:
     return PRESETS[preset]
 
 
+def resolve_base_task(cfg):
+    """With the embedded base policy (``model.path`` unset), the preset defines the RL task's
+    params unless the user set them: returns ``cfg`` with ``task.params`` filled in. The one place
+    this is decided, for the trainer and the CLI alike; idempotent."""
+    if cfg.model.path is None and cfg.task.name == "countdown" and not cfg.task.params:
+        cfg.task.params = dict(resolve(cfg.model.base_preset).rl_task)
+    return cfg
+
+
 def cache_root() -> Path:
     root = os.environ.get("GAPO_CACHE")
     return Path(root).expanduser() if root else Path.home() / ".cache" / "gapo"

@@ -19,6 +19,7 @@ import math
 import os
 import random
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -28,15 +29,12 @@ from gapo import advantages as adv_mod
 from gapo import tasks
 from gapo.aggregation import agg_loss
 from gapo.clipping import eps_high_for
-from gapo.config import Config, to_dict
+from gapo.config import Config, diff, to_dict
 from gapo.losses import LOSSES, log_ratio
 from gapo.metrics import clip_counts_by_c, clip_stats_from_counts, merge_counts
+from gapo.run_dir import RunExists, RunFolder, atomic_write
 
 __all__ = ["Trainer", "RunExists"]
-
-
-class RunExists(ValueError):
-    pass
 
 
 def _jsonable(v):
@@ -47,31 +45,41 @@ def _jsonable(v):
     return v
 
 
+# Keys a resumed run cannot take a new value for: they define its data, its model and its random
+# streams (restored from the checkpoint), so a new value would be silently ignored.
+RESUME_FIXED = ("task.", "model.path", "model.base_preset", "train.seed")
+
+
 class Trainer:
-    """``Trainer(cfg, run_dir).fit()``; see the module docstring."""
+    """``Trainer(cfg, run_dir).fit()``; see the module docstring.
 
-    def __init__(self, cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False):
+    Construction validates everything (config, task, model, device, a probe of the reward
+    function, the run folder's state, the checkpoint when resuming) before anything is written;
+    run-folder rules in ``gapo.run_dir``. ``resume=True`` needs ``cfg`` equal to the run's saved
+    config; with ``allow_change=True`` the differing keys are applied, written to ``config.yaml``
+    and logged to ``events.jsonl``.
+    """
+
+    def __init__(self, cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+                 allow_change: bool = False):
         from gapo.model import load_policy
+        from gapo.pretrain import resolve_base_task
 
-        self.cfg = cfg.validate()
-        self.run_dir = Path(run_dir)
-        self.ckpt_path = self.run_dir / "checkpoint.pt"
-        if self.run_dir.exists() and any(self.run_dir.iterdir()) and not (resume or overwrite):
-            raise RunExists(f"run folder {str(self.run_dir)!r} exists; pass --resume to continue it or "
-                            f"--overwrite to start over")
-        if resume and not self.ckpt_path.is_file():
-            raise ValueError(f"cannot resume: no checkpoint at {str(self.ckpt_path)!r}")
-        if overwrite and not resume and self.run_dir.exists():
-            import shutil
-            shutil.rmtree(self.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume and overwrite:
+            raise ValueError("resume and overwrite exclude each other")
+        self.folder = RunFolder(run_dir)
+        self.run_dir = self.folder.path
+        self.ckpt_path = self.folder.checkpoint
+        self.folder.check(resume=resume, overwrite=overwrite)
+        self.cfg = cfg = resolve_base_task(cfg.validate())
+        state, changes = (self._resume_state(cfg, allow_change) if resume else (None, {}))
 
         m, t = cfg.model, cfg.train
         if m.device == "cpu" or m.threads is not None:
             torch.set_num_threads(m.threads or 1)
         self.device = torch.device(m.device)
         torch.manual_seed(t.seed)
-        self.task = tasks.get(cfg.task.name, **cfg.task.params)
+        self.task = build_task(cfg)
         self.policy_path = m.path or str(self._base_policy())
         self.model, self.tok = load_policy(self.policy_path, self.device)
         self.model.train()
@@ -90,6 +98,9 @@ class Trainer:
         # never more than prompts × steps (passes over it are reshuffled; dynamic sampling wraps)
         self.pool = self.task.generate("train", max(1, min(cfg.task.train_size, t.prompts * t.steps)), t.seed)
         self.eval_problems = self.task.generate("eval", cfg.eval.problems, cfg.eval.seed) if cfg.eval.problems else []
+        self._check_against_model()
+        self._probe_reward()
+        self._check_tracking()
         self.prompt_ids = {}
         self.py_rng = random.Random(t.seed)
         self.gen = torch.Generator(device=self.device).manual_seed(t.seed)
@@ -98,24 +109,88 @@ class Trainer:
         self.step = 0
         self._stop = False
         self._writers = None
+        if state is not None:
+            self._restore(state, changes)
+        # everything has validated: only now is the run folder written
         if resume:
-            self._load_checkpoint()
+            self.folder.rewrite_metrics(self.folder.records_up_to(self.step))
+            if changes:
+                self.folder.write_config(to_dict(cfg))
+                self.folder.log_event({"event": "resume", "step": self.step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                       "changed": {k: {"old": a, "new": b} for k, (a, b) in changes.items()}})
+                print(f"[gapo] resumed {str(self.run_dir)!r} at step {self.step} with changes: "
+                      + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()), file=sys.stderr)
         else:
-            import yaml
-            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            self.folder.open(overwrite=overwrite)
+            try:
+                self.folder.write_config(to_dict(cfg))
+            except BaseException:
+                self.folder.abort()
+                raise
 
     # ------------------------------------------------------------------ set-up helpers
-    def _base_policy(self) -> Path:
-        from gapo.pretrain import get_base_policy, resolve
+    def _resume_state(self, cfg: Config, allow_change: bool) -> tuple[dict, dict]:
+        """The checkpoint and the config keys that differ from the run's saved config."""
+        saved = self.folder.saved_config()
+        changes = diff(saved, to_dict(cfg))
+        fixed = [k for k in changes if k.startswith(RESUME_FIXED)]
+        if fixed:
+            raise ValueError(f"cannot resume {str(self.run_dir)!r} with a different " + ", ".join(
+                f"{k} (run: {changes[k][0]!r}, now: {changes[k][1]!r})" for k in fixed)
+                + ": these define the run's data, model and random streams. Start a new run instead")
+        if changes and not allow_change:
+            raise ValueError(f"the config differs from the one saved in {str(self.folder.config)!r}: " + ", ".join(
+                f"{k} (run: {a!r}, now: {b!r})" for k, (a, b) in changes.items())
+                + ". Resume without --config/overrides to continue as it was, or pass --allow-change to apply "
+                "these changes (they are written to config.yaml and events.jsonl)")
+        state = self.folder.load_checkpoint(torch.device(cfg.model.device))
+        if state["step"] >= cfg.train.steps:
+            raise ValueError(f"run {str(self.run_dir)!r} is finished (step {state['step']} of train.steps="
+                             f"{cfg.train.steps}); nothing to resume. To train it further: --resume --allow-change "
+                             f"train.steps={state['step'] * 2 or 1}")
+        return state, changes
 
-        preset = resolve(self.cfg.model.base_preset)
-        if self.cfg.task.name != "countdown":
-            raise ValueError("the embedded base policy is a Countdown model; set model.path for task "
-                             f"{self.cfg.task.name!r}")
-        if not self.cfg.task.params:  # the preset defines the RL split unless the user did
-            self.cfg.task.params = dict(preset.rl_task)
-            self.task = tasks.get("countdown", **self.cfg.task.params)
-        return get_base_policy(preset, progress=self.cfg.train.progress)
+    def _base_policy(self) -> Path:
+        from gapo.pretrain import get_base_policy
+
+        return get_base_policy(self.cfg.model.base_preset, progress=self.cfg.train.progress)
+
+    def _check_against_model(self) -> None:
+        """``sampling.max_new_tokens`` plus the longest prompt fits the model's context."""
+        mc = self.model.config
+        ctx = next((getattr(mc, k) for k in ("max_position_embeddings", "n_positions", "max_sequence_length")
+                    if isinstance(getattr(mc, k, None), int)), None)
+        if ctx is None:
+            return
+        prompts = [p.prompt for p in self.pool[:2000] + self.eval_problems[:2000]]
+        longest = max((len(ids) for ids in self.tok(prompts).input_ids), default=0) if prompts else 0
+        if longest + self.max_new_tokens > ctx:
+            key = "sampling.max_new_tokens" if self.cfg.sampling.max_new_tokens else "the task's max_completion_len"
+            raise ValueError(f"{self.cfg._where('sampling.max_new_tokens')}: {self.max_new_tokens} new tokens after a "
+                             f"prompt of up to {longest} tokens exceed the model's context of {ctx} tokens "
+                             f"({str(self.policy_path)!r}); lower {key} to at most {ctx - longest}")
+
+    def _probe_reward(self) -> None:
+        """Score an empty completion of one train and one eval problem: a reward function that
+        raises, or returns a non-number, fails here, before the run folder is touched."""
+        from gapo.scoring import score_batch
+
+        probe = self.pool[:1] + self.eval_problems[:1]
+        rewards, _ = score_batch(self.task, probe, [""] * len(probe), workers=0)
+        self._check_rewards(torch.tensor(rewards, dtype=torch.float64), probe)
+
+    def _check_rewards(self, rewards: torch.Tensor, problems: list) -> None:
+        """Rewards are finite and inside ``algo.reward_range`` (when it is a fixed range)."""
+        rr = self.cfg.algo.reward_range
+        bad = ~torch.isfinite(rewards)
+        if not isinstance(rr, str):
+            bad |= (rewards < rr[0]) | (rewards > rr[1])
+        if bad.any():
+            i = int(torch.nonzero(bad)[0])
+            where = f"outside algo.reward_range {list(rr)}" if not isinstance(rr, str) else "not finite"
+            raise ValueError(f"task {self.cfg.task.name!r} returned reward {float(rewards[i])!r} ({where}) for problem "
+                             f"{problems[i].prompt[:80]!r}; fix the verifier, or set algo.reward_range to its range "
+                             "(or 'group' for rewards on any scale)")
 
     def _shuffled(self) -> list[int]:
         order = list(range(len(self.pool)))
@@ -156,6 +231,7 @@ class Trainer:
         G = self.cfg.train.group_size
         flat = [p for p in problems for _ in range(G)]
         rewards, stats = score_batch(self.task, flat, texts, workers=self.cfg.task.scoring_workers)
+        self._check_rewards(torch.tensor(rewards, dtype=torch.float64), flat)
         return torch.tensor(rewards, dtype=torch.float32), stats
 
     def _sample_and_score(self, problems: list):
@@ -186,6 +262,7 @@ class Trainer:
         parts, stats, n = [], {}, 0
         for chunk, ro_c, fut in pending:
             rw, st = fut.result()
+            self._check_rewards(torch.tensor(rw, dtype=torch.float64), [p for p in chunk for _ in range(G)])
             parts.append((chunk, ro_c, torch.tensor(rw, dtype=torch.float32)))
             k = len(rw)
             for key, v in st.items():  # fractions and means: weighted by completions; counts: summed
@@ -388,8 +465,7 @@ class Trainer:
     # ------------------------------------------------------------------ logging
     def log(self, record: dict) -> None:
         record = {k: _jsonable(v) for k, v in record.items()}
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        self.folder.append_metrics(record)
         w = self._get_writers()
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k not in ("step",)}
         if "tb" in w:
@@ -398,16 +474,24 @@ class Trainer:
         if "wandb" in w:
             w["wandb"].log(scalars, step=record["step"])
 
+    def _check_tracking(self) -> None:
+        """A missing tracking package is an error before any work (and before the folder is written)."""
+        try:
+            if self.cfg.log.tensorboard:
+                from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+            if self.cfg.log.wandb:
+                import wandb  # noqa: F401
+        except ImportError as e:
+            raise ValueError(f"log.tensorboard/log.wandb need their packages: pip install 'gapo[tracking]' ({e})") from e
+
     def _get_writers(self) -> dict:
         if self._writers is None:
             self._writers = {}
-            try:
-                if self.cfg.log.tensorboard:
-                    from torch.utils.tensorboard import SummaryWriter
-                if self.cfg.log.wandb:
-                    import wandb
-            except ImportError as e:
-                raise ValueError(f"log.tensorboard/log.wandb need their packages: pip install 'gapo[tracking]' ({e})") from e
+            self._check_tracking()
+            if self.cfg.log.tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+            if self.cfg.log.wandb:
+                import wandb
             if self.cfg.log.tensorboard:
                 self._writers["tb"] = SummaryWriter(str(self.run_dir / "tb"))
             if self.cfg.log.wandb:
@@ -423,30 +507,54 @@ class Trainer:
             "py_rng": self.py_rng.getstate(), "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
             "config": to_dict(self.cfg), "policy_path": self.policy_path,
         }
-        tmp = self.ckpt_path.with_name(f".checkpoint.{os.getpid()}.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.ckpt_path)  # atomic: a crash leaves the previous checkpoint intact
+        # atomic: a crash or a full disk leaves the previous checkpoint intact and no temporary file
+        atomic_write(self.ckpt_path, lambda tmp: torch.save(state, tmp))
 
-    def _load_checkpoint(self) -> None:
-        state = torch.load(self.ckpt_path, map_location=self.device, weights_only=False)
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["opt"])
-        self.sched.load_state_dict(state["sched"])
+    def _restore(self, state: dict, changes: dict) -> None:
+        """Load a checkpoint's state; config keys changed on resume are applied on top of it."""
+        try:
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["opt"])
+            self.sched.load_state_dict(state["sched"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise ValueError(f"cannot resume: {str(self.ckpt_path)!r} does not fit the model at "
+                             f"{str(self.policy_path)!r} ({e})") from None
         self.py_rng.setstate(state["py_rng"])
         self.gen.set_state(state["gen"])
         torch.set_rng_state(state["torch_rng"])
         self.step, self.pos, self.order = state["step"], state["pos"], state["order"]
         if state.get("pool_size", len(self.pool)) != len(self.pool):  # resumed with other train.steps
             self.pool = self.task.generate("train", state["pool_size"], self.cfg.train.seed)
-        # drop records written after the checkpoint (the run died before its next one)
-        log = self.run_dir / "metrics.jsonl"
-        if log.exists():
-            keep = [ln for ln in log.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
-            log.write_text("".join(ln + "\n" for ln in keep))
+        if any(k.startswith("optim.") for k in changes):  # the optimiser state holds the old values
+            o = self.cfg.optim
+            self.sched.base_lrs = [o.lr for _ in self.opt.param_groups]
+            factor = self.sched.lr_lambdas[0](self.sched.last_epoch)
+            for g in self.opt.param_groups:
+                g.update(initial_lr=o.lr, lr=o.lr * factor, betas=o.betas, weight_decay=o.weight_decay)
+            self.sched._last_lr = [g["lr"] for g in self.opt.param_groups]
 
     def save_policy(self) -> Path:
+        """``policy/`` written beside and swapped in, so a failed write keeps the previous one."""
+        import shutil
+
         from gapo.model import save_policy
-        return save_policy(self.model, self.tok, self.run_dir / "policy")
+
+        final = self.run_dir / "policy"
+        tmp = self.run_dir / f".policy.{os.getpid()}.tmp"
+        old = self.run_dir / f".policy.{os.getpid()}.old"
+        try:
+            save_policy(self.model, self.tok, tmp)
+            if final.exists():
+                os.rename(final, old)
+            os.rename(tmp, final)
+        except OSError as e:
+            if old.exists() and not final.exists():
+                os.rename(old, final)
+            raise OSError(e.errno, f"cannot write the policy to {str(final)!r}: {e.strerror or e}") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+        return final
 
     # ------------------------------------------------------------------ the loop
     def fit(self, *, stop_after: int | None = None) -> dict:
@@ -479,6 +587,7 @@ class Trainer:
             while self.step < t.steps:
                 rec = self.train_step()
                 self.log(rec)
+                self.folder.settle()  # the new run is under way: the run it replaces can go
                 if bar:
                     bar.update(1)
                     bar.set_postfix(reward=f"{rec['rollout/reward']:.3f}", clip=f"{rec.get('loss/clipfrac', 0):.3f}",
@@ -499,6 +608,10 @@ class Trainer:
                     break
             if self.step >= t.steps:
                 self.save_policy()
+            self.folder.settle()
+        except BaseException:
+            self.folder.abort()  # failed before its first step: put back the run it was replacing
+            raise
         finally:
             if bar:
                 bar.close()
@@ -517,3 +630,15 @@ class Trainer:
 def _main_thread() -> bool:
     import threading
     return threading.current_thread() is threading.main_thread()
+
+
+def build_task(cfg: Config):
+    """The configured task; a constructor error (bad params, a missing or malformed dataset)
+    becomes a ``ValueError`` that names the task and its params."""
+    try:
+        return tasks.get(cfg.task.name, **cfg.task.params)
+    except ImportError as e:
+        raise ValueError(f"task {cfg.task.name!r} needs an optional package: {e}") from None
+    except (TypeError, ValueError, KeyError, OSError) as e:
+        msg = str(e) if isinstance(e, (ValueError, OSError)) else f"{type(e).__name__}: {e}"
+        raise ValueError(f"task {cfg.task.name!r} with task.params={cfg.task.params}: {msg}") from None

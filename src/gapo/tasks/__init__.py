@@ -32,11 +32,16 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get(name: str, **params):
-    """Build the task ``name`` with its parameters; unknown names raise ``ValueError``."""
+def factory(name: str):
+    """The class (or callable) that builds task ``name``; unknown names raise ``ValueError``."""
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, _REGISTRY, n=3)
         hint = f" Did you mean {close}?" if close else ""
         raise ValueError(f"unknown task {name!r}; known tasks: {names()}.{hint}")
     module, attr = _REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), attr)(**params)
+    return getattr(importlib.import_module(module), attr)
+
+
+def get(name: str, **params):
+    """Build the task ``name`` with its parameters; unknown names raise ``ValueError``."""
+    return factory(name)(**params)

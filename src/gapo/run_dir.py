@@ -1,0 +1,202 @@
+"""Run folders: what gapo writes, and the rules that keep a user's run from being lost.
+
+A run folder holds ``.gapo-run`` (the marker), ``config.yaml`` (the run's configuration, kept
+current), ``metrics.jsonl`` (one JSON record a line), ``checkpoint.pt``, ``policy/`` (the final
+policy) and ``events.jsonl`` (configuration changes made on resume). The rules:
+
+- Nothing is written before the whole run has validated (config, model, data, task, device,
+  reward function): :meth:`RunFolder.check` only reads.
+- ``--overwrite`` only replaces a folder that is a gapo run (marker, or the ``config.yaml`` +
+  ``metrics.jsonl`` of runs made before the marker existed). The old run is moved aside, and is
+  deleted only once the new run has completed its first step; if the new run fails before that,
+  the old run is put back (:meth:`RunFolder.open`, :meth:`RunFolder.settle`, :meth:`RunFolder.abort`).
+- Every file gapo replaces is written to a temporary file and renamed into place, and a failed
+  write (full disk, read-only folder) removes the temporary file and raises one clear error.
+- On resume, a partial last line of ``metrics.jsonl`` (a run killed while writing) is dropped,
+  and records after the checkpoint are dropped too: those steps are redone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+__all__ = ["RunFolder", "RunExists", "MARKER", "atomic_write"]
+
+MARKER = ".gapo-run"
+
+
+class RunExists(ValueError):
+    """The run folder exists and neither ``--resume`` nor ``--overwrite`` was given."""
+
+
+def atomic_write(path: Path, write) -> None:
+    """``write(tmp_path)`` then rename onto ``path``; on failure no temporary file is left and
+    the error names the file and the cause (e.g. no space left on the device)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise OSError(e.errno, f"cannot write {str(path)!r}: {e.strerror or e}; "
+                                   f"the previous version (if any) is intact") from e
+        raise
+
+
+class RunFolder:
+    """One run folder: read-only checks first, writes only after :meth:`open`."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.metrics = self.path / "metrics.jsonl"
+        self.checkpoint = self.path / "checkpoint.pt"
+        self.config = self.path / "config.yaml"
+        self._aside: Path | None = None  # the run being replaced, until the new one is settled
+
+    # ------------------------------------------------------------------ read-only
+    def is_run(self) -> bool:
+        p = self.path
+        return (p / MARKER).is_file() or ((p / "config.yaml").is_file() and (p / "metrics.jsonl").is_file())
+
+    def is_empty(self) -> bool:
+        return not self.path.exists() or (self.path.is_dir() and not any(self.path.iterdir()))
+
+    def check(self, *, resume: bool, overwrite: bool) -> None:
+        """Raise a clear ``ValueError`` if this folder may not be used as asked. Writes nothing."""
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise ValueError(f"run folder {str(p)!r} is a file, not a folder; choose another --out")
+        if not p.exists():
+            parent = next((a for a in p.absolute().parents if a.exists()), None)
+            if parent is not None and not parent.is_dir():
+                raise ValueError(f"run folder {str(p)!r}: {str(parent)!r} is a file, not a folder")
+        if resume:
+            if not p.exists():
+                raise ValueError(f"cannot resume: there is no run folder at {str(p)!r}")
+            if not self.is_run():
+                raise ValueError(f"cannot resume: {str(p)!r} is not a gapo run folder (no {MARKER} or config.yaml "
+                                 "+ metrics.jsonl)")
+            if not self.checkpoint.is_file():
+                raise ValueError(f"cannot resume: no checkpoint at {str(self.checkpoint)!r}")
+            return
+        if self.is_empty():
+            return
+        if not overwrite:
+            raise RunExists(f"run folder {str(p)!r} exists; pass --resume to continue it or --overwrite to "
+                            "replace it")
+        if not self.is_run():
+            raise ValueError(f"refusing to overwrite {str(p)!r}: it is not empty and not a gapo run folder "
+                             f"(no {MARKER}); choose another --out or empty it yourself")
+
+    def saved_config(self) -> dict:
+        """The run's own ``config.yaml`` as a dict; a clear error when it is unreadable."""
+        import yaml
+
+        try:
+            data = yaml.safe_load(self.config.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            raise ValueError(f"cannot resume: {str(self.config)!r} is unreadable ({e})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"cannot resume: {str(self.config)!r} is not a gapo config")
+        return data
+
+    def load_checkpoint(self, map_location) -> dict:
+        """The checkpoint's state dict; a truncated or foreign file is a clear error."""
+        import torch
+
+        try:
+            state = torch.load(self.checkpoint, map_location=map_location, weights_only=False)
+        except Exception as e:  # zip/pickle errors of a truncated or foreign file
+            raise ValueError(f"cannot resume: checkpoint {str(self.checkpoint)!r} is unreadable "
+                             f"({type(e).__name__}: {e}); it may be truncated. Start over with --overwrite "
+                             "or restore the file") from None
+        need = {"step", "pos", "order", "model", "opt", "sched", "py_rng", "gen", "torch_rng"}
+        if not isinstance(state, dict) or not need <= set(state):
+            missing = sorted(need - set(state)) if isinstance(state, dict) else sorted(need)
+            raise ValueError(f"cannot resume: {str(self.checkpoint)!r} is not a gapo checkpoint (missing {missing})")
+        return state
+
+    def records_up_to(self, step: int) -> list[str]:
+        """The lines of ``metrics.jsonl`` with ``step <= step``; a partial last line (the run
+        was killed while writing it) is dropped, a corrupt line elsewhere is an error."""
+        if not self.metrics.is_file():
+            return []
+        text = self.metrics.read_text(encoding="utf-8", errors="replace")
+        lines = text.split("\n")
+        keep = []
+        for i, ln in enumerate(lines, 1):
+            if not ln.strip():
+                continue
+            try:
+                rec = json.loads(ln)
+            except json.JSONDecodeError:
+                if i == len(lines):  # no newline after it: the write was cut off
+                    continue
+                raise ValueError(f"cannot resume: {str(self.metrics)}:{i} is not JSON; fix or delete that line")
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
+                keep.append(ln)
+        return keep
+
+    # ------------------------------------------------------------------ writes
+    def open(self, *, overwrite: bool) -> None:
+        """Create the folder (moving an old run aside when overwriting) and write the marker."""
+        p = self.path
+        try:
+            if overwrite and p.exists() and not self.is_empty():
+                aside = p.with_name(f".{p.name}.replaced-{os.getpid()}-{time.time_ns()}")
+                os.rename(p, aside)
+                self._aside = aside
+            p.mkdir(parents=True, exist_ok=True)
+            self.write_text(MARKER, json.dumps({"format": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+        except OSError as e:
+            self.abort()
+            raise OSError(e.errno, f"cannot create the run folder {str(p)!r}: {e.strerror or e}") from None
+
+    def settle(self) -> None:
+        """The new run is under way: delete the run it replaces."""
+        if self._aside is not None:
+            shutil.rmtree(self._aside, ignore_errors=True)
+            self._aside = None
+
+    def abort(self) -> None:
+        """The new run failed before it settled: put the replaced run back."""
+        if self._aside is None:
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.rename(self._aside, self.path)
+        self._aside = None
+
+    def write_text(self, name: str, text: str) -> None:
+        atomic_write(self.path / name, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+    def write_config(self, cfg_dict: dict) -> None:
+        import yaml
+
+        self.write_text("config.yaml", yaml.safe_dump(cfg_dict, sort_keys=False))
+
+    def rewrite_metrics(self, lines: list[str]) -> None:
+        self.write_text("metrics.jsonl", "".join(ln + "\n" for ln in lines))
+
+    def append_metrics(self, record: dict) -> None:
+        line = json.dumps(record) + "\n"
+        try:
+            with open(self.metrics, "a", encoding="utf-8") as f:
+                f.write(line)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot append to {str(self.metrics)!r}: {e.strerror or e}") from None
+
+    def log_event(self, event: dict) -> None:
+        """Append to ``events.jsonl`` (e.g. the keys a resume changed)."""
+        try:
+            with open(self.path / "events.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(event, default=str) + "\n")
+        except OSError as e:
+            raise OSError(e.errno, f"cannot append to {str(self.path / 'events.jsonl')!r}: {e.strerror or e}") from None
