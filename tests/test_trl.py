@@ -615,3 +615,34 @@ def test_liger_kernel_leaves_the_loss_to_the_adapter(policy, tmp_path, monkeypat
     with pytest.raises(ValueError, match="fused_linear_cross_entropy"):
         GAPOTrainer(model=path, reward_funcs=has_a, train_dataset=_dataset(), processing_class=tok,
                     args=_config(tmp_path, use_liger_kernel=True, liger_kernel_config={"fused_linear_cross_entropy": True}))
+
+
+def test_quick_start_block_of_the_docs_builds_without_gapo_warnings(tmp_path, monkeypatch):
+    # docs/scale-out.md, TRL "Quick start": the block a user copies. Run it with the trainer lines left
+    # out (no hub here); both configurations must be valid and pass every GAPO check without a warning.
+    import re
+    import warnings
+    from pathlib import Path
+
+    from gapo.integrations.trl import _width_warnings
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "scale-out.md").read_text()
+    section = text.split("### Quick start: the configuration to copy", 1)[1].split("\n### ", 1)[0]
+    block = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    assert "from gapo.integrations.trl import GAPOConfig, GAPOTrainer" in block
+    code = "\n".join(ln for ln in block.splitlines() if not ln.startswith(("trainer", "from gapo.integrations")))
+    monkeypatch.chdir(tmp_path)
+    # the block is written for GPUs (TRL's default bf16=True): the same configurations on CPU here
+    scope: dict = {"GAPOConfig": lambda **kw: GAPOConfig(**kw, use_cpu=True, bf16=False)}
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        exec(compile(code, "scale-out.md", "exec"), scope)
+    assert not _gapo_warnings(rec)
+    for name, level in (("args", "token"), ("gspo_args", "sequence")):
+        cfg = scope[name]
+        assert isinstance(cfg, GAPOConfig) and cfg.importance_sampling_level == level
+        assert _width_warnings(cfg) == [], name
+        assert cfg.steps_per_generation > cfg.gradient_accumulation_steps  # the reuse that makes clipping matter
+    assert (scope["gspo_args"].epsilon, scope["gspo_args"].eps_high_max) == (3e-3, 5e-3)
+    assert scope["args"].reward_range == "group"
+    assert scope["correct"](["2+2=4"], [4]) == [1.0]
