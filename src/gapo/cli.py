@@ -36,6 +36,20 @@ def parse_task(spec: str) -> list[str]:
     return out
 
 
+def _int_at_least(lo: int):
+    """An argparse type: an integer >= ``lo``, with a message that says so."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {v}")
+        return v
+    parse.__name__ = f"integer >= {lo}"
+    return parse
+
+
 def _common_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config file (sections: task, model, sampling, algo, optim, train, eval, log)")
     p.add_argument("--task", help="countdown | arithmetic | math:PATH.jsonl | rg:NAME | humaneval | mbpp:PATH.jsonl")
@@ -84,9 +98,9 @@ def cmd_eval(args) -> int:
 
     import torch
 
-    from gapo import tasks
     from gapo.evaluate import evaluate
     from gapo.model import load_policy
+    from gapo.trainer import build_task, check_context
 
     torch.set_num_threads(args.threads)
     cfg = _load(args)
@@ -94,12 +108,13 @@ def cmd_eval(args) -> int:
 
     cfg = resolve_base_task(cfg)
     model_path = cfg.model.path or str(get_base_policy(cfg.model.base_preset))
-    task = tasks.get(cfg.task.name, **cfg.task.params)
+    task = build_task(cfg)
     model, tok = load_policy(model_path, cfg.model.device)
     problems = task.generate(args.split, args.problems, cfg.eval.seed)
+    max_new_tokens = cfg.sampling.max_new_tokens or task.max_completion_len + 1
+    check_context(model, tok, problems, max_new_tokens, key="sampling.max_new_tokens", where=model_path)
     res = evaluate(model, tok, task, problems, n=args.n, temperature=cfg.eval.temperature,
-                   max_new_tokens=cfg.sampling.max_new_tokens or task.max_completion_len + 1, seed=cfg.eval.seed,
-                   progress=True)
+                   max_new_tokens=max_new_tokens, seed=cfg.eval.seed, progress=True)
     res.pop("eval/correct")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}, indent=1))
     return 0
@@ -184,11 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="fixed clipping vs GAPO from the embedded base policy, with a report")
     p.add_argument("--out", default="runs/demo")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--eval-every", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-problems", type=int, default=64)
-    p.add_argument("--eval-samples", type=int, default=16)
+    p.add_argument("--steps", type=_int_at_least(1), default=60)
+    p.add_argument("--eval-every", type=_int_at_least(0), default=20)
+    p.add_argument("--seed", type=_int_at_least(0), default=0)
+    p.add_argument("--eval-problems", type=_int_at_least(1), default=64)
+    p.add_argument("--eval-samples", type=_int_at_least(1), default=16)
     p.set_defaults(fn=cmd_demo)
 
     p = sub.add_parser("train", help="train with a config file and/or key=value overrides")
@@ -205,17 +220,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="held-out pass@k (and coverage) of a policy")
     _common_train_args(p)
-    p.add_argument("--n", type=int, default=16, help="samples per problem")
-    p.add_argument("--problems", type=int, default=64)
+    p.add_argument("--n", type=_int_at_least(1), default=16, help="samples per problem")
+    p.add_argument("--problems", type=_int_at_least(1), default=64)
     p.add_argument("--split", default="eval", choices=["train", "eval"])
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=_int_at_least(1), default=1)
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("pretrain", help="build (or rebuild) the embedded base policies")
     p.add_argument("--preset", action="append", help="low | high (default: all)")
     p.add_argument("--rebuild", action="store_true")
-    p.add_argument("--eval", type=int, default=0, metavar="N", help="then report pass@k on N held-out problems")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--eval", type=_int_at_least(0), default=0, metavar="N", help="then report pass@k on N held-out problems")
+    p.add_argument("--threads", type=_int_at_least(1), default=1)
     p.set_defaults(fn=cmd_pretrain)
 
     p = sub.add_parser("report", help="tables and plots from run folders")

@@ -137,7 +137,16 @@ def save_policy(model, tokenizer, path: str | os.PathLike, *, extra: dict | None
 def read_marker(path: str | os.PathLike) -> dict | None:
     """The marker written by ``save_policy``, or None for a folder gapo did not write."""
     p = Path(path) / MARKER
-    return json.loads(p.read_text()) if p.is_file() else None
+    if not p.is_file():
+        return None
+    try:
+        marker = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{str(p)!r} is corrupt ({e}); it is gapo's marker of a saved policy: restore it, or "
+                         "delete it if the folder holds an ordinary Hugging Face checkpoint") from None
+    if not isinstance(marker, dict):
+        raise ValueError(f"{str(p)!r} is corrupt (not a JSON object)")
+    return marker
 
 
 def _load_tokenizer(path: str, marker: dict | None):
@@ -200,6 +209,11 @@ def load_policy(path_or_id: str | os.PathLike, device: str | torch.device = "cpu
             model = AutoModelForCausalLM.from_pretrained(name, **kw)
     except Exception as e:
         raise ValueError(f"cannot load a causal LM from {name!r}: {e}") from e
-    tok = _load_tokenizer(name, marker)
+    try:
+        tok = _load_tokenizer(name, marker)
+    except ValueError:
+        raise
+    except Exception as e:  # a missing or corrupt tokenizer file
+        raise ValueError(f"cannot load the tokenizer of {name!r}: {type(e).__name__}: {e}") from e
     model.to(device).eval()
     return model, tok

@@ -29,7 +29,7 @@ from gapo import advantages as adv_mod
 from gapo import tasks
 from gapo.aggregation import agg_loss
 from gapo.clipping import eps_high_for
-from gapo.config import Config, diff, to_dict
+from gapo.config import Config, diff, from_dict, to_dict
 from gapo.losses import LOSSES, log_ratio
 from gapo.metrics import clip_counts_by_c, clip_stats_from_counts, merge_counts
 from gapo.run_dir import RunExists, RunFolder, atomic_write
@@ -131,7 +131,10 @@ class Trainer:
     # ------------------------------------------------------------------ set-up helpers
     def _resume_state(self, cfg: Config, allow_change: bool) -> tuple[dict, dict]:
         """The checkpoint and the config keys that differ from the run's saved config."""
-        saved = self.folder.saved_config()
+        try:  # normalised: keys added since the run was made compare at their defaults
+            saved = to_dict(from_dict(self.folder.saved_config()))
+        except ValueError as e:
+            raise ValueError(f"cannot resume: {str(self.folder.config)!r}: {e}") from None
         changes = diff(saved, to_dict(cfg))
         fixed = [k for k in changes if k.startswith(RESUME_FIXED)]
         if fixed:
@@ -156,19 +159,8 @@ class Trainer:
         return get_base_policy(self.cfg.model.base_preset, progress=self.cfg.train.progress)
 
     def _check_against_model(self) -> None:
-        """``sampling.max_new_tokens`` plus the longest prompt fits the model's context."""
-        mc = self.model.config
-        ctx = next((getattr(mc, k) for k in ("max_position_embeddings", "n_positions", "max_sequence_length")
-                    if isinstance(getattr(mc, k, None), int)), None)
-        if ctx is None:
-            return
-        prompts = [p.prompt for p in self.pool[:2000] + self.eval_problems[:2000]]
-        longest = max((len(ids) for ids in self.tok(prompts).input_ids), default=0) if prompts else 0
-        if longest + self.max_new_tokens > ctx:
-            key = "sampling.max_new_tokens" if self.cfg.sampling.max_new_tokens else "the task's max_completion_len"
-            raise ValueError(f"{self.cfg._where('sampling.max_new_tokens')}: {self.max_new_tokens} new tokens after a "
-                             f"prompt of up to {longest} tokens exceed the model's context of {ctx} tokens "
-                             f"({str(self.policy_path)!r}); lower {key} to at most {ctx - longest}")
+        check_context(self.model, self.tok, self.pool[:2000] + self.eval_problems[:2000], self.max_new_tokens,
+                      key=self.cfg._where("sampling.max_new_tokens"), where=str(self.policy_path))
 
     def _probe_reward(self) -> None:
         """Score an empty completion of one train and one eval problem: a reward function that
@@ -642,3 +634,17 @@ def build_task(cfg: Config):
     except (TypeError, ValueError, KeyError, OSError) as e:
         msg = str(e) if isinstance(e, (ValueError, OSError)) else f"{type(e).__name__}: {e}"
         raise ValueError(f"task {cfg.task.name!r} with task.params={cfg.task.params}: {msg}") from None
+
+
+def check_context(model, tok, problems: list, max_new_tokens: int, *, key: str, where: str) -> None:
+    """``max_new_tokens`` after the longest prompt fits the model's context (when it declares one)."""
+    mc = model.config
+    ctx = next((getattr(mc, k) for k in ("max_position_embeddings", "n_positions", "max_sequence_length")
+                if isinstance(getattr(mc, k, None), int)), None)
+    if ctx is None or not problems:
+        return
+    longest = max(len(ids) for ids in tok([p.prompt for p in problems]).input_ids)
+    if longest + max_new_tokens > ctx:
+        raise ValueError(f"{key}: {max_new_tokens} new tokens after a prompt of up to {longest} tokens exceed the "
+                         f"model's context of {ctx} tokens ({where!r}); set sampling.max_new_tokens to at most "
+                         f"{ctx - longest}")
