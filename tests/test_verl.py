@@ -524,3 +524,84 @@ def test_invalid_actor_combinations(kw, pl, match):
     old, logp, adv, mask, _ = group_batch(9)
     with pytest.raises(ValueError, match=match):
         call("gapo", old, logp, adv, mask, actor(policy_loss=GAPOPolicyLossConfig(**pl), **kw))
+
+
+# ---------------------------------------------------------------------------------------------
+# reward_range "group" / "batch" (the core's option; exact in verl only where a row's advantage
+# fixes w without the reward's scale)
+
+
+@pytest.mark.parametrize("mode", ["group", "batch"])
+@pytest.mark.parametrize("values", [(0.0, 1.0), (-1.0, 1.0), (0.0, 5.0), (-3.0, -2.5)])
+@pytest.mark.parametrize("G", [4, 8])
+def test_reward_range_group_batch_from_std_grpo_advantages_equals_core(mode, values, G):
+    """Binary rewards with any two values: w and ε from verl's std-normalised GRPO advantages,
+    rows shuffled and split into micro-batches, equal the core's reward_range="group"/"batch"
+    weights computed on the raw grouped rewards (constant groups included)."""
+    prompts = 24
+    g = torch.Generator().manual_seed(G)
+    hit = (torch.rand(G * prompts, generator=g) < torch.rand(prompts, generator=g).repeat_interleave(G)).float()
+    hit[:G] = 1.0  # an all-correct group and an all-wrong one
+    hit[G:2 * G] = 0.0
+    lo, hi = values
+    rewards = lo + (hi - lo) * hit
+    _, _, adv, mask, _ = group_batch(G, G=G, prompts=prompts, rewards=rewards, estimator="grpo")
+    perm = torch.randperm(G * prompts, generator=g)
+    w, c = gv.success_from_advantages(gv._row_advantages(adv[perm], mask[perm]), G, adv_estimator="grpo",
+                                      norm_adv_by_std_in_grpo=True, reward_range=mode)
+    core = success_weight(rewards, G, reward_range=mode)
+    assert torch.allclose(w, core[perm], atol=1e-5)
+    known = c >= 0
+    assert torch.equal(c[known], group_success_count(rewards, G, reward_range=mode)[perm][known])
+    pl = GAPOPolicyLossConfig(loss_mode="gapo", eps_high_max=0.28, reward_range=mode, norm_adv_by_std_in_grpo=True)
+    ref = gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28, reward_range=mode)[perm]
+    assert ref.max() > 0.2 + 1e-6  # GAPO's headroom is in use
+    T = mask.shape[1]
+    for mb in range(0, G * prompts, 5):
+        rows = slice(mb, mb + 5)
+        n = perm[rows].numel()
+        _, _, m = call("gapo", torch.zeros(n, T), torch.zeros(n, T), adv[perm][rows], mask[perm][rows],
+                       actor(G=G, policy_loss=pl))
+        assert abs(m["actor/gapo_eps_high_mean"] - ref[rows].mean().item()) < 1e-5
+
+
+def test_reward_range_group_with_nonbinary_rewards_the_core_would_differ():
+    """Why Dr.GRPO is rejected under "group": two groups with the same Dr.GRPO advantage of their
+    best rollout but different spreads get different core weights, so one row cannot tell w."""
+    G = 4
+    a = torch.tensor([0.3, -0.1, -0.1, -0.1, 0.3, 0.1, -0.2, -0.2])
+    rewards = a + 0.5  # group means 0.5
+    w = success_weight(rewards, G, reward_range="group")
+    assert abs(w[0].item() - 1.0) < 1e-6 and w[4].item() < 0.99  # same A = 0.3, different w
+    with pytest.raises(ValueError, match="only each row's advantage"):
+        gv.success_from_advantages(a, G, reward_range="group", binary_rewards=False)
+
+
+@pytest.mark.parametrize("fields", [
+    {"reward_range": "group"},                                                  # Dr.GRPO
+    {"reward_range": "batch", "adv_estimator": "rloo"},
+    {"reward_range": "group", "adv_estimator": "rloo", "norm_adv_by_std_in_grpo": True},  # rloo has no std
+    {"reward_range": "batch", "binary_rewards": False},
+])
+def test_reward_range_group_batch_rejected_where_not_recoverable(fields):
+    with pytest.raises(ValueError, match="verl's policy loss is given only each row's advantage"):
+        GAPOPolicyLossConfig(loss_mode="gapo", **fields)
+
+
+def test_reward_range_fixed_spelling_and_errors():
+    G = 4
+    rewards = torch.tensor([1.0, -1, -1, -1, 1, 1, -1, -1])
+    old, logp, adv, mask, _ = group_batch(5, G=G, prompts=2, rewards=rewards)
+    a = call("gapo", old, logp, adv, mask, actor(G=G, high=0.28, policy_loss=GAPOPolicyLossConfig(
+        reward_range=[-1, 1])))
+    b = call("gapo", old, logp, adv, mask, actor(G=G, high=0.28, policy_loss=GAPOPolicyLossConfig(
+        reward_min=-1.0, reward_max=1.0)))
+    assert_same(a, b, keys=("actor/gapo_eps_high_mean", "actor/pg_clipfrac"))
+    expected = gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28, reward_range=(-1.0, 1.0)).mean()
+    assert abs(a[2]["actor/gapo_eps_high_mean"] - expected.item()) < 1e-6
+    with pytest.raises(ValueError, match="ambiguous reward range"):
+        GAPOPolicyLossConfig(reward_range=[-1, 1], reward_min=0.0, reward_max=2.0)
+    with pytest.raises(ValueError, match="Did you mean 'group'"):
+        GAPOPolicyLossConfig(reward_range="grup", norm_adv_by_std_in_grpo=True)
+    with pytest.raises(ValueError, match="R_max > R_min"):
+        GAPOPolicyLossConfig(reward_range=[1, 1])

@@ -305,6 +305,35 @@ def test_invalid_gapo_values_fail_at_startup(extra, match):
     assert re.search(match, msg), msg
 
 
+INTERP = [f"+{PL}.adv_estimator=${{algorithm.adv_estimator}}",
+          f"+{PL}.norm_adv_by_std_in_grpo=${{algorithm.norm_adv_by_std_in_grpo}}"]
+
+
+@pytest.mark.parametrize("mode", ["group", "batch"])
+def test_reward_range_group_batch_at_startup(mode):
+    """Accepted with std-normalised GRPO (the estimator settings interpolated from algorithm.*),
+    rejected at start-up under Dr.GRPO with gapo's explanation."""
+    ok = _compose(BASE + INTERP + ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=True",
+                                   f"{PL}.loss_mode=gapo_seq",
+                                   f"+{PL}.reward_range={mode}"])
+    validate_config(ok, use_reference_policy=False, use_critic=False)
+    OmegaConf.resolve(ok)
+    pl = omega_conf_to_dataclass(ok.actor_rollout_ref.actor).policy_loss
+    assert (type(pl), pl.reward_range, pl.norm_adv_by_std_in_grpo) == (GAPOPolicyLossConfig, mode, True)
+    msg = _startup_error(INTERP + ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False",
+                                   f"{PL}.loss_mode=gapo",
+                                   f"+{PL}.reward_range={mode}"])
+    assert f"policy_loss.reward_range={mode!r}" in msg and "norm_adv_by_std_in_grpo=False" in msg
+    assert "policy_loss.reward_min/reward_max" in msg
+
+
+def test_reward_range_fixed_list_at_startup():
+    cfg = _compose(BASE + [f"{PL}.loss_mode=gapo", f"+{PL}.reward_range=[-1,1]"])
+    validate_config(cfg, use_reference_policy=False, use_critic=False)
+    pl = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss
+    assert list(pl.reward_range) == [-1, 1] and gv._reward_range(pl) == (-1.0, 1.0)
+
+
 def test_gapo_fields_are_the_documented_ones():
     text = DOCS.read_text()
     section = text[text.index("\n## verl\n"):text.index("\n## TRL\n")]

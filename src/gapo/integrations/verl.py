@@ -59,8 +59,17 @@ passed as Dr.GRPO, and a too-narrow reward range, for most groups); and with
 rollouts ``c`` in ``[1, G−1]`` (catches nearly every mismatch of estimator, ``G`` or range).
 Not detectable: a group with fewer than ``rollout_n`` responses whose advantages happen to look
 valid. The defaults (``adv_estimator="grpo"``, ``norm_adv_by_std_in_grpo=False``, rewards in
-``[0, 1]``, binary) are the paper's recipe and apply when the plain ``PolicyLossConfig`` is
-used with ``loss_mode=gapo``.
+``[0, 1]``, binary) are the paper's recipe and apply when no GAPO key is set.
+
+**Reward range "group" / "batch".** The core's ``reward_range="group"`` takes ``R_min, R_max``
+from each group's own rewards (``"batch"``: the whole batch's). The loss sees neither (no group
+id reaches it), so ``policy_loss.reward_range=group|batch`` is accepted only where one row's
+advantage fixes ``w`` without the reward's scale: std-normalised GRPO of binary rewards (any two
+values, e.g. ±1), where ``c`` and ``w = (G−c)/(G−1)`` come from ``A`` alone and equal the core's
+group and batch weights (a mixed binary group spans both values). Dr.GRPO and RLOO advantages
+carry the reward's scale, and non-binary groups need their own min and max: rejected at start-up
+with the alternatives (a fixed ``reward_min``/``reward_max``; rewards rescaled to [0, 1] in the
+reward function).
 
 **Loss.** ``gapo.losses.policy_loss`` with verl's aggregation normalisers (``global_batch_info``);
 ``gapo`` applies verl's dual clip (``clip_ratio_c``) like ``vanilla``; ``gapo_seq`` has none,
@@ -155,6 +164,7 @@ try:
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
     from verl.workers.config import PolicyLossConfig
 
+    from gapo._checks import check_reward_range
     from gapo.clipping import eps_high_from_weight
     from gapo.losses import log_ratio, policy_loss
     from gapo.metrics import clip_counts_by_c
@@ -178,6 +188,11 @@ class GAPOPolicyLossConfig(PolicyLossConfig):
             ``clip_ratio_high``.
         schedule: ``"linear"`` (the paper's Eq. 11) or ``"log"``.
         reward_min, reward_max: the range of the scalar (summed) reward.
+        reward_range: ``None`` (use ``reward_min``/``reward_max``), ``[lo, hi]`` (the same thing
+            in the core's spelling), or ``"group"`` / ``"batch"``: the core's range from each
+            group's (the batch's) own rewards, which verl's loss can recover from a row's
+            advantage only for std-normalised GRPO advantages of binary rewards (module
+            docstring); anything else is rejected at start-up.
         adv_estimator, norm_adv_by_std_in_grpo: must equal ``algorithm.*`` of the run; they say
             how to read group success back from the advantage (module docstring).
         binary_rewards: rewards take only the values ``reward_min``/``reward_max``; enables the
@@ -189,6 +204,7 @@ class GAPOPolicyLossConfig(PolicyLossConfig):
     schedule: str = "linear"
     reward_min: float = 0.0
     reward_max: float = 1.0
+    reward_range: Any = None
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = False
     binary_rewards: bool = True
@@ -225,6 +241,44 @@ def _check_gapo_fields(pl) -> None:
             "std-normalised GRPO advantages (norm_adv_by_std_in_grpo=True) determine group success only "
             "for binary rewards; with binary_rewards=False use Dr.GRPO (algorithm.norm_adv_by_std_in_grpo="
             "False, and the same in policy_loss) or RLOO")
+    _reward_range(pl)
+
+
+def _reward_range(pl) -> tuple[float, float] | str:
+    """The reward range of a ``policy_loss`` config: ``(lo, hi)``, ``"group"`` or ``"batch"``."""
+    lo, hi = float(pl.get("reward_min", 0.0)), float(pl.get("reward_max", 1.0))
+    rr = pl.get("reward_range", None)
+    if rr is None:
+        return lo, hi
+    if not isinstance(rr, str):
+        try:
+            rr = tuple(rr)
+        except TypeError:
+            pass
+    try:
+        rr = check_reward_range(rr)
+    except ValueError as exc:
+        raise ValueError(f"policy_loss.reward_range: {exc}") from None
+    if isinstance(rr, tuple):
+        if (lo, hi) != (0.0, 1.0) and rr != (lo, hi):
+            raise ValueError(
+                f"ambiguous reward range: policy_loss.reward_range={list(rr)} but reward_min/reward_max="
+                f"{lo}/{hi}; set one of them")
+        return rr
+    est = pl.get("adv_estimator", "grpo")
+    std = bool(pl.get("norm_adv_by_std_in_grpo", False)) and est.startswith("grpo")
+    if not (std and bool(pl.get("binary_rewards", True))):
+        raise ValueError(
+            f"policy_loss.reward_range={rr!r} needs each group's own reward range (batch: the batch's), "
+            "but verl's policy loss is given only each row's advantage, not its group or the batch "
+            "(verl's actor forwards no other per-sample field). It is exact only for std-normalised GRPO "
+            "advantages of binary rewards (algorithm.adv_estimator=grpo, algorithm.norm_adv_by_std_in_grpo="
+            "True, policy_loss.binary_rewards=True), whose value does not depend on the reward's scale. "
+            f"Here adv_estimator={est!r}, norm_adv_by_std_in_grpo={bool(pl.get('norm_adv_by_std_in_grpo', False))}, "
+            f"binary_rewards={bool(pl.get('binary_rewards', True))}: give the reward's fixed range instead "
+            "(policy_loss.reward_min/reward_max, e.g. -1 and 1), or rescale the reward to [0, 1] in the "
+            "reward function")
+    return rr
 
 
 
@@ -289,7 +343,7 @@ class _Params:
     eps_low: float
     eps_high_max: float
     schedule: str
-    reward_range: tuple[float, float]
+    reward_range: tuple[float, float] | str
     adv_estimator: str
     norm_by_std: bool
     binary: bool
@@ -329,7 +383,7 @@ def _params(config) -> _Params:
         eps_low=eps_low,
         eps_high_max=eps_high_max,
         schedule=pl.get("schedule", "linear"),
-        reward_range=(float(pl.get("reward_min", 0.0)), float(pl.get("reward_max", 1.0))),
+        reward_range=_reward_range(pl),
         adv_estimator=est,
         norm_by_std=bool(pl.get("norm_adv_by_std_in_grpo", False)) and est.startswith("grpo"),
         binary=bool(pl.get("binary_rewards", True)),
@@ -355,7 +409,7 @@ def success_from_advantages(
     *,
     adv_estimator: str = "grpo",
     norm_adv_by_std_in_grpo: bool = False,
-    reward_range: tuple[float, float] = (0.0, 1.0),
+    reward_range: tuple[float, float] | str = (0.0, 1.0),
     binary_rewards: bool = True,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:  # (B,) w in [0, 1]; (B,) long c, or None
     """``(w, c)``: GAPO's ``w_i`` recovered from a row's own verl advantage (module docstring; rows
@@ -366,10 +420,24 @@ def success_from_advantages(
     ``c`` is ``-1`` on rows with zero advantage (an all-equal group: ``c`` is 0 or G, which the
     advantage cannot tell apart) and ``c`` is ``None`` when ``binary_rewards=False`` (a centred
     reward does not determine a count).
+
+    ``reward_range="group"`` or ``"batch"`` (``w`` from each group's, or the batch's, own min and
+    max reward, as in :func:`gapo.clipping.success_weight`) is accepted only with std-normalised
+    GRPO advantages of binary rewards: there ``c``, and so ``w = (G−c)/(G−1)``, follow from the
+    advantage whatever the two reward values are, and equal the core's ``"group"``/``"batch"``
+    weights (a mixed binary group spans both values, hence the batch's range too). Other
+    estimators carry the reward's scale, which one row cannot reveal: ``ValueError``.
     """
     G = group_size
     a = advantages.detach().double()
-    span = float(reward_range[1]) - float(reward_range[0])
+    if isinstance(reward_range, str):
+        std = norm_adv_by_std_in_grpo and adv_estimator.startswith("grpo")
+        if reward_range not in ("group", "batch") or not (std and binary_rewards):
+            _reward_range({"reward_range": reward_range, "adv_estimator": adv_estimator,
+                           "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo, "binary_rewards": binary_rewards})
+        span = None  # unused on the std-normalised path
+    else:
+        span = float(reward_range[1]) - float(reward_range[0])
     if norm_adv_by_std_in_grpo and adv_estimator.startswith("grpo"):
         if not binary_rewards:
             raise ValueError("std-normalised GRPO advantages are invertible only for binary rewards")
