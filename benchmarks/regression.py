@@ -29,8 +29,9 @@ Units (about 3 minutes together on 2 shared CPU cores):
 - ``eval``: ``gapo eval`` of the default base policy (its preset → task resolution).
 - ``parity``: values of the verl and TRL adapters (``gapo.integrations.*``): verl's registered
   ``gapo``/``gapo_seq`` losses on a fixed batch (loss, gradient sums, metrics) and two optimiser
-  steps of TRL's ``GAPOTrainer`` on a random tiny Qwen2 (its log history). Skipped where verl or
-  TRL are not installed.
+  steps of TRL's ``GAPOTrainer`` on a random tiny Qwen2 (its log history; reward range fixed to
+  (0, 1), since the adapter's default became the group's own range). Skipped where verl or TRL
+  are not installed.
 
 Run it with the interpreter of the environment under test (``.venv/bin/python``). To check
 another checkout's code, put its ``src`` first: ``PYTHONPATH=/path/to/src``. Golden values
@@ -339,10 +340,13 @@ if have_trl:
     def frac_a(completions, **kwargs):
         return [c.count("a") / max(len(c), 1) for c in completions]
 
+    # the reward (a share of characters) is not binary; the golden values use the fixed range (0, 1),
+    # which gapo at d293606 always used (later versions default to the group's own range)
+    fixed_range = {"reward_range": ["0", "1"]} if "reward_range" in GAPOConfig.__dataclass_fields__ else {}
     args = GAPOConfig(output_dir=tmp + "/out", use_cpu=True, bf16=False, report_to="none", save_strategy="no",
                       per_device_train_batch_size=8, num_generations=4, max_completion_length=6, logging_steps=1,
                       learning_rate=3e-2, max_steps=4, num_iterations=2, steps_per_generation=2, seed=0,
-                      loss_type="dapo", beta=0.0, epsilon=0.2, eps_high_max=0.28, disable_tqdm=True)
+                      loss_type="dapo", beta=0.0, epsilon=0.2, eps_high_max=0.28, disable_tqdm=True, **fixed_range)
     data = Dataset.from_list([{"prompt": alphabet[i % 5] + alphabet[(i + 1) % 5] + "="} for i in range(8)])
     tr = GAPOTrainer(model=tmp + "/model", reward_funcs=frac_a, args=args, train_dataset=data, processing_class=tok)
     tr.train()
