@@ -188,3 +188,33 @@ def test_missing_tracking_package_is_a_clear_error(easy_policy, tmp_path, monkey
     with pytest.raises(ValueError, match=r"gapo\[tracking\]"):
         Trainer(_cfg(easy_policy, "train.steps=1", "log.wandb=true"), tmp_path / "r")
     assert not (tmp_path / "r").exists()  # failed before the run folder was created
+
+
+@pytest.mark.parametrize("rr", ["group", "batch"])
+def test_reward_range_group_and_batch_train(easy_policy, tmp_path, rr):
+    """Rewards on any scale: a verifier scoring 0/5 trains under a "group" or "batch" range, and
+    its ε widths equal the 0/1 run's (w depends only on where a reward sits in its range)."""
+    from gapo.tasks.countdown import CountdownTask
+
+    base = ["train.steps=1", "eval.problems=0", "algo.eps_schedule=linear", "algo.eps_high=0.3"]
+    ref = Trainer(_cfg(easy_policy, *base), tmp_path / "ref")
+    rec_ref = ref.train_step()
+    orig = CountdownTask.score
+    try:
+        CountdownTask.score = lambda self, p, c: 5.0 * orig(self, p, c)
+        tr = Trainer(_cfg(easy_policy, *base, f"algo.reward_range={rr}"), tmp_path / rr)
+        rec = tr.train_step()
+    finally:
+        CountdownTask.score = orig
+    assert 0.0 < rec_ref["rollout/pass_rate"] < 1.0  # both outcomes occur, so the check below binds
+    assert rec["rollout/reward"] == pytest.approx(5 * rec_ref["rollout/reward"])
+    assert rec.get("clip/eps_high_pos_mean") == pytest.approx(rec_ref.get("clip/eps_high_pos_mean"))
+
+
+def test_reward_outside_a_fixed_range_names_task_and_problem(easy_policy, tmp_path, monkeypatch):
+    from gapo.tasks.countdown import CountdownTask
+
+    monkeypatch.setattr(CountdownTask, "score", lambda self, p, c: 5.0)
+    with pytest.raises(ValueError, match=r"countdown.*reward 5.0 \(outside algo.reward_range \[0.0, 1.0\]\)"):
+        Trainer(_cfg(easy_policy, "train.steps=1"), tmp_path / "r")
+    assert not (tmp_path / "r").exists()

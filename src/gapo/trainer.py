@@ -347,7 +347,9 @@ class Trainer:
         ro, rewards = batch["rollout"], batch["rewards"]
         rewards_d = rewards.to(self.device)
         t_upd = time.perf_counter()
-        advantages = adv_mod.compute(a.advantage, rewards_d, G, **a.advantage_params)
+        # focal scales by the group's success rate p̂, read on the configured reward range
+        extra = {"reward_range": a.reward_range} if a.advantage == "focal" else {}
+        advantages = adv_mod.compute(a.advantage, rewards_d, G, **a.advantage_params, **extra)
         eps_high = eps_high_for(a.eps_schedule, rewards_d, G, eps_low=a.eps_low, eps_high=a.eps_high,
                                 reward_range=a.reward_range).to(self.device)
         success = adv_mod.group_success_count(rewards_d, G, reward_range=a.reward_range)
@@ -430,7 +432,9 @@ class Trainer:
         out.update({k: v / n_updates for k, v in sums.items() if not k.startswith("_")})
         out["policy/entropy"] = (ent_sum if ent_sum is not None else sums.get("_ent_tok", 0.0)) / max(n_tok, 1.0)
         out["rollout/reward"] = float(rewards.mean())
-        out["rollout/pass_rate"] = float((rewards >= a.reward_range[1]).float().mean())
+        # a success reaches R_max; under a "group"/"batch" range, gapo's verifiers' 1.0 (Task.score)
+        top = 1.0 if isinstance(a.reward_range, str) else a.reward_range[1]
+        out["rollout/pass_rate"] = float((rewards >= top).float().mean())
         out["rollout/response_len"] = n_tok / B
         out["optim/lr"] = self.sched.get_last_lr()[0]
         out["optim/grad_norm"] = sum(grad_norms) / len(grad_norms)
