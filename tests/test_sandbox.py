@@ -561,6 +561,8 @@ def test_memfd_and_shm_files_count_against_memory_mb(prog):
     assert "cgroup-memory" in r.isolation
 
 
+@pytest.mark.skipif("mount" not in CAPS.namespaces,
+                    reason=f"no private /dev/shm without a mount namespace ({CAPS.describe()})")
 def test_dev_shm_is_bounded_by_its_tmpfs():
     r = run(SHM_FILES_BOMB, memory_mb=256)  # tmpfs_mb=64: ENOSPC or the cgroup, never 600 MiB
     assert not r.passed
