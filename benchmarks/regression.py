@@ -39,7 +39,8 @@ depend on the CPU and the torch build they were recorded with (``golden/meta.jso
 machine, ``record`` from a trusted commit first.
 
 Configuration keys renamed by a later change (``algo.eps_high`` → ``algo.eps_high_max``) are
-detected once at start, by asking the command line, and applied to every override.
+detected at start, by asking the command line (separately for fixed and GAPO schedules), and
+applied to every override the units pass; the golden records do not contain config keys.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class Env:
         self.cache = work / "cache"  # empty: presets come from the package, mini presets are trained
         self.env = dict(os.environ, GAPO_CACHE=str(self.cache), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                         PYTHONUNBUFFERED="1")
-        self.renames: dict[str, str] = {}
+        self.renames: dict[str, dict[str, str]] = {"fixed": {}, "gapo": {}}  # by kind of eps schedule
 
     def gapo(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "gapo.cli", *args]
@@ -126,29 +127,34 @@ class Env:
             raise RuntimeError(f"`{' '.join(args[3:])}` exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
         return p
 
-    def key(self, k: str) -> str:
-        return self.renames.get(k, k)
+    @staticmethod
+    def _kind(schedule: str | None) -> str:
+        return "fixed" if schedule in (None, "fixed") else "gapo"
+
+    def key(self, k: str, schedule: str | None = None) -> str:
+        return self.renames[self._kind(schedule)].get(k, k)
 
     def overrides(self, items: list[str]) -> list[str]:
-        out = []
-        for it in items:
-            k, _, v = it.partition("=")
-            out.append(f"{self.key(k)}={v}")
-        return out
+        pairs = [it.partition("=")[::2] for it in items]
+        schedule = dict(pairs).get("algo.eps_schedule")
+        return [f"{self.key(k, schedule)}={v}" for k, v in pairs]
 
     def detect_renames(self) -> None:
         """``algo.eps_high`` → ``algo.eps_high_max`` once gapo renames it (the old key is then an
-        error naming the new one). The probe fails validation on purpose, so nothing runs."""
-        probe = self.gapo("train", "--out", str(self.work / "probe"), "algo.eps_high=0.2", "train.group_size=1")
-        p = subprocess.run(probe, env=self.env, capture_output=True, text=True, timeout=300, cwd=self.work)
-        msg = p.stdout + p.stderr
-        if "group_size" in msg:
-            return  # the key was accepted; validation stopped at group_size
-        if "eps_high_max" in msg:
-            self.renames["algo.eps_high"] = "algo.eps_high_max"
-            print("note: config key algo.eps_high is now algo.eps_high_max", flush=True)
-            return
-        raise RuntimeError(f"cannot tell which eps key gapo accepts; probe said:\n{msg[-3000:]}")
+        error naming the new one), asked separately for fixed and GAPO schedules. Each probe fails
+        validation on purpose (``train.group_size=1``), so nothing runs."""
+        for kind, schedule in (("fixed", "fixed"), ("gapo", "linear")):
+            probe = self.gapo("train", "--out", str(self.work / "probe"), f"algo.eps_schedule={schedule}",
+                              "algo.eps_low=0.2", "algo.eps_high=0.28", "train.group_size=1")
+            p = subprocess.run(probe, env=self.env, capture_output=True, text=True, timeout=300, cwd=self.work)
+            msg = p.stdout + p.stderr
+            if "must be >= 2" in msg or ("group_size" in msg and "eps_high_max" not in msg):
+                continue  # the key was accepted; validation stopped at group_size
+            if "eps_high_max" in msg:
+                self.renames[kind]["algo.eps_high"] = "algo.eps_high_max"
+                print(f"note: with a {kind} schedule, config key algo.eps_high is now algo.eps_high_max", flush=True)
+                continue
+            raise RuntimeError(f"cannot tell which eps key gapo accepts ({kind} schedule); probe said:\n{msg[-3000:]}")
 
 
 def normalise(rec: dict) -> dict:
@@ -189,8 +195,9 @@ def unit_grid(env: Env) -> list[dict]:
 
     grid = json.loads(json.dumps(GRID))
     for m in grid["method_defs"].values():
+        schedule = m.get("algo.eps_schedule")
         for k in list(m):
-            m[env.key(k)] = m.pop(k)
+            m[env.key(k, schedule)] = m.pop(k)
     cfg = env.work / "grid.yaml"
     cfg.write_text(yaml.safe_dump(grid, sort_keys=False))
     out = env.work / "grid"
