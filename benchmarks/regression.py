@@ -74,6 +74,7 @@ RESUME_OVERRIDES = [
 EVAL_ARGS = ["--problems", "16", "--n", "8"]
 
 HIGH_MIX = [[{"n_numbers": 2, "num_range": [1, 10]}, 0.25], [{"n_numbers": 3, "num_range": [1, 10]}, 0.75]]
+HIGH_TASK = {"n_numbers": 2, "num_range": [1, 10]}
 ARITH_TASK = {"digits": 2, "ops": "+-*"}
 GRID = {
     "name": "regression",
@@ -86,8 +87,8 @@ GRID = {
                   "algo.advantage_params": {}, "algo.eps_low": 0.2, "algo.eps_high": 0.28},
     },
     "regime_defs": {
-        "high_mini": {"base": {"name": "high_mini", "sft_mix": HIGH_MIX, "rl_task": {"n_numbers": 2, "num_range": [1, 10]},
-                               "pool_size": 200, "max_steps": 60, "time_budget_s": None, "warmup_steps": 10},
+        "high_mini": {"base": {"name": "high_mini", "sft_mix": HIGH_MIX, "rl_task": HIGH_TASK, "pool_size": 200,
+                               "max_steps": 60, "time_budget_s": None, "warmup_steps": 10},
                       "methods": ["gapo"]},
         "arith_mini": {"base": {"name": "arith_mini", "task": "arithmetic", "sft_mix": [[ARITH_TASK, 1.0]],
                                 "rl_task": ARITH_TASK, "pool_size": 300, "max_steps": 60, "time_budget_s": None,
