@@ -91,7 +91,6 @@ class Isolation:
     drop_to_uid: int | None  # the unprivileged uid the child switches to (root only)
     unshare: str | None  # path of util-linux unshare, when namespaces are used
     cgroups: tuple[str, ...] = ()  # ("cgroup-kill", "cgroup-memory") where usable
-    setpriv: str | None = None  # util-linux setpriv, for PR_SET_PDEATHSIG on unshare
 
     @property
     def network(self) -> str:
@@ -100,8 +99,7 @@ class Isolation:
     @property
     def pdeathsig(self) -> bool:
         """Whether a sandbox dies with the thread that started it (Linux ``PR_SET_PDEATHSIG``)."""
-        return self.platform.startswith("linux") and ("pid" not in self.namespaces
-                                                     or self.setpriv is not None)
+        return self.platform.startswith("linux")
 
     def features(self) -> dict[str, str]:
         """Each guarantee and how it holds here (the isolation table of docs/sandbox.md)."""
@@ -207,16 +205,15 @@ def capabilities() -> Isolation:
             candidates = [("user", "net", "ipc", "mount", "pid"), ("user", "net", "mount", "pid"),
                           ("user", "net", "mount"), ("user", "net")]
     cgroups = _cgroup_layers()
-    setpriv = _which("setpriv") if unshare else None
     for ns in candidates:
-        iso = Isolation(sys.platform, root, ns, drop, unshare, cgroups, setpriv)
+        iso = Isolation(sys.platform, root, ns, drop, unshare, cgroups)
         try:
             res = _run(iso, "print('ok')", timeout_s=10.0, memory_mb=256, probe=True)
         except OSError:
             continue
         if res.passed and res.stdout.strip() == "ok":
             return iso
-    return Isolation(sys.platform, root, (), drop, None, cgroups, None)
+    return Isolation(sys.platform, root, (), drop, None, cgroups)
 
 
 def _cgroup_layers() -> tuple[str, ...]:
@@ -258,11 +255,10 @@ def _prefix(iso: Isolation) -> list[str]:
     if "mount" in iso.namespaces:
         flags.append("--mount")
     if "pid" in iso.namespaces:
-        flags += ["--pid", "--fork", "--kill-child"]
-        if "mount" in iso.namespaces:
-            flags.append("--mount-proc")
-    pre = [iso.setpriv, "--pdeathsig", "KILL"] if "pid" in iso.namespaces and iso.setpriv else []
-    return [*pre, iso.unshare, *flags, "--"]
+        # no --fork: unshare execs the bootstrap, which stays our direct child (so it can die
+        # with us, PR_SET_PDEATHSIG, and be moved into a cgroup by us) and forks PID 1 itself
+        flags.append("--pid")
+    return [iso.unshare, *flags, "--"]
 
 
 def run(
@@ -379,8 +375,8 @@ def _run(
 ) -> SandboxResult:
     t0 = time.monotonic()
     workdir = tempfile.mkdtemp(prefix=f"gapo-sbx-{os.getpid()}-")
-    report_r = report_w = -1
-    cgroup = sandbox_ns.Cgroup(memory_mb << 20) if iso.cgroups else None
+    report_r = report_w = go_r = go_w = -1
+    cgroup = sandbox_ns.acquire(memory_mb << 20) if iso.cgroups else None
     try:
         for name, text in (("main.py", program), ("peer.py", peer)):
             if text is not None:
@@ -402,6 +398,8 @@ def _run(
             "RLIMIT_NPROC": 0,
         }
         report_r, report_w = os.pipe()
+        if cgroup is not None:
+            go_r, go_w = os.pipe()
         cfg = {
             "workdir": workdir,
             "uid": uid,
@@ -415,9 +413,9 @@ def _run(
             "preimport": [] if mount or uid is None else list(_PREIMPORT),
             "report_fd": report_w,
             "peer": peer is not None,
-            # die with this thread; checked against getppid() where we are the direct parent
-            "parent_pid": None if "pid" in iso.namespaces else os.getpid(),
-            "cgroups": cgroup.procs_files if cgroup else [],
+            # die with this thread (the bootstrap is always our direct child)
+            "parent_pid": os.getpid() if sys.platform.startswith("linux") else None,
+            "go_fd": go_r if cgroup else None,
             "cgroup_layers": cgroup.layers if cgroup else [],
             "ipc_limits": _ipc_limits(memory_mb) if "ipc" in iso.namespaces else {},
             "covered": list(sandbox_ns.COVERED_DIRS),
@@ -429,19 +427,28 @@ def _run(
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(report_w,),
+            pass_fds=(report_w,) if cgroup is None else (report_w, go_r),
             env=_child_env(workdir),
             cwd=workdir,
             start_new_session=True,
         )
         os.close(report_w)
         report_w = -1
+        if cgroup is not None:
+            # move the child into the cgroup while its interpreter starts; it waits for this
+            os.close(go_r)
+            go_r = -1
+            joined = cgroup.add(proc.pid)
+            try:
+                os.write(go_w, b"1" if joined else b"0")
+            except OSError:
+                pass
         out, err, report, limit_hit, timed_out = _communicate(
             proc, stdin, report_r, deadline=t0 + timeout_s, cap=output_limit_bytes
         )
         rc = proc.returncode
     finally:
-        for fd in (report_r, report_w):
+        for fd in (report_r, report_w, go_r, go_w):
             if fd >= 0:
                 try:
                     os.close(fd)
@@ -450,7 +457,7 @@ def _run(
         shutil.rmtree(workdir, ignore_errors=True)
         oom = cgroup is not None and cgroup.oom_killed()
         if cgroup is not None:
-            cgroup.destroy()  # kills anything left (another session, a setsid'd peer)
+            cgroup.release()  # kills anything left (another session, a setsid'd peer)
     duration = time.monotonic() - t0
     try:
         applied = tuple(json.loads(report.decode())) if report else ()

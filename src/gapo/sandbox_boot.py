@@ -1,8 +1,9 @@
 """The sandbox's trusted bootstrap (:data:`BOOT`), run in the child as ``python -I -B -c BOOT cfg``.
 
 It runs still privileged, inside the namespaces :mod:`gapo.sandbox` asked ``unshare`` for, and
-applies the isolation *from the inside* before the program runs: join the sandbox's cgroups,
-set ``PR_SET_PDEATHSIG`` (die with the parent), bound the fresh IPC namespace's SysV/POSIX
+applies the isolation *from the inside* before the program runs: set ``PR_SET_PDEATHSIG``
+(die with the parent), wait until the parent has moved it into the sandbox's cgroups, start
+PID 1 of the new PID namespace with its own ``/proc``, bound the fresh IPC namespace's SysV/POSIX
 limits, make the mount tree read-only, cover ``/tmp``, ``/var/tmp``, ``/run`` (``/var/run``) and
 ``/dev/shm`` with private tmpfs, replace ``/dev`` by a minimal read-only one (null, zero, full,
 random, urandom), cover the host's other listening Unix socket files, re-expose the interpreter
@@ -17,12 +18,6 @@ BOOT = r"""
 import json, os, sys
 cfg = json.loads(sys.argv[1])
 applied = []
-wd = cfg["workdir"]
-files = {}
-for name in ("main.py", "peer.py") if cfg["peer"] else ("main.py",):
-    with open(os.path.join(wd, name), "rb") as f:
-        files[name] = f.read()
-uid, gid = cfg["uid"], cfg["gid"]
 import ctypes
 try:
     libc = ctypes.CDLL(None, use_errno=True)
@@ -34,17 +29,36 @@ if cfg["parent_pid"] is not None:
     prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = SIGKILL
     if os.getppid() != cfg["parent_pid"]:
         os._exit(125)
-joined = 0
-for procs in cfg["cgroups"]:
-    # Join the sandbox's cgroup(s) first: everything forked from here on is inside.
-    try:
-        with open(procs, "w") as f:
-            f.write("0")
-        joined += 1
-    except OSError:
-        pass
-if cfg["cgroups"] and joined == len(cfg["cgroups"]):
-    applied.extend(cfg["cgroup_layers"])
+if cfg["go_fd"] is not None:
+    # The parent moves this process into the sandbox's cgroups while this interpreter starts
+    # (a move costs the kernel an RCU grace period, ~6 ms here); wait for it before any fork.
+    go = os.read(cfg["go_fd"], 1)
+    os.close(cfg["go_fd"])
+    if go == b"1":
+        applied.extend(cfg["cgroup_layers"])
+if cfg["reaper"]:
+    # unshare --pid without --fork: our first child is PID 1 of the new PID namespace. Start
+    # it, mirror its exit; it dies with us, and everything in the namespace dies with it.
+    child = os.fork()
+    if child:
+        os.close(cfg["report_fd"])
+        while True:
+            try:
+                _, st = os.waitpid(child, 0)
+                break
+            except InterruptedError:
+                continue
+        code = os.waitstatus_to_exitcode(st)
+        os._exit(code if code >= 0 else 128 - code)
+    prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = SIGKILL
+    if cfg["mount"] and libc.mount(b"proc", b"/proc", b"proc", 2 | 4 | 8, None) != 0:
+        os._exit(125)  # the namespace's own /proc (unshare's --mount-proc)
+wd = cfg["workdir"]
+files = {}
+for name in ("main.py", "peer.py") if cfg["peer"] else ("main.py",):
+    with open(os.path.join(wd, name), "rb") as f:
+        files[name] = f.read()
+uid, gid = cfg["uid"], cfg["gid"]
 if cfg["ipc_limits"]:
     # A fresh IPC namespace has the host's defaults (shmall of petabytes, 32000 message queues):
     # bound them to this sandbox's memory. Written before the tree becomes read-only.
