@@ -66,7 +66,8 @@ def test_serial_stats_and_unparsable():
 
 
 def test_nan_inf_rewards_name_task_and_problem(pool):
-    with pytest.raises(ValueError, match=r"task 'toy', problem 1 \(prompt 'toy prompt'\): returned reward nan"):
+    pat = r"task 'toy', problem 1 \(prompt 'toy prompt'\): returned reward nan"
+    with pytest.raises(ValueError, match=pat):
         score_batch(ToyTask(), [P] * 2, ["1", "nan"])
     with pytest.raises(ValueError, match="problem 0 .*reward inf"):
         pool.score(ToyTask(), [P], ["inf"])

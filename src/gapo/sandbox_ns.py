@@ -14,10 +14,11 @@ with its own failure modes; every function degrades to "not available" instead o
 
 The memory limit covers what ``RLIMIT_AS`` does not see: tmpfs files (``/dev/shm``, ``/tmp``),
 SysV/POSIX shared memory and memfds written with ``write()``, page tables, pipe buffers.
-The parent moves the sandbox's bootstrap into the cgroups while its interpreter starts, and the
-bootstrap waits for that before it forks anything, so every process of the sandbox is inside. The cgroup's name carries the creating process's
-pid, so :func:`reap_orphans` can find and kill the sandboxes of a process that died (a scoring
-worker killed on timeout) and remove their cgroups.
+The parent moves the sandbox's bootstrap into the cgroups while its interpreter starts, and
+the bootstrap waits for that before it forks anything, so every process of the sandbox is
+inside. Cgroups are reused while clean (see :class:`Cgroup`). A cgroup's name carries the
+creating process's pid, so :func:`reap_orphans` can find and kill the sandboxes of a process
+that died (a scoring worker killed on timeout) and remove their cgroups.
 
 **Host Unix sockets.** A network namespace hides abstract Unix sockets, but a socket *file* is
 reachable through the file system (``connect`` works on a read-only mount). The sandbox covers
