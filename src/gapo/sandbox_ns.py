@@ -99,6 +99,8 @@ def cgroup_support() -> dict[str, str]:
                 if _probe(base, "memory.limit_in_bytes"):
                     out["memory"], out["memory_kind"] = base, "v1"
                 break
+    if out:
+        _reap(out)  # leftovers of processes killed before they could clean up
     return out
 
 
@@ -242,9 +244,15 @@ _FREE: list[Cgroup] = []
 _FREE_LOCK = threading.Lock()
 
 
+_FREE_PID = [os.getpid()]  # a forked child must not reuse its parent's cgroups
+
+
 def acquire(memory_bytes: int) -> Cgroup:
     """A cgroup for one run, with its memory limit set to ``memory_bytes``."""
     with _FREE_LOCK:
+        if _FREE_PID[0] != os.getpid():
+            _FREE.clear()
+            _FREE_PID[0] = os.getpid()
         cg = _FREE.pop() if _FREE else None
     if cg is None:
         cg = Cgroup()
@@ -255,7 +263,8 @@ def acquire(memory_bytes: int) -> Cgroup:
 @atexit.register
 def _remove_free() -> None:
     with _FREE_LOCK:
-        free, _FREE[:] = list(_FREE), []
+        free = list(_FREE) if _FREE_PID[0] == os.getpid() else []
+        _FREE[:] = []
     for cg in free:
         cg.destroy()
 
@@ -309,7 +318,10 @@ def _kill_listed(procs_file: str) -> None:
 def reap_orphans() -> int:
     """Kill the sandboxes whose creating process is gone and remove their cgroups (e.g. after
     a scoring worker was killed on timeout); returns how many cgroups were removed."""
-    sup = cgroup_support()
+    return _reap(cgroup_support()) + _remove_stale_dirs()
+
+
+def _reap(sup: dict[str, str]) -> int:
     stale = []
     for base in {sup.get("kill"), sup.get("memory")} - {None}:
         try:
@@ -326,7 +338,7 @@ def reap_orphans() -> int:
             if not _alive(owner):
                 stale.append(os.path.join(base, n))
     _kill_and_remove(stale)
-    return len(stale) + _remove_stale_dirs()
+    return len(stale)
 
 
 def _remove_stale_dirs() -> int:
