@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from gapo.advantages import compute
-from gapo.clipping import gapo_eps_high
-from gapo.losses import policy_loss
+from gapo.core.advantages import compute
+from gapo.core.clipping import gapo_eps_high
+from gapo.core.losses import policy_loss
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ One update = per-token log-probs and entropy of the response + GAPO's clipped to
 4 layers) with a ``V``-token vocabulary (untied head: 8.2M of its 9.0M parameters are the
 embedding and the head at V = 32k), ``B`` rows of a 32-token prompt and ``T`` response tokens.
 
-- ``chunked``: ``gapo.sampling.logprobs`` (decoder once, then LM head + log-softmax + entropy
+- ``chunked``: ``gapo.policy.sampling.logprobs`` (decoder once, then LM head + log-softmax + entropy
   over position chunks of at most ``max_chunk_bytes`` = 256 MiB of float32 logits, each chunk
   checkpointed so that backward recomputes its logits instead of keeping them).
   The trainer passes ``entropy_grad=False`` when the loss has no entropy term (the entropy is
@@ -45,10 +45,10 @@ def _rss_mb() -> float:
 def one(path: str, V: int, B: int, T: int, threads: int, prompt: int = 32) -> dict:
     import torch
 
-    from gapo.clipping import gapo_eps_high
-    from gapo.losses import policy_loss
-    from gapo.model import build_model
-    from gapo.sampling import logprobs
+    from gapo.core.clipping import gapo_eps_high
+    from gapo.core.losses import policy_loss
+    from gapo.policy.model import build_model
+    from gapo.policy.sampling import logprobs
 
     torch.set_num_threads(threads)
     model = build_model(V, "tiny", seed=0, max_position_embeddings=prompt + T + 8).train()

@@ -19,7 +19,7 @@ optimiser steps. Both compute behaviour log-probs only where they are needed: TR
 ``logp.detach()`` when μ = 1 and runs a separate forward when μ > 1; gapo always reuses its
 first update's forward for the first mini-batch (exact: same parameters, same rows, see
 ``Trainer.train_step``) and recomputes the rest (none here). gapo's sampler and log-prob
-passes also compute each group's shared prompt once (``gapo.sampling._FastLM``); the
+passes also compute each group's shared prompt once (``gapo.policy.sampling._FastLM``); the
 results are the same as the model's own forward (tests/test_sampling.py). gapo runs GAPO's adaptive schedule
 (``eps_schedule=linear``, ε_high_max = 0.28), so its step includes the adaptive threshold;
 TRL runs its fixed ε = 0.2 (the bounds do not change the work).
@@ -87,7 +87,7 @@ def make_policy(path: str, seed: int = 0) -> None:
     """Save the benchmark's Qwen2 + character tokenizer (``bench_trl_step.build_policy``)."""
     from bench_trl_step import build_policy
 
-    from gapo.model import save_policy
+    from gapo.policy.model import save_policy
 
     save_policy(*build_policy(seed), path)
 
@@ -100,15 +100,15 @@ def run_gapo(policy: str, n_steps: int, threads: int, mu: int, *, warmup: int = 
     from gapo import tasks
 
     tasks.register("bench", f"{BenchTask.__module__}:BenchTask")
-    from gapo.config import load_config
-    from gapo.trainer import Trainer
+    from gapo.rl.config import load_config
+    from gapo.rl.trainer import Trainer
 
     cfg = load_config(None, [
         f"model.path={policy}", f"model.threads={threads}", "task.name=bench", "task.train_size=64",
         "train.prompts=8", "train.group_size=8", "train.mini_batches=1", f"train.epochs={mu}",
         f"train.seed={seed}", "train.progress=false", "train.checkpoint_every=0", "eval.problems=0",
         "sampling.max_new_tokens=16", "sampling.temperature=1.0", "algo.loss=ppo", "algo.advantage=grpo",
-        "algo.eps_schedule=linear", "algo.eps_low=0.2", "algo.eps_high=0.28", "algo.agg=token-mean",
+        "algo.eps_schedule=linear", "algo.eps_low=0.2", "algo.eps_high_max=0.28", "algo.agg=token-mean",
         "algo.kl_coef=0", "optim.lr=1e-5", "optim.grad_clip=1.0", *(extra or []),
     ])
     with tempfile.TemporaryDirectory() as tmp:

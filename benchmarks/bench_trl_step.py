@@ -41,7 +41,7 @@ def build_policy(seed: int = 0):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from gapo.model import build_tokenizer
+    from gapo.policy.model import build_tokenizer
 
     tok = build_tokenizer(ALPHABET)
     torch.manual_seed(seed)

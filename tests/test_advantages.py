@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gapo.advantages import ADVANTAGES, compute, group_success_count, rescaled_rewards, zero_std_groups
+from gapo.core.advantages import ADVANTAGES, compute, group_success_count, rescaled_rewards, zero_std_groups
 
 R = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])  # G = 4: c = 1 and c = 2
 

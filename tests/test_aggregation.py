@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gapo.aggregation import AGG_MODES, agg_loss
+from gapo.core.aggregation import AGG_MODES, agg_loss
 
 L = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 M = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])

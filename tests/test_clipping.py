@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gapo.clipping import EPS_SCHEDULES, eps_high_for, gapo_eps_high, success_weight
+from gapo.core.clipping import EPS_SCHEDULES, eps_high_for, gapo_eps_high, success_weight
 
 
 def test_binary_group_hand_computed():
@@ -79,7 +79,7 @@ def test_equal_endpoints_is_fixed():
 @pytest.mark.parametrize("name", sorted(EPS_SCHEDULES))
 def test_every_schedule_has_one_signature(name):
     r = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    out = eps_high_for(name, r, 4, eps_low=0.2, eps_high=0.28, reward_range=(0.0, 1.0))
+    out = eps_high_for(name, r, 4, eps_low=0.2, eps_high_max=0.28, reward_range=(0.0, 1.0))
     assert out.shape == (4,)
     assert math.isclose(out[0].item(), 0.28, rel_tol=1e-6)
 
@@ -105,7 +105,7 @@ def test_bad_input_names_the_argument(kwargs, match):
 
 def test_unknown_schedule_suggests_close_match():
     with pytest.raises(ValueError, match="Did you mean 'linear'"):
-        eps_high_for("lineer", torch.tensor([1.0, 0.0]), 2, eps_low=0.2, eps_high=0.28)
+        eps_high_for("lineer", torch.tensor([1.0, 0.0]), 2, eps_low=0.2, eps_high_max=0.28)
 
 
 # --- reward_range = "group" / "batch" -------------------------------------------------------------
@@ -135,7 +135,7 @@ def test_batch_range_hand_computed():
     assert w.tolist() == pytest.approx([0.4, 0, 0, 0, 7 / 15, 0.2, 0, 0, 0, 0, 0, 0], abs=1e-6)
     # a constant batch has no range: w = 0 everywhere, ε_low
     assert success_weight(torch.full((4,), 3.0), 2, reward_range="batch").tolist() == [0.0] * 4
-    eps = eps_high_for("log", torch.full((4,), 3.0), 2, eps_low=0.2, eps_high=0.28, reward_range="batch")
+    eps = eps_high_for("log", torch.full((4,), 3.0), 2, eps_low=0.2, eps_high_max=0.28, reward_range="batch")
     assert torch.allclose(eps, torch.full((4,), 0.2))
 
 
@@ -198,7 +198,7 @@ def test_batch_range_is_the_tuple_of_the_batch_min_max(rewards):
 @pytest.mark.parametrize("rr", ["group", "batch"])
 def test_every_schedule_takes_a_string_range(name, rr):
     # 10 points for the lone best of [10, 0, 0, 0]: w = 1 under both ("batch" spans 0..10 here)
-    out = eps_high_for(name, torch.tensor([10.0, 0.0, 0.0, 0.0]), 4, eps_low=0.2, eps_high=0.28, reward_range=rr)
+    out = eps_high_for(name, torch.tensor([10.0, 0.0, 0.0, 0.0]), 4, eps_low=0.2, eps_high_max=0.28, reward_range=rr)
     assert out[0].item() == pytest.approx(0.28) and torch.allclose(out[1:], torch.tensor(0.2 if name != "fixed" else 0.28))
 
 
@@ -208,4 +208,4 @@ def test_bad_reward_range_is_a_clear_error(bad, match):
     with pytest.raises(ValueError, match=match):
         success_weight(torch.tensor([1.0, 0.0]), 2, reward_range=bad)
     with pytest.raises(ValueError, match=match):
-        eps_high_for("fixed", torch.tensor([1.0, 0.0]), 2, eps_low=0.2, eps_high=0.2, reward_range=bad)
+        eps_high_for("fixed", torch.tensor([1.0, 0.0]), 2, eps_low=0.2, eps_high_max=0.2, reward_range=bad)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from gapo.compare import load_grid, main, report, run_grid
+from gapo.experiments.grid import load_grid, main, report, run_grid
 
 TASK = {"n_numbers": 2, "num_range": [1, 10]}
 # the tiny base of tests/test_trainer.py (EASY): 2-number Countdown, micro Llama, 150 SFT steps
@@ -44,7 +44,7 @@ def test_unknown_names_are_listed():
 
 
 def test_regime_method_subsets():
-    from gapo.compare import grid_cells
+    from gapo.experiments.grid import grid_cells
 
     g = load_grid(_grid(regimes=["easy", "easy2"], seeds=[0, 1], regime_defs={
         "easy": {"base": EASY}, "easy2": {"base": EASY, "methods": ["gapo"]}}))
@@ -74,14 +74,14 @@ def test_every_committed_grid_file_loads():
 
 
 def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
-    from gapo.compare import cell_config, cell_dir
-    from gapo.trainer import Trainer
+    from gapo.experiments.grid import cell_config, cell_dir
+    from gapo.rl.trainer import Trainer
 
     g = load_grid(_grid(method_defs={"boom": {"model.path": "/nonexistent/model"}}, methods=["drgrpo", "gapo", "boom"]))
     out = tmp_path / "grid"
     # an interrupted cell: one of two steps done and checkpointed before the grid starts
-    from gapo.pretrain import get_base_policy
-    from gapo.compare import pretrain_config
+    from gapo.policy.base_policy import get_base_policy
+    from gapo.experiments.grid import pretrain_config
     base = str(get_base_policy(pretrain_config(g["_regimes"]["easy"]), progress=False))
     d = cell_dir(out, "easy", "gapo", 0)
     Trainer(cell_config(g, "easy", "gapo", 0, base_path=base), d).fit(stop_after=1)

@@ -2,34 +2,35 @@
 
 import pytest
 
-from gapo.config import Config, load_config
+from gapo.rl.config import Config, load_config
 
 
 def test_overrides_are_typed():
-    cfg = load_config(None, ["algo.eps_high=0.28", "train.steps=7", "algo.reward_range=[-1, 1]",
+    cfg = load_config(None, ["algo.eps_high_max=0.28", "train.steps=7", "algo.reward_range=[-1, 1]",
                              "algo.advantage=passk", "algo.advantage_params={k: 4}", "task.params.n_numbers=3", "algo.clip_ratio_c=none",
                              "algo.dynamic_sampling=true", "model.threads=2"])
-    assert cfg.algo.eps_high == 0.28 and cfg.train.steps == 7 and cfg.algo.reward_range == (-1.0, 1.0)
+    assert cfg.algo.eps_high_max == 0.28 and cfg.train.steps == 7 and cfg.algo.reward_range == (-1.0, 1.0)
     assert cfg.algo.advantage_params == {"k": 4} and cfg.task.params == {"n_numbers": 3}
     assert cfg.algo.clip_ratio_c is None and cfg.algo.dynamic_sampling is True and cfg.model.threads == 2
 
 
 def test_yaml_file_then_overrides(tmp_path):
     f = tmp_path / "run.yaml"
-    f.write_text("algo:\n  eps_schedule: linear\n  eps_high: 0.28\ntrain:\n  steps: 5\n")
+    f.write_text("algo:\n  eps_schedule: linear\n  eps_high_max: 0.28\ntrain:\n  steps: 5\n")
     cfg = load_config(f, ["train.steps=9"])
     assert cfg.algo.eps_schedule == "linear" and cfg.train.steps == 9
 
 
 @pytest.mark.parametrize("overrides, match", [
-    (["algo.eps_hgh=0.3"], r"unknown config key 'algo.eps_hgh'.*Did you mean algo.eps_high"),
+    (["algo.eps_hgh=0.3"], r"unknown config key 'algo.eps_hgh'.*Did you mean algo.eps_high_max"),
+    (["algo.eps_high=0.3"], r"'algo.eps_high' is now 'algo.eps_high_max'.*write algo.eps_high_max=0.3"),
     (["trian.steps=3"], r"unknown config key 'trian.steps'"),
     (["train.steps=abc"], r"train.steps: expected int"),
     (["train.steps=2.5"], r"train.steps: expected int"),
     (["algo.dynamic_sampling=maybe"], r"expected true/false"),
     (["train.group_size=1"], r"train.group_size \(command line\): must be an integer >= 2"),
     (["train.mini_batches=5"], r"does not divide the rollout batch"),
-    (["algo.eps_schedule=linear", "algo.eps_high=0.1"], r"eps_high \(ε_high_max\) >= algo.eps_low"),
+    (["algo.eps_schedule=linear", "algo.eps_high_max=0.1"], r"needs algo.eps_high_max >= algo.eps_low"),
     (["algo.loss=ppo2"], r"unknown policy loss 'ppo2'.*Did you mean 'ppo'"),
     (["algo.advantage=gae"], r"unknown advantage estimator 'gae'"),
     (["task.name=countdwn"], r"unknown task 'countdwn'"),
@@ -65,7 +66,7 @@ def _numeric_fields():
     import dataclasses
     import typing
 
-    from gapo.config import Config
+    from gapo.rl.config import Config
 
     for sec, cls in typing.get_type_hints(Config).items():
         hints = typing.get_type_hints(cls)
@@ -77,7 +78,7 @@ def _numeric_fields():
 
 
 def test_every_numeric_field_has_a_domain():
-    from gapo.config import DOMAINS
+    from gapo.rl.config import DOMAINS
 
     missing = [k for k, _ in _numeric_fields() if k not in DOMAINS]
     assert not missing, f"numeric config fields without a domain check: {missing}"
@@ -168,7 +169,7 @@ def test_values_from_a_file_name_the_file_and_line(tmp_path):
 
 
 def test_config_diff_lists_changed_keys():
-    from gapo.config import diff, to_dict
+    from gapo.rl.config import diff, to_dict
 
     a = to_dict(load_config(None, ["task.params.n_numbers=3"]))
     b = to_dict(load_config(None, ["task.params.n_numbers=4", "optim.lr=1e-4"]))

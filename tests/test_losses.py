@@ -5,9 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gapo.advantages import compute
-from gapo.clipping import gapo_eps_high
-from gapo.losses import LOSSES, cispo_loss, log_ratio, policy_loss
+from gapo.core.advantages import compute
+from gapo.core.clipping import gapo_eps_high
+from gapo.core.losses import LOSSES, cispo_loss, log_ratio, policy_loss
 
 
 def _batch(B=8, T=6, seed=0, scale=0.3):

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gapo.metrics import clip_counts_by_c, clip_stats_by_c, clip_stats_from_counts, counts_from_tensor, counts_to_tensor, merge_counts, entropy_from_logits, first_move_entropy, pass_at_k, pass_at_k_curve
+from gapo.core.metrics import clip_counts_by_c, clip_stats_by_c, clip_stats_from_counts, counts_from_tensor, counts_to_tensor, merge_counts, entropy_from_logits, first_move_entropy, pass_at_k, pass_at_k_curve
 
 
 def _brute(n, c, k):

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from gapo.model import MARKER, build_model, build_tokenizer, load_policy, n_params, save_policy
+from gapo.policy.model import MARKER, build_model, build_tokenizer, load_policy, n_params, save_policy
 
 torch.set_num_threads(1)
 

@@ -6,10 +6,12 @@ import json
 import pytest
 import torch
 
-import gapo.pretrain as pt
+import gapo.policy.base_policy as pt
 from gapo import tasks
-from gapo.model import load_policy, read_marker
-from gapo.pretrain import PRESETS, PretrainConfig, estimate_pass_rate, get_base_policy, pretrain
+from gapo.policy.model import load_policy, read_marker
+from gapo.policy.base_policy import PRESETS, get_base_policy
+from gapo.policy.pretrain import PretrainConfig, _Batcher, pretrain
+from gapo.rl.evaluate import evaluate
 
 torch.set_num_threads(1)
 
@@ -42,11 +44,11 @@ def test_tiny_pretrain_lowers_the_loss():
 
 
 def test_batches_put_loss_on_completion_and_eos_only():
-    from gapo.model import build_tokenizer
+    from gapo.policy.model import build_tokenizer
 
     task = tasks.get("countdown", n_numbers=3, num_range=(1, 5))
     tok = build_tokenizer(task.alphabet)
-    b = pt._Batcher(TINY, tok, seed=0)
+    b = _Batcher(TINY, tok, seed=0)
     ids, mask = b.batch(8)
     for row, m in zip(ids.tolist(), mask.tolist()):
         text = tok.decode(row, skip_special_tokens=False).replace("<pad>", "")
@@ -61,10 +63,10 @@ def test_batches_put_loss_on_completion_and_eos_only():
 
 
 def test_demonstrations_are_fresh_each_draw():
-    from gapo.model import build_tokenizer
+    from gapo.policy.model import build_tokenizer
 
     cfg = dataclasses.replace(TINY, pool_size=1)  # one problem, drawn again and again
-    b = pt._Batcher(cfg, build_tokenizer("0123456789 +-*/=,>:"), seed=0)
+    b = _Batcher(cfg, build_tokenizer("0123456789 +-*/=,>:"), seed=0)
     n_sol = b.pools[0][0].meta["n_solutions"]
     ids, _ = b.batch(32)
     assert len({tuple(r) for r in ids.tolist()}) > 1 or n_sol == 1
@@ -136,17 +138,20 @@ def test_unknown_preset_is_a_clear_error():
         get_base_policy("lowe")
 
 
-def test_estimate_pass_rate_counts_correct_samples():
+def test_evaluate_counts_correct_samples():
     # A "model" stand-in is overkill; check the bookkeeping with the tiny trained policy:
     # pass@k is monotone in k and equals the unbiased estimator of the per-problem counts.
-    from gapo.metrics import pass_at_k
+    from gapo.core.metrics import pass_at_k
 
     model, tok, _ = pretrain(dataclasses.replace(TINY, max_steps=10), progress=False)
     task = tasks.get("countdown", **TINY.rl_task)
     probs = task.generate("eval", 6, seed=0)
-    r = estimate_pass_rate(model, tok, task, probs, 4, seed=1)
-    assert r["n"] == 4 and len(r["correct"]) == 6
-    assert r["pass@1"] <= r["pass@2"] <= r["pass@4"]
-    assert r["pass@2"] == pytest.approx(sum(pass_at_k(4, c, 2) for c in r["correct"]) / 6)
-    assert r == estimate_pass_rate(model, tok, task, probs, 4, seed=1)  # seeded
+    r = evaluate(model, tok, task, probs, n=4, seed=1, max_new_tokens=task.max_completion_len + 1)
+    r.pop("time/eval_s")
+    assert r["eval/n"] == 4 and len(r["eval/correct"]) == 6
+    assert r["eval/pass@1"] <= r["eval/pass@2"] <= r["eval/pass@4"]
+    assert r["eval/pass@2"] == pytest.approx(sum(pass_at_k(4, c, 2) for c in r["eval/correct"]) / 6)
+    again = evaluate(model, tok, task, probs, n=4, seed=1, max_new_tokens=task.max_completion_len + 1)
+    again.pop("time/eval_s")
+    assert r == again  # seeded
     json.dumps(r)

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from gapo.cli import main
-from gapo.config import load_config
-from gapo.run_dir import MARKER, RunFolder
-from gapo.trainer import RunExists, Trainer
+from gapo.rl.config import load_config
+from gapo.rl.run_dir import MARKER, RunFolder
+from gapo.rl.trainer import RunExists, Trainer
 
 BASE = ["task.name=countdown", "task.params.n_numbers=2", "task.params.num_range=[1,10]", "task.train_size=300",
         "train.prompts=4", "train.group_size=4", "train.mini_batches=2", "train.progress=false", "eval.problems=4",

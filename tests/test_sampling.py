@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from gapo.model import build_model, build_tokenizer
-from gapo.sampling import left_pad, logprobs, sample
+from gapo.policy.model import build_model, build_tokenizer
+from gapo.policy.sampling import left_pad, logprobs, sample
 
 torch.set_num_threads(1)
 
@@ -184,7 +184,7 @@ def _qwen2_gqa(vocab):
 @pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
 def test_fast_decoder_equals_model_forward(model, tok, prompts, arch):
     # the fast KV-cached decoder must reproduce model.forward's decoding: same tokens, same logp
-    from gapo.sampling import _FastLM
+    from gapo.policy.sampling import _FastLM
 
     m = model if arch == "llama" else _qwen2_gqa(len(tok))
     assert _FastLM.build(m) is not None
@@ -198,7 +198,7 @@ def test_fast_decoder_equals_model_forward(model, tok, prompts, arch):
 
 
 def test_fast_decoder_declines_hooked_models(model):
-    from gapo.sampling import _FastLM
+    from gapo.policy.sampling import _FastLM
 
     h = model.model.layers[0].mlp.register_forward_hook(lambda *a: None)
     try:

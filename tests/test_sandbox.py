@@ -1,4 +1,4 @@
-"""Hostile programs against gapo.sandbox: each must fail within its limits, the parent (this
+"""Hostile programs against gapo.tasks.sandbox: each must fail within its limits, the parent (this
 pytest process) must survive, and nothing outside the sandbox's temporary directory may change.
 
 The bombs are bounded in the programs themselves (a fork tree of depth 6, a fixed 2 GB
@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from gapo import sandbox
+from gapo.tasks import sandbox
 
 LINUX_ROOT = sys.platform.startswith("linux") and os.geteuid() == 0
 
@@ -348,7 +348,7 @@ def test_fallback_without_namespaces():
     """Without namespaces (another OS, a locked-down container) the sandbox still drops to
     nobody, applies rlimits and guards sockets, and says so."""
     code = (
-        "import json, sys, gapo.sandbox as s\n"
+        "import json, sys, gapo.tasks.sandbox as s\n"
         "iso = s.capabilities()\n"
         "a = s.run('import socket; socket.socket()', timeout_s=5, memory_mb=256)\n"
         "b = s.run('import os; os.fork()', timeout_s=5, memory_mb=256)\n"
@@ -634,7 +634,7 @@ def test_sandbox_dies_with_the_process_that_started_it():
     past its deadline): no process of its sandboxes survives."""
     mem = 300 + secrets.randbelow(200)
     marker = f'"RLIMIT_AS": {mem << 20}'
-    code = ("import sys, gapo.sandbox as s\n"
+    code = ("import sys, gapo.tasks.sandbox as s\n"
             "print('start', flush=True)\n"
             f"s.run_many(['import time\\ntime.sleep(60)\\n'] * 2, timeout_s=60, memory_mb={mem},"
             " peers=[None, 'import time\\ntime.sleep(60)\\n'])\n")

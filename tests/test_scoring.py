@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gapo.scoring import ScoringPool, VerifierTimeout, run_with_timeout, score_batch, submit_batch
+from gapo.tasks.scoring import ScoringPool, VerifierTimeout, run_with_timeout, score_batch, submit_batch
 from gapo.tasks.base import Problem
 
 FIX = Path(__file__).parent / "fixtures"
@@ -96,7 +96,7 @@ def test_absurd_finite_rewards_are_errors_too():
 
 
 def test_evaluation_scoring_errors_name_task_and_problem():
-    from gapo.scoring import score_checked
+    from gapo.tasks.scoring import score_checked
     assert score_checked(ToyTask(), [P7], 0, "0.5") == 0.5
     with pytest.raises(ValueError, match=r"task 'toy', problem 0 \(id 'toy/7'.*KeyError"):
         score_checked(ToyTask(), [P7], 0, "raise")
@@ -198,7 +198,7 @@ def test_async_forms(pool, math_batch):
 
 # ------------------------------------------------------------------ sandboxes in pool workers
 class SandboxTask:
-    """Scores by running a sleeping program in gapo.sandbox (a stand-in for the code tasks).
+    """Scores by running a sleeping program in gapo.tasks.sandbox (a stand-in for the code tasks).
 
     ``self_timed``: the task declares ``score_timeout_s`` (its sandbox's own deadline), so the
     pool must not kill the worker first. ``memory_mb`` makes the sandbox's command line unique,
@@ -213,7 +213,7 @@ class SandboxTask:
             self.score_timeout_s = sandbox_timeout_s + 2.0
 
     def score_detailed(self, problem, completion):
-        from gapo import sandbox
+        from gapo.tasks import sandbox
         if not hasattr(self, "score_timeout_s"):  # like a busy worker: only the hard kill stops it
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
         r = sandbox.run("import time\ntime.sleep(60)\n", peer="import time\ntime.sleep(60)\n",
@@ -234,7 +234,7 @@ def _count_sandbox_processes(memory_mb: int) -> int:
 
 
 def _sandbox_caps():
-    from gapo import sandbox
+    from gapo.tasks import sandbox
     return sandbox.capabilities()
 
 

@@ -14,7 +14,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 @pytest.fixture(scope="module")
 def ascii_policy(tmp_path_factory):
-    from gapo.model import build_model, build_tokenizer, save_policy
+    from gapo.policy.model import build_model, build_tokenizer, save_policy
 
     tok = build_tokenizer(string.printable)
     model = build_model(len(tok), "micro", seed=0)

@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from gapo.config import load_config
-from gapo.trainer import RunExists, Trainer
+from gapo.rl.config import load_config
+from gapo.rl.trainer import RunExists, Trainer
 
 def _cfg(policy, *extra):
     return load_config(None, [f"model.path={policy}", "task.name=countdown", "task.params.n_numbers=2",
@@ -33,7 +33,7 @@ def test_rl_raises_the_pass_rate(easy_policy, tmp_path):
     # +0.03..+0.16); at 64 x 16 seeds 0-2 gave +0.07..+0.16 with the shared-prompt forward and
     # +0.11..+0.16 without it
     cfg = _cfg(easy_policy, "train.steps=60", "optim.lr=3e-4", "train.epochs=2", "train.group_size=8",
-               "train.prompts=16", "algo.eps_schedule=linear", "algo.eps_high=0.28", "eval.problems=64",
+               "train.prompts=16", "algo.eps_schedule=linear", "algo.eps_high_max=0.28", "eval.problems=64",
                "eval.samples=16")
     res = Trainer(cfg, tmp_path / "run").fit()
     recs = _records(tmp_path / "run")
@@ -62,7 +62,7 @@ def _strip_times(recs):
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in recs]
 
 
-@pytest.mark.parametrize("extra", [[], ["algo.loss=gspo", "algo.eps_low=3e-3", "algo.eps_high=5e-3",
+@pytest.mark.parametrize("extra", [[], ["algo.loss=gspo", "algo.eps_low=3e-3", "algo.eps_high_max=5e-3",
                                         "algo.eps_schedule=linear", "algo.dynamic_sampling=true"]])
 def test_resume_is_bit_exact(easy_policy, tmp_path, extra):
     cfg = lambda: _cfg(easy_policy, "train.steps=4", "optim.lr=1e-3", "train.epochs=2", *extra)  # noqa: E731
@@ -82,11 +82,11 @@ def test_resume_is_bit_exact(easy_policy, tmp_path, extra):
 
 
 def test_every_loss_and_option_runs(easy_policy, tmp_path):
-    for i, extra in enumerate([["algo.loss=cispo", "algo.eps_high=0.28"],
+    for i, extra in enumerate([["algo.loss=cispo", "algo.eps_high_max=0.28"],
                                ["algo.kl_coef=0.1", "algo.kl_estimator=k3", "algo.entropy_coef=0.01"],
                                ["algo.advantage=passk", "algo.advantage_params={k: 2}", "algo.clip_ratio_c=3.0"],
                                ["algo.advantage=focal", "algo.advantage_params={gamma: 1.0}", "algo.eps_schedule=log",
-                                "algo.eps_high=0.28", "algo.old_logp=sampler"]]):
+                                "algo.eps_high_max=0.28", "algo.old_logp=sampler"]]):
         tr = Trainer(_cfg(easy_policy, "train.steps=1", "eval.problems=0", *extra), tmp_path / f"r{i}")
         tr.fit()
         rec = _records(tmp_path / f"r{i}")[-1]
@@ -99,7 +99,7 @@ def test_gapo_eps_in_force_per_c(easy_policy, tmp_path):
     # with binary rewards and G = 4, a correct rollout of a group with c successes gets
     # eps_low + (eps_high_max - eps_low) (G - c)/(G - 1); the per-c mean over the group's rows
     # mixes its c correct rows with G - c incorrect ones at eps_low
-    Trainer(_cfg(easy_policy, "train.steps=2", "eval.problems=0", "algo.eps_schedule=linear", "algo.eps_high=0.5"),
+    Trainer(_cfg(easy_policy, "train.steps=2", "eval.problems=0", "algo.eps_schedule=linear", "algo.eps_high_max=0.5"),
             tmp_path / "r").fit()
     seen_pos = False
     for rec in _records(tmp_path / "r"):
@@ -196,7 +196,7 @@ def test_reward_range_group_and_batch_train(easy_policy, tmp_path, rr):
     its ε widths equal the 0/1 run's (w depends only on where a reward sits in its range)."""
     from gapo.tasks.countdown import CountdownTask
 
-    base = ["train.steps=1", "eval.problems=0", "algo.eps_schedule=linear", "algo.eps_high=0.3"]
+    base = ["train.steps=1", "eval.problems=0", "algo.eps_schedule=linear", "algo.eps_high_max=0.3"]
     ref = Trainer(_cfg(easy_policy, *base), tmp_path / "ref")
     rec_ref = ref.train_step()
     orig = CountdownTask.score

@@ -5,7 +5,7 @@ split in 2 micro-batches, each used for 2 iterations) on 2 ranks and records, on
 gathered rewards, its own slice of ε_high and c, the tensors of every loss micro-batch, and the
 pooled ``clip/*_by_c/{c}`` values at every log. Here, in one process, we recompute from the raw
 tensors of both ranks: ε_high and c from the whole gathered groups, and the per-``c`` sums of each
-logging window with ``gapo.metrics.clip_counts_by_c`` on the union of both ranks' rows; the values
+logging window with ``gapo.core.metrics.clip_counts_by_c`` on the union of both ranks' rows; the values
 each rank logged must be those totals (about 10-20 s on 2 cores).
 """
 
@@ -55,8 +55,8 @@ def _of(events, kind):
 
 
 def test_eps_and_c_come_from_whole_gathered_groups(ranks):
-    from gapo.advantages import group_success_count
-    from gapo.clipping import gapo_eps_high
+    from gapo.core.advantages import group_success_count
+    from gapo.core.clipping import gapo_eps_high
 
     rewards = [_of(ev, "rewards") for ev in ranks]
     assert len(rewards[0]) == len(rewards[1]) == 1  # one generation batch, used for 4 optimiser steps
@@ -81,7 +81,7 @@ def test_eps_and_c_come_from_whole_gathered_groups(ranks):
 
 
 def test_per_c_sums_across_ranks_equal_single_process_totals(ranks):
-    from gapo.metrics import clip_counts_by_c, clip_stats_from_counts, merge_counts
+    from gapo.core.metrics import clip_counts_by_c, clip_stats_from_counts, merge_counts
 
     def windows(events):
         out, cur = [], []

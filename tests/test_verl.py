@@ -34,11 +34,11 @@ from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
 import gapo.integrations.verl as gv  # noqa: E402
-from gapo.advantages import group_success_count  # noqa: E402
-from gapo.clipping import gapo_eps_high, success_weight  # noqa: E402
+from gapo.core.advantages import group_success_count  # noqa: E402
+from gapo.core.clipping import gapo_eps_high, success_weight  # noqa: E402
 from gapo.integrations.verl import GAPOPolicyLossConfig, success_weight_from_advantages  # noqa: E402
-from gapo.losses import log_ratio  # noqa: E402
-from gapo.metrics import clip_stats_by_c  # noqa: E402
+from gapo.core.losses import log_ratio  # noqa: E402
+from gapo.core.metrics import clip_stats_by_c  # noqa: E402
 
 VERL_AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
                   "seq-mean-token-sum-norm"]
@@ -150,7 +150,7 @@ def test_loading_in_fresh_processes():
         "env_var": _fresh({"VERL_USE_EXTERNAL_PLUGINS": "none",
                            "VERL_USE_EXTERNAL_MODULES": "gapo.integrations.verl"}),
         # the core cannot be imported: verl's loader alone would hide that at DEBUG level
-        "broken": _fresh({}, pre="sys.modules['gapo.losses'] = None", post=broken_post),
+        "broken": _fresh({}, pre="sys.modules['gapo.core.losses'] = None", post=broken_post),
     }
     out = {k: p.communicate(timeout=300) for k, p in procs.items()}
     ok = "REGISTERED ['gapo', 'gapo_seq'] gapo.integrations.verl"
@@ -276,7 +276,7 @@ def test_eps_hand_computed_binary_group():
 @pytest.mark.parametrize("G", [2, 5, 8, 16])
 def test_success_weight_recovered_from_verl_advantages_in_any_row_order(estimator, norm, G):
     """Advantages from verl's own estimators, rows shuffled as in a verl micro-batch: the weight of
-    every row equals ``gapo.clipping.success_weight`` on the raw rewards."""
+    every row equals ``gapo.core.clipping.success_weight`` on the raw rewards."""
     prompts = 40
     g = torch.Generator().manual_seed(G)
     rewards = (torch.rand(G * prompts, generator=g) < torch.rand(prompts, generator=g).repeat_interleave(G)).float()
@@ -359,7 +359,7 @@ def test_metrics_by_c_hand_computed():
         for key, v in zip(BY_C_KEYS, values):
             assert abs(m[f"{key}/{c}"] - v) < 1e-5, (key, c, m[f"{key}/{c}"], v)
     assert not any(k.endswith(("/0", "/4")) for k in m)
-    # the rates they give are gapo.metrics' own (c from the raw rewards, zero-advantage groups left out)
+    # the rates they give are gapo.core.metrics' own (c from the raw rewards, zero-advantage groups left out)
     rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1])
     rows = slice(0, 8)
     ref = clip_stats_by_c(ratio[rows], adv_row[rows], mask[rows], group_success_count(rewards, G)[rows],
@@ -412,7 +412,7 @@ def test_metrics_by_c_survive_verl_aggregation_and_pool_exactly(name):
     """Through verl's ppo_loss and the reductions of its actor update (micro-batches → dp ranks →
     mini-batches → reduce_metrics): every per-c key has one value per micro-batch on every rank
     (verl's Metric.aggregate_dp raises otherwise), and the ratios of the logged means equal
-    gapo.metrics' pooled rates over the whole batch."""
+    gapo.core.metrics' pooled rates over the whole batch."""
     G, prompts, ranks, mini, micro = 8, 6, 2, 2, 3  # 48 rows: 2 mini-batches × 2 ranks × 3 micro-batches × 4
     old, logp, adv, mask, rewards = group_batch(11, G=G, prompts=prompts, noise=0.3 if name == "gapo" else 0.6)
     perm = torch.randperm(G * prompts, generator=torch.Generator().manual_seed(0))

@@ -16,8 +16,8 @@ from verl.trainer.ppo.core_algos import agg_loss as verl_agg_loss  # noqa: E402
 from verl.trainer.ppo.core_algos import get_policy_loss_fn  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 
-from gapo.aggregation import AGG_MODES, agg_loss  # noqa: E402
-from gapo.losses import policy_loss  # noqa: E402
+from gapo.core.aggregation import AGG_MODES, agg_loss  # noqa: E402
+from gapo.core.losses import policy_loss  # noqa: E402
 
 TOL = 1e-6
 

@@ -1,8 +1,83 @@
 """gapo: GAPO (Group Adaptive Clipping Policy Optimization, arXiv 2609.00444) and its baselines.
 
-The math lives in small pure modules that import nothing heavy beyond torch:
-``clipping`` (ε schedules), ``losses`` (clipped surrogates), ``aggregation``,
-``advantages`` and ``metrics``. The trainer, CLI and integrations build on them.
+Layers (docs/design.md §3), imports pointing down only:
+
+    core/          pure math: clipping (ε schedules), losses, aggregation, advantages, metrics
+    tasks/         verifiable tasks, scoring, the code sandbox
+    policy/        model loading, sampling, the embedded base policies
+    rl/            config, rollout, trainer (the only state), run folders, evaluation
+    experiments/   the methods × regimes × seeds grid, statistics, claims, report
+    integrations/  verl and TRL adapters over core/
+    cli.py
+
+The public API is re-exported here lazily (``gapo.gapo_eps_high``, ``gapo.policy_loss``, …), so
+``import gapo`` and ``gapo --help`` import no heavy library. The flat module paths of gapo 0.1
+(``gapo.clipping``, ``gapo.trainer``, …) still import, with a DeprecationWarning.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
+__version__ = "0.2.0"
+
+# name -> module that defines it
+_API = {
+    "gapo_eps_high": "gapo.core.clipping", "eps_high_for": "gapo.core.clipping", "success_weight": "gapo.core.clipping",
+    "EPS_SCHEDULES": "gapo.core.clipping",
+    "policy_loss": "gapo.core.losses", "cispo_loss": "gapo.core.losses", "LOSSES": "gapo.core.losses",
+    "agg_loss": "gapo.core.aggregation",
+    "compute_advantages": ("gapo.core.advantages", "compute"), "ADVANTAGES": "gapo.core.advantages",
+    "group_success_count": "gapo.core.advantages",
+    "pass_at_k": "gapo.core.metrics", "clip_stats_by_c": "gapo.core.metrics",
+    "Config": "gapo.rl.config", "load_config": "gapo.rl.config",
+    "Trainer": "gapo.rl.trainer",
+    "load_policy": "gapo.policy.model", "get_base_policy": "gapo.policy.base_policy",
+}
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str):
+    target = _API.get(name)
+    if target is None:
+        raise AttributeError(f"module 'gapo' has no attribute {name!r}")
+    module, attr = target if isinstance(target, tuple) else (target, name)
+    return getattr(importlib.import_module(module), attr)
+
+
+# gapo 0.1's flat modules -> where they live now
+_MOVED = {
+    "gapo.clipping": "gapo.core.clipping", "gapo.losses": "gapo.core.losses",
+    "gapo.aggregation": "gapo.core.aggregation", "gapo.advantages": "gapo.core.advantages",
+    "gapo.metrics": "gapo.core.metrics", "gapo._checks": "gapo.core.checks",
+    "gapo.model": "gapo.policy.model", "gapo.sampling": "gapo.policy.sampling",
+    "gapo.pretrain": "gapo.policy.pretrain",
+    "gapo.config": "gapo.rl.config", "gapo.trainer": "gapo.rl.trainer", "gapo.evaluate": "gapo.rl.evaluate",
+    "gapo.scoring": "gapo.tasks.scoring", "gapo.sandbox": "gapo.tasks.sandbox",
+    "gapo.compare": "gapo.experiments.grid", "gapo.report": "gapo.experiments.report",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import gapo.clipping`` gives ``gapo.core.clipping`` itself (one module object, so state
+    and monkeypatches are shared), with a DeprecationWarning naming the new path."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in _MOVED:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        new = _MOVED[spec.name]
+        warnings.warn(f"{spec.name} moved to {new}; the old path will be removed", DeprecationWarning, stacklevel=2)
+        return importlib.import_module(new)
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.append(_MovedModules())

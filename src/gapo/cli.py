@@ -19,8 +19,8 @@ DEMO_COMMON = [
     "train.checkpoint_every=0",
 ]
 DEMO_METHODS = {
-    "fixed": ["algo.eps_schedule=fixed", "algo.eps_high=0.2"],
-    "gapo": ["algo.eps_schedule=linear", "algo.eps_high=0.28"],
+    "fixed": ["algo.eps_schedule=fixed", "algo.eps_high_max=0.2"],
+    "gapo": ["algo.eps_schedule=linear", "algo.eps_high_max=0.28"],
 }
 
 
@@ -54,13 +54,13 @@ def _common_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config file (sections: task, model, sampling, algo, optim, train, eval, log)")
     p.add_argument("--task", help="countdown | arithmetic | math:PATH.jsonl | rg:NAME | humaneval | mbpp:PATH.jsonl")
     p.add_argument("--model", help="local Hugging Face checkpoint (default: the embedded base policy)")
-    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. algo.eps_high=0.28")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. algo.eps_high_max=0.28")
 
 
 def _load(args, base: dict | None = None) -> "object":
     """The config: ``base`` (a resumed run's saved config) or the defaults, then ``--config``,
     ``--task``/``--model`` and the overrides."""
-    from gapo.config import load_config
+    from gapo.rl.config import load_config
 
     overrides = []
     if args.task:
@@ -71,8 +71,8 @@ def _load(args, base: dict | None = None) -> "object":
 
 
 def cmd_train(args) -> int:
-    from gapo.run_dir import RunFolder
-    from gapo.trainer import Trainer
+    from gapo.rl.run_dir import RunFolder
+    from gapo.rl.trainer import Trainer
 
     if args.resume and not args.out:
         raise ValueError("--resume needs --out RUN_FOLDER (the run to continue)")
@@ -98,21 +98,19 @@ def cmd_eval(args) -> int:
 
     import torch
 
-    from gapo.evaluate import evaluate
-    from gapo.model import load_policy
-    from gapo.trainer import build_task, check_context
+    from gapo import tasks
+    from gapo.policy.base_policy import resolve_policy
+    from gapo.policy.model import check_context, load_policy
+    from gapo.rl.evaluate import evaluate
 
     torch.set_num_threads(args.threads)
-    cfg = _load(args)
-    from gapo.pretrain import get_base_policy, resolve_base_task
-
-    cfg = resolve_base_task(cfg)
-    model_path = cfg.model.path or str(get_base_policy(cfg.model.base_preset))
-    task = build_task(cfg)
+    cfg, model_path = resolve_policy(_load(args))
+    task = tasks.build(cfg.task.name, cfg.task.params)
     model, tok = load_policy(model_path, cfg.model.device)
     problems = task.generate(args.split, args.problems, cfg.eval.seed)
     max_new_tokens = cfg.sampling.max_new_tokens or task.max_completion_len + 1
-    check_context(model, tok, problems, max_new_tokens, key="sampling.max_new_tokens", where=model_path)
+    check_context(model, tok, [p.prompt for p in problems], max_new_tokens, key="sampling.max_new_tokens",
+                  where=model_path)
     res = evaluate(model, tok, task, problems, n=args.n, temperature=cfg.eval.temperature,
                    max_new_tokens=max_new_tokens, seed=cfg.eval.seed, progress=True)
     res.pop("eval/correct")
@@ -123,25 +121,27 @@ def cmd_eval(args) -> int:
 def cmd_pretrain(args) -> int:
     import torch
 
-    from gapo.model import load_policy
-    from gapo.pretrain import PRESETS, estimate_pass_rate, get_base_policy, resolve
+    from gapo import tasks
+    from gapo.policy.base_policy import PRESETS, get_base_policy, resolve
+    from gapo.policy.model import load_policy
+    from gapo.rl.evaluate import evaluate
 
     torch.set_num_threads(args.threads)
-    from gapo import tasks
-
     for preset in args.preset or sorted(PRESETS):
         path = get_base_policy(preset, rebuild=args.rebuild)
         print(f"{preset}: {path}")
         if args.eval:
             model, tok = load_policy(path)
             task = tasks.get("countdown", **resolve(preset).rl_task)
-            res = estimate_pass_rate(model, tok, task, task.generate("eval", args.eval, 1234), n_samples=16)
-            print("  " + "  ".join(f"{k}={v:.3f}" for k, v in res.items() if k.startswith("pass@")))
+            res = evaluate(model, tok, task, task.generate("eval", args.eval, 1234), n=16,
+                           max_new_tokens=task.max_completion_len + 1)
+            print("  " + "  ".join(f"{k[5:]}={v:.3f}" for k, v in res.items() if k.startswith("eval/pass@")))
     return 0
 
 
 def cmd_report(args) -> int:
-    from gapo.report import format_table, load_run, summarise, write_report
+    from gapo.experiments.report import format_table, summarise, write_report
+    from gapo.rl.run_dir import load_run
 
     runs = [load_run(d) for d in args.runs]
     md = write_report(runs, args.out or Path(args.runs[0]).parent / "report")
@@ -153,15 +153,16 @@ def cmd_report(args) -> int:
 def cmd_demo(args) -> int:
     import torch
 
-    from gapo.config import load_config
-    from gapo.pretrain import get_base_policy
-    from gapo.report import format_table, load_run, summarise, write_report
-    from gapo.trainer import Trainer
+    from gapo.experiments.report import format_table, summarise, write_report
+    from gapo.policy.base_policy import get_base_policy
+    from gapo.rl.config import load_config
+    from gapo.rl.run_dir import load_run
+    from gapo.rl.trainer import Trainer
 
     t0 = time.perf_counter()
     torch.set_num_threads(1)
     out = Path(args.out)
-    print(f"[1/3] base policy (cached after the first run; preset 'low')", flush=True)
+    print("[1/3] base policy (cached after the first run; preset 'low')", flush=True)
     get_base_policy("low")
     print(f"      ready after {time.perf_counter() - t0:.0f}s", flush=True)
     runs = []
@@ -179,15 +180,15 @@ def cmd_demo(args) -> int:
              "two runs of a few points are within seed-to-seed noise; RESULTS.md has the multi-seed comparison.")
     md = write_report(runs, out / "report", title="gapo demo: fixed clipping vs GAPO (Countdown, low regime)",
                       notes=notes)
-    keys = ["pass@1 before", "pass@1 after", "pass@8 before", "pass@8 after", "pass@16 after",
-            "coverage after", "clip/frac_high_pos", "time/step_s"]
+    keys = ["before/pass@1", "after/pass@1", "before/pass@8", "after/pass@8", "after/pass@16",
+            "after/coverage", "train/clip/frac_high_pos", "train/time/step_s"]
     print(format_table([summarise(r) for r in runs], keys))
     print(f"report: {md}   (total {time.perf_counter() - t0:.0f}s)")
     return 0
 
 
 def cmd_compare(args) -> int:
-    from gapo.compare import main as compare_main
+    from gapo.experiments.grid import main as compare_main
 
     return compare_main(args)
 
@@ -238,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out")
     p.set_defaults(fn=cmd_report)
 
-    p = sub.add_parser("compare", help="a grid of methods × regimes × seeds (see gapo.compare)")
+    p = sub.add_parser("compare", help="a grid of methods × regimes × seeds (see gapo.experiments.grid)")
     p.add_argument("--config", help="grid YAML")
     p.add_argument("--quick", action="store_true", help="the CI-sized preset (≤ 15 min on 2 cores)")
     p.add_argument("--out", default="runs/compare")

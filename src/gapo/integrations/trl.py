@@ -6,7 +6,7 @@ per-rollout value computed from the raw rewards of the rollout's group (DESIGN �
     w_i       = clamp((R_i − mean_group R) / ((G − 1)/G · (R_max − R_min)), 0, 1)
     ε_high(i) = ε_low + (ε_high_max − ε_low) · w_i            ("linear"; "log" interpolates log(1+ε))
 
-computed by :func:`gapo.clipping.gapo_eps_high`. ``R_min, R_max`` come from ``reward_range``:
+computed by :func:`gapo.core.clipping.gapo_eps_high`. ``R_min, R_max`` come from ``reward_range``:
 ``"group"`` (the default: each group's own min and max, so reward models and shaped rewards of any
 scale work, and 0/1 rewards get exactly the widths of a fixed [0, 1]), ``"batch"`` (the min and
 max of the whole generation batch, gathered over processes) or ``[R_min, R_max]`` (a fixed range;
@@ -21,7 +21,7 @@ How (three small overrides; no TRL code is copied):
    does (weighted sum over reward functions, NaN if every function returned ``None``), compute
    ε_high for the whole gathered generation batch, and keep this process's slice.
    It also keeps each completion's group success count ``c`` (rewards rescaled to [0, 1] by
-   ``reward_range``, summed over the group, rounded: :func:`gapo.advantages.group_success_count`;
+   ``reward_range``, summed over the group, rounded: :func:`gapo.core.advantages.group_success_count`;
    an unscorable completion counts as a failure), for metrics. An eval group of one completion
    (``num_generations_eval=1``) has no group: ε_low, ``c = 0``, and no per-``c`` metrics.
 2. ``_generate_and_score_completions``: puts that slice in the output dict as
@@ -35,7 +35,7 @@ How (three small overrides; no TRL code is copied):
    row, for (B, T) token ratios and (B, 1) sequence ratios alike. With ``eps_high_max == epsilon``
    every row holds ``epsilon`` and the loss is TRL's (tested). For ``loss_type="cispo"``, whose
    TRL weight is ``sg(min(ρ, epsilon_high))``, ``self.epsilon_high`` is the column ``1 + ε_high(i)``:
-   each completion's IS weight is capped at ``1 + ε_high(i)`` (as in :func:`gapo.losses.cispo_loss`,
+   each completion's IS weight is capped at ``1 + ε_high(i)`` (as in :func:`gapo.core.losses.cispo_loss`,
    which also clips below; TRL's cispo does not).
 
 Unscorable completions (every reward function returned ``None``; TRL gives them zero advantage)
@@ -60,7 +60,7 @@ level — above ``1 + ε_high(i)``) and ``gapo/clipfrac_pos_at_eps_low`` (the sh
 clipping at ``epsilon`` would have cut: the headroom GAPO released).
 
 Per group-success count ``c`` (0..G), under the names gapo's own trainer logs
-(:func:`gapo.metrics.clip_stats_from_counts`): ``clip/frac_high_by_c/{c}`` (share of
+(:func:`gapo.core.metrics.clip_stats_from_counts`): ``clip/frac_high_by_c/{c}`` (share of
 positive-advantage units above ``1 + ε_high(i)``), ``clip/frac_low_by_c/{c}`` (share of
 negative-advantage units below ``1 − ε_low``), ``clip/ratio_dev_by_c/{c}`` (mean ``|ρ − 1|``),
 ``clip/eps_high_by_c/{c}`` and ``clip/eps_high_pos_by_c/{c}`` (mean ε_high of all / of
@@ -87,10 +87,10 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("gapo.integrations.trl needs TRL: pip install 'gapo[trl]' (trl>=1.16,<1.17)") from exc
 
-from gapo._checks import check_reward_range
-from gapo.advantages import group_success_count
-from gapo.clipping import gapo_eps_high
-from gapo.metrics import (clip_counts_by_c, clip_stats_from_counts, counts_from_tensor, counts_to_tensor,
+from gapo.core.checks import check_reward_range
+from gapo.core.advantages import group_success_count
+from gapo.core.clipping import gapo_eps_high
+from gapo.core.metrics import (clip_counts_by_c, clip_stats_from_counts, counts_from_tensor, counts_to_tensor,
                           merge_counts)
 
 SUPPORTED_TRL = (Version("1.16"), Version("1.17"))
@@ -288,7 +288,7 @@ class GAPOTrainer(GRPOTrainer):
         ).float()
 
     def compute_success_count(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # (N,) long
-        """``c`` per completion (:func:`gapo.advantages.group_success_count` under ``args.reward_range``);
+        """``c`` per completion (:func:`gapo.core.advantages.group_success_count` under ``args.reward_range``);
         an unscorable (NaN) completion counts as a failure: R_min under a fixed range, its group's lowest
         reward under "group"/"batch" (the batch's lowest for an all-unscorable group). 0 for groups of one."""
         rr = _reward_range(self.args)

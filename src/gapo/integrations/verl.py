@@ -71,7 +71,7 @@ carry the reward's scale, and non-binary groups need their own min and max: reje
 with the alternatives (a fixed ``reward_min``/``reward_max``; rewards rescaled to [0, 1] in the
 reward function).
 
-**Loss.** ``gapo.losses.policy_loss`` with verl's aggregation normalisers (``global_batch_info``);
+**Loss.** ``gapo.core.losses.policy_loss`` with verl's aggregation normalisers (``global_batch_info``);
 ``gapo`` applies verl's dual clip (``clip_ratio_c``) like ``vanilla``; ``gapo_seq`` has none,
 like ``gspo``. With ``ε_high_max == ε_low`` they equal verl's ``vanilla`` and ``gspo``
 (tests/test_verl.py). ``rollout_is_weights`` (verl's rollout correction) multiply the per-token
@@ -82,7 +82,7 @@ loss after clipping, as in verl's own losses.
 ``actor/gapo_clipfrac_low`` (rates over this micro-batch's response tokens). With binary rewards,
 per group-success count ``c = 1 .. G−1`` (``c`` recovered from the advantage as above; rows with
 zero advantage, whose group is all-correct or all-wrong, have no bucket), sums over this
-micro-batch's response tokens, counted by :func:`gapo.metrics.clip_counts_by_c`:
+micro-batch's response tokens, counted by :func:`gapo.core.metrics.clip_counts_by_c`:
 ``actor/gapo_tokens_by_c/{c}``, ``actor/gapo_ratio_dev_sum_by_c/{c}`` (Σ ``|ρ−1|``),
 ``actor/gapo_tokens_pos_by_c/{c}`` (tokens of correct rollouts), ``actor/gapo_clipped_high_by_c/{c}``
 (of those, ``ρ > 1+ε_high(i)``), and ``actor/gapo_eps_high_pos_by_c/{c}`` (ε_high of a correct
@@ -164,10 +164,10 @@ try:
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
     from verl.workers.config import PolicyLossConfig
 
-    from gapo._checks import check_reward_range
-    from gapo.clipping import eps_high_from_weight
-    from gapo.losses import log_ratio, policy_loss
-    from gapo.metrics import clip_counts_by_c
+    from gapo.core.checks import check_reward_range
+    from gapo.core.clipping import eps_high_from_weight
+    from gapo.core.losses import log_ratio, policy_loss
+    from gapo.core.metrics import clip_counts_by_c
 except BaseException as _exc:  # noqa: BLE001 - re-raised after making it visible
     _announce_failure(_exc)
     raise
@@ -422,7 +422,7 @@ def success_from_advantages(
     reward does not determine a count).
 
     ``reward_range="group"`` or ``"batch"`` (``w`` from each group's, or the batch's, own min and
-    max reward, as in :func:`gapo.clipping.success_weight`) is accepted only with std-normalised
+    max reward, as in :func:`gapo.core.clipping.success_weight`) is accepted only with std-normalised
     GRPO advantages of binary rewards: there ``c``, and so ``w = (G−c)/(G−1)``, follow from the
     advantage whatever the two reward values are, and equal the core's ``"group"``/``"batch"``
     weights (a mixed binary group spans both values, hence the batch's range too). Other
@@ -502,7 +502,7 @@ def _row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
 
 
 def _agg_kwargs(loss_agg_mode: str, info: dict) -> tuple[str, dict]:
-    """Map verl's ``agg_loss`` normalisers (global_batch_info) onto ``gapo.aggregation.agg_loss``.
+    """Map verl's ``agg_loss`` normalisers (global_batch_info) onto ``gapo.core.aggregation.agg_loss``.
 
     verl divides by the global count and multiplies by ``dp_size`` (DDP averages gradients over
     ranks); dividing by ``count / dp_size`` is the same. verl's ``token-sum`` is a token-mean
@@ -558,7 +558,7 @@ def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_ag
     return loss, metrics
 
 
-# verl key -> field of gapo.metrics.clip_counts_by_c; summed over this micro-batch's tokens
+# verl key -> field of gapo.core.metrics.clip_counts_by_c; summed over this micro-batch's tokens
 _BY_C_SUMS = (("actor/gapo_tokens_by_c", "tokens"), ("actor/gapo_ratio_dev_sum_by_c", "dev_sum"),
               ("actor/gapo_tokens_pos_by_c", "pos_tokens"), ("actor/gapo_clipped_high_by_c", "pos_clipped"))
 

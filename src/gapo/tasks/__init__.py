@@ -45,3 +45,15 @@ def factory(name: str):
 def get(name: str, **params):
     """Build the task ``name`` with its parameters; unknown names raise ``ValueError``."""
     return factory(name)(**params)
+
+
+def build(name: str, params: dict):
+    """``get(name, **params)`` for a run: a constructor error (bad params, a missing or
+    malformed dataset, a missing optional package) is a ``ValueError`` naming the task and params."""
+    try:
+        return get(name, **params)
+    except ImportError as e:
+        raise ValueError(f"task {name!r} needs an optional package: {e}") from None
+    except (TypeError, ValueError, KeyError, OSError) as e:
+        msg = str(e) if isinstance(e, (ValueError, OSError)) else f"{type(e).__name__}: {e}"
+        raise ValueError(f"task {name!r} with task.params={params}: {msg}") from None

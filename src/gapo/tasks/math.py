@@ -22,7 +22,7 @@ text is parsed too and compared again.
 
 Timeouts: math-verify's own timeout uses ``signal.alarm`` and raises ``ValueError`` when called
 off the main thread. gapo calls it with its timeouts disabled and guards the whole
-parse-and-verify with :func:`gapo.scoring.run_with_timeout`: a ``SIGALRM`` timer on the main
+parse-and-verify with :func:`gapo.tasks.scoring.run_with_timeout`: a ``SIGALRM`` timer on the main
 thread (sympy's work is Python code, so the alarm interrupts it: ``9^{9^{9^9}}`` stops at the
 limit), and off the main thread a helper process that is killed and replaced on timeout. A
 timeout is reward 0, status ``timeout``.
@@ -41,7 +41,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gapo.scoring import VerifierTimeout, run_with_timeout
+from gapo.tasks.scoring import VerifierTimeout, run_with_timeout
 
 from gapo.tasks.base import Problem, read_jsonl, split_of
 

@@ -1,6 +1,6 @@
 """Run configuration: one dataclass per component, loaded from YAML plus ``key=value`` overrides.
 
-    gapo train --config run.yaml algo.eps_schedule=linear algo.eps_high=0.28 train.steps=50
+    gapo train --config run.yaml algo.eps_schedule=linear algo.eps_high_max=0.28 train.steps=50
 
 Unknown keys and wrong types are rejected with the key, the accepted values and close matches;
 every numeric field has a domain (``DOMAINS``: finite, sign, range), dict-valued params are
@@ -56,7 +56,7 @@ class AlgoConfig:
     loss: str = "ppo"  # ppo (token ratio) | gspo (sequence ratio) | cispo
     eps_schedule: str = "fixed"  # fixed | linear (GAPO Eq. 11) | log (GAPO exact form)
     eps_low: float = 0.2
-    eps_high: float = 0.2  # the constant (fixed) or GAPO's ε_high_max (linear/log)
+    eps_high_max: float = 0.2  # the upper width: the constant (fixed), GAPO's maximum (linear/log)
     reward_range: tuple[float, float] | str = (0.0, 1.0)  # (R_min, R_max) | group | batch
     clip_ratio_c: float | None = None  # dual clip for A < 0 (verl default 3.0)
     agg: str = "token-mean"
@@ -123,11 +123,11 @@ class Config:
         trainer has loaded it, still before the run folder is touched.
         """
         from gapo import tasks
-        from gapo._checks import unknown
-        from gapo.advantages import ADVANTAGES
-        from gapo.aggregation import AGG_MODES
-        from gapo.clipping import EPS_SCHEDULES
-        from gapo.losses import LOSSES
+        from gapo.core.checks import unknown
+        from gapo.core.advantages import ADVANTAGES
+        from gapo.core.aggregation import AGG_MODES
+        from gapo.core.clipping import EPS_SCHEDULES
+        from gapo.core.losses import LOSSES
 
         where = self._where
         for key, check in DOMAINS.items():
@@ -153,15 +153,15 @@ class Config:
         if batch % t.mini_batches:
             raise ValueError(f"{where('train.mini_batches')}: {t.mini_batches} does not divide the rollout batch "
                              f"prompts × group_size = {t.prompts} × {t.group_size} = {batch}")
-        if a.eps_schedule != "fixed" and a.eps_high < a.eps_low:
-            raise ValueError(f"{where('algo.eps_high')}: GAPO schedule {a.eps_schedule!r} needs algo.eps_high "
-                             f"(ε_high_max) >= algo.eps_low ({a.eps_low}), got {a.eps_high}")
+        if a.eps_schedule != "fixed" and a.eps_high_max < a.eps_low:
+            raise ValueError(f"{where('algo.eps_high_max')}: GAPO schedule {a.eps_schedule!r} needs "
+                             f"algo.eps_high_max >= algo.eps_low ({a.eps_low}), got {a.eps_high_max}")
         if a.loss == "cispo" and a.clip_ratio_c is not None:
             raise ValueError(f"{where('algo.clip_ratio_c')}: the dual clip is not defined for the cispo loss; "
                              "leave it unset (none)")
         check_device(where("model.device"), self.model.device)
         if self.model.path is None:
-            from gapo.pretrain import PRESETS
+            from gapo.policy.base_policy import PRESETS
             if self.model.base_preset not in PRESETS:
                 raise ValueError(f"{where('model.base_preset')}: {unknown('base-policy preset', self.model.base_preset, PRESETS)}")
             if self.task.name != "countdown":
@@ -225,7 +225,7 @@ DOMAINS = {
     "sampling.top_p": _num(0, 1, lo_open=True),
     "sampling.max_new_tokens": _num(1, 2**20, integer=True, optional=True),
     "algo.eps_low": _num(0, 1, hi_open=True),
-    "algo.eps_high": _num(0, 100),
+    "algo.eps_high_max": _num(0, 100),
     "algo.reward_range": _reward_range,
     "algo.clip_ratio_c": _num(1, None, lo_open=True, optional=True),
     "algo.kl_coef": _num(0),
@@ -253,7 +253,7 @@ DOMAINS = {
 
 def advantage_params(name: str) -> set[str] | None:
     """The keyword parameters estimator ``name`` accepts (focal: its own plus its base's)."""
-    from gapo.advantages import ADVANTAGES
+    from gapo.core.advantages import ADVANTAGES
 
     fn = ADVANTAGES.get(name)
     if fn is None:
@@ -389,9 +389,16 @@ def _all_keys() -> list[str]:
     return [f"{name}.{f.name}" for name, cls in sections.items() for f in dataclasses.fields(cls)]
 
 
+# keys renamed since gapo 0.1 -> their names now (one name per concept, docs/design.md §8)
+RENAMED = {"algo.eps_high": "algo.eps_high_max"}
+
+
 def set_key(cfg: Config, key: str, value) -> None:
     """Set ``section.field`` on ``cfg`` with type checking; ``task.params.x`` style keys set
     entries of dict fields."""
+    if key in RENAMED:
+        raise ValueError(f"config key {key!r} is now {RENAMED[key]!r} (renamed in gapo 0.2); "
+                         f"write {RENAMED[key]}={value}")
     parts = key.split(".")
     sections = {f.name: f for f in dataclasses.fields(Config)}
     if parts[0] not in sections or len(parts) < 2:
@@ -411,7 +418,9 @@ def set_key(cfg: Config, key: str, value) -> None:
     setattr(section, parts[1], _coerce(value, hints[parts[1]], key))
 
 
-def from_dict(d: dict) -> Config:
+def from_dict(d: dict, *, migrate: bool = False) -> Config:
+    """A ``Config`` from nested dicts (``to_dict``'s inverse). ``migrate=True`` (a saved run's
+    ``config.yaml``) maps renamed keys to their new names instead of rejecting them."""
     cfg = Config()
     if not isinstance(d, dict):
         raise ValueError(f"a config must be a mapping of sections, got {type(d).__name__}")
@@ -421,7 +430,8 @@ def from_dict(d: dict) -> Config:
         if not isinstance(body, dict):
             raise _unknown_key(str(sec), [f.name for f in dataclasses.fields(Config)])
         for k, v in body.items():
-            set_key(cfg, f"{sec}.{k}", v)
+            key = f"{sec}.{k}"
+            set_key(cfg, RENAMED.get(key, key) if migrate else key, v)
     return cfg
 
 
@@ -503,7 +513,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 base: dict | None = None) -> Config:
     """Defaults (or ``base``, a saved config dict), then the YAML file (optional), then
     ``key=value`` overrides; validated."""
-    cfg = from_dict(base) if base is not None else Config()
+    cfg = from_dict(base, migrate=True) if base is not None else Config()
     sources: dict[str, str] = {}
     if path is not None:
         data, lines = read_yaml(path)

@@ -42,9 +42,9 @@ of a hard group (``c = 1``) gets ``ε_high_max``, a correct rollout of an all-co
 
 Every entry of ``EPS_SCHEDULES`` has one signature::
 
-    fn(rewards (B,), group_size, *, eps_low, eps_high, reward_range) -> eps_high per rollout (B,)
+    fn(rewards (B,), group_size, *, eps_low, eps_high_max, reward_range) -> eps_high per rollout (B,)
 
-where ``eps_high`` is the constant for "fixed" and ``ε_high_max`` for the GAPO schedules, and
+where ``eps_high_max`` is the constant upper width for "fixed" and GAPO's ``ε_high_max`` otherwise, and
 ``reward_range`` is ``(lo, hi)``, ``"group"`` or ``"batch"``.
 """
 
@@ -54,7 +54,7 @@ import math
 
 import torch
 
-from gapo._checks import check_eps, check_reward_range, check_rewards, reward_bounds, unknown
+from gapo.core.checks import check_eps, check_reward_range, check_rewards, reward_bounds, unknown
 
 __all__ = ["success_weight", "gapo_eps_high", "eps_high_from_weight", "eps_high_for", "EPS_SCHEDULES"]
 
@@ -125,21 +125,21 @@ def eps_high_from_weight(
     raise unknown("GAPO schedule", schedule, ("linear", "log"))
 
 
-def _fixed(rewards, group_size, *, eps_low, eps_high, reward_range=(0.0, 1.0)):
+def _fixed(rewards, group_size, *, eps_low, eps_high_max, reward_range=(0.0, 1.0)):
     """Constant ``ε_high`` for every rollout (GRPO, DAPO clip-higher)."""
     check_rewards(rewards, group_size)
-    check_eps(eps_low, eps_high)
+    check_eps(eps_low, eps_high_max)
     check_reward_range(reward_range)
-    return torch.full(rewards.shape, float(eps_high), dtype=torch.float32, device=rewards.device)
+    return torch.full(rewards.shape, float(eps_high_max), dtype=torch.float32, device=rewards.device)
 
 
-def _gapo_linear(rewards, group_size, *, eps_low, eps_high, reward_range=(0.0, 1.0)):
-    return gapo_eps_high(rewards, group_size, eps_low=eps_low, eps_high_max=eps_high,
+def _gapo_linear(rewards, group_size, *, eps_low, eps_high_max, reward_range=(0.0, 1.0)):
+    return gapo_eps_high(rewards, group_size, eps_low=eps_low, eps_high_max=eps_high_max,
                          schedule="linear", reward_range=reward_range)
 
 
-def _gapo_log(rewards, group_size, *, eps_low, eps_high, reward_range=(0.0, 1.0)):
-    return gapo_eps_high(rewards, group_size, eps_low=eps_low, eps_high_max=eps_high,
+def _gapo_log(rewards, group_size, *, eps_low, eps_high_max, reward_range=(0.0, 1.0)):
+    return gapo_eps_high(rewards, group_size, eps_low=eps_low, eps_high_max=eps_high_max,
                          schedule="log", reward_range=reward_range)
 
 
@@ -152,12 +152,12 @@ def eps_high_for(
     group_size: int,
     *,
     eps_low: float,
-    eps_high: float,
+    eps_high_max: float,
     reward_range: tuple[float, float] | str = (0.0, 1.0),
 ) -> torch.Tensor:  # (B,)
     """Dispatch to ``EPS_SCHEDULES[schedule]``; unknown names raise ``ValueError``.
     ``reward_range`` is ``(lo, hi)``, ``"group"`` or ``"batch"`` (module docstring)."""
     if schedule not in EPS_SCHEDULES:
         raise unknown("eps schedule", schedule, EPS_SCHEDULES)
-    return EPS_SCHEDULES[schedule](rewards, group_size, eps_low=eps_low, eps_high=eps_high,
+    return EPS_SCHEDULES[schedule](rewards, group_size, eps_low=eps_low, eps_high_max=eps_high_max,
                                    reward_range=reward_range)

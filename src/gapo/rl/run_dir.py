@@ -19,12 +19,23 @@ policy) and ``events.jsonl`` (configuration changes made on resume). The rules:
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
 from pathlib import Path
 
-__all__ = ["RunFolder", "RunExists", "MARKER", "atomic_write"]
+import torch
+import yaml
+
+from gapo.rl.config import Config, diff, from_dict, to_dict
+
+__all__ = ["RunFolder", "RunExists", "MARKER", "atomic_write", "resume_changes", "Trackers", "load_run",
+           "RESUME_FIXED"]
+
+# Keys a resumed run cannot take a new value for: they define its data, its model and its random
+# streams (restored from the checkpoint), so a new value would be silently ignored.
+RESUME_FIXED = ("task.", "model.path", "model.base_preset", "train.seed")
 
 MARKER = ".gapo-run"
 
@@ -98,8 +109,6 @@ class RunFolder:
 
     def saved_config(self) -> dict:
         """The run's own ``config.yaml`` as a dict; a clear error when it is unreadable."""
-        import yaml
-
         try:
             data = yaml.safe_load(self.config.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
@@ -110,8 +119,6 @@ class RunFolder:
 
     def load_checkpoint(self, map_location) -> dict:
         """The checkpoint's state dict; a truncated or foreign file is a clear error."""
-        import torch
-
         try:
             state = torch.load(self.checkpoint, map_location=map_location, weights_only=False)
         except Exception as e:  # zip/pickle errors of a truncated or foreign file
@@ -178,15 +185,14 @@ class RunFolder:
         atomic_write(self.path / name, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
     def write_config(self, cfg_dict: dict) -> None:
-        import yaml
-
         self.write_text("config.yaml", yaml.safe_dump(cfg_dict, sort_keys=False))
 
     def rewrite_metrics(self, lines: list[str]) -> None:
         self.write_text("metrics.jsonl", "".join(ln + "\n" for ln in lines))
 
     def append_metrics(self, record: dict) -> None:
-        line = json.dumps(record) + "\n"
+        """One JSON line; tensors become numbers or lists, non-finite floats strings ("nan")."""
+        line = json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n"
         try:
             with open(self.metrics, "a", encoding="utf-8") as f:
                 f.write(line)
@@ -200,3 +206,98 @@ class RunFolder:
                 f.write(json.dumps(event, default=str) + "\n")
         except OSError as e:
             raise OSError(e.errno, f"cannot append to {str(self.path / 'events.jsonl')!r}: {e.strerror or e}") from None
+
+
+def _jsonable(v):
+    if isinstance(v, torch.Tensor):
+        return v.item() if v.numel() == 1 else v.tolist()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def resume_changes(folder: RunFolder, cfg: Config, *, allow_change: bool) -> dict[str, tuple]:
+    """The keys in which ``cfg`` differs from the run's saved config, ``key -> (old, new)``.
+
+    A key in ``RESUME_FIXED`` is always an error; any other difference is an error unless
+    ``allow_change`` (the caller then applies and logs it)."""
+    try:  # normalised: keys added since the run was made compare at their defaults
+        saved = to_dict(from_dict(folder.saved_config(), migrate=True))
+    except ValueError as e:
+        raise ValueError(f"cannot resume: {str(folder.config)!r}: {e}") from None
+    changes = diff(saved, to_dict(cfg))
+    fixed = [k for k in changes if k.startswith(RESUME_FIXED)]
+    if fixed:
+        raise ValueError(f"cannot resume {str(folder.path)!r} with a different " + ", ".join(
+            f"{k} (run: {changes[k][0]!r}, now: {changes[k][1]!r})" for k in fixed)
+            + ": these define the run's data, model and random streams. Start a new run instead")
+    if changes and not allow_change:
+        raise ValueError(f"the config differs from the one saved in {str(folder.config)!r}: " + ", ".join(
+            f"{k} (run: {a!r}, now: {b!r})" for k, (a, b) in changes.items())
+            + ". Resume without --config/overrides to continue as it was, or pass --allow-change to apply "
+            "these changes (they are written to config.yaml and events.jsonl)")
+    return changes
+
+
+class Trackers:
+    """TensorBoard / W&B mirrors of ``metrics.jsonl`` (``log.tensorboard``, ``log.wandb``).
+
+    The packages are optional (``gapo[tracking]``) and imported only when asked for."""
+
+    def __init__(self, cfg: Config, run_dir: Path):
+        self.cfg, self.run_dir, self._open = cfg, run_dir, None
+
+    def check(self) -> None:
+        """A missing package is an error before any work."""
+        try:
+            if self.cfg.log.tensorboard:
+                from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+            if self.cfg.log.wandb:
+                import wandb  # noqa: F401
+        except ImportError as e:
+            raise ValueError(f"log.tensorboard/log.wandb need their packages: pip install 'gapo[tracking]' ({e})") from e
+
+    def log(self, record: dict) -> None:
+        if self._open is None:
+            self._open = self._start()
+        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        if "tb" in self._open:
+            for k, v in scalars.items():
+                self._open["tb"].add_scalar(k, v, record["step"])
+        if "wandb" in self._open:
+            self._open["wandb"].log(scalars, step=record["step"])
+
+    def _start(self) -> dict:
+        self.check()
+        out = {}
+        if self.cfg.log.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            out["tb"] = SummaryWriter(str(self.run_dir / "tb"))
+        if self.cfg.log.wandb:
+            import wandb
+            wandb.init(project=self.cfg.log.wandb_project, dir=str(self.run_dir), config=to_dict(self.cfg))
+            out["wandb"] = wandb
+        return out
+
+    def close(self) -> None:
+        for name, w in (self._open or {}).items():
+            w.close() if name == "tb" else w.finish()
+        self._open = None
+
+
+def load_run(run_dir: str | Path) -> dict:
+    """``{"name", "dir", "train": [records], "eval": [records]}`` of one run folder."""
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{str(run_dir)!r} is not a gapo run folder (no metrics.jsonl)")
+    train, evals = [], []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{i}: not JSON ({e})") from e
+        (evals if rec.get("kind") == "eval" else train).append(rec)
+    return {"name": run_dir.name, "dir": run_dir, "train": train, "eval": evals}

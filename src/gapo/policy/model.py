@@ -217,3 +217,23 @@ def load_policy(path_or_id: str | os.PathLike, device: str | torch.device = "cpu
         raise ValueError(f"cannot load the tokenizer of {name!r}: {type(e).__name__}: {e}") from e
     model.to(device).eval()
     return model, tok
+
+
+def context_length(model) -> int | None:
+    """The model's maximum sequence length, when its config declares one."""
+    mc = model.config
+    return next((getattr(mc, k) for k in ("max_position_embeddings", "n_positions", "max_sequence_length")
+                 if isinstance(getattr(mc, k, None), int)), None)
+
+
+def check_context(model, tok, prompts: list[str], max_new_tokens: int, *, key: str, where: str) -> None:
+    """``max_new_tokens`` after the longest of ``prompts`` fits the model's context: an error
+    naming ``key`` before a sampler allocates for a length the model cannot take."""
+    ctx = context_length(model)
+    if ctx is None or not prompts:
+        return
+    longest = max(len(ids) for ids in tok(prompts).input_ids)
+    if longest + max_new_tokens > ctx:
+        raise ValueError(f"{key}: {max_new_tokens} new tokens after a prompt of up to {longest} tokens exceed the "
+                         f"model's context of {ctx} tokens ({where!r}); set sampling.max_new_tokens to at most "
+                         f"{ctx - longest}")

@@ -253,7 +253,7 @@ class _Worker:
         self.proc.join(timeout=5)
         self.conn.close()
         # Its sandboxes died with it (PR_SET_PDEATHSIG); remove what is left (cgroups, dirs).
-        sb = sys.modules.get("gapo.sandbox")
+        sb = sys.modules.get("gapo.tasks.sandbox")
         if sb is not None:
             try:
                 sb.reap_orphans()

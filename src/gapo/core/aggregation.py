@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from gapo._checks import check_same_shape, unknown
+from gapo.core.checks import check_same_shape, unknown
 
 __all__ = ["agg_loss", "AGG_MODES"]
 

@@ -1,6 +1,6 @@
 """Run untrusted Python programs (code written by a policy under RL) with limits and isolation.
 
-    res = gapo.sandbox.run(program, timeout_s=5, memory_mb=256)
+    res = gapo.tasks.sandbox.run(program, timeout_s=5, memory_mb=256)
     res.passed, res.status, res.stdout, res.stderr, res.isolation
 
 Code written by a policy under RL is hostile input by default. The program never runs in the
@@ -53,8 +53,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Sequence
 
-from gapo import sandbox_ns
-from gapo.sandbox_boot import BOOT
+from gapo.tasks import sandbox_ns
+from gapo.tasks.sandbox_boot import BOOT
 
 __all__ = [
     "SandboxResult",
@@ -147,7 +147,7 @@ class SandboxResult:
     stderr_truncated: bool = False
 
 
-# The bootstrap (runs in the child, still privileged): see gapo.sandbox_boot.
+# The bootstrap (runs in the child, still privileged): see gapo.tasks.sandbox_boot.
 _BOOT = BOOT
 
 

@@ -1,24 +1,12 @@
-"""Supervised pretraining of the embedded base policy on solver demonstrations (DESIGN §5).
+"""Supervised pretraining of the embedded base policy on solver demonstrations (docs/design.md §9).
 
-The base policy is a tiny ``LlamaForCausalLM`` (``gapo.model``) trained with next-token loss on
+The base policy is a tiny ``LlamaForCausalLM`` (``gapo.policy.model``) trained with next-token loss on
 ``<bos> prompt completion <eos>``, the loss on the completion (and EOS) only. Every time a
 problem is drawn it gets a *fresh random* correct demonstration (``task.demonstration``), so the
 policy starts RL with diverse first moves rather than one memorised solution per instance.
 Problems come from the task's ``train`` split only; held-out evaluation uses ``eval``.
 
-Presets pick a supervised mix and the RL task on which the base pass rate lands in a regime
-(measured values next to ``PRESETS``):
-
-- ``low``:  SFT on 3-number Countdown plus 30% 4-number instances; RL on 4-number instances
-  with at least two canonical solutions (numbers 1–10): base pass@1 ≈ 4%, pass@8 ≈ 24%.
-- ``high``: SFT on 2- and 3-number instances; RL on 2-number instances: base pass@1 ≈ 86%.
-  (3-number instances reach only ≈ 28% within the same ~3-minute budget.)
-
-The cache key is a hash of every field that affects the weights (task mix, model size,
-optimisation, budgets, seed, library format version); the RL task, name and description are
-not part of it, so presets that differ only in their RL task share one cached policy. Built policies live in
-``$GAPO_CACHE/base/<key>`` (default ``~/.cache/gapo/base/<key>``), written to a temporary folder
-and renamed into place, so a crash never leaves a half-written policy that looks valid.
+The presets, the cache and the shipped copy are in ``gapo.policy.base_policy``.
 
 The presets are step-limited (reproducible). ``time_budget_s`` is a safety cap in *CPU seconds
 of this process* (``time.process_time``), not wall time, so a machine shared with other jobs
@@ -36,7 +24,6 @@ import json
 import math
 import os
 import random
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,64 +78,6 @@ def _jsonable(x):
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
     return x
-
-
-# Calibrated on 2 shared CPU cores (one torch thread); pass rates at temperature 1.0 on 200
-# held-out (eval-split) problems x 8 samples, see the commit that set them.
-PRESETS: dict[str, PretrainConfig] = {
-    # 600 steps x 64 (~226 CPU-s on one thread): 4-number (>=2 solutions) pass@1 0.039,
-    # pass@8 0.24; plain 4-number 0.025 / 0.15.
-    "low": PretrainConfig(
-        name="low",
-        sft_mix=(
-            (dict(n_numbers=3, num_range=(1, 10)), 0.7),
-            (dict(n_numbers=4, num_range=(1, 10)), 0.3),
-        ),
-        rl_task=dict(n_numbers=4, num_range=(1, 10), min_solutions=2),
-        description="RL on 4-number Countdown (numbers 1-10, >= 2 solutions); base pass@1 ~4%",
-    ),
-    # 600 steps x 64 (~173 CPU-s): 2-number pass@1 0.86, pass@8 0.965 (3-number: 0.28 / 0.69).
-    # The 2-number instance space is small (~35 eval instances); fine for a stability check.
-    "high": PretrainConfig(
-        name="high",
-        sft_mix=(
-            (dict(n_numbers=2, num_range=(1, 10)), 0.25),
-            (dict(n_numbers=3, num_range=(1, 10)), 0.75),
-        ),
-        rl_task=dict(n_numbers=2, num_range=(1, 10)),
-        description="RL on 2-number Countdown (numbers 1-10); base pass@1 ~86%",
-    ),
-}
-
-
-def resolve(preset: str | PretrainConfig) -> PretrainConfig:
-    if isinstance(preset, PretrainConfig):
-        return preset
-    if preset not in PRESETS:
-        import difflib
-
-        close = difflib.get_close_matches(str(preset), PRESETS, n=2)
-        hint = f" Did you mean {close}?" if close else ""
-        raise ValueError(f"unknown base-policy preset {preset!r}; known presets: {sorted(PRESETS)}.{hint}")
-    return PRESETS[preset]
-
-
-def resolve_base_task(cfg):
-    """With the embedded base policy (``model.path`` unset), the preset defines the RL task's
-    params unless the user set them: returns ``cfg`` with ``task.params`` filled in. The one place
-    this is decided, for the trainer and the CLI alike; idempotent."""
-    if cfg.model.path is None and cfg.task.name == "countdown" and not cfg.task.params:
-        cfg.task.params = dict(resolve(cfg.model.base_preset).rl_task)
-    return cfg
-
-
-def cache_root() -> Path:
-    root = os.environ.get("GAPO_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "gapo"
-
-
-def cache_dir(preset: str | PretrainConfig) -> Path:
-    return cache_root() / "base" / resolve(preset).cache_key()
 
 
 # ------------------------------------------------------------------------------- training
@@ -231,7 +160,7 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50,
     it must leave the model in train mode and not touch the RNGs it does not own).
     """
     from gapo import tasks
-    from gapo.model import build_model, build_tokenizer
+    from gapo.policy.model import build_model, build_tokenizer
 
     if cfg.max_steps < 1 and cfg.time_budget_s is None:
         raise ValueError("pretraining needs max_steps >= 1 or a time budget")
@@ -300,109 +229,3 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50,
         "curve": curve,
     }
     return model, tok, stats
-
-
-def shipped_dir(preset: str | PretrainConfig) -> Path | None:
-    """The copy of a preset's base policy shipped inside the package (``gapo/assets/base/<key>``),
-    if there is one. The ``low`` preset ships (3.4 MB) so that ``gapo demo`` starts at once; it
-    is exactly what ``get_base_policy("low", rebuild=True)`` produces (step-limited, seeded),
-    up to floating-point differences between CPUs."""
-    d = Path(__file__).parent / "assets" / "base" / resolve(preset).cache_key()
-    return d if (d / "config.json").is_file() else None
-
-
-def get_base_policy(
-    preset: str | PretrainConfig = "low", *, rebuild: bool = False, progress: bool = True
-) -> Path:
-    """Path of the base policy for ``preset``: the user's cache, else the copy shipped with gapo,
-    else trained now and cached.
-
-    Load it with ``gapo.model.load_policy(path)``. ``rebuild=True`` trains anew and replaces
-    the cached copy atomically.
-    """
-    from gapo.model import save_policy
-
-    cfg = resolve(preset)
-    final = cache_dir(cfg)
-    if final.is_dir() and (final / "config.json").is_file() and not rebuild:
-        return final
-    if not rebuild and (shipped := shipped_dir(cfg)) is not None:
-        return shipped
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{time.time_ns()}"
-    try:
-        t0 = time.perf_counter()
-        model, tok, stats = pretrain(cfg, progress=progress)
-        stats["build_s"] = round(time.perf_counter() - t0, 2)
-        extra = {"pretrain_config": _jsonable(dataclasses.asdict(cfg)), "cache_key": cfg.cache_key(), "stats": stats}
-        save_policy(model, tok, tmp, extra=extra)
-        if final.exists():  # rebuild, or another process finished first
-            trash = final.parent / f".old-{final.name}-{os.getpid()}-{time.time_ns()}"
-            try:
-                os.rename(final, trash)
-            except FileNotFoundError:
-                trash = None
-            os.rename(tmp, final)
-            if trash is not None:
-                shutil.rmtree(trash, ignore_errors=True)
-        else:
-            try:
-                os.rename(tmp, final)
-            except OSError:  # lost a race to another process: use theirs
-                if not (final / "config.json").is_file():
-                    raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-# ------------------------------------------------------------------------------- evaluation
-@torch.no_grad()
-def estimate_pass_rate(
-    model,
-    tok,
-    task,
-    problems,
-    n_samples: int = 8,
-    *,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_new_tokens: int | None = None,
-    batch_size: int = 512,
-    seed: int = 0,
-    ks: list[int] | None = None,
-) -> dict:
-    """Unbiased pass@k over ``problems`` from ``n_samples`` samples each (``temperature=0``:
-    greedy, one sample). Returns ``{"pass@1": .., "pass@2": .., ..., "correct": [c_j], "n": n}``.
-    """
-    from gapo.metrics import pass_at_k_curve
-    from gapo.sampling import sample
-
-    if temperature <= 0:
-        n_samples = 1
-    max_new_tokens = max_new_tokens or task.max_completion_len + 1  # +1 for EOS
-    device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
-    prompts = [tok(p.prompt).input_ids for p in problems]
-    flat = [(j, prompts[j]) for j in range(len(problems)) for _ in range(n_samples)]
-    correct = [0] * len(problems)
-    for s in range(0, len(flat), batch_size):
-        chunk = flat[s : s + batch_size]
-        r = sample(
-            model,
-            [p for _, p in chunk],
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-            generator=gen,
-        )
-        for (j, _), text in zip(chunk, r.texts(tok)):
-            correct[j] += int(task.score(problems[j], text) > 0)
-    ks = ks or [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256) if k <= n_samples]
-    curve = pass_at_k_curve(n_samples, correct, ks)
-    out = {f"pass@{k}": v for k, v in curve.items()}
-    out.update(correct=correct, n=n_samples)
-    return out

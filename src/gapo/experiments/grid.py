@@ -13,7 +13,7 @@ Cells live in ``<out>/<regime>/<method>/seed<k>`` and run in child processes (``
 time, one torch thread each). A cell with ``done.json`` is skipped; one with a checkpoint is
 resumed; a cell that crashes or produces NaN gets ``failed.json`` (error and log tail; the full
 log is ``seed<k>.log`` next to the folder) and the others go on. Failed cells are not retried unless
-``python -m gapo.compare --retry-failed``.
+``python -m gapo.experiments.grid --retry-failed``.
 
 Every cell of a regime starts from the same base policy and is evaluated on the same held-out
 problems with the same sampling seed, so the pre-training evaluation is computed once per
@@ -41,7 +41,7 @@ import time
 import traceback
 from pathlib import Path
 
-from gapo._checks import unknown
+from gapo.core.checks import unknown
 
 __all__ = ["METHODS", "REGIMES", "load_grid", "run_grid", "report", "main"]
 
@@ -56,19 +56,19 @@ GSPO_SYM = 3e-2
 GSPO_ASYM = (3e-2, 5e-2)
 FOCAL_GAMMA = 0.5
 METHODS: dict[str, dict] = {
-    "grpo": {**_FIXED, "algo.advantage": "grpo", "algo.eps_low": 0.2, "algo.eps_high": 0.2},
-    "drgrpo": {**_FIXED, "algo.eps_low": 0.2, "algo.eps_high": 0.2},
-    "dapo": {**_FIXED, "algo.eps_low": 0.2, "algo.eps_high": 0.28},  # clip-higher only
-    "gspo_sym": {**_FIXED, "algo.loss": "gspo", "algo.eps_low": GSPO_SYM, "algo.eps_high": GSPO_SYM},
-    "gspo_asym": {**_FIXED, "algo.loss": "gspo", "algo.eps_low": GSPO_ASYM[0], "algo.eps_high": GSPO_ASYM[1]},
+    "grpo": {**_FIXED, "algo.advantage": "grpo", "algo.eps_low": 0.2, "algo.eps_high_max": 0.2},
+    "drgrpo": {**_FIXED, "algo.eps_low": 0.2, "algo.eps_high_max": 0.2},
+    "dapo": {**_FIXED, "algo.eps_low": 0.2, "algo.eps_high_max": 0.28},  # clip-higher only
+    "gspo_sym": {**_FIXED, "algo.loss": "gspo", "algo.eps_low": GSPO_SYM, "algo.eps_high_max": GSPO_SYM},
+    "gspo_asym": {**_FIXED, "algo.loss": "gspo", "algo.eps_low": GSPO_ASYM[0], "algo.eps_high_max": GSPO_ASYM[1]},
     "fgrpo": {**_FIXED, "algo.advantage": "focal", "algo.advantage_params": {"gamma": FOCAL_GAMMA, "base": "drgrpo"},
-              "algo.eps_low": 0.2, "algo.eps_high": 0.2},
+              "algo.eps_low": 0.2, "algo.eps_high_max": 0.2},
     "passk": {**_FIXED, "algo.advantage": "passk", "algo.advantage_params": {"k": 4},
-              "algo.eps_low": 0.2, "algo.eps_high": 0.2},
-    "gapo": {**_FIXED, "algo.eps_schedule": "linear", "algo.eps_low": 0.2, "algo.eps_high": 0.28},
+              "algo.eps_low": 0.2, "algo.eps_high_max": 0.2},
+    "gapo": {**_FIXED, "algo.eps_schedule": "linear", "algo.eps_low": 0.2, "algo.eps_high_max": 0.28},
     "gapo_seq": {**_FIXED, "algo.loss": "gspo", "algo.eps_schedule": "linear", "algo.eps_low": GSPO_ASYM[0],
-                 "algo.eps_high": GSPO_ASYM[1]},
-    "gapo_log": {**_FIXED, "algo.eps_schedule": "log", "algo.eps_low": 0.2, "algo.eps_high": 0.28},
+                 "algo.eps_high_max": GSPO_ASYM[1]},
+    "gapo_log": {**_FIXED, "algo.eps_schedule": "log", "algo.eps_low": 0.2, "algo.eps_high_max": 0.28},
 }
 # the fixed-clipping counterpart each GAPO variant is compared with (paired by seed)
 BASELINE_OF = {"gapo": "drgrpo", "gapo_log": "drgrpo", "gapo_seq": "gspo_asym"}
@@ -87,7 +87,7 @@ REGIMES: dict[str, dict] = {
     },
 }
 
-QUICK_GRID = Path(__file__).resolve().parents[2] / "configs" / "grid-quick.yaml"
+QUICK_GRID = Path(__file__).resolve().parents[3] / "configs" / "grid-quick.yaml"
 
 
 # --------------------------------------------------------------------------------- grid
@@ -147,7 +147,8 @@ def grid_cells(grid: dict) -> list[tuple[str, str, int]]:
 
 def _check_regime(name: str, spec: dict) -> None:
     from gapo import tasks
-    from gapo.pretrain import PRESETS, PretrainConfig
+    from gapo.policy.base_policy import PRESETS
+    from gapo.policy.pretrain import PretrainConfig
 
     base = spec.get("base")
     if isinstance(base, str):
@@ -167,7 +168,8 @@ def _check_regime(name: str, spec: dict) -> None:
 
 
 def pretrain_config(spec: dict):
-    from gapo.pretrain import PretrainConfig, resolve
+    from gapo.policy.base_policy import resolve
+    from gapo.policy.pretrain import PretrainConfig
 
     base = spec["base"]
     if isinstance(base, str):
@@ -193,7 +195,7 @@ def regime_task(spec: dict) -> dict:
 
 def cell_config(grid: dict, regime: str, method: str, seed: int, *, base_path: str):
     """The validated trainer ``Config`` of one cell."""
-    from gapo.config import Config, set_key
+    from gapo.rl.config import Config, set_key
 
     cfg = Config()
     task = regime_task(grid["_regimes"][regime])
@@ -224,9 +226,9 @@ def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> i
     import torch
 
     from gapo import tasks
-    from gapo.evaluate import evaluate
-    from gapo.model import load_policy
-    from gapo.pretrain import get_base_policy
+    from gapo.rl.evaluate import evaluate
+    from gapo.policy.model import load_policy
+    from gapo.policy.base_policy import get_base_policy
 
     torch.set_num_threads(1)
     spec, ev = json.loads(spec_json), json.loads(eval_json)
@@ -249,8 +251,8 @@ def _run_cell(cdir: Path) -> int:
     """Child: train one cell from ``cell.json``; ``done.json`` on success, ``failed.json`` on error."""
     import torch
 
-    from gapo.config import from_dict
-    from gapo.trainer import Trainer
+    from gapo.rl.config import from_dict
+    from gapo.rl.trainer import Trainer
 
     cdir = Path(cdir)
     spec = json.loads(_cell_file(cdir, "json").read_text())
@@ -313,7 +315,7 @@ def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     log.parent.mkdir(parents=True, exist_ok=True)
     fh = open(log, "a")
-    p = subprocess.Popen([sys.executable, "-m", "gapo.compare", *argv], stdout=fh, stderr=subprocess.STDOUT, env=env)
+    p = subprocess.Popen([sys.executable, "-m", "gapo.experiments.grid", *argv], stdout=fh, stderr=subprocess.STDOUT, env=env)
     p._log = fh  # type: ignore[attr-defined]
     return p
 
@@ -400,7 +402,7 @@ def _run_grid(grid: dict, out: str | Path, *, retry_failed: bool = False, say=pr
                 continue
             (d / "failed.json").unlink()
         cfg = cell_config(grid, r, m, s, base_path=bases[r]["policy"])
-        from gapo.config import to_dict
+        from gapo.rl.config import to_dict
 
         _write_json(_cell_file(d, "json"), {"regime": r, "method": m, "seed": s, "config": to_dict(cfg),
                                       "base_eval": bases[r]["eval"] or None})
@@ -462,7 +464,7 @@ TRAIN_KEYS = ("clip/frac_high_pos", "loss/clipfrac", "policy/entropy", "time/ste
 def load_cell(d: Path) -> dict | None:
     if not (d / "done.json").is_file():
         return None
-    from gapo.report import load_run
+    from gapo.rl.run_dir import load_run
 
     run = load_run(d)
     done = json.loads((d / "done.json").read_text())
@@ -826,7 +828,7 @@ def _figures(grid: dict, cells: dict, agg: dict, fdir: Path) -> list[str]:
                     vals = [x[key] for run in runs for x in run if x["step"] == st and isinstance(x.get(key), (int, float))]
                     ys.append(sum(vals) / len(vals) if vals else float("nan"))
                 if kind == "train":
-                    from gapo.report import _smooth
+                    from gapo.experiments.report import _smooth
                     ys = _smooth(ys, 5)
                 ax.plot(steps, ys, color=colors[m], label=m, lw=1, marker="." if kind == "eval" else None)
             ax.set_title(r)
@@ -902,7 +904,7 @@ def main(args) -> int:
 
 
 def _cli(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gapo.compare")
+    ap = argparse.ArgumentParser(prog="python -m gapo.experiments.grid")
     ap.add_argument("--cell", help=argparse.SUPPRESS)
     ap.add_argument("--prepare", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--config")

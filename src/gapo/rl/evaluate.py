@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from gapo.metrics import first_move_entropy, pass_at_k_curve
-from gapo.scoring import score_checked
+from gapo.core.metrics import first_move_entropy, pass_at_k_curve
+from gapo.tasks.scoring import score_checked
 
 __all__ = ["evaluate"]
 
@@ -38,7 +38,7 @@ def evaluate(
     progress: bool = False,
 ) -> dict:
     """Evaluate ``model`` on ``problems`` with ``n`` samples each; see the module docstring."""
-    from gapo.sampling import sample
+    from gapo.policy.sampling import sample
 
     t0 = time.perf_counter()
     was_training = model.training
@@ -68,7 +68,7 @@ def evaluate(
     model.train(was_training)
 
     # each sample scored once; a task that raises or returns a non-finite reward is a ValueError
-    # naming the task and the problem (gapo.scoring), not a bare traceback
+    # naming the task and the problem (gapo.tasks.scoring), not a bare traceback
     ok = [[score_checked(task, problems, j, t) > 0 for t in ts] for j, ts in enumerate(texts)]
     correct = [sum(o) for o in ok]
     out: dict = {f"eval/pass@{k}": v for k, v in pass_at_k_curve(n, correct).items()}

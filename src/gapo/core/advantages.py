@@ -14,7 +14,7 @@ Rewards are ``(B,)`` with ``B = prompts × G`` and each group's rows contiguous.
             p̂ = the group's mean reward rescaled to [0, 1] (= c/G for binary rewards)
 
 ``reward_range`` (focal's p̂ and ``group_success_count``'s c) is ``(lo, hi)``, ``"group"`` or
-``"batch"``, as in :mod:`gapo.clipping`: see :func:`rescaled_rewards`.
+``"batch"``, as in :mod:`gapo.core.clipping`: see :func:`rescaled_rewards`.
 
 A group whose rewards are all equal gets zero advantage under every estimator.
 """
@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from gapo._checks import check_reward_range, check_rewards, reward_bounds, unknown
+from gapo.core.checks import check_reward_range, check_rewards, reward_bounds, unknown
 
 __all__ = ["compute", "ADVANTAGES", "zero_std_groups", "group_success_count", "rescaled_rewards"]
 

@@ -13,25 +13,7 @@ import json
 import re
 from pathlib import Path
 
-__all__ = ["load_run", "summarise", "write_report", "format_table"]
-
-
-def load_run(run_dir: str | Path) -> dict:
-    """``{"name", "dir", "train": [records], "eval": [records]}`` of one run folder."""
-    run_dir = Path(run_dir)
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        raise ValueError(f"{str(run_dir)!r} is not a gapo run folder (no metrics.jsonl)")
-    train, evals = [], []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: not JSON ({e})") from e
-        (evals if rec.get("kind") == "eval" else train).append(rec)
-    return {"name": run_dir.name, "dir": run_dir, "train": train, "eval": evals}
+__all__ = ["summarise", "write_report", "format_table"]
 
 
 def _ks(rec: dict) -> list[int]:
@@ -44,20 +26,22 @@ def _mean(xs):
 
 
 def summarise(run: dict) -> dict:
-    """Before/after pass@k and coverage, plus training means of the clip diagnostics."""
+    """One run in the summary vocabulary shared with the grid: ``before/<metric>`` and
+    ``after/<metric>`` (first and last evaluation: pass@k, coverage, first-move entropy) and
+    ``train/<key>`` (the mean over training steps of a diagnostic)."""
     out = {"name": run["name"]}
     if run["eval"]:
         first, last = run["eval"][0], run["eval"][-1]
         for k in _ks(last):
-            out[f"pass@{k} before"] = first.get(f"eval/pass@{k}")
-            out[f"pass@{k} after"] = last.get(f"eval/pass@{k}")
+            out[f"before/pass@{k}"] = first.get(f"eval/pass@{k}")
+            out[f"after/pass@{k}"] = last.get(f"eval/pass@{k}")
         for key in ("eval/coverage", "eval/first_move_entropy"):
             if key in last:
-                out[f"{key[5:]} before"], out[f"{key[5:]} after"] = first.get(key), last[key]
+                out[f"before/{key[5:]}"], out[f"after/{key[5:]}"] = first.get(key), last[key]
     tr = run["train"]
     if tr:
         for key in ("loss/clipfrac", "clip/frac_high_pos", "loss/approx_kl", "policy/entropy", "time/step_s"):
-            out[key] = _mean(r.get(key) for r in tr)
+            out[f"train/{key}"] = _mean(r.get(key) for r in tr)
         out["steps"] = tr[-1]["step"]
     return out
 

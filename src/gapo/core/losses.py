@@ -19,7 +19,7 @@ ratio (``level="sequence"``, arXiv 2507.18071)::
 Token log-ratios are clamped to ±20 before ``exp``; the GSPO sequence log-ratio is capped at
 +10 (as verl's ``gspo``), so extreme inputs give finite losses and both match verl exactly.
 ``weights`` (optional, (B, T)) multiply the per-token loss, e.g. rollout-correction IS weights.
-GAPO only supplies a per-rollout ``eps_high`` (see ``gapo.clipping``); with a constant tensor
+GAPO only supplies a per-rollout ``eps_high`` (see ``gapo.core.clipping``); with a constant tensor
 the computation is exactly fixed clipping.
 
 Metrics are detached 0-d tensors: ``loss/clipfrac`` (fraction of response tokens where the
@@ -27,7 +27,7 @@ clipped branch is taken, verl's ``pg_clipfrac``), ``loss/clipfrac_high`` (ratio 
 ``1+ε_high`` with ``A > 0``), ``loss/clipfrac_low`` (ratio below ``1−ε_low`` with ``A < 0``),
 ``loss/clipfrac_dual`` (dual clip taken, verl's ``pg_clipfrac_lower``), ``loss/approx_kl``
 (masked mean of ``old_logp − logp``, verl's ``ppo_kl``), ``clip/eps_high_mean``. Per-``c``
-statistics (mean ``|ρ−1|`` and clip fractions by group success) live in ``gapo.metrics``.
+statistics (mean ``|ρ−1|`` and clip fractions by group success) live in ``gapo.core.metrics``.
 
 Implementation: ``max(−A·ρ, −A·clip(ρ)) = −|A|·min(s·ρ, s·b)`` with ``s = sign(A)`` and the
 row's binding bound ``b`` (``1+ε_high`` if A > 0 else ``1−ε_low``); fixed and per-rollout ε run
@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import torch
 
-from gapo._checks import check_eps, check_same_shape, unknown
-from gapo.aggregation import agg_loss
+from gapo.core.checks import check_eps, check_same_shape, unknown
+from gapo.core.aggregation import agg_loss
 
 __all__ = ["policy_loss", "cispo_loss", "LOSSES", "LOG_RATIO_CLAMP", "log_ratio"]
 
@@ -235,6 +235,21 @@ def _gspo(logp, old_logp, advantages, response_mask, *, eps_low, eps_high, agg="
 # name -> loss with the shared signature. "ppo" is the token-ratio surrogate of GRPO/DAPO/GAPO,
 # "gspo" the sequence-ratio surrogate of GSPO and GAPO-seq.
 LOSSES = {"ppo": _ppo, "gspo": _gspo, "cispo": cispo_loss}
+# the ratio each loss clips (for diagnostics computed outside the loss, e.g. clip counts per c)
+RATIO_LEVEL = {"ppo": "token", "gspo": "sequence", "cispo": "token"}
+KL_ESTIMATORS = ("k1", "k3")
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:  # (B, T)
+    """Per-token estimate of KL(π‖π_ref) from samples of π (Schulman's estimators, as in verl's
+    ``kl_penalty``): with ``d = log π_ref − log π``, ``k1 = −d`` (unbiased, can be negative) and
+    ``k3 = exp(d) − d − 1`` (unbiased, >= 0, lower variance)."""
+    d = ref_logp - logp
+    if estimator == "k1":
+        return -d
+    if estimator == "k3":
+        return torch.exp(d) - d - 1.0
+    raise unknown("kl estimator", estimator, KL_ESTIMATORS)
 
 
 def get_loss(name: str):

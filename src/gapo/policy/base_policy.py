@@ -1,0 +1,151 @@
+"""The embedded base policies: presets, the cache, the shipped copy, and the one function that
+decides which policy and which RL task a run uses (docs/design.md §9).
+
+Presets pick a supervised mix and the RL task on which the base pass rate lands in a regime
+(measured values next to ``PRESETS``):
+
+- ``low``:  SFT on 3-number Countdown plus 30% 4-number instances; RL on 4-number instances
+  with at least two canonical solutions (numbers 1–10): base pass@1 ≈ 4%, pass@8 ≈ 24%.
+- ``high``: SFT on 2- and 3-number instances; RL on 2-number instances: base pass@1 ≈ 86%.
+  (3-number instances reach only ≈ 28% within the same ~3-minute budget.)
+
+The cache key is a hash of every field that affects the weights (task mix, model size,
+optimisation, budgets, seed, library format version); the RL task, name and description are
+not part of it, so presets that differ only in their RL task share one cached policy. Built policies live in
+``$GAPO_CACHE/base/<key>`` (default ``~/.cache/gapo/base/<key>``), written to a temporary folder
+and renamed into place, so a crash never leaves a half-written policy that looks valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import shutil
+import time
+from pathlib import Path
+
+from gapo.policy.model import save_policy
+from gapo.policy.pretrain import PretrainConfig, _jsonable, pretrain
+
+__all__ = ["PRESETS", "resolve", "resolve_policy", "get_base_policy", "cache_dir", "shipped_dir"]
+
+# Calibrated on 2 shared CPU cores (one torch thread); pass rates at temperature 1.0 on 200
+# held-out (eval-split) problems x 8 samples, see the commit that set them.
+PRESETS: dict[str, PretrainConfig] = {
+    # 600 steps x 64 (~226 CPU-s on one thread): 4-number (>=2 solutions) pass@1 0.039,
+    # pass@8 0.24; plain 4-number 0.025 / 0.15.
+    "low": PretrainConfig(
+        name="low",
+        sft_mix=(
+            (dict(n_numbers=3, num_range=(1, 10)), 0.7),
+            (dict(n_numbers=4, num_range=(1, 10)), 0.3),
+        ),
+        rl_task=dict(n_numbers=4, num_range=(1, 10), min_solutions=2),
+        description="RL on 4-number Countdown (numbers 1-10, >= 2 solutions); base pass@1 ~4%",
+    ),
+    # 600 steps x 64 (~173 CPU-s): 2-number pass@1 0.86, pass@8 0.965 (3-number: 0.28 / 0.69).
+    # The 2-number instance space is small (~35 eval instances); fine for a stability check.
+    "high": PretrainConfig(
+        name="high",
+        sft_mix=(
+            (dict(n_numbers=2, num_range=(1, 10)), 0.25),
+            (dict(n_numbers=3, num_range=(1, 10)), 0.75),
+        ),
+        rl_task=dict(n_numbers=2, num_range=(1, 10)),
+        description="RL on 2-number Countdown (numbers 1-10); base pass@1 ~86%",
+    ),
+}
+
+
+def resolve(preset: str | PretrainConfig) -> PretrainConfig:
+    if isinstance(preset, PretrainConfig):
+        return preset
+    if preset not in PRESETS:
+        close = difflib.get_close_matches(str(preset), PRESETS, n=2)
+        hint = f" Did you mean {close}?" if close else ""
+        raise ValueError(f"unknown base-policy preset {preset!r}; known presets: {sorted(PRESETS)}.{hint}")
+    return PRESETS[preset]
+
+
+def resolve_base_task(cfg):
+    """With the embedded base policy (``model.path`` unset), the preset defines the RL task's
+    params unless the user set them: returns ``cfg`` with ``task.params`` filled in. The one place
+    this is decided, for the trainer and the CLI alike; idempotent."""
+    if cfg.model.path is None and cfg.task.name == "countdown" and not cfg.task.params:
+        cfg.task.params = dict(resolve(cfg.model.base_preset).rl_task)
+    return cfg
+
+
+def cache_root() -> Path:
+    root = os.environ.get("GAPO_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "gapo"
+
+
+def cache_dir(preset: str | PretrainConfig) -> Path:
+    return cache_root() / "base" / resolve(preset).cache_key()
+
+
+
+def resolve_policy(cfg, *, progress: bool = True) -> tuple[object, str]:
+    """``(cfg, policy_path)`` for a run: ``model.path`` when set, else the embedded base policy of
+    ``model.base_preset`` (cached, shipped or built now), whose preset also defines the RL task's
+    params unless the user set them. The one place this is decided, for the trainer, the CLI and
+    the grid alike; idempotent."""
+    cfg = resolve_base_task(cfg)
+    if cfg.model.path is not None:
+        return cfg, str(cfg.model.path)
+    return cfg, str(get_base_policy(cfg.model.base_preset, progress=progress))
+
+
+def shipped_dir(preset: str | PretrainConfig) -> Path | None:
+    """The copy of a preset's base policy shipped inside the package (``gapo/assets/base/<key>``),
+    if there is one. The ``low`` preset ships (3.4 MB) so that ``gapo demo`` starts at once; it
+    is exactly what ``get_base_policy("low", rebuild=True)`` produces (step-limited, seeded),
+    up to floating-point differences between CPUs."""
+    d = Path(__file__).parents[1] / "assets" / "base" / resolve(preset).cache_key()
+    return d if (d / "config.json").is_file() else None
+
+
+def get_base_policy(
+    preset: str | PretrainConfig = "low", *, rebuild: bool = False, progress: bool = True
+) -> Path:
+    """Path of the base policy for ``preset``: the user's cache, else the copy shipped with gapo,
+    else trained now and cached.
+
+    Load it with ``gapo.policy.model.load_policy(path)``. ``rebuild=True`` trains anew and replaces
+    the cached copy atomically.
+    """
+    cfg = resolve(preset)
+    final = cache_dir(cfg)
+    if final.is_dir() and (final / "config.json").is_file() and not rebuild:
+        return final
+    if not rebuild and (shipped := shipped_dir(cfg)) is not None:
+        return shipped
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{time.time_ns()}"
+    try:
+        t0 = time.perf_counter()
+        model, tok, stats = pretrain(cfg, progress=progress)
+        stats["build_s"] = round(time.perf_counter() - t0, 2)
+        extra = {"pretrain_config": _jsonable(dataclasses.asdict(cfg)), "cache_key": cfg.cache_key(), "stats": stats}
+        save_policy(model, tok, tmp, extra=extra)
+        if final.exists():  # rebuild, or another process finished first
+            trash = final.parent / f".old-{final.name}-{os.getpid()}-{time.time_ns()}"
+            try:
+                os.rename(final, trash)
+            except FileNotFoundError:
+                trash = None
+            os.rename(tmp, final)
+            if trash is not None:
+                shutil.rmtree(trash, ignore_errors=True)
+        else:
+            try:
+                os.rename(tmp, final)
+            except OSError:  # lost a race to another process: use theirs
+                if not (final / "config.json").is_file():
+                    raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final

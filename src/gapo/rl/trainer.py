@@ -1,0 +1,436 @@
+"""The RLVR loop — the only stateful module of gapo (docs/design.md §4).
+
+One step, in the order of ``train_step``: draw P prompts → sample G rollouts each and score
+them (one ``Batch``) → advantages and GAPO's per-rollout ε_high from the raw group rewards →
+behaviour log-probs → E epochs × M mini-batch optimiser steps of the chosen surrogate →
+diagnostics. Every formula is a call into ``gapo.core``.
+
+Runs survive: metrics go to ``<run>/metrics.jsonl`` (one JSON object a line, ``kind`` = train |
+eval), checkpoints are written atomically to ``<run>/checkpoint.pt`` (model, optimiser,
+scheduler, every RNG state, step and data position), ``resume=True`` continues bit for bit on
+CPU, and SIGINT/SIGTERM finish the current step, checkpoint and exit cleanly. The run-folder
+rules are in ``gapo.rl.run_dir``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import random
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from gapo import tasks
+from gapo.core.advantages import compute as compute_advantages
+from gapo.core.advantages import group_success_count
+from gapo.core.aggregation import agg_loss
+from gapo.core.clipping import eps_high_for
+from gapo.core.losses import LOSSES, RATIO_LEVEL, kl_estimate, log_ratio
+from gapo.core.metrics import clip_counts_by_c, clip_stats_from_counts, merge_counts
+from gapo.policy.base_policy import resolve_policy
+from gapo.policy.model import check_context, load_policy, save_policy
+from gapo.policy.sampling import logprobs, sample
+from gapo.rl import rollout
+from gapo.rl.config import Config, to_dict
+from gapo.rl.evaluate import evaluate
+from gapo.rl.run_dir import RunExists, RunFolder, Trackers, atomic_write, resume_changes
+
+__all__ = ["Trainer", "RunExists"]
+
+
+class Trainer:
+    """``Trainer(cfg, run_dir).fit()``; see the module docstring.
+
+    Construction validates everything (config, task, model, device, a probe of the reward
+    function, the run folder's state, the checkpoint when resuming) before anything is written.
+    ``resume=True`` needs ``cfg`` equal to the run's saved config; with ``allow_change=True`` the
+    differing keys are applied, written to ``config.yaml`` and logged to ``events.jsonl``.
+    """
+
+    def __init__(self, cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+                 allow_change: bool = False):
+        if resume and overwrite:
+            raise ValueError("resume and overwrite exclude each other")
+        self.folder = RunFolder(run_dir)
+        self.run_dir, self.ckpt_path = self.folder.path, self.folder.checkpoint
+        self.folder.check(resume=resume, overwrite=overwrite)
+        self.cfg, self.policy_path = resolve_policy(cfg.validate(), progress=cfg.train.progress)
+        cfg = self.cfg
+        changes = resume_changes(self.folder, cfg, allow_change=allow_change) if resume else {}
+        state = self.folder.load_checkpoint(torch.device(cfg.model.device)) if resume else None
+        if state is not None and state["step"] >= cfg.train.steps:
+            raise ValueError(f"run {str(self.run_dir)!r} is finished (step {state['step']} of train.steps="
+                             f"{cfg.train.steps}); nothing to resume. To train it further: --resume --allow-change "
+                             f"train.steps={state['step'] * 2 or 1}")
+        self._build(cfg)
+        if state is not None:
+            self._restore(state, changes)
+        self._open_folder(resume, overwrite, changes)  # everything has validated: only now is the folder written
+
+    # ------------------------------------------------------------------ set-up
+    def _build(self, cfg: Config) -> None:
+        """Task, policy, optimiser, problem pools and random streams; then the checks that need
+        them (context length, a probe of the verifier, tracking packages). Writes nothing."""
+        m, t, o = cfg.model, cfg.train, cfg.optim
+        if m.device == "cpu" or m.threads is not None:
+            torch.set_num_threads(m.threads or 1)
+        self.device = torch.device(m.device)
+        torch.manual_seed(t.seed)
+        self.task = tasks.build(cfg.task.name, cfg.task.params)
+        self.model, self.tok = load_policy(self.policy_path, self.device)
+        self.model.train()
+        # the reference policy of the KL term is the starting policy, frozen
+        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+        # the fused kernel: the same AdamW update, ~4x faster than the per-tensor loop on CPU
+        fused = {"fused": True} if self.device.type in ("cpu", "cuda") else {}
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay,
+                                     **fused)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
+        self.max_new_tokens = cfg.sampling.max_new_tokens or self.task.max_completion_len + 1  # + EOS
+        # the pool is what the run will visit: generating (and solving) instances is not free, so
+        # never more than prompts × steps (passes over it are reshuffled; dynamic sampling wraps)
+        self.pool = self.task.generate("train", max(1, min(cfg.task.train_size, t.prompts * t.steps)), t.seed)
+        self.eval_problems = self.task.generate("eval", cfg.eval.problems, cfg.eval.seed) if cfg.eval.problems else []
+        check_context(self.model, self.tok, [p.prompt for p in self.pool[:2000] + self.eval_problems[:2000]],
+                      self.max_new_tokens, key=cfg._where("sampling.max_new_tokens"), where=str(self.policy_path))
+        rollout.probe_reward(self.task, self.pool[:1] + self.eval_problems[:1], cfg.algo.reward_range)
+        self.trackers = Trackers(cfg, self.run_dir)
+        self.trackers.check()
+        self.prompt_ids = {}
+        self.py_rng = random.Random(t.seed)
+        self.gen = torch.Generator(device=self.device).manual_seed(t.seed)
+        self.order = self._shuffled()
+        self.pos = 0
+        self.step = 0
+        self._stop = False
+
+    def _open_folder(self, resume: bool, overwrite: bool, changes: dict) -> None:
+        if not resume:
+            self.folder.open(overwrite=overwrite)
+            try:
+                self.folder.write_config(to_dict(self.cfg))
+            except BaseException:
+                self.folder.abort()
+                raise
+            return
+        self.folder.rewrite_metrics(self.folder.records_up_to(self.step))
+        if changes:
+            self.folder.write_config(to_dict(self.cfg))
+            self.folder.log_event({"event": "resume", "step": self.step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                   "changed": {k: {"old": a, "new": b} for k, (a, b) in changes.items()}})
+            print(f"[gapo] resumed {str(self.run_dir)!r} at step {self.step} with changes: "
+                  + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()), file=sys.stderr)
+
+    def _shuffled(self) -> list[int]:
+        order = list(range(len(self.pool)))
+        self.py_rng.shuffle(order)
+        return order
+
+    def _next_problems(self, n: int) -> list:
+        out = []
+        for _ in range(n):
+            if self.pos >= len(self.order):
+                self.order, self.pos = self._shuffled(), 0
+            out.append(self.pool[self.order[self.pos]])
+            self.pos += 1
+        return out
+
+    def _encode(self, problem) -> list[int]:
+        ids = self.prompt_ids.get(problem.prompt)
+        if ids is None:
+            ids = self.prompt_ids[problem.prompt] = self.tok(problem.prompt).input_ids
+        return ids
+
+    # ------------------------------------------------------------------ one RL step
+    def train_step(self) -> dict:
+        """One RL step, in the order of the algorithm (docs/design.md §4.2)."""
+        a, G = self.cfg.algo, self.cfg.train.group_size
+        t_step = time.perf_counter()
+        batch = self._rollout()  # 1. P groups of G rollouts, sampled and scored
+        t_update = time.perf_counter()
+        rewards = batch.rewards.to(self.device)
+        # 2. advantages from the rewards (any estimator); GAPO's ε_high(i) from the *raw* group
+        #    rewards, so it composes with every estimator; c = successes in each rollout's group
+        extra = {"reward_range": a.reward_range} if a.advantage == "focal" else {}  # focal reads p̂ on that range
+        advantages = compute_advantages(a.advantage, rewards, G, **a.advantage_params, **extra)
+        eps_high_i = eps_high_for(a.eps_schedule, rewards, G, eps_low=a.eps_low, eps_high_max=a.eps_high_max,
+                                  reward_range=a.reward_range).to(self.device)
+        success = group_success_count(rewards, G, reward_range=a.reward_range)
+        # 3. behaviour log-probs log π_old (epoch 0's mini-batch order is drawn first: see there)
+        perm0 = torch.randperm(rewards.numel(), generator=self.gen, device=self.gen.device).to(self.device)
+        old_logp, entropy_sum = self._behaviour_logprobs(batch, perm0)
+        ref_logp = self._ref_logprobs(batch)
+        # 4. E epochs × M mini-batches of loss → backward → clip → step
+        upd = self._update(batch, advantages, eps_high_i, success, old_logp, ref_logp, perm0, entropy_sum)
+        self.sched.step()
+        self.step += 1
+        # 5. diagnostics
+        return self._step_metrics(batch, advantages, eps_high_i, upd, t_step, t_update)
+
+    def _rollout(self) -> rollout.Batch:
+        t, a = self.cfg.train, self.cfg.algo
+        make = lambda problems: rollout.sample_and_score(  # noqa: E731
+            problems, sample=self._sample, texts=lambda ro: ro.texts(self.tok), pad_id=self.tok.pad_token_id,
+            task=self.task, group_size=t.group_size, workers=self.cfg.task.scoring_workers,
+            reward_range=a.reward_range)
+        return rollout.collect(lambda: self._next_problems(t.prompts), make, n_groups=t.prompts,
+                               dynamic_sampling=a.dynamic_sampling, max_refill_rounds=a.max_refill_rounds,
+                               pad_id=self.tok.pad_token_id)
+
+    def _sample(self, problems: list):
+        G, s = self.cfg.train.group_size, self.cfg.sampling
+        prompts = [self._encode(p) for p in problems for _ in range(G)]
+        self.model.eval()
+        ro = sample(self.model, prompts, max_new_tokens=self.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                    eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id, generator=self.gen)
+        self.model.train()
+        return ro
+
+    def _logprobs(self, model, batch, rows=None):
+        ro, T = batch.rollout, batch.rollout.completion_ids.shape[1]
+        ids, attn = (ro.input_ids, ro.attention_mask) if rows is None else (ro.input_ids[rows], ro.attention_mask[rows])
+        return logprobs(model, ids, attn, T, temperature=self.cfg.sampling.temperature,
+                        entropy_grad=bool(self.cfg.algo.entropy_coef))
+
+    def _reuse_first_minibatch(self) -> bool:
+        return self.cfg.algo.old_logp == "recompute"
+
+    @torch.no_grad()
+    def _behaviour_logprobs(self, batch, perm0) -> tuple[torch.Tensor, float]:
+        """``old_logp`` (B, T) and the sum of token entropies under π_old counted so far.
+
+        ``algo.old_logp=sampler`` reuses the sampler's log-probs. ``recompute`` runs a no-grad
+        forward under π_old, but not for epoch 0's first mini-batch: that one is forwarded
+        under exactly π_old's parameters in ``_update`` (nothing has stepped yet), so its
+        ``logp.detach()`` *is* its old log-prob (as TRL does for num_iterations = 1). Its rows are
+        filled in there; with one mini-batch no extra pass is needed at all.
+        """
+        mask = batch.rollout.response_mask.float()
+        if not self._reuse_first_minibatch():
+            return batch.rollout.logp, 0.0
+        old_logp = torch.zeros(mask.shape, dtype=torch.float32, device=self.device)
+        rest = perm0[mask.shape[0] // self.cfg.train.mini_batches:]
+        entropy_sum = 0.0
+        if rest.numel():
+            lp, ent = self._logprobs(self.model, batch, rest)
+            old_logp[rest] = lp.float()
+            entropy_sum += float((ent * mask[rest]).sum())
+        return old_logp, entropy_sum
+
+    @torch.no_grad()
+    def _ref_logprobs(self, batch) -> torch.Tensor | None:
+        return self._logprobs(self.ref_model, batch)[0] if self.ref_model is not None else None
+
+    def _update(self, batch, advantages, eps_high_i, success, old_logp, ref_logp, perm0, entropy_sum) -> dict:
+        """E epochs × M mini-batch optimiser steps; returns the summed metrics and clip counts."""
+        a, t = self.cfg.algo, self.cfg.train
+        mask = batch.rollout.response_mask.float()
+        B = mask.shape[0]
+        mb = B // t.mini_batches
+        loss_fn, level, reuse = LOSSES[a.loss], RATIO_LEVEL[a.loss], self._reuse_first_minibatch()
+        sums: dict[str, float] = {}
+        counts: dict = {}
+        grad_norms = []
+        for epoch in range(t.epochs):
+            perm = perm0 if epoch == 0 else torch.randperm(B, generator=self.gen, device=self.gen.device).to(self.device)
+            for i in range(t.mini_batches):
+                rows = perm[i * mb : (i + 1) * mb]
+                m = mask[rows]
+                logp, ent = self._logprobs(self.model, batch, rows)
+                if epoch == 0 and (i == 0 or not reuse):  # entropy of π_old's samples (see _behaviour_logprobs)
+                    if reuse:
+                        old_logp[rows] = logp.detach().float()
+                    entropy_sum += float((ent.detach() * m).sum())
+                loss, metrics = loss_fn(logp, old_logp[rows], advantages[rows], m, eps_low=a.eps_low,
+                                        eps_high=eps_high_i[rows], agg=a.agg, clip_ratio_c=a.clip_ratio_c)
+                total = loss
+                if ref_logp is not None:
+                    kl_term = agg_loss(kl_estimate(logp, ref_logp[rows], a.kl_estimator), m, a.agg)
+                    total = total + a.kl_coef * kl_term
+                    metrics["loss/kl_ref"] = kl_term.detach()
+                if a.entropy_coef:
+                    total = total - a.entropy_coef * agg_loss(ent, m, a.agg)
+                self.opt.zero_grad(set_to_none=True)
+                total.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+                if not torch.isfinite(grad_norm):
+                    raise FloatingPointError(f"non-finite gradient norm at step {self.step + 1}; "
+                                             "lower optim.lr or check the rewards")
+                self.opt.step()
+                grad_norms.append(float(grad_norm))
+                metrics["loss/policy"], metrics["loss/total"] = loss.detach(), total.detach()
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                with torch.no_grad():  # clip diagnostics per group success count c (the paper's Fig. 2)
+                    ratio = torch.exp(log_ratio(logp.detach(), old_logp[rows], m, level))
+                    merge_counts(counts, clip_counts_by_c(ratio, advantages[rows], m, success[rows],
+                                                          eps_low=a.eps_low, eps_high=eps_high_i[rows]))
+        return {"sums": sums, "counts": counts, "grad_norms": grad_norms, "entropy_sum": entropy_sum}
+
+    def _step_metrics(self, batch, advantages, eps_high_i, upd, t_step, t_update) -> dict:
+        a = self.cfg.algo
+        rewards, mask = batch.rewards, batch.rollout.response_mask.float()
+        n_updates, n_tok = len(upd["grad_norms"]), float(mask.sum())
+        out = {"kind": "train", "step": self.step}
+        out.update({k: v / n_updates for k, v in upd["sums"].items()})
+        out["policy/entropy"] = upd["entropy_sum"] / max(n_tok, 1.0)
+        out["rollout/reward"] = float(rewards.mean())
+        # a success reaches R_max; under a "group"/"batch" range, gapo's verifiers' 1.0 (Task.score)
+        top = 1.0 if isinstance(a.reward_range, str) else a.reward_range[1]
+        out["rollout/pass_rate"] = float((rewards >= top).float().mean())
+        out["rollout/response_len"] = n_tok / mask.shape[0]
+        out["optim/lr"] = self.sched.get_last_lr()[0]
+        out["optim/grad_norm"] = sum(upd["grad_norms"]) / n_updates
+        if (advantages > 0).any():
+            out["clip/eps_high_pos_mean"] = float(eps_high_i[advantages > 0].mean())
+        counts = upd["counts"]
+        out.update(clip_stats_from_counts(counts))
+        pos_tok = sum(f["pos_tokens"] for f in counts.values())
+        out["clip/frac_high_pos"] = sum(f["pos_clipped"] for f in counts.values()) / pos_tok if pos_tok else 0.0
+        out.update(batch.info)
+        out.update({k: v for k, v in batch.stats.items() if k.startswith("reward/") and k != "reward/n"})
+        out["time/update_s"] = time.perf_counter() - t_update
+        out["time/step_s"] = time.perf_counter() - t_step
+        return out
+
+    # ------------------------------------------------------------------ evaluation, logging
+    def evaluate(self, *, progress: bool = False) -> dict:
+        e = self.cfg.eval
+        res = evaluate(self.model, self.tok, self.task, self.eval_problems, n=e.samples, temperature=e.temperature,
+                       max_new_tokens=self.max_new_tokens, seed=e.seed, progress=progress)
+        res.update(kind="eval", step=self.step)
+        return res
+
+    def log(self, record: dict) -> None:
+        self.folder.append_metrics(record)
+        self.trackers.log(record)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> None:
+        state = {
+            "step": self.step, "pos": self.pos, "order": self.order, "pool_size": len(self.pool),
+            "model": self.model.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
+            "py_rng": self.py_rng.getstate(), "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
+            "config": to_dict(self.cfg), "policy_path": self.policy_path,
+        }
+        # atomic: a crash or a full disk leaves the previous checkpoint intact and no temporary file
+        atomic_write(self.ckpt_path, lambda tmp: torch.save(state, tmp))
+
+    def _restore(self, state: dict, changes: dict) -> None:
+        """Load a checkpoint's state; config keys changed on resume are applied on top of it."""
+        try:
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["opt"])
+            self.sched.load_state_dict(state["sched"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise ValueError(f"cannot resume: {str(self.ckpt_path)!r} does not fit the model at "
+                             f"{str(self.policy_path)!r} ({e})") from None
+        self.py_rng.setstate(state["py_rng"])
+        self.gen.set_state(state["gen"])
+        torch.set_rng_state(state["torch_rng"])
+        self.step, self.pos, self.order = state["step"], state["pos"], state["order"]
+        if state.get("pool_size", len(self.pool)) != len(self.pool):  # resumed with other train.steps
+            self.pool = self.task.generate("train", state["pool_size"], self.cfg.train.seed)
+        if any(k.startswith("optim.") for k in changes):  # the optimiser state holds the old values
+            o = self.cfg.optim
+            self.sched.base_lrs = [o.lr for _ in self.opt.param_groups]
+            factor = self.sched.lr_lambdas[0](self.sched.last_epoch)
+            for g in self.opt.param_groups:
+                g.update(initial_lr=o.lr, lr=o.lr * factor, betas=o.betas, weight_decay=o.weight_decay)
+            self.sched._last_lr = [g["lr"] for g in self.opt.param_groups]
+
+    def save_policy(self) -> Path:
+        """``policy/`` written beside and swapped in, so a failed write keeps the previous one."""
+        final = self.run_dir / "policy"
+        tmp = self.run_dir / f".policy.{os.getpid()}.tmp"
+        old = self.run_dir / f".policy.{os.getpid()}.old"
+        try:
+            save_policy(self.model, self.tok, tmp)
+            if final.exists():
+                os.rename(final, old)
+            os.rename(tmp, final)
+        except OSError as e:
+            if old.exists() and not final.exists():
+                os.rename(old, final)
+            raise OSError(e.errno, f"cannot write the policy to {str(final)!r}: {e.strerror or e}") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self, *, stop_after: int | None = None) -> dict:
+        """Train to ``train.steps`` (or ``stop_after`` more steps, then checkpoint and return)."""
+        t, e_every = self.cfg.train, self.cfg.eval.every
+        bar, last_eval = None, None
+        try:
+            with self._stop_on_signals():
+                if self.step == 0 and self.eval_problems:
+                    last_eval = self.evaluate(progress=t.progress)
+                    self.log(last_eval)
+                bar = tqdm(total=t.steps, initial=self.step, desc=self.run_dir.name, unit="step",
+                           dynamic_ncols=True, disable=not t.progress)
+                say = bar.write if t.progress else (lambda _: None)
+                start = self.step
+                while self.step < t.steps:
+                    rec = self.train_step()
+                    self.log(rec)
+                    self.folder.settle()  # the new run is under way: the run it replaces can go
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{rec['rollout/reward']:.3f}", clip=f"{rec.get('loss/clipfrac', 0):.3f}",
+                                    kl=f"{rec.get('loss/approx_kl', 0):.1e}", ent=f"{rec['policy/entropy']:.2f}")
+                    done = self.step >= t.steps
+                    if self.eval_problems and (done or (e_every and self.step % e_every == 0)):
+                        last_eval = self.evaluate()
+                        self.log(last_eval)
+                        say(f"step {self.step}: " + "  ".join(
+                            f"{k[5:]}={v:.3f}" for k, v in last_eval.items() if k.startswith("eval/pass@")))
+                    stopping = self._stop or (stop_after is not None and self.step - start >= stop_after)
+                    if done or stopping or (t.checkpoint_every and self.step % t.checkpoint_every == 0):
+                        self.save_checkpoint()
+                    if stopping and not done:
+                        say(f"stopped at step {self.step}; checkpoint saved. Resume with --resume.")
+                        break
+                if self.step >= t.steps:
+                    self.save_policy()
+                self.folder.settle()
+        except BaseException:
+            self.folder.abort()  # failed before its first step: put back the run it was replacing
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            self.trackers.close()
+        return {"step": self.step, "eval": last_eval, "stopped": self._stop}
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self):
+        """SIGINT/SIGTERM set ``_stop`` (the loop finishes the step and checkpoints); a second
+        signal gives up at once. Only the main thread can install handlers."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal(signum, frame):
+            if self._stop:
+                signal.signal(signum, old[signum])
+                raise KeyboardInterrupt
+            self._stop = True
+
+        for s in old:
+            signal.signal(s, on_signal)
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
