@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from gapo import tasks
+from gapo.core.advantages import ADVANTAGES
+from gapo.core.aggregation import AGG_MODES
+from gapo.core.checks import unknown
+from gapo.core.clipping import EPS_SCHEDULES
+from gapo.core.losses import KL_ESTIMATORS, LOSSES
+from gapo.policy.base_policy import PRESETS
+from gapo.rl.config_io import coerce, diff, parse_value, read_yaml
+from gapo.rl.domains import DOMAINS, advantage_params, check_device, check_params, task_params
 
 __all__ = ["Config", "load_config", "apply_overrides", "to_dict", "from_dict", "diff", "DOMAINS"]
 
@@ -122,13 +127,6 @@ class Config:
         Checks that need the model (``sampling.max_new_tokens`` within its context) run when the
         trainer has loaded it, still before the run folder is touched.
         """
-        from gapo import tasks
-        from gapo.core.checks import unknown
-        from gapo.core.advantages import ADVANTAGES
-        from gapo.core.aggregation import AGG_MODES
-        from gapo.core.clipping import EPS_SCHEDULES
-        from gapo.core.losses import LOSSES
-
         where = self._where
         for key, check in DOMAINS.items():
             sec, name = key.split(".")
@@ -143,7 +141,7 @@ class Config:
                 ("algo.loss", "policy loss", a.loss, LOSSES),
                 ("algo.eps_schedule", "eps schedule", a.eps_schedule, EPS_SCHEDULES),
                 ("algo.agg", "aggregation mode", a.agg, AGG_MODES),
-                ("algo.kl_estimator", "kl estimator", a.kl_estimator, ("k1", "k3")),
+                ("algo.kl_estimator", "kl estimator", a.kl_estimator, KL_ESTIMATORS),
                 ("algo.old_logp", "old_logp source", a.old_logp, ("recompute", "sampler"))):
             if name not in known:
                 raise ValueError(f"{where(key)}: {unknown(kind, name, known)}")
@@ -161,7 +159,6 @@ class Config:
                              "leave it unset (none)")
         check_device(where("model.device"), self.model.device)
         if self.model.path is None:
-            from gapo.policy.base_policy import PRESETS
             if self.model.base_preset not in PRESETS:
                 raise ValueError(f"{where('model.base_preset')}: {unknown('base-policy preset', self.model.base_preset, PRESETS)}")
             if self.task.name != "countdown":
@@ -175,151 +172,6 @@ class Config:
         return f"{key} ({src})" if src else key
 
 
-# ------------------------------------------------------------------------------ value domains
-def _num(lo=None, hi=None, *, lo_open=False, hi_open=False, optional=False, integer=False):
-    """A domain check: ``value -> None`` when accepted, else what is accepted and what was given."""
-    parts = []
-    if lo is not None:
-        parts.append(f"{'>' if lo_open else '>='} {lo}")
-    if hi is not None:
-        parts.append(f"{'<' if hi_open else '<='} {hi}")
-    kind = "an integer" if integer else "a finite number"
-    text = f"must be {kind}{' ' + ' and '.join(parts) if parts else ''}{' or none' if optional else ''}"
-
-    def check(v):
-        if v is None:
-            return None if optional else f"{text}, got none"
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            return f"{text}, got {v!r}"
-        bad = ((lo is not None and (v <= lo if lo_open else v < lo))
-               or (hi is not None and (v >= hi if hi_open else v > hi)))
-        return f"{text}, got {v!r}" if bad else None
-    return check
-
-
-def _pair(check, what: str):
-    def pair(v):
-        for x in v:
-            problem = check(x)
-            if problem:
-                return f"{what}: each {problem}"
-        return None
-    return pair
-
-
-def _reward_range(v):
-    if isinstance(v, str):
-        return None if v in ("group", "batch") else f"must be [R_min, R_max], 'group' or 'batch', got {v!r}"
-    lo, hi = v
-    if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
-        return f"must be [R_min, R_max] with finite R_min < R_max, 'group' or 'batch', got {list(v)}"
-    return None
-
-
-_INT_MAX = 2**31 - 1  # anything larger is a typo, and would overflow torch's index types
-DOMAINS = {
-    "task.train_size": _num(1, _INT_MAX, integer=True),
-    "task.scoring_workers": _num(0, 256, integer=True),
-    "model.threads": _num(1, 1024, integer=True, optional=True),
-    "sampling.temperature": _num(0, 100, lo_open=True),
-    "sampling.top_p": _num(0, 1, lo_open=True),
-    "sampling.max_new_tokens": _num(1, 2**20, integer=True, optional=True),
-    "algo.eps_low": _num(0, 1, hi_open=True),
-    "algo.eps_high_max": _num(0, 100),
-    "algo.reward_range": _reward_range,
-    "algo.clip_ratio_c": _num(1, None, lo_open=True, optional=True),
-    "algo.kl_coef": _num(0),
-    "algo.entropy_coef": _num(0),
-    "algo.max_refill_rounds": _num(0, 1000, integer=True),
-    "optim.lr": _num(0, 1, lo_open=True),
-    "optim.weight_decay": _num(0),
-    "optim.betas": _pair(_num(0, 1, hi_open=True), "two values"),
-    "optim.warmup_steps": _num(0, _INT_MAX, integer=True),
-    "optim.grad_clip": _num(0, None, lo_open=True),
-    "train.steps": _num(0, _INT_MAX, integer=True),
-    "train.prompts": _num(1, 2**20, integer=True),
-    "train.group_size": _num(2, 2**16, integer=True),
-    "train.mini_batches": _num(1, 2**20, integer=True),
-    "train.epochs": _num(1, 10_000, integer=True),
-    "train.seed": _num(0, 2**63 - 1, integer=True),
-    "train.checkpoint_every": _num(0, _INT_MAX, integer=True),
-    "eval.every": _num(0, _INT_MAX, integer=True),
-    "eval.problems": _num(0, 2**20, integer=True),
-    "eval.samples": _num(1, 2**16, integer=True),
-    "eval.temperature": _num(0, 100, lo_open=True),
-    "eval.seed": _num(0, 2**63 - 1, integer=True),
-}
-
-
-def advantage_params(name: str) -> set[str] | None:
-    """The keyword parameters estimator ``name`` accepts (focal: its own plus its base's)."""
-    from gapo.core.advantages import ADVANTAGES
-
-    fn = ADVANTAGES.get(name)
-    if fn is None:
-        return None
-    out = _keyword_names(fn, keyword_only=True) - {"reward_range"}
-    if name == "focal":  # focal passes the rest on to its base estimator
-        out |= {n for b in ADVANTAGES if b != "focal" for n in _keyword_names(ADVANTAGES[b], keyword_only=True)}
-    return out
-
-
-def task_params(name: str) -> set[str] | None:
-    """The constructor parameters of task ``name`` (walking up ``**kwargs`` to the base class)."""
-    from gapo import tasks
-
-    try:
-        cls = tasks.factory(name)
-    except ImportError:  # the task's extra is missing: its own error comes when it is built
-        return None
-    return _keyword_names(cls)
-
-
-def _keyword_names(obj, *, keyword_only: bool = False) -> set[str]:
-    import inspect
-
-    names: set[str] = set()
-    kinds = (inspect.Parameter.KEYWORD_ONLY,) if keyword_only else (
-        inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    targets = [c.__init__ for c in obj.__mro__ if "__init__" in vars(c)] if isinstance(obj, type) else [obj]
-    for fn in targets:
-        params = inspect.signature(fn).parameters.values()
-        names |= {p.name for p in params if p.kind in kinds and p.name != "self"}
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    return names
-
-
-def check_params(key: str, params: dict, accepted: set[str] | None) -> None:
-    """Unknown entries of a dict-valued parameter are errors, with close matches."""
-    if accepted is None:
-        return
-    for k in params:
-        if k not in accepted:
-            close = difflib.get_close_matches(str(k), accepted, n=3)
-            hint = f" Did you mean {' or '.join(close)}?" if close else ""
-            raise ValueError(f"{key}: unknown entry {k!r}; accepted: {sorted(accepted)}.{hint}")
-
-
-def check_device(key: str, device: str) -> None:
-    """The device parses and exists on this machine."""
-    import torch
-
-    try:
-        d = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"{key}: {device!r} is not a device name (cpu, cuda, cuda:1, mps): {e}") from None
-    if d.type == "cpu":
-        return
-    backend = getattr(torch, d.type, None) if d.type != "mps" else torch.backends.mps
-    available = bool(backend is not None and getattr(backend, "is_available", lambda: False)())
-    if not available:
-        raise ValueError(f"{key}: device {device!r} is not available on this machine; use model.device=cpu")
-    count = getattr(backend, "device_count", lambda: 1)()
-    if d.index is not None and d.index >= count:
-        raise ValueError(f"{key}: device {device!r} does not exist; this machine has {count} {d.type} device(s)")
-
-
 # ------------------------------------------------------------------------------ (de)serialisation
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
@@ -327,55 +179,6 @@ def to_dict(cfg) -> dict:
 
 def _section_types(cls) -> dict:
     return typing.get_type_hints(cls)
-
-
-def _coerce(value, tp, key: str):
-    """Coerce ``value`` (from YAML or a ``key=value`` string) to the annotated type ``tp``."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):  # X | None
-        if type(None) in args and (value is None or (isinstance(value, str) and value.lower() in ("none", "null"))):
-            return None
-        for a in args:
-            if a is not type(None):
-                try:
-                    return _coerce(value, a, key)
-                except ValueError:
-                    pass
-        raise ValueError(f"{key}: cannot interpret {value!r} as {tp}")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ValueError(f"{key}: expected true/false, got {value!r}")
-    if tp in (int, float):
-        if isinstance(value, bool):
-            raise ValueError(f"{key}: expected {tp.__name__}, got {value!r}")
-        try:
-            out = tp(value) if not isinstance(value, str) else tp(float(value)) if tp is float else int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{key}: expected {tp.__name__}, got {value!r}") from None
-        if tp is int and isinstance(value, float) and value != int(value):
-            raise ValueError(f"{key}: expected int, got {value!r}")
-        return out
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{key}: expected a string, got {value!r}")
-        return value
-    if origin is tuple:
-        if isinstance(value, str):
-            value = _yaml(value)
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ValueError(f"{key}: expected a list of {len(args)} values, got {value!r}")
-        return tuple(_coerce(v, a, key) for v, a in zip(value, args))
-    if tp is dict or origin is dict:
-        if isinstance(value, str):
-            value = _yaml(value)
-        if not isinstance(value, dict):
-            raise ValueError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
-    return value
 
 
 def _unknown_key(key: str, known) -> ValueError:
@@ -412,10 +215,10 @@ def set_key(cfg: Config, key: str, value) -> None:
             raise _unknown_key(key, _all_keys())
         target = getattr(section, parts[1])
         if isinstance(value, str):
-            value = _yaml(value)
+            value = parse_value(value)
         target[".".join(parts[2:])] = value
         return
-    setattr(section, parts[1], _coerce(value, hints[parts[1]], key))
+    setattr(section, parts[1], coerce(value, hints[parts[1]], key))
 
 
 def from_dict(d: dict, *, migrate: bool = False) -> Config:
@@ -442,71 +245,6 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
         k, v = item.split("=", 1)
         set_key(cfg, k.strip(), v)
     return cfg
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe YAML loader for which a repeated key in one mapping is an error, not a silent
-    last-one-wins."""
-
-
-def _mapping_without_duplicates(loader, node, deep=False):
-    seen: dict = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        line = key_node.start_mark.line + 1
-        if key in seen:
-            raise ValueError(f"line {line}: duplicate key {key!r} (first set at line {seen[key]})")
-        seen[key] = line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-# YAML 1.1 reads ``1e-4`` (no dot) as a string; in a config that is always a number
-_UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
-
-
-def _yaml(text: str):
-    return yaml.load(text, Loader=_UniqueKeyLoader)
-
-
-def _key_lines(text: str) -> dict[str, int]:
-    """``section.key -> line`` of a config file's two top levels (for messages)."""
-    out: dict[str, int] = {}
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    if not isinstance(root, yaml.MappingNode):
-        return out
-    for sec_key, sec in root.value:
-        out[str(sec_key.value)] = sec_key.start_mark.line + 1
-        if isinstance(sec, yaml.MappingNode):
-            for k, _ in sec.value:
-                out[f"{sec_key.value}.{k.value}"] = k.start_mark.line + 1
-    return out
-
-
-def read_yaml(path: str | Path) -> tuple[dict, dict[str, int]]:
-    """A YAML config file as ``(data, key -> line)``; errors name the file and the line."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"config file {str(p)!r} does not exist" + (" (it is a folder)" if p.is_dir() else ""))
-    raw = p.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise ValueError(f"config file {str(p)!r}, line {line}: not UTF-8 text (byte {raw[e.start]:#04x} at "
-                         f"offset {e.start}); save the file as UTF-8") from None
-    try:
-        data = _yaml(text)
-        lines = _key_lines(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f", line {mark.line + 1}" if mark is not None else ""
-        raise ValueError(f"config file {str(p)!r}{at}: not valid YAML: {e}") from None
-    except ValueError as e:
-        raise ValueError(f"config file {str(p)!r}, {e}") from None
-    return (data if data is not None else {}), lines
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
@@ -539,24 +277,3 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         sources[item.split("=", 1)[0].strip()] = "command line"
     object.__setattr__(cfg, "_sources", sources)
     return cfg.validate()
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    """``{"algo": {"eps_low": 0.2}} -> {"algo.eps_low": 0.2}`` (dict-valued params flattened too)."""
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            sub = flatten(v, key + ".")
-            out.update(sub if sub else {key: {}})
-        else:
-            out[key] = list(v) if isinstance(v, tuple) else v
-    return out
-
-
-def diff(old: dict, new: dict) -> dict[str, tuple]:
-    """Keys whose values differ between two config dicts: ``key -> (old, new)``."""
-    a, b = flatten(old), flatten(new)
-    missing = object()
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
-            if a.get(k, missing) != b.get(k, missing)}

@@ -16,8 +16,10 @@ from __future__ import annotations
 import time
 
 import torch
+from tqdm.auto import tqdm
 
 from gapo.core.metrics import first_move_entropy, pass_at_k_curve
+from gapo.policy.sampling import sample
 from gapo.tasks.scoring import score_checked
 
 __all__ = ["evaluate"]
@@ -38,8 +40,6 @@ def evaluate(
     progress: bool = False,
 ) -> dict:
     """Evaluate ``model`` on ``problems`` with ``n`` samples each; see the module docstring."""
-    from gapo.policy.sampling import sample
-
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()
@@ -49,10 +49,7 @@ def evaluate(
     flat = [j for j in range(len(problems)) for _ in range(n)]
     texts: list[list[str]] = [[] for _ in problems]
     tok_sum, logp_sum = 0.0, 0.0
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(flat), desc="eval", unit="sample", leave=False)
+    bar = tqdm(total=len(flat), desc="eval", unit="sample", leave=False, disable=not progress)
     for s in range(0, len(flat), batch_size):
         rows = flat[s : s + batch_size]
         r = sample(model, [prompts[j] for j in rows], max_new_tokens=max_new_tokens, temperature=temperature,
@@ -61,14 +58,23 @@ def evaluate(
             texts[j].append(text)
         tok_sum += float(r.response_mask.sum())
         logp_sum += float((r.logp * r.response_mask).sum())
-        if bar:
-            bar.update(len(rows))
-    if bar:
-        bar.close()
+        bar.update(len(rows))
+    bar.close()
     model.train(was_training)
+    out, correct = _score_and_summarise(task, problems, texts, n)
+    out["eval/response_len"] = tok_sum / max(len(flat), 1)
+    out["eval/entropy_proxy"] = -logp_sum / max(tok_sum, 1.0)
+    out["eval/n"] = n
+    out["eval/problems"] = len(problems)
+    out["eval/correct"] = correct
+    out["time/eval_s"] = time.perf_counter() - t0
+    return out
 
-    # each sample scored once; a task that raises or returns a non-finite reward is a ValueError
-    # naming the task and the problem (gapo.tasks.scoring), not a bare traceback
+
+def _score_and_summarise(task, problems: list, texts: list[list[str]], n: int) -> tuple[dict, list[int]]:
+    """pass@k, first-move diversity and coverage of ``texts[j]`` (problem j's n samples), and the
+    number of correct samples per problem. Each sample is scored once; a task that raises or returns a non-finite reward is a
+    ValueError naming the task and the problem (gapo.tasks.scoring), not a bare traceback."""
     ok = [[score_checked(task, problems, j, t) > 0 for t in ts] for j, ts in enumerate(texts)]
     correct = [sum(o) for o in ok]
     out: dict = {f"eval/pass@{k}": v for k, v in pass_at_k_curve(n, correct).items()}
@@ -82,10 +88,4 @@ def evaluate(
             found = {task.canonical(t, p) for t, o in zip(ts, os_) if o} - {None}
             shares.append(len(found & set(sols)) / len(sols) if sols else 0.0)
         out["eval/coverage"] = sum(shares) / max(len(shares), 1)
-    out["eval/response_len"] = tok_sum / max(len(flat), 1)
-    out["eval/entropy_proxy"] = -logp_sum / max(tok_sum, 1.0)
-    out["eval/n"] = n
-    out["eval/problems"] = len(problems)
-    out["eval/correct"] = correct
-    out["time/eval_s"] = time.perf_counter() - t0
-    return out
+    return out, correct

@@ -1,0 +1,151 @@
+"""The domain of every config value, and the checks of dict-valued params against what the
+component accepts (docs/design.md §8). ``gapo.rl.config.Config.validate`` applies them."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+
+import torch
+
+from gapo import tasks
+from gapo.core.advantages import ADVANTAGES
+
+__all__ = ["DOMAINS", "advantage_params", "task_params", "check_params", "check_device"]
+
+
+def _num(lo=None, hi=None, *, lo_open=False, hi_open=False, optional=False, integer=False):
+    """A domain check: ``value -> None`` when accepted, else what is accepted and what was given."""
+    parts = []
+    if lo is not None:
+        parts.append(f"{'>' if lo_open else '>='} {lo}")
+    if hi is not None:
+        parts.append(f"{'<' if hi_open else '<='} {hi}")
+    kind = "an integer" if integer else "a finite number"
+    text = f"must be {kind}{' ' + ' and '.join(parts) if parts else ''}{' or none' if optional else ''}"
+
+    def check(v):
+        if v is None:
+            return None if optional else f"{text}, got none"
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return f"{text}, got {v!r}"
+        bad = ((lo is not None and (v <= lo if lo_open else v < lo))
+               or (hi is not None and (v >= hi if hi_open else v > hi)))
+        return f"{text}, got {v!r}" if bad else None
+    return check
+
+
+def _pair(check, what: str):
+    def pair(v):
+        for x in v:
+            problem = check(x)
+            if problem:
+                return f"{what}: each {problem}"
+        return None
+    return pair
+
+
+def _reward_range(v):
+    if isinstance(v, str):
+        return None if v in ("group", "batch") else f"must be [R_min, R_max], 'group' or 'batch', got {v!r}"
+    lo, hi = v
+    if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
+        return f"must be [R_min, R_max] with finite R_min < R_max, 'group' or 'batch', got {list(v)}"
+    return None
+
+
+_INT_MAX = 2**31 - 1  # anything larger is a typo, and would overflow torch's index types
+DOMAINS = {
+    "task.train_size": _num(1, _INT_MAX, integer=True),
+    "task.scoring_workers": _num(0, 256, integer=True),
+    "model.threads": _num(1, 1024, integer=True, optional=True),
+    "sampling.temperature": _num(0, 100, lo_open=True),
+    "sampling.top_p": _num(0, 1, lo_open=True),
+    "sampling.max_new_tokens": _num(1, 2**20, integer=True, optional=True),
+    "algo.eps_low": _num(0, 1, hi_open=True),
+    "algo.eps_high_max": _num(0, 100),
+    "algo.reward_range": _reward_range,
+    "algo.clip_ratio_c": _num(1, None, lo_open=True, optional=True),
+    "algo.kl_coef": _num(0),
+    "algo.entropy_coef": _num(0),
+    "algo.max_refill_rounds": _num(0, 1000, integer=True),
+    "optim.lr": _num(0, 1, lo_open=True),
+    "optim.weight_decay": _num(0),
+    "optim.betas": _pair(_num(0, 1, hi_open=True), "two values"),
+    "optim.warmup_steps": _num(0, _INT_MAX, integer=True),
+    "optim.grad_clip": _num(0, None, lo_open=True),
+    "train.steps": _num(0, _INT_MAX, integer=True),
+    "train.prompts": _num(1, 2**20, integer=True),
+    "train.group_size": _num(2, 2**16, integer=True),
+    "train.mini_batches": _num(1, 2**20, integer=True),
+    "train.epochs": _num(1, 10_000, integer=True),
+    "train.seed": _num(0, 2**63 - 1, integer=True),
+    "train.checkpoint_every": _num(0, _INT_MAX, integer=True),
+    "eval.every": _num(0, _INT_MAX, integer=True),
+    "eval.problems": _num(0, 2**20, integer=True),
+    "eval.samples": _num(1, 2**16, integer=True),
+    "eval.temperature": _num(0, 100, lo_open=True),
+    "eval.seed": _num(0, 2**63 - 1, integer=True),
+}
+
+
+def advantage_params(name: str) -> set[str] | None:
+    """The keyword parameters estimator ``name`` accepts (focal: its own plus its base's)."""
+    fn = ADVANTAGES.get(name)
+    if fn is None:
+        return None
+    out = _keyword_names(fn, keyword_only=True) - {"reward_range"}
+    if name == "focal":  # focal passes the rest on to its base estimator
+        out |= {n for b in ADVANTAGES if b != "focal" for n in _keyword_names(ADVANTAGES[b], keyword_only=True)}
+    return out
+
+
+def task_params(name: str) -> set[str] | None:
+    """The constructor parameters of task ``name`` (walking up ``**kwargs`` to the base class)."""
+    try:
+        cls = tasks.factory(name)
+    except ImportError:  # the task's extra is missing: its own error comes when it is built
+        return None
+    return _keyword_names(cls)
+
+
+def _keyword_names(obj, *, keyword_only: bool = False) -> set[str]:
+    names: set[str] = set()
+    kinds = (inspect.Parameter.KEYWORD_ONLY,) if keyword_only else (
+        inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    targets = [c.__init__ for c in obj.__mro__ if "__init__" in vars(c)] if isinstance(obj, type) else [obj]
+    for fn in targets:
+        params = inspect.signature(fn).parameters.values()
+        names |= {p.name for p in params if p.kind in kinds and p.name != "self"}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def check_params(key: str, params: dict, accepted: set[str] | None) -> None:
+    """Unknown entries of a dict-valued parameter are errors, with close matches."""
+    if accepted is None:
+        return
+    for k in params:
+        if k not in accepted:
+            close = difflib.get_close_matches(str(k), accepted, n=3)
+            hint = f" Did you mean {' or '.join(close)}?" if close else ""
+            raise ValueError(f"{key}: unknown entry {k!r}; accepted: {sorted(accepted)}.{hint}")
+
+
+def check_device(key: str, device: str) -> None:
+    """The device parses and exists on this machine."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{key}: {device!r} is not a device name (cpu, cuda, cuda:1, mps): {e}") from None
+    if d.type == "cpu":
+        return
+    backend = getattr(torch, d.type, None) if d.type != "mps" else torch.backends.mps
+    available = bool(backend is not None and getattr(backend, "is_available", lambda: False)())
+    if not available:
+        raise ValueError(f"{key}: device {device!r} is not available on this machine; use model.device=cpu")
+    count = getattr(backend, "device_count", lambda: 1)()
+    if d.index is not None and d.index >= count:
+        raise ValueError(f"{key}: device {device!r} does not exist; this machine has {count} {d.type} device(s)")
