@@ -1,0 +1,204 @@
+"""Fast forward passes for Llama/Qwen2 causal LMs: ``_FastLM``, used by ``gapo.policy.sampling``
+for KV-cached decoding and for log-prob recomputation (BENCHMARKS.md, section 2).
+
+It reproduces the Hugging Face forward op for op with a preallocated KV cache and computes
+each distinct prompt once; tokens and log-probs are bit-identical to ``model.forward``
+(tests/test_sampling.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    # Left padding: the first real token is position 0 in every row.
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+
+# Decoder-layer classes whose forward the fast path below reproduces op for op (transformers 5.x).
+_FAST_LAYOUTS = {
+    "LlamaForCausalLM": ("LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"),
+    "Qwen2ForCausalLM": ("Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm"),
+}
+
+
+def _has_hooks(module) -> bool:
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
+
+
+class _FastLM:
+    """Llama/Qwen2 forward passes without the per-call machinery of ``model.forward`` (output
+    capturing, mask construction, ``DynamicCache`` concatenation), which dominates a decoding
+    step of a small model, and with each distinct prompt computed once (GRPO samples G
+    completions per prompt, so a batch holds every prompt G times).
+
+    It calls the model's own embedding, norm, projection, MLP and rotary modules in the order
+    of the Hugging Face forward and attends with ``scaled_dot_product_attention``; rows are
+    independent, so sharing a prompt's keys and values between its copies computes the same
+    function (and, under autograd, the same gradient: the copies' gradients are summed into the
+    shared prompt activations). tests/test_sampling.py checks it against ``model.forward``.
+    ``build`` returns ``None`` for any other layout (sliding windows, hooks, adapters, quantised
+    or custom modules, attention dropout in training mode, gradient checkpointing); callers then
+    use ``model.forward``.
+
+    Decoding (``prefill`` / ``step`` / ``select``) keeps keys and values in preallocated
+    buffers and runs without autograd; ``hidden`` (training and log-prob recomputation) is
+    autograd-safe.
+    """
+
+    can_select = True  # decoding rows can always leave the preallocated cache
+
+    @classmethod
+    def build(cls, model):
+        names = _FAST_LAYOUTS.get(type(model).__name__)
+        base = getattr(model, "model", None)
+        cfg = model.config
+        if names is None or base is None or type(base.norm).__name__ != names[3] or _has_hooks(model):
+            return None
+        if any(lt != "full_attention" for lt in (getattr(cfg, "layer_types", None) or ())):
+            return None
+        if getattr(cfg, "final_logit_softcapping", None) or type(model.lm_head) is not torch.nn.Linear:
+            return None
+        if model.training and (getattr(cfg, "attention_dropout", 0.0) or getattr(model, "is_gradient_checkpointing", False)):
+            return None
+        for layer in base.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            if (type(layer).__name__, type(at).__name__, type(mlp).__name__) != names[:3]:
+                return None
+            if type(layer.input_layernorm).__name__ != names[3] or type(layer.post_attention_layernorm).__name__ != names[3]:
+                return None
+            if any(type(m) is not torch.nn.Linear for m in (at.q_proj, at.k_proj, at.v_proj, at.o_proj,
+                                                             mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+                return None
+        return cls(model)
+
+    def __init__(self, model):
+        base = model.model
+        self.embed, self.norm, self.rotary, self.head = base.embed_tokens, base.norm, base.rotary_emb, model.lm_head
+        self.layers = list(base.layers)
+        at = self.layers[0].self_attn
+        self.head_dim, self.scaling, self.n_rep = at.head_dim, at.scaling, at.num_key_value_groups
+
+    # ---------------------------------------------------------------- one decoder layer, in two halves
+    def _qkv(self, layer, x, cos, sin):
+        at = layer.self_attn
+        h = layer.input_layernorm(x)
+        shape = (*x.shape[:-1], -1, self.head_dim)
+        q = at.q_proj(h).view(shape).transpose(1, 2)
+        k = at.k_proj(h).view(shape).transpose(1, 2)
+        v = at.v_proj(h).view(shape).transpose(1, 2)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def _rest(self, layer, x, q, K, V, mask):
+        if self.n_rep > 1:
+            K, V = _repeat_kv(K, self.n_rep), _repeat_kv(V, self.n_rep)
+        o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling)
+        x = x + layer.self_attn.o_proj(o.transpose(1, 2).reshape(*x.shape[:-1], -1))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _rope(self, x, pos):
+        cos, sin = self.rotary(x, pos)  # (b, q, d), as the model computes it
+        return cos[:, None], sin[:, None]
+
+    @staticmethod
+    def _causal(key_ok, n_past):
+        # (b, 1, q, n_past + q) bool: all valid past keys, then causal over the new ones; a
+        # padding query may also see itself, so that every softmax row is finite
+        b, q = key_ok.shape[0], key_ok.shape[1] - n_past
+        dev = key_ok.device
+        new = torch.ones(q, q, dtype=torch.bool, device=dev).tril()[None] & key_ok[:, None, n_past:]
+        new = new | torch.eye(q, dtype=torch.bool, device=dev)
+        return torch.cat([key_ok[:, None, :n_past].expand(b, q, n_past), new], -1)[:, None]
+
+    def _prompts(self, ids, mask):
+        """Forward the distinct rows of (ids, mask); returns (inverse (B,), hidden (u, P, H), [(k, v)] per layer)."""
+        u, inv = torch.unique(torch.cat([ids, mask.to(ids.dtype)], 1), dim=0, return_inverse=True)
+        if u.shape[0] == ids.shape[0]:
+            inv = None
+        else:
+            ids, mask = u[:, : ids.shape[1]], u[:, ids.shape[1] :]
+        x = self.embed(ids)
+        cos, sin = self._rope(x, _positions(mask))
+        m = self._causal(mask.bool(), 0)
+        kvs = []
+        for layer in self.layers:
+            q, k, v = self._qkv(layer, x, cos, sin)
+            x = self._rest(layer, x, q, k, v, m)
+            kvs.append((k, v))
+        return inv, x, kvs
+
+    # ---------------------------------------------------------------- training / log-prob recomputation
+    def hidden(self, input_ids, attention_mask, T):
+        """Final-normed hidden states (B, T, H) of positions L-T-1 … L-2 (those that predict
+        the response), as ``model.model(...).last_hidden_state[:, L-T-1 : L-1]``."""
+        B, L = input_ids.shape
+        P = L - T
+        inv, hp, kvs = self._prompts(input_ids[:, :P], attention_mask[:, :P])
+        take = (lambda t: t) if inv is None else (lambda t: t[inv])
+        last = take(hp[:, -1:])
+        if T == 1:
+            return self.norm(last)
+        ids, key_ok = input_ids[:, P : L - 1], attention_mask[:, : L - 1].bool()
+        x = self.embed(ids)
+        cos, sin = self._rope(x, _positions(attention_mask)[:, P : L - 1])
+        m = self._causal(key_ok, P)
+        for layer, (pk, pv) in zip(self.layers, kvs):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            x = self._rest(layer, x, q, torch.cat([take(pk), k], 2), torch.cat([take(pv), v], 2), m)
+        return self.norm(torch.cat([last, x], 1))
+
+    # ---------------------------------------------------------------- decoding
+    def prefill(self, ids, mask, pos, n_new):
+        """Run the left-padded prompts; returns the last position's logits (B, V)."""
+        B, P = ids.shape
+        inv, x, kvs = self._prompts(ids, mask)
+        # cos/sin for every position decoding can reach (a table lookup is bit-identical to
+        # calling the rotary module per step: each entry is one product inv_freq · position)
+        cos, sin = self.rotary(x, torch.arange(int(pos.max()) + n_new + 1, device=ids.device)[None])
+        self.cos, self.sin = cos[0], sin[0]
+        kv = kvs[0][0].shape[1]
+        self.k, self.v = [], []
+        for k, v in kvs:
+            K = k.new_zeros(B, kv, P + n_new, self.head_dim)
+            V = v.new_zeros(B, kv, P + n_new, self.head_dim)
+            K[:, :, :P] = k if inv is None else k[inv]
+            V[:, :, :P] = v if inv is None else v[inv]
+            self.k.append(K)
+            self.v.append(V)
+        self.key_ok = torch.ones(B, P + n_new, dtype=torch.bool, device=ids.device)
+        self.key_ok[:, :P] = mask.bool()
+        self.len = P
+        last = x[:, -1:] if inv is None else x[inv, -1:]
+        return self.head(self.norm(last))[:, 0]
+
+    def step(self, tok, pos):
+        """Feed one token per row (b,) at positions pos (b, 1); returns logits (b, V)."""
+        x = self.embed(tok[:, None])
+        cos, sin = self.cos[pos][:, None].to(x.dtype), self.sin[pos][:, None].to(x.dtype)
+        t = self.len
+        m = self.key_ok[:, None, None, : t + 1]
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            self.k[i][:, :, t] = k[:, :, 0]
+            self.v[i][:, :, t] = v[:, :, 0]
+            x = self._rest(layer, x, q, self.k[i][:, :, : t + 1], self.v[i][:, :, : t + 1], m)
+        self.len = t + 1
+        return self.head(self.norm(x))[:, 0]
+
+    def select(self, keep):
+        self.k = [k[keep] for k in self.k]
+        self.v = [v[keep] for v in self.v]
+        self.key_ok = self.key_ok[keep]
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _repeat_kv(x, n_rep):
+    b, kv, s, d = x.shape
+    return x[:, :, None].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
