@@ -1,6 +1,6 @@
 """The embedded base policy: a character-level tokenizer and a tiny Hugging Face causal LM.
 
-No model hub is reachable where gapo is built and tested (DESIGN §5), so the default policy is
+No model hub is reachable where gapo is built and tested (docs/design.md §9), so the default policy is
 made locally: a real ``transformers`` ``LlamaForCausalLM`` with a few hundred thousand to a few
 million parameters, and a real ``PreTrainedTokenizerFast`` whose vocabulary is one token per
 character of the task's alphabet plus ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>``.
@@ -20,11 +20,20 @@ import os
 from pathlib import Path
 
 import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
+                          PreTrainedTokenizerFast)
+from transformers.utils import logging as hf_logging
+
+try:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+except ImportError:  # pragma: no cover - layout of older transformers
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = None
 
 MARKER = "gapo_policy.json"
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>"}
 
-# name -> LlamaConfig overrides. "tiny" is DESIGN §5's reference point: hidden 128, 4 layers,
+# name -> LlamaConfig overrides. "tiny" is the reference point of docs/design.md §9: hidden 128, 4 layers,
 # ≈0.86M parameters with a ~22-character vocabulary.
 PRESETS: dict[str, dict] = {
     "micro": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2),
@@ -40,9 +49,6 @@ def build_tokenizer(alphabet: str):
     Encoding a string yields ``<bos>`` followed by one id per character (use
     ``add_special_tokens=False`` for a completion); decoding concatenates characters.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
     chars = list(dict.fromkeys(alphabet))
     if not chars:
         raise ValueError("alphabet must contain at least one character")
@@ -68,8 +74,6 @@ def build_model(vocab_size: int, preset: str = "tiny", *, seed: int | None = 0, 
     ``overrides`` go into ``LlamaConfig`` (e.g. ``max_position_embeddings``). Special-token ids
     follow ``build_tokenizer`` (pad 0, bos 1, eos 2).
     """
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; known presets: {sorted(PRESETS)}")
     kw = dict(
@@ -98,15 +102,12 @@ class _quiet_hf:
     """Silence transformers' per-call progress bars ("Loading weights", "Writing shards")."""
 
     def __enter__(self):
-        from transformers.utils import logging as hf_logging
-
-        self._log = hf_logging
         self._was = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()
 
     def __exit__(self, *exc):
         if self._was:
-            self._log.enable_progress_bar()
+            hf_logging.enable_progress_bar()
 
 
 def n_params(model) -> int:
@@ -150,8 +151,6 @@ def read_marker(path: str | os.PathLike) -> dict | None:
 
 
 def _load_tokenizer(path: str, marker: dict | None):
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
     if marker is not None:
         tok_file = Path(path) / "tokenizer.json"
         if not tok_file.is_file():
@@ -175,8 +174,6 @@ def load_policy(path_or_id: str | os.PathLike, device: str | torch.device = "cpu
     Raises ``ValueError`` when the path does not exist (and is not a hub-id-shaped string) or
     does not hold a causal LM. The model is returned in eval mode on ``device``.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     name = str(path_or_id)
     local = Path(name).expanduser()
     is_local = local.exists()
@@ -194,10 +191,6 @@ def load_policy(path_or_id: str | os.PathLike, device: str | torch.device = "cpu
         config = AutoConfig.from_pretrained(name)
     except Exception as e:  # hub unreachable, bad id, corrupt config
         raise ValueError(f"cannot load a model config from {name!r}: {e}") from e
-    try:
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    except ImportError:  # pragma: no cover - layout of older transformers
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES = None
     if MODEL_FOR_CAUSAL_LM_MAPPING_NAMES is not None and config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ValueError(
             f"{name!r} holds a {config.model_type!r} model, which is not a causal language model"
