@@ -22,13 +22,15 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import random
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
+
+from gapo import tasks
+from gapo.policy.model import build_model, build_tokenizer
 
 FORMAT_VERSION = 2  # 2: time budget counts process CPU time
 
@@ -85,8 +87,6 @@ class _Batcher:
     """Draws problems from the mix and encodes ``<bos> prompt demo <eos>`` right-padded."""
 
     def __init__(self, cfg: PretrainConfig, tok, seed: int):
-        from gapo import tasks
-
         self.tasks = [tasks.get(cfg.task, **params) for params, _ in cfg.sft_mix]
         self.weights = [float(w) for _, w in cfg.sft_mix]
         self.pools = [t.generate("train", cfg.pool_size, seed=seed) for t in self.tasks]
@@ -159,9 +159,6 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50,
     ``callback(step, model, tok)``, if given, runs every ``log_every`` steps (e.g. to evaluate;
     it must leave the model in train mode and not touch the RNGs it does not own).
     """
-    from gapo import tasks
-    from gapo.policy.model import build_model, build_tokenizer
-
     if cfg.max_steps < 1 and cfg.time_budget_s is None:
         raise ValueError("pretraining needs max_steps >= 1 or a time budget")
     torch.manual_seed(cfg.seed)
@@ -172,21 +169,41 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50,
     t0 = time.perf_counter()
     batcher = _Batcher(cfg, tok, cfg.seed)
     t_data = time.perf_counter() - t0
+    opt = _optimizer(model, cfg)
+    bar = tqdm(total=cfg.max_steps, desc=f"pretrain base ({cfg.name})", unit="step", leave=False) if progress else None
+    start, cpu0 = time.perf_counter(), time.process_time()
+    step, ema, curve = _train_loop(model, tok, opt, batcher, cfg, cpu0, log_every, callback, bar)
+    if bar is not None:
+        bar.close()
+    model.eval()
+    stats = {
+        "steps": step,
+        "train_s": round(time.perf_counter() - start, 2),
+        "train_cpu_s": round(time.process_time() - cpu0, 2),
+        "data_s": round(t_data, 2),
+        "demo_failures": batcher.failures,
+        "final_loss_ema": ema,
+        "curve": curve,
+    }
+    return model, tok, stats
+
+
+def _optimizer(model, cfg: PretrainConfig) -> torch.optim.AdamW:
+    # no weight decay on embeddings, norms and biases
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW(
+    return torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr,
         betas=tuple(cfg.betas),
     )
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
 
-        bar = tqdm(total=cfg.max_steps, desc=f"pretrain base ({cfg.name})", unit="step", leave=False)
+
+def _train_loop(model, tok, opt, batcher: _Batcher, cfg: PretrainConfig, cpu0: float, log_every: int, callback, bar):
+    """Steps until ``cfg.max_steps`` or the CPU budget (counted from ``cpu0``); returns
+    ``(steps, loss EMA, curve)`` with ``curve`` rows ``(step, wall s, loss)``."""
     curve, ema = [], None
     start = time.perf_counter()
-    cpu0 = time.process_time()
     step = 0
     while step < cfg.max_steps:
         elapsed = time.process_time() - cpu0
@@ -216,16 +233,4 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50,
             bar.update(1)
             if step % 10 == 0:
                 bar.set_postfix(loss=f"{ema:.3f}", lr=f"{opt.param_groups[0]['lr']:.1e}")
-    if bar is not None:
-        bar.close()
-    model.eval()
-    stats = {
-        "steps": step,
-        "train_s": round(time.perf_counter() - start, 2),
-        "train_cpu_s": round(time.process_time() - cpu0, 2),
-        "data_s": round(t_data, 2),
-        "demo_failures": batcher.failures,
-        "final_loss_ema": ema,
-        "curve": curve,
-    }
-    return model, tok, stats
+    return step, ema, curve
