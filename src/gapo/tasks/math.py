@@ -148,7 +148,7 @@ def _strip_math_delims(s: str) -> str:
 
 
 def _parse(s: str, latex: bool):
-    from math_verify import parse
+    from math_verify import parse  # lazy: math-verify is the optional [math] extra
 
     return parse(f"${s}$" if latex else s, parsing_timeout=None)
 
@@ -158,7 +158,7 @@ def verify_answer(gold: str, pred: str) -> tuple[bool, bool]:
 
     Module-level so that it pickles for the helper process.
     """
-    from math_verify import verify
+    from math_verify import verify  # lazy: math-verify is the optional [math] extra
 
     gold, pred = _strip_math_delims(gold), _strip_math_delims(pred)
     g = _parse(gold, latex=True) or _parse(gold, latex=False)

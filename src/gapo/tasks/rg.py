@@ -85,6 +85,7 @@ class ReasoningGymTask:
         max_completion_len: int = 1024,
         **config_kwargs: Any,
     ):
+        # lazy: reasoning-gym is the optional [tasks] extra
         import reasoning_gym
         from reasoning_gym.factory import DATASETS
 
@@ -124,7 +125,7 @@ class ReasoningGymTask:
     @property
     def dataset(self):
         if self._ds is None:  # unpickled in a scoring worker
-            import reasoning_gym
+            import reasoning_gym  # lazy: the optional [tasks] extra
 
             self._ds = reasoning_gym.create_dataset(self.dataset_name, seed=self.seed, size=self.size, **self.config)
         return self._ds

@@ -33,7 +33,9 @@ import atexit
 import functools
 import itertools
 import os
+import shutil
 import stat
+import tempfile
 import threading
 import time
 
@@ -344,9 +346,6 @@ def _reap(sup: dict[str, str]) -> int:
 def _remove_stale_dirs() -> int:
     """Scratch directories (``$TMPDIR/gapo-sbx-<pid>-*``) of sandbox owners that died before
     their ``finally`` could remove them."""
-    import shutil
-    import tempfile
-
     base, n = tempfile.gettempdir(), 0
     try:
         names = os.listdir(base)
