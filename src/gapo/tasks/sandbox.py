@@ -42,10 +42,8 @@ import dataclasses
 import functools
 import json
 import os
-import selectors
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -53,7 +51,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Sequence
 
-from gapo.tasks import sandbox_ns
+from gapo.tasks import sandbox_ns, sandbox_proc
 from gapo.tasks.sandbox_boot import BOOT
 
 __all__ = [
@@ -324,24 +322,6 @@ def run_many(
         return [f.result() for f in futs]
 
 
-def _child_env(workdir: str) -> dict[str, str]:
-    # Nothing inherited: no tokens, keys or proxies from the trainer's environment.
-    return {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "HOME": workdir,
-        "TMPDIR": workdir,
-        "PYTHONIOENCODING": "utf-8",
-        # RLIMIT_NPROC=0 forbids threads: numerical libraries must not try to start a pool
-        # (OpenBLAS aborts numpy's import otherwise).
-        "OPENBLAS_NUM_THREADS": "1",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "NUMEXPR_NUM_THREADS": "1",
-    }
-
-
 def _ipc_limits(memory_mb: int) -> dict[str, int]:
     """Limits of the sandbox's own IPC namespace (``/proc/sys`` keys): SysV shared memory at
     most ``memory_mb`` in all, few segments, message queues and POSIX queues."""
@@ -349,14 +329,6 @@ def _ipc_limits(memory_mb: int) -> dict[str, int]:
     return {"kernel/shmmax": memory_mb << 20, "kernel/shmall": (memory_mb << 20) // page,
             "kernel/shmmni": 64, "kernel/msgmni": 16, "kernel/msgmnb": 16384,
             "fs/mqueue/queues_max": 16}
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    for fn in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
-        try:
-            fn()
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
 
 
 def _run(
@@ -375,85 +347,17 @@ def _run(
 ) -> SandboxResult:
     t0 = time.monotonic()
     workdir = tempfile.mkdtemp(prefix=f"gapo-sbx-{os.getpid()}-")
-    report_r = report_w = go_r = go_w = -1
     cgroup = sandbox_ns.acquire(memory_mb << 20) if iso.cgroups else None
     try:
-        for name, text in (("main.py", program), ("peer.py", peer)):
-            if text is not None:
-                with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
-                    f.write(text)
-        mount = "mount" in iso.namespaces
-        uid = iso.drop_to_uid
-        if uid is not None and not mount:
-            # No private tmpfs: the host directory itself becomes nobody's scratch space.
-            os.chown(workdir, uid, NOBODY_GID)
-            os.chmod(workdir, 0o700)
+        _write_programs(iso, workdir, program, peer)
         cpu = int(-(-(cpu_s if cpu_s is not None else timeout_s) // 1)) + 1
-        rlimits = {
-            "RLIMIT_AS": memory_mb << 20,
-            "RLIMIT_CPU": [cpu, cpu + 1],  # SIGXCPU at the soft limit, SIGKILL a second later
-            "RLIMIT_FSIZE": file_size_mb << 20,
-            "RLIMIT_NOFILE": 64,
-            "RLIMIT_CORE": 0,
-            "RLIMIT_NPROC": 0,
-        }
-        report_r, report_w = os.pipe()
-        if cgroup is not None:
-            go_r, go_w = os.pipe()
-        cfg = {
-            "workdir": workdir,
-            "uid": uid,
-            "gid": NOBODY_GID if uid is not None else None,
-            "mount": mount,
-            "tmpfs_mb": tmpfs_mb,
-            "rlimits": rlimits,
-            "socket_guard": "net" not in iso.namespaces,
-            "python_paths": _python_paths(),
-            "reaper": "pid" in iso.namespaces,
-            "preimport": [] if mount or uid is None else list(_PREIMPORT),
-            "report_fd": report_w,
-            "peer": peer is not None,
-            # die with this thread (the bootstrap is always our direct child)
-            "parent_pid": os.getpid() if sys.platform.startswith("linux") else None,
-            "go_fd": go_r if cgroup else None,
-            "cgroup_layers": cgroup.layers if cgroup else [],
-            "ipc_limits": _ipc_limits(memory_mb) if "ipc" in iso.namespaces else {},
-            "covered": list(sandbox_ns.COVERED_DIRS),
-            "sockets": sandbox_ns.host_unix_sockets() if mount else [],
-        }
-        cmd = [*_prefix(iso), sys.executable, "-I", "-B", "-c", _BOOT, json.dumps(cfg)]
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(report_w,) if cgroup is None else (report_w, go_r),
-            env=_child_env(workdir),
-            cwd=workdir,
-            start_new_session=True,
+        cfg = _boot_config(iso, workdir, memory_mb=memory_mb, cpu=cpu, file_size_mb=file_size_mb,
+                           tmpfs_mb=tmpfs_mb, peer=peer is not None, cgroup=cgroup)
+        argv = [*_prefix(iso), sys.executable, "-I", "-B", "-c", _BOOT]
+        out, err, report, limit_hit, timed_out, rc = sandbox_proc.execute(
+            argv, cfg, workdir=workdir, stdin=stdin, cgroup=cgroup, deadline=t0 + timeout_s, cap=output_limit_bytes
         )
-        os.close(report_w)
-        report_w = -1
-        if cgroup is not None:
-            # move the child into the cgroup while its interpreter starts; it waits for this
-            os.close(go_r)
-            go_r = -1
-            joined = cgroup.add(proc.pid)
-            try:
-                os.write(go_w, b"1" if joined else b"0")
-            except OSError:
-                pass
-        out, err, report, limit_hit, timed_out = _communicate(
-            proc, stdin, report_r, deadline=t0 + timeout_s, cap=output_limit_bytes
-        )
-        rc = proc.returncode
     finally:
-        for fd in (report_r, report_w, go_r, go_w):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
         shutil.rmtree(workdir, ignore_errors=True)
         oom = cgroup is not None and cgroup.oom_killed()
         if cgroup is not None:
@@ -465,27 +369,7 @@ def _run(
         applied = ()
     stdout = bytes(out[:output_limit_bytes]).decode("utf-8", "replace")
     stderr = bytes(err[:output_limit_bytes]).decode("utf-8", "replace")
-    ns = tuple(f"{n}ns" for n in iso.namespaces)
-    isolation = ns + applied
-
-    if limit_hit:
-        status = "output_limit"
-    elif timed_out:
-        status = "timeout"
-    elif not applied:
-        status = "sandbox_error"  # the bootstrap died before the program started
-    elif rc == 0:
-        status = "ok"
-    elif rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
-        status = "timeout"
-    elif oom:
-        status = "memory"  # the cgroup's OOM killer (tmpfs, shared memory, memfds count)
-    elif rc is not None and (rc < 0 or rc > 128):
-        status = "killed"
-    elif "MemoryError" in stderr[-2000:]:
-        status = "memory"
-    else:
-        status = "failed"
+    status = _status(limit_hit=limit_hit, timed_out=timed_out, applied=applied, rc=rc, oom=oom, stderr=stderr)
     if probe and status != "ok" and not applied:
         raise OSError(f"sandbox probe failed: {stderr[-500:]}")
     return SandboxResult(
@@ -495,73 +379,76 @@ def _run(
         stdout=stdout,
         stderr=stderr,
         duration_s=duration,
-        isolation=isolation,
+        isolation=tuple(f"{n}ns" for n in iso.namespaces) + applied,
         stdout_truncated=len(out) > output_limit_bytes,
         stderr_truncated=len(err) > output_limit_bytes,
     )
 
 
-def _communicate(proc, stdin: bytes | None, report_fd: int, *, deadline: float, cap: int):
-    """Pump the child's pipes until it exits, a cap is exceeded or the deadline passes."""
-    out, err, report = bytearray(), bytearray(), bytearray()
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, out)
-    sel.register(proc.stderr, selectors.EVENT_READ, err)
-    sel.register(report_fd, selectors.EVENT_READ, report)
-    pending = memoryview(stdin) if stdin else None
-    if pending is not None:
-        os.set_blocking(proc.stdin.fileno(), False)
-        sel.register(proc.stdin, selectors.EVENT_WRITE, None)
-    limit_hit = timed_out = False
-    try:
-        while sel.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(timeout=min(remaining, 0.5)):
-                if key.data is None:  # stdin
-                    try:
-                        n = os.write(key.fd, pending[:65536])
-                        pending = pending[n:]
-                    except (BrokenPipeError, OSError):
-                        pending = pending[:0]
-                    if not len(pending):
-                        sel.unregister(key.fileobj)
-                        proc.stdin.close()
-                    continue
-                try:
-                    chunk = os.read(key.fd, 65536)
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                key.data.extend(chunk)
-                if key.data is not report and len(key.data) > cap:
-                    limit_hit = True
-            if limit_hit:
-                break
-        if not (limit_hit or timed_out):
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-    finally:
-        if limit_hit or timed_out or proc.poll() is None:
-            _kill(proc)
-        else:
-            # The program has exited; make sure nothing it left behind survives it.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-        proc.wait()
-        sel.close()
-        for f in (proc.stdin, proc.stdout, proc.stderr):
-            if f is not None:
-                try:
-                    f.close()
-                except OSError:
-                    pass
-    return out, err, bytes(report), limit_hit, timed_out
+def _write_programs(iso: Isolation, workdir: str, program: str, peer: str | None) -> None:
+    for name, text in (("main.py", program), ("peer.py", peer)):
+        if text is not None:
+            with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
+                f.write(text)
+    if iso.drop_to_uid is not None and "mount" not in iso.namespaces:
+        # No private tmpfs: the host directory itself becomes nobody's scratch space.
+        os.chown(workdir, iso.drop_to_uid, NOBODY_GID)
+        os.chmod(workdir, 0o700)
+
+
+def _boot_config(iso: Isolation, workdir: str, *, memory_mb: int, cpu: int, file_size_mb: int, tmpfs_mb: int,
+                 peer: bool, cgroup) -> dict:
+    """What the bootstrap applies (gapo.tasks.sandbox_boot); ``report_fd`` and ``go_fd`` are
+    filled in by :func:`gapo.tasks.sandbox_proc.execute`, which makes those pipes."""
+    mount = "mount" in iso.namespaces
+    uid = iso.drop_to_uid
+    rlimits = {
+        "RLIMIT_AS": memory_mb << 20,
+        "RLIMIT_CPU": [cpu, cpu + 1],  # SIGXCPU at the soft limit, SIGKILL a second later
+        "RLIMIT_FSIZE": file_size_mb << 20,
+        "RLIMIT_NOFILE": 64,
+        "RLIMIT_CORE": 0,
+        "RLIMIT_NPROC": 0,
+    }
+    return {
+        "workdir": workdir,
+        "uid": uid,
+        "gid": NOBODY_GID if uid is not None else None,
+        "mount": mount,
+        "tmpfs_mb": tmpfs_mb,
+        "rlimits": rlimits,
+        "socket_guard": "net" not in iso.namespaces,
+        "python_paths": _python_paths(),
+        "reaper": "pid" in iso.namespaces,
+        "preimport": [] if mount or uid is None else list(_PREIMPORT),
+        "report_fd": None,
+        "peer": peer,
+        # die with this thread (the bootstrap is always our direct child)
+        "parent_pid": os.getpid() if sys.platform.startswith("linux") else None,
+        "go_fd": None,
+        "cgroup_layers": cgroup.layers if cgroup else [],
+        "ipc_limits": _ipc_limits(memory_mb) if "ipc" in iso.namespaces else {},
+        "covered": list(sandbox_ns.COVERED_DIRS),
+        "sockets": sandbox_ns.host_unix_sockets() if mount else [],
+    }
+
+
+def _status(*, limit_hit: bool, timed_out: bool, applied: tuple, rc: int | None, oom: bool, stderr: str) -> str:
+    """One of ``STATUSES`` for a finished run."""
+    if limit_hit:
+        return "output_limit"
+    if timed_out:
+        return "timeout"
+    if not applied:
+        return "sandbox_error"  # the bootstrap died before the program started
+    if rc == 0:
+        return "ok"
+    if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        return "timeout"
+    if oom:
+        return "memory"  # the cgroup's OOM killer (tmpfs, shared memory, memfds count)
+    if rc is not None and (rc < 0 or rc > 128):
+        return "killed"
+    if "MemoryError" in stderr[-2000:]:
+        return "memory"
+    return "failed"
