@@ -1,0 +1,272 @@
+"""What a scoring worker runs and the worker processes themselves, for :mod:`gapo.tasks.scoring`.
+
+- the ``SIGALRM`` guard (``_call_with_alarm``, nestable; main thread only) that turns a verifier
+  running past its time into :class:`VerifierTimeout`, used in the calling process and, as the
+  soft timeout, inside each worker;
+- :func:`score_one`, the reward and status of one completion, and ``_score_guarded``, the same
+  under the soft timeout;
+- ``_Workers``: N spawn-started processes, one job each at a time, killed and replaced when a job
+  runs past its hard deadline (the pool of :class:`gapo.tasks.scoring.ScoringPool` and the helper
+  process of :func:`gapo.tasks.scoring.run_with_timeout`).
+
+The policy (which deadlines, what a batch's statistics are, which errors stop a run) is in
+:mod:`gapo.tasks.scoring`; the module docstring there says why processes and not threads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import pickle
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+
+class VerifierTimeout(Exception):
+    """A verifier ran past its time limit."""
+
+
+class _Alarm(BaseException):
+    # BaseException so that verifiers' ``except Exception`` blocks (math-verify has many) do not
+    # swallow the interrupt and carry on; converted to VerifierTimeout at the guard.
+    pass
+
+
+# ----------------------------------------------------------------------------- timeouts
+
+
+_alarm_deadline: float | None = None  # deadline of the innermost active SIGALRM guard
+
+
+def _signal_guard_usable() -> bool:
+    if not hasattr(signal, "setitimer"):
+        return False
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if _alarm_deadline is not None:  # our own guard is active: nest inside it
+        return True
+    # Someone else's timer (pytest-timeout, math-verify's alarm) is running: do not clobber it.
+    return signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def _raise_alarm(signum, frame):
+    raise _Alarm()
+
+
+def _call_with_alarm(fn: Callable, args: tuple, timeout_s: float):
+    """SIGALRM guard; nests: an inner guard arms min(inner, outer) and re-arms the outer after."""
+    global _alarm_deadline
+    outer = _alarm_deadline
+    start = time.monotonic()
+    mine = start + timeout_s
+    old_handler = signal.signal(signal.SIGALRM, _raise_alarm) if outer is None else None
+    _alarm_deadline = mine if outer is None else min(mine, outer)
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, max(_alarm_deadline - start, 1e-6))
+            return fn(*args)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0.0)
+    except _Alarm:
+        if outer is not None and time.monotonic() >= outer:
+            raise  # the outer guard's time is up: let it handle this
+        raise VerifierTimeout(f"{getattr(fn, '__name__', fn)} ran past {timeout_s:g}s") from None
+    finally:
+        _alarm_deadline = outer
+        if outer is None:
+            signal.signal(signal.SIGALRM, old_handler if old_handler is not None else signal.SIG_DFL)
+        else:  # re-arm the outer guard (fires at once if it is already past)
+            signal.setitimer(signal.ITIMER_REAL, max(outer - time.monotonic(), 1e-6))
+
+
+# ----------------------------------------------------------------------------- one completion
+
+
+def score_one(task, problem, completion: str) -> tuple[float, str]:
+    """(reward, status) for one completion, using ``score_detailed`` where the task has it."""
+    detailed = getattr(task, "score_detailed", None)
+    if detailed is not None:
+        reward, status = detailed(problem, completion)
+        return float(reward), status
+    reward = float(task.score(problem, completion))
+    parse_ok = getattr(task, "parse_ok", None)
+    status = "ok" if parse_ok is None or parse_ok(completion) else "unparsable"
+    return reward, status
+
+
+def _score_guarded(task, problem, completion, timeout_s):
+    try:
+        if timeout_s is not None and _signal_guard_usable():
+            return _call_with_alarm(score_one, (task, problem, completion), timeout_s)
+        return score_one(task, problem, completion)
+    except VerifierTimeout:
+        return 0.0, "timeout"
+
+
+# ----------------------------------------------------------------------------- worker processes
+
+
+def _worker_main(conn) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    task = None
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        kind = msg[0]
+        if kind == "stop":
+            return
+        try:
+            if kind in ("task", "import"):
+                # Loading is acknowledged before any job is timed, so that spawn start-up and
+                # heavy imports (sympy) never count against a verifier's time limit.
+                if kind == "task":
+                    task = pickle.loads(msg[1])
+                    warm = getattr(task, "warmup", None)
+                else:
+                    warm = getattr(importlib.import_module(msg[1]), "warmup", None)
+                if callable(warm):
+                    warm()
+                out = ("ok", None)
+            elif kind == "score":
+                _, problem, completion, soft_timeout = msg
+                out = ("ok", _score_guarded(task, problem, completion, soft_timeout))
+            else:  # "call"
+                _, fn, args = msg
+                out = ("ok", fn(*args))
+        except BaseException as e:  # noqa: BLE001 - reported to the parent, which re-raises
+            try:
+                pickle.dumps(e)
+                out = ("raised", e)
+            except Exception:
+                out = ("raised", RuntimeError(f"{type(e).__name__}: {e}"))
+        conn.send(out)
+
+
+_LOAD_TIMEOUT_S = 300.0
+
+
+class _Worker:
+    def __init__(self, ctx):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+        self.loaded: str | None = None  # key of the task or module this worker has loaded
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+        # Its sandboxes died with it (PR_SET_PDEATHSIG); remove what is left (cgroups, dirs).
+        sb = sys.modules.get("gapo.tasks.sandbox")
+        if sb is not None:
+            try:
+                sb.reap_orphans()
+            except Exception:  # noqa: BLE001 - cleanup must not break the pool
+                pass
+
+
+class _Workers:
+    """N spawn-started processes, one job each at a time, killed and replaced on timeout."""
+
+    def __init__(self, n: int):
+        if n < 1:
+            raise ValueError(f"need at least one worker, got {n}")
+        self._ctx = mp.get_context("spawn")
+        self.n = n
+        self._workers = [_Worker(self._ctx) for _ in range(n)]
+        self.closed = False
+        self.n_replaced = 0
+
+    def _replace(self, i: int) -> None:
+        self._workers[i].kill()
+        self._workers[i] = _Worker(self._ctx)
+        self.n_replaced += 1
+
+    def _load(self, ids: list[int], prep: tuple[str, tuple]) -> None:
+        """Send the load message to workers ``ids`` (in parallel) and wait for their acks."""
+        key, msg = prep
+        todo = [w for w in ids if self._workers[w].loaded != key]
+        for w in todo:
+            self._workers[w].conn.send(msg)
+        for w in todo:
+            worker = self._workers[w]
+            if not worker.conn.poll(_LOAD_TIMEOUT_S):
+                raise RuntimeError(f"scoring worker did not load {key} within {_LOAD_TIMEOUT_S:g}s")
+            status, value = worker.conn.recv()
+            if status == "raised":
+                raise value
+            worker.loaded = key
+
+    def call(self, fn, args, timeout_s):
+        """Run ``fn(*args)`` in a worker -> (status, value); status ok/raised/timeout/error."""
+        prep = ("module:" + fn.__module__, ("import", fn.__module__))
+        (out,) = self.run([("call", fn, args)], timeout_s, prep)
+        return out
+
+    def run(self, jobs: Sequence[tuple], timeout_s: float | None, prep: tuple[str, tuple] | None):
+        """Run jobs (messages for ``_worker_main``); one (status, value) per job, in order."""
+        if self.closed:
+            raise RuntimeError("scoring pool is closed")
+        if prep is not None:
+            self._load(list(range(min(self.n, len(jobs)))), prep)
+        results: list[Any] = [None] * len(jobs)
+        pending = list(range(len(jobs)))[::-1]
+        busy: dict[int, tuple[int, float]] = {}  # worker -> (job, deadline)
+        while pending or busy:
+            for w in range(self.n):
+                if w in busy or not pending:
+                    continue
+                j = pending.pop()
+                try:
+                    if prep is not None:
+                        self._load([w], prep)  # no-op unless the worker was replaced
+                    self._workers[w].conn.send(jobs[j])
+                except (BrokenPipeError, EOFError, OSError):
+                    self._replace(w)
+                    results[j] = ("error", None)
+                    continue
+                deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
+                busy[w] = (j, deadline)
+            if not busy:
+                continue
+            wait_s = min(d for _, d in busy.values()) - time.monotonic()
+            conns = [self._workers[w].conn for w in busy]
+            ready = mpc.wait(conns, None if wait_s == math.inf else max(0.0, wait_s))
+            now = time.monotonic()
+            for w in list(busy):
+                j, deadline = busy[w]
+                worker = self._workers[w]
+                if worker.conn in ready:
+                    try:
+                        results[j] = worker.conn.recv()
+                    except (EOFError, OSError):  # died mid-job (segfault, OOM killer)
+                        results[j] = ("error", None)
+                        self._replace(w)
+                    del busy[w]
+                elif now >= deadline:
+                    results[j] = ("timeout", None)
+                    self._replace(w)
+                    del busy[w]
+        return results
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for w in self._workers:
+            try:
+                w.conn.send(("stop",))
+            except (BrokenPipeError, OSError):
+                pass
+        for w in self._workers:
+            w.proc.join(timeout=1)
+            w.kill()
