@@ -24,7 +24,7 @@ from gapo.tasks.countdown import (
     solution_completion,
     solutions,
 )
-from gapo.tasks.countdown import _solve  # the raw enumeration, for the brute-force check
+from gapo.tasks.countdown_solver import _solve  # the raw enumeration, for the brute-force check
 
 FAST = settings(max_examples=40, deadline=None)
 
