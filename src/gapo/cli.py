@@ -100,7 +100,9 @@ def cmd_eval(args) -> int:
 
     from gapo import tasks
     from gapo.policy.base_policy import resolve_policy
+    from gapo.policy.chat import PromptEncoder
     from gapo.policy.model import check_context, load_policy
+    from gapo.policy.precision import autocast
     from gapo.rl.evaluate import evaluate
 
     torch.set_num_threads(args.threads)
@@ -109,10 +111,12 @@ def cmd_eval(args) -> int:
     model, tok = load_policy(model_path, cfg.model.device)
     problems = task.generate(args.split, args.problems, cfg.eval.seed)
     max_new_tokens = cfg.sampling.max_new_tokens or task.max_completion_len + 1
-    check_context(model, tok, [p.prompt for p in problems], max_new_tokens, key="sampling.max_new_tokens",
-                  where=model_path)
-    res = evaluate(model, tok, task, problems, n=args.n, temperature=cfg.eval.temperature,
-                   max_new_tokens=max_new_tokens, seed=cfg.eval.seed, progress=True)
+    encoder = PromptEncoder(tok, chat=cfg.task.chat, system_prompt=cfg.task.system_prompt)
+    check_context(model, [len(encoder.ids(p.prompt)) for p in problems], max_new_tokens,
+                  key="sampling.max_new_tokens", where=model_path)
+    with autocast(torch.device(cfg.model.device), cfg.model.dtype):
+        res = evaluate(model, tok, task, problems, n=args.n, temperature=cfg.eval.temperature,
+                       max_new_tokens=max_new_tokens, seed=cfg.eval.seed, progress=True, encode=encoder.ids)
     res.pop("eval/correct")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}, indent=1))
     return 0
@@ -188,9 +192,19 @@ def cmd_demo(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from gapo.experiments.grid import main as compare_main
+    from gapo.experiments.grid import QUICK_GRID, load_grid, run_grid
+    from gapo.experiments.report import grid_report
 
-    return compare_main(args)
+    if args.quick and args.config:
+        raise ValueError("give either --quick or --config, not both")
+    grid = load_grid(args.config or QUICK_GRID)
+    out = Path(args.out or grid.get("out") or "runs/compare")
+    if not args.report_only:
+        stats = run_grid(grid, out, retry_failed=args.retry_failed, say=lambda s: print(s, flush=True))
+        print(f"grid: {stats['done']} cells run, {stats['failed']} failed, {stats['skipped']} skipped "
+              f"of {stats['total']} in {stats['wall_s']:.0f}s")
+    grid_report(grid, out, args.report_dir, args.figures_dir)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,10 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("compare", help="a grid of methods × regimes × seeds (see gapo.experiments.grid)")
-    p.add_argument("--config", help="grid YAML")
+    p.add_argument("--config", help="grid YAML (default: the --quick grid, configs/grid-quick.yaml)")
     p.add_argument("--quick", action="store_true", help="the CI-sized preset (≤ 15 min on 2 cores)")
-    p.add_argument("--out", default="runs/compare")
-    p.add_argument("--report-only", action="store_true")
+    p.add_argument("--out", help="the cells' folder (default: the grid's `out`, else runs/compare)")
+    p.add_argument("--report-only", action="store_true", help="only (re)write the report from finished cells")
+    p.add_argument("--retry-failed", action="store_true", help="rerun cells that failed (default: skip them)")
+    p.add_argument("--report-dir", help="summary.json, cells.csv, tables.md (default: the grid's, else OUT/report)")
+    p.add_argument("--figures-dir", help="PNG figures (default: the grid's, else the report folder)")
     p.set_defaults(fn=cmd_compare)
     return ap
 

@@ -126,7 +126,10 @@ def save_policy(model, tokenizer, path: str | os.PathLike, *, extra: dict | None
         tokenizer.save_pretrained(path)
     marker = {
         "format": 1,
-        "tokenizer": "char",
+        # gapo's character tokenizer must be reloaded directly (see the module docstring); any
+        # other tokenizer (a real checkpoint's: BPE, chat template, its own specials) through
+        # AutoTokenizer, which keeps tokenizer_config.json's chat template
+        "tokenizer": "char" if _is_char_tokenizer(tokenizer) else "hf",
         "special_tokens": {k: getattr(tokenizer, k) for k in SPECIAL_TOKENS},
         "padding_side": tokenizer.padding_side,
         "extra": extra or {},
@@ -150,8 +153,14 @@ def read_marker(path: str | os.PathLike) -> dict | None:
     return marker
 
 
+def _is_char_tokenizer(tok) -> bool:
+    backend = getattr(tok, "backend_tokenizer", None)
+    return (backend is not None and type(backend.model).__name__ == "WordLevel"
+            and all(getattr(tok, k, None) == v for k, v in SPECIAL_TOKENS.items()))
+
+
 def _load_tokenizer(path: str, marker: dict | None):
-    if marker is not None:
+    if marker is not None and marker.get("tokenizer", "char") == "char":
         tok_file = Path(path) / "tokenizer.json"
         if not tok_file.is_file():
             raise ValueError(f"{path}: gapo policy folder has no tokenizer.json")
@@ -219,13 +228,13 @@ def context_length(model) -> int | None:
                  if isinstance(getattr(mc, k, None), int)), None)
 
 
-def check_context(model, tok, prompts: list[str], max_new_tokens: int, *, key: str, where: str) -> None:
-    """``max_new_tokens`` after the longest of ``prompts`` fits the model's context: an error
+def check_context(model, prompt_lengths: list[int], max_new_tokens: int, *, key: str, where: str) -> None:
+    """``max_new_tokens`` after the longest prompt (in tokens) fits the model's context: an error
     naming ``key`` before a sampler allocates for a length the model cannot take."""
     ctx = context_length(model)
-    if ctx is None or not prompts:
+    if ctx is None or not prompt_lengths:
         return
-    longest = max(len(ids) for ids in tok(prompts).input_ids)
+    longest = max(prompt_lengths)
     if longest + max_new_tokens > ctx:
         raise ValueError(f"{key}: {max_new_tokens} new tokens after a prompt of up to {longest} tokens exceed the "
                          f"model's context of {ctx} tokens ({where!r}); set sampling.max_new_tokens to at most "

@@ -25,6 +25,9 @@ from gapo.core.checks import unknown
 from gapo.core.clipping import EPS_SCHEDULES
 from gapo.core.losses import KL_ESTIMATORS, LOSSES
 from gapo.policy.base_policy import PRESETS
+from gapo.policy.chat import CHAT_MODES
+from gapo.policy.lora import check_lora
+from gapo.policy.precision import DTYPES
 from gapo.rl.config_io import coerce, diff, parse_value, read_yaml
 from gapo.rl.domains import DOMAINS, advantage_params, check_device, check_params, task_params
 
@@ -37,6 +40,8 @@ class TaskConfig:
     params: dict = field(default_factory=dict)  # passed to gapo.tasks.get(name, **params)
     train_size: int = 20000  # at most this many distinct training problems (pool = min(this, prompts × steps))
     scoring_workers: int = 0  # >0: score in a process pool (slow verifiers)
+    chat: bool | str = "auto"  # prompts through the tokenizer's chat template: auto (if it has one) | true | false
+    system_prompt: str | None = None  # a system turn before the task's prompt (chat templates only)
 
 
 @dataclass
@@ -45,6 +50,9 @@ class ModelConfig:
     base_preset: str = "low"  # embedded base policy preset when path is None (low | high)
     device: str = "cpu"
     threads: int | None = None  # torch threads; None: 1 on CPU (measured fastest on 2 cores)
+    dtype: str = "float32"  # float32 | bfloat16 | float16: autocast compute dtype; weights and optimiser stay fp32
+    gradient_checkpointing: bool = False  # recompute decoder activations in backward (less memory, ~30% slower)
+    lora: dict = field(default_factory=dict)  # {r, alpha, dropout, target_modules}: train LoRA adapters (peft)
 
 
 @dataclass
@@ -88,6 +96,7 @@ class TrainConfig:
     prompts: int = 16  # P prompts per rollout batch
     group_size: int = 8  # G rollouts per prompt
     mini_batches: int = 4  # optimiser steps per epoch over the rollout batch
+    micro_batch_size: int | None = None  # rows per forward/backward inside a mini-batch (same gradient); None: all
     epochs: int = 1
     seed: int = 0
     checkpoint_every: int = 50  # steps; 0 disables periodic checkpoints (the last one is always saved)
@@ -108,6 +117,7 @@ class LogConfig:
     tensorboard: bool = False
     wandb: bool = False
     wandb_project: str = "gapo"
+    samples: int = 4  # rows of each rollout batch kept in samples.jsonl (prompt text, completion, reward); 0: none
 
 
 @dataclass
@@ -158,6 +168,11 @@ class Config:
             raise ValueError(f"{where('algo.clip_ratio_c')}: the dual clip is not defined for the cispo loss; "
                              "leave it unset (none)")
         check_device(where("model.device"), self.model.device)
+        if self.task.chat not in CHAT_MODES:
+            raise ValueError(f"{where('task.chat')}: must be auto, true or false, got {self.task.chat!r}")
+        if self.model.dtype not in DTYPES:
+            raise ValueError(f"{where('model.dtype')}: {unknown('dtype', self.model.dtype, DTYPES)}")
+        check_lora(where("model.lora"), self.model.lora)
         if self.model.path is None:
             if self.model.base_preset not in PRESETS:
                 raise ValueError(f"{where('model.base_preset')}: {unknown('base-policy preset', self.model.base_preset, PRESETS)}")

@@ -80,6 +80,8 @@ DOMAINS = {
     "train.group_size": _num(2, 2**16, integer=True),
     "train.mini_batches": _num(1, 2**20, integer=True),
     "train.epochs": _num(1, 10_000, integer=True),
+    "train.micro_batch_size": _num(1, 2**20, integer=True, optional=True),
+    "log.samples": _num(0, 4096, integer=True),
     "train.seed": _num(0, 2**63 - 1, integer=True),
     "train.checkpoint_every": _num(0, _INT_MAX, integer=True),
     "eval.every": _num(0, _INT_MAX, integer=True),

@@ -38,14 +38,19 @@ def evaluate(
     seed: int = 0,
     batch_size: int = 512,
     progress: bool = False,
+    encode=None,
+    fast: bool = True,
 ) -> dict:
-    """Evaluate ``model`` on ``problems`` with ``n`` samples each; see the module docstring."""
+    """Evaluate ``model`` on ``problems`` with ``n`` samples each; see the module docstring.
+    ``encode(prompt) -> ids`` builds the model's input (default: the tokenizer on the raw prompt;
+    the trainer passes its chat-template encoder); ``fast=False`` samples through ``model.forward``
+    (needed for LoRA adapters)."""
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
-    prompts = [tok(p.prompt).input_ids for p in problems]
+    prompts = [encode(p.prompt) if encode is not None else tok(p.prompt).input_ids for p in problems]
     flat = [j for j in range(len(problems)) for _ in range(n)]
     texts: list[list[str]] = [[] for _ in problems]
     tok_sum, logp_sum = 0.0, 0.0
@@ -53,7 +58,7 @@ def evaluate(
     for s in range(0, len(flat), batch_size):
         rows = flat[s : s + batch_size]
         r = sample(model, [prompts[j] for j in rows], max_new_tokens=max_new_tokens, temperature=temperature,
-                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen)
+                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen, fast=fast)
         for j, text in zip(rows, r.texts(tok)):
             texts[j].append(text)
         tok_sum += float(r.response_mask.sum())

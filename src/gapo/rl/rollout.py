@@ -18,7 +18,7 @@ from gapo.core.advantages import group_success_count, zero_std_groups
 from gapo.policy.sampling import Rollout
 from gapo.tasks.scoring import score_batch, submit_batch
 
-__all__ = ["Batch", "concat", "collect", "check_rewards", "probe_reward", "score", "merge_stats"]
+__all__ = ["Batch", "concat", "collect", "check_rewards", "probe_reward", "score", "merge_stats", "sample_records"]
 
 
 @dataclass
@@ -31,6 +31,7 @@ class Batch:
     stats: dict = field(default_factory=dict)  # the verifier's outcome counts (gapo.tasks.scoring)
     score_s: float = 0.0  # time spent waiting for the verifier (not overlapped with sampling)
     info: dict = field(default_factory=dict)  # rollout/* diagnostics (zero-variance groups, refills)
+    texts: list = field(default_factory=list)  # (B,) the decoded completions the verifier scored
 
     @property
     def group_size(self) -> int:
@@ -88,8 +89,8 @@ def merge_stats(parts: list[tuple[int, dict]]) -> dict:
     return out
 
 
-def sample_and_score(problems: list, *, sample: Callable[[list], Rollout], texts: Callable[[Rollout], list[str]], pad_id: int,
-                     task, group_size: int, workers: int, reward_range) -> Batch:
+def sample_and_score(problems: list, *, sample: Callable[[list], Rollout], texts: Callable[[Rollout], list[str]],
+                     pad_id: int, task, group_size: int, workers: int, reward_range) -> Batch:
     """Sample ``problems``' groups with ``sample`` and score them.
 
     With ``workers > 0`` (slow verifiers: math-verify, code in the sandbox) the groups are sampled
@@ -99,22 +100,24 @@ def sample_and_score(problems: list, *, sample: Callable[[list], Rollout], texts
     if workers == 0:
         ro = sample(problems)
         ts = time.perf_counter()
-        rewards, stats = score(task, problems, texts(ro), group_size=group_size, workers=0, reward_range=reward_range)
-        return Batch(problems, ro, rewards, stats, time.perf_counter() - ts)
+        decoded = texts(ro)
+        rewards, stats = score(task, problems, decoded, group_size=group_size, workers=0, reward_range=reward_range)
+        return Batch(problems, ro, rewards, stats, time.perf_counter() - ts, texts=decoded)
     size = -(-len(problems) // min(4, len(problems)))
     pending = []
     for c in range(0, len(problems), size):
         chunk = problems[c : c + size]
         ro = sample(chunk)
         flat = [p for p in chunk for _ in range(group_size)]
-        pending.append((chunk, ro, submit_batch(task, flat, texts(ro), workers=workers)))
+        decoded = texts(ro)
+        pending.append((chunk, ro, decoded, submit_batch(task, flat, decoded, workers=workers)))
     ts = time.perf_counter()
     parts, counted = [], []
-    for chunk, ro, fut in pending:
+    for chunk, ro, decoded, fut in pending:
         rewards, stats = fut.result()
         check_rewards(task.name, torch.tensor(rewards, dtype=torch.float64),
                       [p for p in chunk for _ in range(group_size)], reward_range)
-        parts.append(Batch(chunk, ro, torch.tensor(rewards, dtype=torch.float32)))
+        parts.append(Batch(chunk, ro, torch.tensor(rewards, dtype=torch.float32), texts=decoded))
         counted.append((len(rewards), stats))
     wait = time.perf_counter() - ts
     whole = concat(parts, [(i, g) for i, b in enumerate(parts) for g in range(len(b.problems))], pad_id=pad_id)
@@ -172,15 +175,25 @@ def concat(parts: list[Batch], chosen: list[tuple[int, int]], *, pad_id: int) ->
         return torch.cat([filler, x] if left else [x, filler], dim=1)
 
     fields = {k: [] for k in ("prompt_ids", "prompt_mask", "completion_ids", "response_mask", "logp")}
-    problems, rewards = [], []
+    problems, rewards, texts = [], [], []
     for part, g in chosen:
         b = parts[part]
         rows = slice(g * G, (g + 1) * G)
         problems.append(b.problems[g])
         rewards.append(b.rewards[rows])
+        texts += b.texts[rows]
         fields["prompt_ids"].append(widen(b.rollout.prompt_ids[rows], P, True, pad_id))
         fields["prompt_mask"].append(widen(b.rollout.prompt_mask[rows], P, True, 0))
         fields["completion_ids"].append(widen(b.rollout.completion_ids[rows], T, False, pad_id))
         fields["response_mask"].append(widen(b.rollout.response_mask[rows], T, False, 0))
         fields["logp"].append(widen(b.rollout.logp[rows], T, False, 0.0))
-    return Batch(problems, Rollout(**{k: torch.cat(v) for k, v in fields.items()}), torch.cat(rewards))
+    return Batch(problems, Rollout(**{k: torch.cat(v) for k, v in fields.items()}), torch.cat(rewards), texts=texts)
+
+
+def sample_records(batch: Batch, step: int, n: int, render: Callable[[str], str]) -> list[dict]:
+    """The first ``n`` rollouts of ``batch`` as ``samples.jsonl`` records: the exact prompt text
+    the model read (``render``: after the chat template), the completion, its reward and group."""
+    G = batch.group_size
+    return [{"step": step, "group": i // G, "prompt": render(batch.problems[i // G].prompt),
+             "completion": batch.texts[i], "reward": float(batch.rewards[i])}
+            for i in range(min(n, len(batch.texts)))]

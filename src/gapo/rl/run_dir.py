@@ -131,12 +131,13 @@ class RunFolder:
             raise ValueError(f"cannot resume: {str(self.checkpoint)!r} is not a gapo checkpoint (missing {missing})")
         return state
 
-    def records_up_to(self, step: int) -> list[str]:
-        """The lines of ``metrics.jsonl`` with ``step <= step``; a partial last line (the run
+    def records_up_to(self, step: int, name: str = "metrics.jsonl") -> list[str]:
+        """The lines of ``name`` (a JSONL log) with ``step <= step``; a partial last line (the run
         was killed while writing it) is dropped, a corrupt line elsewhere is an error."""
-        if not self.metrics.is_file():
+        path = self.path / name
+        if not path.is_file():
             return []
-        text = self.metrics.read_text(encoding="utf-8", errors="replace")
+        text = path.read_text(encoding="utf-8", errors="replace")
         lines = text.split("\n")
         keep = []
         for i, ln in enumerate(lines, 1):
@@ -147,7 +148,7 @@ class RunFolder:
             except json.JSONDecodeError:
                 if i == len(lines):  # no newline after it: the write was cut off
                     continue
-                raise ValueError(f"cannot resume: {str(self.metrics)}:{i} is not JSON; fix or delete that line")
+                raise ValueError(f"cannot resume: {str(path)}:{i} is not JSON; fix or delete that line")
             if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
                 keep.append(ln)
         return keep
@@ -187,17 +188,28 @@ class RunFolder:
     def write_config(self, cfg_dict: dict) -> None:
         self.write_text("config.yaml", yaml.safe_dump(cfg_dict, sort_keys=False))
 
-    def rewrite_metrics(self, lines: list[str]) -> None:
-        self.write_text("metrics.jsonl", "".join(ln + "\n" for ln in lines))
+    def truncate_logs(self, step: int) -> None:
+        """On resume: keep the records of steps up to the checkpoint's, in every JSONL log."""
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            if (self.path / name).is_file():
+                self.write_text(name, "".join(ln + "\n" for ln in self.records_up_to(step, name)))
 
     def append_metrics(self, record: dict) -> None:
         """One JSON line; tensors become numbers or lists, non-finite floats strings ("nan")."""
-        line = json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n"
+        self._append("metrics.jsonl", [record])
+
+    def append_samples(self, records: list[dict]) -> None:
+        """What the model was trained on (``log.samples`` rows per step)."""
+        if records:
+            self._append("samples.jsonl", records)
+
+    def _append(self, name: str, records: list[dict]) -> None:
+        text = "".join(json.dumps({k: _jsonable(v) for k, v in r.items()}) + "\n" for r in records)
         try:
-            with open(self.metrics, "a", encoding="utf-8") as f:
-                f.write(line)
+            with open(self.path / name, "a", encoding="utf-8") as f:
+                f.write(text)
         except OSError as e:
-            raise OSError(e.errno, f"cannot append to {str(self.metrics)!r}: {e.strerror or e}") from None
+            raise OSError(e.errno, f"cannot append to {str(self.path / name)!r}: {e.strerror or e}") from None
 
     def log_event(self, event: dict) -> None:
         """Append to ``events.jsonl`` (e.g. the keys a resume changed)."""

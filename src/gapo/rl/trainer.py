@@ -35,8 +35,11 @@ from gapo.core.aggregation import agg_loss
 from gapo.core.clipping import eps_high_for
 from gapo.core.losses import LOSSES, RATIO_LEVEL, kl_estimate, log_ratio
 from gapo.core.metrics import clip_counts_by_c, clip_stats_from_counts, merge_counts
+from gapo.policy import lora
 from gapo.policy.base_policy import resolve_policy
+from gapo.policy.chat import PromptEncoder
 from gapo.policy.model import check_context, load_policy, save_policy
+from gapo.policy.precision import autocast, grad_scaler
 from gapo.policy.sampling import logprobs, sample
 from gapo.rl import rollout
 from gapo.rl.config import Config, to_dict
@@ -85,14 +88,26 @@ class Trainer:
         self.device = torch.device(m.device)
         torch.manual_seed(t.seed)
         self.task = tasks.build(cfg.task.name, cfg.task.params)
-        self.model, self.tok = load_policy(self.policy_path, self.device)
+        # float32 weights whatever the checkpoint's dtype; model.dtype is the compute dtype (autocast)
+        self.model, self.tok = load_policy(self.policy_path, self.device, dtype=torch.float32)
+        if m.gradient_checkpointing:  # activations of each decoder layer recomputed in backward
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.config.use_cache = False
+        if m.lora:
+            self.model = lora.apply_lora(self.model, m.lora)
         self.model.train()
-        # the reference policy of the KL term is the starting policy, frozen
-        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+        # the reference policy of the KL term is the starting policy, frozen (with LoRA: the same
+        # network with its adapters disabled, so no second copy)
+        self.ref_model = (copy.deepcopy(self.model).eval().requires_grad_(False)
+                          if cfg.algo.kl_coef > 0 and not m.lora else None)
+        # gapo's own decoder fast path reads the weights directly: not for adapters or checkpointing
+        self.fast = not (m.lora or m.gradient_checkpointing)
+        self.encoder = PromptEncoder(self.tok, chat=cfg.task.chat, system_prompt=cfg.task.system_prompt)
+        self.scaler = grad_scaler(self.device, m.dtype)
         # the fused kernel: the same AdamW update, ~4x faster than the per-tensor loop on CPU
         fused = {"fused": True} if self.device.type in ("cpu", "cuda") else {}
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay,
-                                     **fused)
+        self.opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=o.lr,
+                                     betas=o.betas, weight_decay=o.weight_decay, **fused)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
         self.max_new_tokens = cfg.sampling.max_new_tokens or self.task.max_completion_len + 1  # + EOS
@@ -100,18 +115,18 @@ class Trainer:
         # never more than prompts × steps (passes over it are reshuffled; dynamic sampling wraps)
         self.pool = self.task.generate("train", max(1, min(cfg.task.train_size, t.prompts * t.steps)), t.seed)
         self.eval_problems = self.task.generate("eval", cfg.eval.problems, cfg.eval.seed) if cfg.eval.problems else []
-        check_context(self.model, self.tok, [p.prompt for p in self.pool[:2000] + self.eval_problems[:2000]],
+        check_context(self.model, [len(self.encoder.ids(p.prompt)) for p in self.pool[:2000] + self.eval_problems[:2000]],
                       self.max_new_tokens, key=cfg._where("sampling.max_new_tokens"), where=str(self.policy_path))
         rollout.probe_reward(self.task, self.pool[:1] + self.eval_problems[:1], cfg.algo.reward_range)
         self.trackers = Trackers(cfg, self.run_dir)
         self.trackers.check()
-        self.prompt_ids = {}
         self.py_rng = random.Random(t.seed)
         self.gen = torch.Generator(device=self.device).manual_seed(t.seed)
         self.order = self._shuffled()
         self.pos = 0
         self.step = 0
         self._stop = False
+        self.last_samples: list[dict] = []
 
     def _open_folder(self, resume: bool, overwrite: bool, changes: dict) -> None:
         if not resume:
@@ -122,7 +137,7 @@ class Trainer:
                 self.folder.abort()
                 raise
             return
-        self.folder.rewrite_metrics(self.folder.records_up_to(self.step))
+        self.folder.truncate_logs(self.step)
         if changes:
             self.folder.write_config(to_dict(self.cfg))
             self.folder.log_event({"event": "resume", "step": self.step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -143,12 +158,6 @@ class Trainer:
             out.append(self.pool[self.order[self.pos]])
             self.pos += 1
         return out
-
-    def _encode(self, problem) -> list[int]:
-        ids = self.prompt_ids.get(problem.prompt)
-        if ids is None:
-            ids = self.prompt_ids[problem.prompt] = self.tok(problem.prompt).input_ids
-        return ids
 
     # ------------------------------------------------------------------ one RL step
     def train_step(self) -> dict:
@@ -173,7 +182,8 @@ class Trainer:
         upd = self._update(batch, advantages, eps_high_i, success, old_logp, ref_logp, perm0, entropy_sum)
         self.sched.step()
         self.step += 1
-        # 5. diagnostics
+        # 5. diagnostics, and a few rows of what was trained on (samples.jsonl)
+        self.last_samples = rollout.sample_records(batch, self.step, self.cfg.log.samples, self.encoder.text)
         return self._step_metrics(batch, advantages, eps_high_i, upd, t_step, t_update)
 
     def _rollout(self) -> rollout.Batch:
@@ -188,18 +198,24 @@ class Trainer:
 
     def _sample(self, problems: list):
         G, s = self.cfg.train.group_size, self.cfg.sampling
-        prompts = [self._encode(p) for p in problems for _ in range(G)]
+        prompts = [self.encoder.ids(p.prompt) for p in problems for _ in range(G)]
         self.model.eval()
-        ro = sample(self.model, prompts, max_new_tokens=self.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                    eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id, generator=self.gen)
+        with autocast(self.device, self.cfg.model.dtype):
+            ro = sample(self.model, prompts, max_new_tokens=self.max_new_tokens, temperature=s.temperature,
+                        top_p=s.top_p, eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
+                        generator=self.gen, fast=self.fast)
         self.model.train()
         return ro
 
     def _logprobs(self, model, batch, rows=None):
+        """Token log-probs and entropies ``(B, T)`` of the batch's completions (or ``rows`` of it),
+        in float32 whatever the compute dtype."""
         ro, T = batch.rollout, batch.rollout.completion_ids.shape[1]
         ids, attn = (ro.input_ids, ro.attention_mask) if rows is None else (ro.input_ids[rows], ro.attention_mask[rows])
-        return logprobs(model, ids, attn, T, temperature=self.cfg.sampling.temperature,
-                        entropy_grad=bool(self.cfg.algo.entropy_coef))
+        with autocast(self.device, self.cfg.model.dtype):
+            lp, ent = logprobs(model, ids, attn, T, temperature=self.cfg.sampling.temperature,
+                               entropy_grad=bool(self.cfg.algo.entropy_coef), fast=self.fast)
+        return lp.float(), ent.float()
 
     def _reuse_first_minibatch(self) -> bool:
         return self.cfg.algo.old_logp == "recompute"
@@ -228,15 +244,18 @@ class Trainer:
 
     @torch.no_grad()
     def _ref_logprobs(self, batch) -> torch.Tensor | None:
-        return self._logprobs(self.ref_model, batch)[0] if self.ref_model is not None else None
+        if self.cfg.algo.kl_coef == 0:
+            return None
+        if self.ref_model is None:  # LoRA: the base model is the network with its adapters off
+            with lora.reference(self.model):
+                return self._logprobs(self.model, batch)[0]
+        return self._logprobs(self.ref_model, batch)[0]
 
     def _update(self, batch, advantages, eps_high_i, success, old_logp, ref_logp, perm0, entropy_sum) -> dict:
         """E epochs × M mini-batch optimiser steps; returns the summed metrics and clip counts."""
-        a, t = self.cfg.algo, self.cfg.train
-        mask = batch.rollout.response_mask.float()
-        B = mask.shape[0]
+        t = self.cfg.train
+        B = batch.rewards.numel()
         mb = B // t.mini_batches
-        loss_fn, level, reuse = LOSSES[a.loss], RATIO_LEVEL[a.loss], self._reuse_first_minibatch()
         sums: dict[str, float] = {}
         counts: dict = {}
         grad_norms = []
@@ -244,37 +263,74 @@ class Trainer:
             perm = perm0 if epoch == 0 else torch.randperm(B, generator=self.gen, device=self.gen.device).to(self.device)
             for i in range(t.mini_batches):
                 rows = perm[i * mb : (i + 1) * mb]
-                m = mask[rows]
-                logp, ent = self._logprobs(self.model, batch, rows)
-                if epoch == 0 and (i == 0 or not reuse):  # entropy of π_old's samples (see _behaviour_logprobs)
-                    if reuse:
-                        old_logp[rows] = logp.detach().float()
-                    entropy_sum += float((ent.detach() * m).sum())
-                loss, metrics = loss_fn(logp, old_logp[rows], advantages[rows], m, eps_low=a.eps_low,
-                                        eps_high=eps_high_i[rows], agg=a.agg, clip_ratio_c=a.clip_ratio_c)
-                total = loss
-                if ref_logp is not None:
-                    kl_term = agg_loss(kl_estimate(logp, ref_logp[rows], a.kl_estimator), m, a.agg)
-                    total = total + a.kl_coef * kl_term
-                    metrics["loss/kl_ref"] = kl_term.detach()
-                if a.entropy_coef:
-                    total = total - a.entropy_coef * agg_loss(ent, m, a.agg)
                 self.opt.zero_grad(set_to_none=True)
-                total.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
-                if not torch.isfinite(grad_norm):
-                    raise FloatingPointError(f"non-finite gradient norm at step {self.step + 1}; "
-                                             "lower optim.lr or check the rewards")
-                self.opt.step()
-                grad_norms.append(float(grad_norm))
-                metrics["loss/policy"], metrics["loss/total"] = loss.detach(), total.detach()
+                # the mini-batch's gradient, accumulated over micro-batches (one, unless
+                # train.micro_batch_size splits it): each normalised by the whole mini-batch
+                metrics, entropy_sum = self._backward(batch, rows, advantages, eps_high_i, success, old_logp,
+                                                      ref_logp, entropy_sum, first=epoch == 0, reuse_rows=epoch == 0
+                                                      and i == 0, counts=counts)
+                grad_norms.append(self._optimizer_step())
                 for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                with torch.no_grad():  # clip diagnostics per group success count c (the paper's Fig. 2)
-                    ratio = torch.exp(log_ratio(logp.detach(), old_logp[rows], m, level))
-                    merge_counts(counts, clip_counts_by_c(ratio, advantages[rows], m, success[rows],
-                                                          eps_low=a.eps_low, eps_high=eps_high_i[rows]))
+                    sums[k] = sums.get(k, 0.0) + v
         return {"sums": sums, "counts": counts, "grad_norms": grad_norms, "entropy_sum": entropy_sum}
+
+    def _backward(self, batch, rows, advantages, eps_high_i, success, old_logp, ref_logp, entropy_sum, *,
+                  first: bool, reuse_rows: bool, counts: dict) -> tuple[dict, float]:
+        """Loss → backward for the mini-batch ``rows`` in micro-batches; returns its metrics (means
+        over the mini-batch) and the running entropy sum of π_old's samples."""
+        a, mask = self.cfg.algo, batch.rollout.response_mask.float()
+        loss_fn, level, reuse = LOSSES[a.loss], RATIO_LEVEL[a.loss], self._reuse_first_minibatch()
+        size = self.cfg.train.micro_batch_size or rows.numel()
+        m_all = mask[rows]
+        # whole-mini-batch normalisers, so the micro-batches' losses add up to the mini-batch loss
+        norms = {} if size >= rows.numel() else dict(
+            num_tokens=m_all.sum(), num_seqs=(m_all.sum(-1) > 0).sum(), horizon=mask.shape[1])
+        metrics: dict[str, float] = {}
+        for s in range(0, rows.numel(), size):
+            sub = rows[s : s + size]
+            m = mask[sub]
+            weight = 1.0 if not norms else float(m.sum()) / max(float(m_all.sum()), 1.0)
+            logp, ent = self._logprobs(self.model, batch, sub)
+            if first and (reuse_rows or not reuse):  # entropy of π_old's samples (see _behaviour_logprobs)
+                if reuse:
+                    old_logp[sub] = logp.detach().float()
+                entropy_sum += float((ent.detach() * m).sum())
+            loss, mets = loss_fn(logp, old_logp[sub], advantages[sub], m, eps_low=a.eps_low,
+                                 eps_high=eps_high_i[sub], agg=a.agg, clip_ratio_c=a.clip_ratio_c, **norms)
+            total = loss
+            if ref_logp is not None:
+                kl_term = agg_loss(kl_estimate(logp, ref_logp[sub], a.kl_estimator), m, a.agg, **norms)
+                total = total + a.kl_coef * kl_term
+                mets["loss/kl_ref"] = kl_term.detach()
+            if a.entropy_coef:
+                total = total - a.entropy_coef * agg_loss(ent, m, a.agg, **norms)
+            (self.scaler.scale(total) if self.scaler is not None else total).backward()
+            mets["loss/policy"], mets["loss/total"] = loss.detach(), total.detach()
+            for k, v in mets.items():  # losses add up over micro-batches; rates are token-weighted
+                share = 1.0 if k in ("loss/policy", "loss/total", "loss/kl_ref") else weight
+                metrics[k] = metrics.get(k, 0.0) + share * float(v)
+            with torch.no_grad():  # clip diagnostics per group success count c (the paper's Fig. 2)
+                ratio = torch.exp(log_ratio(logp.detach(), old_logp[sub], m, level))
+                merge_counts(counts, clip_counts_by_c(ratio, advantages[sub], m, success[sub],
+                                                      eps_low=a.eps_low, eps_high=eps_high_i[sub]))
+        return metrics, entropy_sum
+
+    def _optimizer_step(self) -> float:
+        """Clip the gradient norm and step; a non-finite norm is an error (with float16's scaler:
+        a skipped step, as the scaler lowers its scale)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.opt)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.grad_clip)
+        if self.scaler is not None:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        elif not torch.isfinite(grad_norm):
+            raise FloatingPointError(f"non-finite gradient norm at step {self.step + 1}; "
+                                     "lower optim.lr or check the rewards")
+        else:
+            self.opt.step()
+        return float(grad_norm)
 
     def _step_metrics(self, batch, advantages, eps_high_i, upd, t_step, t_update) -> dict:
         a = self.cfg.algo
@@ -305,8 +361,10 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation, logging
     def evaluate(self, *, progress: bool = False) -> dict:
         e = self.cfg.eval
-        res = evaluate(self.model, self.tok, self.task, self.eval_problems, n=e.samples, temperature=e.temperature,
-                       max_new_tokens=self.max_new_tokens, seed=e.seed, progress=progress)
+        with autocast(self.device, self.cfg.model.dtype):
+            res = evaluate(self.model, self.tok, self.task, self.eval_problems, n=e.samples, temperature=e.temperature,
+                           max_new_tokens=self.max_new_tokens, seed=e.seed, progress=progress,
+                           encode=self.encoder.ids, fast=self.fast)
         res.update(kind="eval", step=self.step)
         return res
 
@@ -318,7 +376,9 @@ class Trainer:
     def save_checkpoint(self) -> None:
         state = {
             "step": self.step, "pos": self.pos, "order": self.order, "pool_size": len(self.pool),
-            "model": self.model.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
+            # with LoRA only the adapters train: the checkpoint holds them, the base stays on disk
+            "model": lora.adapter_state(self.model) if lora.is_lora(self.model) else self.model.state_dict(),
+            "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
             "py_rng": self.py_rng.getstate(), "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
             "config": to_dict(self.cfg), "policy_path": self.policy_path,
         }
@@ -328,7 +388,12 @@ class Trainer:
     def _restore(self, state: dict, changes: dict) -> None:
         """Load a checkpoint's state; config keys changed on resume are applied on top of it."""
         try:
-            self.model.load_state_dict(state["model"])
+            if lora.is_lora(self.model):  # the adapters; the base weights come from the checkpoint on disk
+                missing = set(lora.adapter_state(self.model)) - set(state["model"])
+                if missing or self.model.load_state_dict(state["model"], strict=False).unexpected_keys:
+                    raise ValueError(f"the checkpoint's adapters do not match model.lora (missing {sorted(missing)[:3]})")
+            else:
+                self.model.load_state_dict(state["model"])
             self.opt.load_state_dict(state["opt"])
             self.sched.load_state_dict(state["sched"])
         except (RuntimeError, KeyError, ValueError) as e:
@@ -354,7 +419,11 @@ class Trainer:
         tmp = self.run_dir / f".policy.{os.getpid()}.tmp"
         old = self.run_dir / f".policy.{os.getpid()}.old"
         try:
-            save_policy(self.model, self.tok, tmp)
+            if lora.is_lora(self.model):  # the merged model, loadable anywhere, and the adapter beside it
+                save_policy(lora.merged(self.model), self.tok, tmp)
+                lora.save_adapter(self.model, tmp / "adapter")
+            else:
+                save_policy(self.model, self.tok, tmp)
             if final.exists():
                 os.rename(final, old)
             os.rename(tmp, final)
@@ -384,6 +453,7 @@ class Trainer:
                 while self.step < t.steps:
                     rec = self.train_step()
                     self.log(rec)
+                    self.folder.append_samples(self.last_samples)
                     self.folder.settle()  # the new run is under way: the run it replaces can go
                     bar.update(1)
                     bar.set_postfix(reward=f"{rec['rollout/reward']:.3f}", clip=f"{rec.get('loss/clipfrac', 0):.3f}",

@@ -1,0 +1,194 @@
+"""A pretrained-instruct-shaped checkpoint through the trainer: chat prompts, precision, memory
+options and LoRA, on a Qwen2-architecture model with a byte-level BPE tokenizer and a Qwen-style
+chat template, all built here (no hub)."""
+
+import json
+
+import pytest
+import torch
+
+from gapo.policy.chat import PromptEncoder
+from gapo.rl.config import load_config
+from gapo.rl.trainer import Trainer
+
+# A Qwen-style chat template (ChatML turns), written for this test.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def build_instruct_checkpoint(path, *, seed=0):
+    """A ~0.1M-parameter Qwen2ForCausalLM and a byte-level BPE tokenizer with ChatML specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    corpus = ["4 7 2 9 > 24: 9+7=16,16+4=20", "system user assistant", "Using the numbers, make the target."] * 20
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  additional_special_tokens=specials[1:])
+    tok.chat_template = CHAT_TEMPLATE
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def instruct(tmp_path_factory):
+    return str(build_instruct_checkpoint(tmp_path_factory.mktemp("qwen2-instruct")))
+
+
+def _cfg(model, *extra):
+    return load_config(None, [f"model.path={model}", "task.params.n_numbers=2", "task.params.num_range=[1,10]",
+                              "task.train_size=64", "train.prompts=4", "train.group_size=4", "train.mini_batches=2",
+                              "train.progress=false", "eval.problems=0", "sampling.max_new_tokens=12",
+                              "train.checkpoint_every=0", "optim.lr=1e-3", *extra])
+
+
+def _samples(run):
+    return [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+
+
+# ------------------------------------------------------------------ prompts
+def test_chat_template_builds_the_prompt(instruct, tmp_path):
+    Trainer(_cfg(instruct, "train.steps=1", "log.samples=3"), tmp_path / "r").fit()
+    rows = _samples(tmp_path / "r")
+    assert len(rows) == 3 and rows[0]["step"] == 1
+    p = rows[0]["prompt"]
+    assert p.startswith("<|im_start|>user\n") and p.endswith("<|im_end|>\n<|im_start|>assistant\n"), p
+    assert isinstance(rows[0]["completion"], str) and rows[0]["reward"] in (0.0, 1.0)
+
+
+def test_system_prompt_and_chat_false(instruct, tmp_path):
+    from gapo.policy.model import load_policy
+
+    _, tok = load_policy(instruct)
+    enc = PromptEncoder(tok, chat="auto", system_prompt="Answer briefly.")
+    text = enc.text("2 3 > 6:")
+    assert text == ("<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n2 3 > 6:<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    assert enc.ids("2 3 > 6:") == tok(text, add_special_tokens=False).input_ids
+    raw = PromptEncoder(tok, chat=False)
+    assert raw.text("2 3 > 6:") == "2 3 > 6:" and raw.ids("2 3 > 6:") == tok("2 3 > 6:").input_ids
+    with pytest.raises(ValueError, match="system_prompt needs a chat template"):
+        PromptEncoder(tok, chat=False, system_prompt="x")
+
+
+def test_embedded_policy_keeps_raw_prompts(easy_policy, tmp_path):
+    Trainer(load_config(None, [f"model.path={easy_policy}", "task.params.n_numbers=2", "task.params.num_range=[1,10]",
+                               "train.prompts=4", "train.group_size=4", "train.mini_batches=2", "train.steps=1",
+                               "train.progress=false", "eval.problems=0", "train.checkpoint_every=0"]),
+            tmp_path / "r").fit()
+    row = _samples(tmp_path / "r")[0]
+    assert "<|im_start|>" not in row["prompt"] and row["prompt"].endswith(":")
+    with pytest.raises(ValueError, match="no chat template"):
+        Trainer(load_config(None, [f"model.path={easy_policy}", "task.chat=true", "train.progress=false"]),
+                tmp_path / "r2")
+
+
+# ------------------------------------------------------------------ precision and memory
+def _one_step_params(model, tmp_path, name, *extra):
+    tr = Trainer(_cfg(model, "train.steps=1", "train.mini_batches=1", *extra), tmp_path / name)
+    rec = tr.train_step()
+    return {n: p.detach().clone() for n, p in tr.model.named_parameters()}, rec
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_micro_batches_give_the_same_update(instruct, tmp_path, agg):
+    """Splitting each mini-batch into micro-batches of 3 rows (16 = 3+3+3+3+3+1) changes nothing
+    but float rounding: same parameters after the step, same loss."""
+    extra = [f"algo.agg={agg}", "algo.kl_coef=0.05", "algo.entropy_coef=0.01", "algo.eps_schedule=linear",
+             "algo.eps_high_max=0.28"]
+    full, rec_full = _one_step_params(instruct, tmp_path, "full", *extra)
+    micro, rec_micro = _one_step_params(instruct, tmp_path, "micro", *extra, "train.micro_batch_size=3")
+    for n in full:
+        assert torch.allclose(full[n], micro[n], atol=1e-6, rtol=1e-5), n
+    assert rec_micro["loss/total"] == pytest.approx(rec_full["loss/total"], abs=1e-6)
+    assert rec_micro["optim/grad_norm"] == pytest.approx(rec_full["optim/grad_norm"], rel=1e-5)
+
+
+def test_gradient_checkpointing_gives_the_same_update(instruct, tmp_path):
+    plain, _ = _one_step_params(instruct, tmp_path, "plain")
+    ckpt, _ = _one_step_params(instruct, tmp_path, "ckpt", "model.gradient_checkpointing=true")
+    for n in plain:
+        assert torch.allclose(plain[n], ckpt[n], atol=1e-6), n
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_keeps_fp32_weights_and_exact_old_logprobs(instruct, tmp_path, dtype):
+    tr = Trainer(_cfg(instruct, "train.steps=1", f"model.dtype={dtype}"), tmp_path / dtype)
+    assert all(p.dtype == torch.float32 for p in tr.model.parameters())
+    batch = tr._rollout()
+    rows = torch.arange(batch.rewards.numel())
+    with torch.no_grad():
+        old, _ = tr._logprobs(tr.model, batch, rows)
+    new, _ = tr._logprobs(tr.model, batch, rows)  # the training forward, with autograd
+    assert old.dtype == torch.float32 and torch.equal(old, new.detach())  # ratio exactly 1 before a step
+    rec = tr.train_step()
+    assert torch.isfinite(torch.tensor(rec["loss/total"]))
+
+
+# ------------------------------------------------------------------ LoRA
+LORA = "model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"
+
+
+def test_lora_trains_adapters_only_and_the_reference_is_the_base(instruct, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(instruct)
+    # the entropy bonus moves the adapters even when a random policy earns no reward
+    tr = Trainer(_cfg(instruct, "train.steps=2", LORA, "algo.kl_coef=0.1", "algo.entropy_coef=0.01", "train.mini_batches=1"),
+                 tmp_path / "lora")
+    assert tr.ref_model is None  # no second copy: the reference is the base with adapters disabled
+    rec = tr.train_step()
+    assert rec["loss/kl_ref"] == 0.0  # LoRA's B starts at 0: policy == base before the first step
+    rec = tr.train_step()
+    assert rec["loss/kl_ref"] > 0.0
+    sd = dict(tr.model.named_parameters())
+    changed = [n for n, p in sd.items() if "lora_" in n]
+    assert changed and all(p.requires_grad for n, p in sd.items() if "lora_" in n)
+    plain = {k.replace("base_model.model.", "", 1).replace(".base_layer", ""): v for k, v in sd.items()}
+    for n, p in base.named_parameters():  # every base weight unchanged
+        assert torch.equal(p, plain[n].detach()), n
+
+
+def test_lora_checkpoint_holds_the_adapter_and_resumes_exactly(instruct, tmp_path):
+    from gapo.policy.model import load_policy
+
+    straight = Trainer(_cfg(instruct, "train.steps=2", LORA), tmp_path / "a")
+    straight.fit()
+    first = Trainer(_cfg(instruct, "train.steps=2", LORA), tmp_path / "b")
+    first.fit(stop_after=1)
+    state = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    assert state["model"] and all("lora_" in k for k in state["model"])  # the adapter only
+    resumed = Trainer(_cfg(instruct, "train.steps=2", LORA), tmp_path / "b", resume=True)
+    resumed.fit()
+    a = dict(straight.model.named_parameters())
+    for n, p in resumed.model.named_parameters():
+        assert torch.equal(p, a[n]), n
+    assert (tmp_path / "a" / "policy" / "adapter" / "adapter_config.json").is_file()
+    merged, tok = load_policy(tmp_path / "a" / "policy")  # the merged model loads as a plain checkpoint
+    assert not hasattr(merged, "peft_config")
+    assert tok.chat_template == CHAT_TEMPLATE and tok.eos_token == "<|im_end|>"  # the tokenizer survives the save
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("model.lora={rank: 4}", r"model.lora .*unknown entries \['rank'\]"),
+    ("model.lora={r: 0}", r"model.lora .*: r must be an integer >= 1"),
+    ("model.lora={r: 4, dropout: 1.5}", r"model.lora .*: dropout must be a number in \[0, 1\)"),
+    ("model.dtype=bf16", r"model.dtype .*unknown dtype 'bf16'.*bfloat16"),
+    ("task.chat=maybe", r"task.chat .*auto, true or false"),
+    ("train.micro_batch_size=0", r"train.micro_batch_size .*>= 1"),
+])
+def test_bad_real_model_options_are_clear(bad, match):
+    with pytest.raises(ValueError, match=match):
+        load_config(None, [bad])
