@@ -192,3 +192,40 @@ def test_lora_checkpoint_holds_the_adapter_and_resumes_exactly(instruct, tmp_pat
 def test_bad_real_model_options_are_clear(bad, match):
     with pytest.raises(ValueError, match=match):
         load_config(None, [bad])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fast_sampler_matches_model_forward_under_autocast(instruct, dtype):
+    """gapo's KV-cached fast path and the model's own forward draw the same tokens with the same
+    log-probs, in float32 and under bf16 autocast; the log-probs come back as float32."""
+    from gapo.policy.model import load_policy
+    from gapo.policy.precision import autocast
+    from gapo.policy.sampling import sample
+
+    model, tok = load_policy(instruct, dtype=torch.float32)
+    prompts = [tok("2 3 > 6:").input_ids] * 4 + [tok("7 1 4 > 28:").input_ids] * 4
+    runs = []
+    for fast in (True, False):
+        with autocast(torch.device("cpu"), dtype):
+            runs.append(sample(model, prompts, max_new_tokens=8, generator=torch.Generator().manual_seed(0),
+                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, fast=fast))
+    assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)
+    assert torch.equal(runs[0].logp, runs[1].logp) and runs[0].logp.dtype == torch.float32
+
+
+def test_gpu_check_script_runs_on_cpu_at_a_tiny_shape():
+    """benchmarks/gpu_check.py is the one prepared GPU check; its path (build a Qwen2-shaped
+    model from config values, bf16 + gradient checkpointing, with and without LoRA) must work
+    before a GPU session spends device time on it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_check.py"), "--shape", "tiny", "--device", "cpu",
+                          "--steps", "1"], capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"},
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("gpu_check ") and "full_step_s=" in last and "lora_step_s=" in last

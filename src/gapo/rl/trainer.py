@@ -354,6 +354,8 @@ class Trainer:
         out["clip/frac_high_pos"] = sum(f["pos_clipped"] for f in counts.values()) / pos_tok if pos_tok else 0.0
         out.update(batch.info)
         out.update({k: v for k, v in batch.stats.items() if k.startswith("reward/") and k != "reward/n"})
+        if self.device.type == "cuda":
+            out["memory/peak_gpu_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         out["time/update_s"] = time.perf_counter() - t_update
         out["time/step_s"] = time.perf_counter() - t_step
         return out
