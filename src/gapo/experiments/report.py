@@ -1,48 +1,59 @@
-"""Plots and a markdown report from run folders (``metrics.jsonl`` written by the trainer).
+"""Reports: tables, markdown and figures from run folders and from a grid's cells.
 
     gapo report runs/demo/fixed runs/demo/gapo --out runs/demo/report
+    gapo compare --config configs/grid.yaml --out runs/grid --report-only
 
-Figures (PNG): pass@k before/after, reward and pass rate over training, entropy over
-training, clip fraction of positive-advantage tokens per group-success count ``c``, and
-ε_high per ``c``. ``report.md`` holds the summary table and links the figures.
+``write_report`` (``gapo report``, ``gapo demo``): PNG figures (pass@k before/after, reward and
+pass rate over training, entropy over training, clip fraction of positive-advantage tokens per
+group-success count ``c``, and ε_high per ``c``) and ``report.md`` with the summary table.
+
+``grid_report`` (``gapo compare``): reads a grid's finished cells and writes ``summary.json``,
+``cells.csv``, ``tables.md`` and PNG figures: mean and 95% t-interval over seeds of held-out
+pass@k, coverage, first-move entropy, token entropy, clip fractions (overall and per
+group-success count ``c``), wall-clock per step, paired (same seed) differences of each method
+against its fixed-clipping baseline, and the claim rows (:mod:`gapo.experiments.claims`).
+
+Both speak the summary vocabulary of :mod:`gapo.experiments.stats`: ``before/<metric>``,
+``after/<metric>``, ``train/<key>``.
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import math
+import os
 import re
 from pathlib import Path
 
-__all__ = ["summarise", "write_report", "format_table"]
+from gapo.experiments.claims import claim_rows, verdict
+from gapo.experiments.figures import grid_figures, run_figures
+from gapo.experiments.grid import BASELINE_OF, cell_dir, grid_cells, write_json
+from gapo.experiments.stats import load_cell, mean_ci, paired_diffs, run_summary
+
+__all__ = ["summarise", "write_report", "format_table", "grid_report"]
+
+# the training diagnostics of the single-run table (``train/<key>``, NaN when never logged)
+_RUN_TRAIN_KEYS = ("loss/clipfrac", "clip/frac_high_pos", "loss/approx_kl", "policy/entropy", "time/step_s")
 
 
-def _ks(rec: dict) -> list[int]:
-    return sorted(int(m.group(1)) for k in rec if (m := re.fullmatch(r"eval/pass@(\d+)", k)))
-
-
-def _mean(xs):
-    xs = [x for x in xs if isinstance(x, (int, float))]
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
+# --------------------------------------------------------------------------------- single runs
 def summarise(run: dict) -> dict:
-    """One run in the summary vocabulary shared with the grid: ``before/<metric>`` and
+    """One run's table row, a selection of ``stats.run_summary``: ``before/<metric>`` and
     ``after/<metric>`` (first and last evaluation: pass@k, coverage, first-move entropy) and
-    ``train/<key>`` (the mean over training steps of a diagnostic)."""
+    ``train/<key>`` (the mean over training steps of a diagnostic), and ``steps``."""
+    s = run_summary(run["train"], run["eval"])
     out = {"name": run["name"]}
-    if run["eval"]:
-        first, last = run["eval"][0], run["eval"][-1]
-        for k in _ks(last):
-            out[f"before/pass@{k}"] = first.get(f"eval/pass@{k}")
-            out[f"after/pass@{k}"] = last.get(f"eval/pass@{k}")
-        for key in ("eval/coverage", "eval/first_move_entropy"):
-            if key in last:
-                out[f"before/{key[5:]}"], out[f"after/{key[5:]}"] = first.get(key), last[key]
-    tr = run["train"]
-    if tr:
-        for key in ("loss/clipfrac", "clip/frac_high_pos", "loss/approx_kl", "policy/entropy", "time/step_s"):
-            out[f"train/{key}"] = _mean(r.get(key) for r in tr)
-        out["steps"] = tr[-1]["step"]
+    for k in sorted(int(m.group(1)) for key in s if (m := re.fullmatch(r"after/pass@(\d+)", key))):
+        out[f"before/pass@{k}"] = s.get(f"before/pass@{k}")
+        out[f"after/pass@{k}"] = s[f"after/pass@{k}"]
+    for name in ("coverage", "first_move_entropy"):
+        if f"after/{name}" in s:
+            out[f"before/{name}"], out[f"after/{name}"] = s.get(f"before/{name}"), s[f"after/{name}"]
+    if run["train"]:
+        for key in _RUN_TRAIN_KEYS:
+            out[f"train/{key}"] = s.get(f"train/{key}", float("nan"))
+        out["steps"] = run["train"][-1]["step"]
     return out
 
 
@@ -63,111 +74,184 @@ def format_table(summaries: list[dict], keys: list[str] | None = None) -> str:
     return "\n".join([head, sep, *rows])
 
 
-def _by_c(records: list[dict], prefix: str) -> dict[int, float]:
-    """Training mean of ``{prefix}{c}`` for every c seen."""
-    acc: dict[int, list[float]] = {}
-    for r in records:
-        for k, v in r.items():
-            if k.startswith(prefix) and isinstance(v, (int, float)):
-                acc.setdefault(int(k[len(prefix):]), []).append(v)
-    return {c: sum(v) / len(v) for c, v in sorted(acc.items())}
-
-
-def _smooth(xs: list[float], w: int) -> list[float]:
-    out, s = [], 0.0
-    for i, x in enumerate(xs):
-        s += x
-        if i >= w:
-            s -= xs[i - w]
-        out.append(s / min(i + 1, w))
-    return out
-
-
 def write_report(runs: list[dict], out_dir: str | Path, *, title: str = "gapo report", notes: str = "") -> Path:
     """Write PNG figures and ``report.md`` comparing ``runs`` into ``out_dir``; returns the md path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    figs = []
-
-    # pass@k before / after
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for i, run in enumerate(runs):
-        if not run["eval"]:
-            continue
-        color = f"C{i}"
-        for rec, style, when in ((run["eval"][0], "--", "before"), (run["eval"][-1], "-", "after")):
-            ks = _ks(rec)
-            if when == "before" and i > 0 and run["eval"][0].get("step") == 0 and runs[0]["eval"]:
-                continue  # every run starts from the same base policy: draw "before" once
-            ax.plot(ks, [rec[f"eval/pass@{k}"] for k in ks], style, marker="o", color=color if when == "after" else "gray",
-                    label=f"{run['name']} ({when}, step {rec['step']})" if when == "after" else f"base (step {rec['step']})")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("k")
-    ax.set_ylabel("pass@k (held out)")
-    ax.set_title("pass@k before and after RL")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    figs.append(("passk.png", fig))
-
-    # reward / pass rate and entropy over training
-    for key, fname, label in (("rollout/reward", "reward.png", "mean reward (training rollouts)"),
-                              ("policy/entropy", "entropy.png", "token entropy (nats)"),
-                              ("clip/frac_high_pos", "clipfrac.png", "clipped share of A>0 tokens")):
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for i, run in enumerate(runs):
-            xs = [r["step"] for r in run["train"] if key in r]
-            ys = [r[key] for r in run["train"] if key in r]
-            if xs:
-                ax.plot(xs, _smooth(ys, 10), color=f"C{i}", label=run["name"])
-        ax.set_xlabel("step")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        figs.append((fname, fig))
-
-    # eval pass@1 over training
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for i, run in enumerate(runs):
-        ks = _ks(run["eval"][-1]) if run["eval"] else []
-        for k, style in ((1, "-"), (max(ks) if ks else 1, "--")):
-            xs = [r["step"] for r in run["eval"]]
-            ax.plot(xs, [r.get(f"eval/pass@{k}") for r in run["eval"]], style, marker=".", color=f"C{i}",
-                    label=f"{run['name']} pass@{k}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("held-out pass@k")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    figs.append(("eval_curve.png", fig))
-
-    # clip fraction and eps_high per group-success count c
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    width = 0.8 / max(len(runs), 1)
-    for i, run in enumerate(runs):
-        for ax, prefix, label in ((axes[0], "clip/frac_high_by_c/", "clipped share of A>0 tokens"),
-                                  (axes[1], "clip/eps_high_pos_by_c/", "ε_high of A>0 rollouts")):
-            d = _by_c(run["train"], prefix)
-            ax.bar([c + (i - (len(runs) - 1) / 2) * width for c in d], list(d.values()), width=width,
-                   color=f"C{i}", label=run["name"])
-            ax.set_xlabel("c = correct rollouts in the group")
-            ax.set_ylabel(label)
-            ax.grid(alpha=0.3, axis="y")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    figs.append(("clip_by_c.png", fig))
-
-    for name, fig in figs:
-        fig.savefig(out / name, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-
+    figs = run_figures(runs, out)
     summaries = [summarise(r) for r in runs]
     lines = [f"# {title}", "", *([notes, ""] if notes else []), format_table(summaries), ""]
-    for name, _ in figs:
+    for name in figs:
         lines += [f"![{name[:-4]}]({name})", ""]
     md = out / "report.md"
     md.write_text("\n".join(lines))
     return md
+
+
+# --------------------------------------------------------------------------------- the grid
+def grid_report(grid: dict, out: str | Path, report_dir: str | Path | None = None,
+                figures_dir: str | Path | None = None, say=print) -> Path:
+    """Aggregate finished cells into ``summary.json``, ``cells.csv``, ``tables.md`` and figures;
+    returns the path of ``tables.md``."""
+    out = Path(out)
+    rdir = Path(report_dir or grid.get("report_dir") or out / "report")
+    fdir = Path(figures_dir or grid.get("figures_dir") or rdir)
+    rdir.mkdir(parents=True, exist_ok=True)
+    fdir.mkdir(parents=True, exist_ok=True)
+    cells, rows, failed = _load_cells(grid, out)
+    if not rows:
+        raise ValueError(f"no finished cells under {str(out)!r}")
+    keys = sorted({k for row in rows for k in row} - {"regime", "method", "seed"})
+    _write_csv(rdir / "cells.csv", rows, keys)
+    agg = _aggregate(grid, rows, keys)
+    summary = {"grid": grid.get("name"), "seeds": grid["seeds"], "regimes": grid["regimes"], "methods": grid["methods"],
+               "n_cells_done": len(rows), "n_cells_total": len(grid_cells(grid)),
+               "failed": failed, "aggregate": agg, "paired": _paired(grid, cells, keys),
+               "claims": claim_rows(grid, cells),
+               "common": grid["common"], "method_defs": {m: grid["_methods"][m] for m in grid["methods"]}}
+    write_json(rdir / "summary.json", summary)
+    md = _tables_md(summary)
+    figs = grid_figures(grid, cells, agg, fdir)
+    rel = os.path.relpath(fdir, rdir)
+    md += "\n## Figures\n\n" + "\n".join(f"![{f}]({rel}/{f})" for f in figs) + "\n"
+    (rdir / "tables.md").write_text(md)
+    say(f"report: {rdir / 'tables.md'} ({len(rows)} finished cells, {len(failed)} failed)")
+    return rdir / "tables.md"
+
+
+def _load_cells(grid: dict, out: Path) -> tuple[dict, list[dict], list[dict]]:
+    """Finished cells by ``(regime, method, seed)``, their summary rows (grid order) and the failed ones."""
+    cells, rows, failed = {}, [], []
+    order = lambda x: (grid["regimes"].index(x[0]), grid["methods"].index(x[1]), x[2])  # noqa: E731
+    for r, m, s in sorted(grid_cells(grid), key=order):
+        d = cell_dir(out, r, m, s)
+        if (d / "failed.json").is_file():
+            err = json.loads((d / "failed.json").read_text())
+            failed.append({"cell": f"{r}/{m}/seed{s}", **{k: v for k, v in err.items() if k == "error"}})
+        c = load_cell(d)
+        if c is None:
+            continue
+        cells[(r, m, s)] = c
+        rows.append({"regime": r, "method": m, "seed": s, **c["summary"]})
+    return cells, rows, failed
+
+
+def _write_csv(path: Path, rows: list[dict], keys: list[str]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["regime", "method", "seed", *keys])
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()})
+
+
+def _aggregate(grid: dict, rows: list[dict], keys: list[str]) -> dict:
+    """regime → method → key → ``mean_ci`` over seeds."""
+    agg: dict = {}
+    for r in grid["regimes"]:
+        for m in grid["methods"]:
+            rs = [row for row in rows if row["regime"] == r and row["method"] == m]
+            if rs:
+                agg.setdefault(r, {})[m] = {k: mean_ci([row.get(k) for row in rs]) for k in keys}
+    return agg
+
+
+def _paired(grid: dict, cells: dict, keys: list[str]) -> dict:
+    """regime → method → ``{"vs": baseline, key: mean_ci of same-seed differences}``."""
+    base = grid.get("baseline", "drgrpo")
+    paired: dict = {}
+    for r in grid["regimes"]:
+        for m in grid["methods"]:
+            b = BASELINE_OF.get(m, base)
+            if m == b:
+                continue
+            for k in keys:
+                diffs = paired_diffs(cells, r, m, b, k, grid["seeds"])
+                if diffs:
+                    paired.setdefault(r, {}).setdefault(m, {"vs": b})[k] = mean_ci(diffs)
+    return paired
+
+
+# --------------------------------------------------------------------------------- tables.md
+# (summary key, column title, shown in %)
+_MAIN_COLS = [("after/pass@1", "pass@1", True), ("after/pass@8", "pass@8", True), ("after/pass@64", "pass@64", True),
+              ("after/coverage", "coverage", True), ("after/first_move_entropy", "1st-move H", False),
+              ("train/entropy_late", "token H (late)", False), ("train/clip/frac_high_pos", "clip A>0", True),
+              ("train/time/step_s", "s/step", False), ("train/time/update_s", "update s/step", False)]
+_BASE_COLS = [("before/pass@1", True), ("before/pass@8", True), ("before/pass@64", True), ("before/coverage", True),
+              ("before/first_move_entropy", False)]
+
+
+def _fmt(d: dict | None, pct: bool = False) -> str:
+    if not d or d["n"] == 0:
+        return "–"
+    f = 100.0 if pct else 1.0
+    if d["n"] == 1 or not math.isfinite(d["ci"]):
+        return f"{d['mean'] * f:.2f}"
+    return f"{d['mean'] * f:.2f} ± {d['ci'] * f:.2f}"
+
+
+def _tables_md(summary: dict) -> str:
+    lines = [f"# grid `{summary['grid']}`: {summary['n_cells_done']}/{summary['n_cells_total']} cells finished", "",
+             "Mean ± 95% t-interval half-width over seeds. pass@k, coverage and clip fractions in %.", ""]
+    for r, by_m in summary["aggregate"].items():
+        lines += _regime_md(r, by_m, summary["paired"].get(r))
+    if summary.get("claims"):
+        lines += _claims_md(summary["claims"])
+    if summary["failed"]:
+        lines += ["## failed cells", ""] + [f"- {f['cell']}: {f.get('error', '')}" for f in summary["failed"]] + [""]
+    return "\n".join(lines)
+
+
+def _regime_md(r: str, by_m: dict, paired: dict | None) -> list[str]:
+    """One regime's section: base policy, methods table, paired differences, per-c tables."""
+    base = next(iter(by_m.values()))
+    lines = [f"## regime `{r}`", ""]
+    lines.append("base policy: " + ", ".join(f"{k[7:]} = {_fmt(base.get(k), p)}" for k, p in _BASE_COLS if k in base))
+    lines.append("")
+    cols = [c for c in _MAIN_COLS if any(c[0] in v for v in by_m.values())]
+    lines.append("| method | n | " + " | ".join(c[1] for c in cols) + " |")
+    lines.append("|---|---|" + "---|" * len(cols))
+    for m, v in by_m.items():
+        n = max(x["n"] for x in v.values())
+        lines.append(f"| {m} | {n} | " + " | ".join(_fmt(v.get(k), p) for k, _, p in cols) + " |")
+    lines.append("")
+    if paired is not None:
+        lines += ["Paired differences (method − baseline, same seed):", ""]
+        pcols = [c for c in _MAIN_COLS[:7] if any(c[0] in v for v in paired.values())]
+        lines.append("| method | vs | " + " | ".join(f"Δ {c[1]}" for c in pcols) + " |")
+        lines.append("|---|---|" + "---|" * len(pcols))
+        for m, v in paired.items():
+            lines.append(f"| {m} | {v['vs']} | " + " | ".join(_fmt(v.get(k), p) for k, _, p in pcols) + " |")
+        lines.append("")
+    return lines + _by_c_md(by_m)
+
+
+def _by_c_md(by_m: dict) -> list[str]:
+    """Clipped share of A>0 tokens and mean |ρ−1| per group-success count c (empty without per-c data)."""
+    cs = sorted({int(k.split("/")[1]) for v in by_m.values() for k in v if k.startswith("clip_by_c/")})
+    if not cs:
+        return []
+    head = ["| method | " + " | ".join(f"c={c}" for c in cs) + " |", "|---|" + "---|" * len(cs)]
+    lines = ["Clipped share of positive-advantage tokens (%) by c (correct rollouts in the group):", "", *head]
+    for m, v in by_m.items():
+        lines.append(f"| {m} | " + " | ".join(_fmt(v.get(f"clip_by_c/{c}"), True) for c in cs) + " |")
+    lines += ["", "Mean |ρ−1| by c:", "", *head]
+    for m, v in by_m.items():
+        lines.append(f"| {m} | " + " | ".join(
+            f"{v[f'dev_by_c/{c}']['mean']:.4f}" if v.get(f"dev_by_c/{c}", {}).get("n") else "–" for c in cs) + " |")
+    lines.append("")
+    return lines
+
+
+def _claims_md(claims: list[dict]) -> list[str]:
+    lines = ["## Claims (issue 4 item 5): paired differences, mean ± 95% t-interval; sign by the CI", "",
+             "| claim | regime | method | vs | measure | Δ | 95% CI | n | sign |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in claims:
+        lo, hi = c["mean"] - c["ci"], c["mean"] + c["ci"]
+        lines.append(f"| {c['claim']} | {c['regime']} | {c['method']} | {c['vs']} | {c['key']} | {c['mean']:.4f} | "
+                     f"[{lo:.4f}, {hi:.4f}] | {c['n']} | {verdict(c)} |")
+    between = [c for c in claims if c["vs"] not in ("", "base")]
+    lines += [f"{len(between)} between-method intervals above; at 95% about {len(between) / 20:.1f} of them "
+              "would exclude zero by chance alone, so a lone '+' or '−' is a lead, not a finding.", ""]
+    return lines

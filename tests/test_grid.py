@@ -1,11 +1,13 @@
-"""``gapo compare``: a tiny grid end to end (cells, skip, resume, failure isolation, report) and bad input."""
+"""``gapo compare`` (gapo.experiments.grid, .cell, .report): a tiny grid end to end (cells, skip,
+resume, failure isolation, report) and bad input."""
 
 import json
 import os
 
 import pytest
 
-from gapo.experiments.grid import load_grid, main, report, run_grid
+from gapo.experiments.grid import load_grid, run_grid
+from gapo.experiments.report import grid_report
 
 TASK = {"n_numbers": 2, "num_range": [1, 10]}
 # the tiny base of tests/test_trainer.py (EASY): 2-number Countdown, micro Llama, 150 SFT steps
@@ -105,7 +107,7 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     assert stats["done"] == 0 and stats["skipped"] == 3
     assert (cell_dir(out, "easy", "drgrpo", 0) / "done.json").stat().st_mtime == mtime
 
-    md = report(g, out, tmp_path / "rep", say=lambda s: None)
+    md = grid_report(g, out, tmp_path / "rep", say=lambda s: None)
     text = md.read_text()
     assert "| gapo |" in text and "boom" in text  # the failed cell is listed
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
@@ -122,3 +124,23 @@ def test_cli_report_only_without_cells_fails_clearly(tmp_path, capsys):
     from gapo.cli import main as cli_main
     rc = cli_main(["compare", "--config", str(p), "--out", str(tmp_path / "none"), "--report-only"])
     assert rc == 2 and "no finished cells" in capsys.readouterr().err
+
+
+def test_cli_retry_failed_reruns_failed_cells(tmp_path, capsys):
+    import yaml
+
+    from gapo.cli import main as cli_main
+
+    p = tmp_path / "g.yaml"
+    p.write_text(yaml.safe_dump(_grid(method_defs={"boom": {"model.path": "/nonexistent/model"}}, methods=["boom"])))
+    args = ["compare", "--config", str(p), "--out", str(tmp_path / "grid")]
+    assert cli_main(args) == 2  # the only cell fails, so there is nothing to report
+    assert "grid: 0 cells run, 1 failed, 0 skipped of 1" in capsys.readouterr().out
+    failed = tmp_path / "grid" / "easy" / "boom" / "seed0" / "failed.json"
+    mtime = failed.stat().st_mtime_ns
+    assert cli_main(args) == 2  # skipped, not retried
+    assert "grid: 0 cells run, 1 failed, 1 skipped of 1" in capsys.readouterr().out
+    assert failed.stat().st_mtime_ns == mtime
+    assert cli_main(args + ["--retry-failed"]) == 2
+    assert "grid: 0 cells run, 1 failed, 0 skipped of 1" in capsys.readouterr().out
+    assert failed.stat().st_mtime_ns != mtime

@@ -1,0 +1,116 @@
+"""The child-process side of ``gapo compare`` (internal; its arguments may change at any time).
+
+    python -m gapo.experiments.cell --cell <out>/<regime>/<method>/seed<k>
+    python -m gapo.experiments.cell --prepare OUT REGIME SPEC_JSON EVAL_JSON
+
+:func:`gapo.experiments.grid.run_grid` spawns one such process per job with one torch thread:
+``--prepare`` builds (or fetches from the cache) a regime's base policy and evaluates it once
+(``<out>/<regime>/base_eval.json``); ``--cell`` trains one cell from its spec
+(``seed<k>.json`` next to the run folder) and writes ``done.json`` or ``failed.json``. Exit
+codes: 0 done, 1 failed (recorded), 130 stopped by SIGTERM (checkpointed; resumes next time).
+This module imports torch and the trainer at the top: only the child imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from gapo import tasks
+from gapo.experiments.grid import cell_file, pretrain_config, regime_task, write_json
+from gapo.policy.base_policy import get_base_policy
+from gapo.policy.model import load_policy
+from gapo.rl.config import from_dict
+from gapo.rl.evaluate import evaluate
+from gapo.rl.trainer import Trainer
+
+
+def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> int:
+    """Build (or fetch) the regime's base policy and evaluate it once."""
+    torch.set_num_threads(1)
+    spec, ev = json.loads(spec_json), json.loads(eval_json)
+    rdir = Path(out) / regime
+    path = get_base_policy(pretrain_config(spec), progress=False)
+    t = regime_task(spec)
+    task = tasks.get(t["name"], **t["params"])
+    model, tok = load_policy(path)
+    res = {}
+    if ev["problems"]:
+        problems = task.generate("eval", ev["problems"], ev["seed"])
+        res = evaluate(model, tok, task, problems, n=ev["samples"], temperature=ev["temperature"],
+                       max_new_tokens=ev["max_new_tokens"] or task.max_completion_len + 1, seed=ev["seed"])
+        res.update(kind="eval", step=0)
+    write_json(rdir / "base_eval.json", {"policy": str(path), "eval_cfg": ev, "eval": res})
+    return 0
+
+
+class _CellTrainer(Trainer):
+    """A trainer whose step-0 evaluation is the regime's shared one: every cell of a regime starts
+    from the same policy and is evaluated on the same problems with the same seed."""
+
+    def __init__(self, *args, base_eval: dict | None = None, **kwargs):
+        self._cell_base_eval = base_eval
+        super().__init__(*args, **kwargs)
+
+    def evaluate(self, *, progress=False):
+        if self.step == 0 and self._cell_base_eval:
+            return dict(self._cell_base_eval)
+        return super().evaluate(progress=progress)
+
+
+def _check_finite(cdir: Path) -> None:
+    recs = [json.loads(x) for x in (cdir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    bad = [r["step"] for r in recs if any(isinstance(v, str) and v in ("nan", "inf", "-inf") for v in r.values())]
+    if bad:
+        raise FloatingPointError(f"non-finite metrics at steps {bad[:5]}")
+
+
+def _run_cell(cdir: Path) -> int:
+    """Train one cell from its spec; ``done.json`` on success, ``failed.json`` on error."""
+    cdir = Path(cdir)
+    spec = json.loads(cell_file(cdir, "json").read_text())
+    torch.set_num_threads(1)
+    t0 = time.time()
+    try:
+        cfg = from_dict(spec["config"]).validate()
+        resume = (cdir / "checkpoint.pt").is_file()
+        tr = _CellTrainer(cfg, cdir, resume=resume, overwrite=not resume,  # no checkpoint: start over
+                          base_eval=spec.get("base_eval"))
+        res = tr.fit()
+        if res["stopped"]:
+            return 130
+        _check_finite(cdir)
+        final = {k: v for k, v in (res["eval"] or {}).items() if k != "eval/correct"}
+        write_json(cdir / "done.json", {"step": res["step"], "wall_s": time.time() - t0, "eval": final,
+                                        "resumed": resume})
+        (cdir / "checkpoint.pt").unlink(missing_ok=True)  # the run is finished: the checkpoint is only disk weight
+        return 0
+    except Exception as e:  # noqa: BLE001 - recorded, the grid goes on
+        write_json(cdir / "failed.json", {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
+                                          "wall_s": time.time() - t0})
+        traceback.print_exc()
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child's entry point (see the module docstring); not a user command."""
+    ap = argparse.ArgumentParser(prog="python -m gapo.experiments.cell",
+                                 description="internal: one job of `gapo compare` (spawned by run_grid)")
+    job = ap.add_mutually_exclusive_group(required=True)
+    job.add_argument("--cell", metavar="DIR", help="train the cell whose run folder is DIR")
+    job.add_argument("--prepare", nargs=4, metavar=("OUT", "REGIME", "SPEC_JSON", "EVAL_JSON"),
+                     help="build and evaluate a regime's base policy")
+    a = ap.parse_args(argv)
+    if a.cell:
+        return _run_cell(Path(a.cell))
+    return _prepare_regime(Path(a.prepare[0]), a.prepare[1], a.prepare[2], a.prepare[3])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

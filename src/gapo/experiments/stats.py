@@ -1,0 +1,139 @@
+"""Statistics over seeds, and the summary of one finished run in the shared vocabulary.
+
+A run's summary (``run_summary``) names every value ``before/<metric>`` or ``after/<metric>``
+(the first and the last held-out evaluation), ``train/<key>`` (a mean over training steps) or
+``<stat>_by_c/<c>`` (a per group-success-count diagnostic over training). The grid's cells
+(``load_cell``) and the single-run report (``report.summarise``) both read it.
+
+Over seeds, ``mean_ci`` gives the mean and the 95% Student-t half-width; ``paired_diffs`` the
+same-seed differences between two methods, which is what every comparison of the grid uses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import yaml
+
+from gapo.rl.run_dir import load_run
+
+__all__ = ["t975", "mean_ci", "paired_diffs", "TRAIN_KEYS", "by_c", "run_summary", "load_cell"]
+
+# two-sided 95% Student t quantiles t_{0.975, df}
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+
+# the training diagnostics averaged over steps into ``train/<key>``
+TRAIN_KEYS = ("clip/frac_high_pos", "loss/clipfrac", "policy/entropy", "time/step_s", "time/update_s",
+              "rollout/pass_rate", "loss/approx_kl")
+
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (the next tabulated df up)."""
+    if df in _T975:
+        return _T975[df]
+    keys = sorted(_T975)
+    return next((_T975[k] for k in keys if k >= df), 1.96)
+
+
+def mean_ci(xs: list[float]) -> dict:
+    """Mean and 95% t-interval half-width over seeds (``ci`` is NaN with one value)."""
+    xs = [float(x) for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+    n = len(xs)
+    if n == 0:
+        return {"mean": float("nan"), "ci": float("nan"), "n": 0}
+    m = sum(xs) / n
+    if n == 1:
+        return {"mean": m, "ci": float("nan"), "n": 1}
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    return {"mean": m, "ci": t975(n - 1) * sd / math.sqrt(n), "n": n}
+
+
+def paired_diffs(cells: dict, regime: str, a: str, b: str, key: str, seeds: list[int]) -> list[float]:
+    """``a − b`` of summary ``key`` for every seed where both cells finished (NaN where one lacks
+    the key, which ``mean_ci`` then drops). ``cells`` maps ``(regime, method, seed)`` to
+    ``load_cell``'s result."""
+    nan = float("nan")
+    return [cells[(regime, a, s)]["summary"].get(key, nan) - cells[(regime, b, s)]["summary"].get(key, nan)
+            for s in seeds if (regime, a, s) in cells and (regime, b, s) in cells]
+
+
+def _numbers(xs) -> list:
+    return [x for x in xs if isinstance(x, (int, float))]
+
+
+def by_c(records: list[dict], prefix: str) -> dict[int, float]:
+    """Training mean of ``{prefix}{c}`` for every c seen, by increasing c."""
+    acc: dict[int, list[float]] = {}
+    for r in records:
+        for k, v in r.items():
+            if k.startswith(prefix) and isinstance(v, (int, float)):
+                acc.setdefault(int(k[len(prefix):]), []).append(v)
+    return {c: sum(v) / len(v) for c, v in sorted(acc.items())}
+
+
+def _eval_summary(evals: list[dict]) -> dict:
+    """``before/<m>`` and ``after/<m>``: every numeric ``eval/<m>`` of the first and last evaluation."""
+    s = {}
+    for when, rec in (("after", evals[-1] if evals else {}), ("before", evals[0] if evals else {})):
+        for k, v in rec.items():
+            if k.startswith("eval/") and isinstance(v, (int, float)):
+                s[f"{when}/{k[5:]}"] = v
+    return s
+
+
+def _train_summary(train: list[dict]) -> dict:
+    """``train/<key>`` means over steps, and ``train/entropy_late`` (the last quarter of the steps)."""
+    s = {}
+    for k in TRAIN_KEYS:
+        vals = _numbers(r.get(k) for r in train)
+        if vals:
+            s[f"train/{k}"] = sum(vals) / len(vals)
+    ents = _numbers(r.get("policy/entropy") for r in train)
+    if ents:
+        q = ents[-max(1, len(ents) // 4):]
+        s["train/entropy_late"] = sum(q) / len(q)
+    return s
+
+
+def _by_c_summary(train: list[dict]) -> dict:
+    """``clip_by_c/<c>``: clipped share of positive-advantage tokens, token-weighted over training;
+    ``dev_by_c``, ``eps_by_c``, ``adv_by_c``: step means of mean |ρ−1|, ε_high and |A|."""
+    s = {}
+    pos_by_c: dict[int, list[float]] = {}
+    for r in train:
+        for k, v in r.items():
+            if k.startswith("clip/frac_high_by_c/"):
+                c = int(k.rsplit("/", 1)[1])
+                w = r.get(f"clip/tokens_pos_by_c/{c}", 0.0)
+                acc = pos_by_c.setdefault(c, [0.0, 0.0])
+                acc[0] += v * w
+                acc[1] += w
+    for c, (num, den) in pos_by_c.items():
+        if den:
+            s[f"clip_by_c/{c}"] = num / den
+    for prefix, name in (("clip/ratio_dev_by_c/", "dev_by_c"), ("clip/eps_high_by_c/", "eps_by_c"),
+                         ("clip/adv_by_c/", "adv_by_c")):
+        for c, v in by_c(train, prefix).items():
+            s[f"{name}/{c}"] = v
+    return s
+
+
+def run_summary(train: list[dict], evals: list[dict]) -> dict:
+    """One run's summary: ``before/*``, ``after/*``, ``train/*`` and ``*_by_c/<c>`` (module docstring)."""
+    return {**_eval_summary(evals), **_train_summary(train), **_by_c_summary(train)}
+
+
+def load_cell(d: Path) -> dict | None:
+    """A finished cell (``done.json``): its records, ``done.json``, group size ``G`` and summary;
+    ``None`` while unfinished."""
+    if not (d / "done.json").is_file():
+        return None
+    run = load_run(d)
+    done = json.loads((d / "done.json").read_text())
+    cfg = yaml.safe_load((d / "config.yaml").read_text())
+    tr, ev = run["train"], run["eval"]
+    return {"train": tr, "eval": ev, "done": done, "G": cfg["train"]["group_size"], "summary": run_summary(tr, ev)}
