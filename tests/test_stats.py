@@ -1,0 +1,82 @@
+"""gapo.experiments.stats and .claims: intervals, paired differences, the shared run summary, verdicts."""
+
+import math
+
+import pytest
+
+from gapo.experiments.claims import claim_rows, verdict
+from gapo.experiments.report import summarise
+from gapo.experiments.stats import by_c, mean_ci, paired_diffs, run_summary, t975
+
+
+def test_mean_ci():
+    assert mean_ci([]) == {"mean": pytest.approx(math.nan, nan_ok=True), "ci": pytest.approx(math.nan, nan_ok=True),
+                           "n": 0}
+    one = mean_ci([0.5, float("nan"), "x"])  # non-finite and non-numbers are dropped
+    assert one["n"] == 1 and one["mean"] == 0.5 and math.isnan(one["ci"])
+    d = mean_ci([1.0, 2.0, 3.0])
+    assert d["n"] == 3 and d["mean"] == 2.0 and d["ci"] == pytest.approx(t975(2) * 1.0 / math.sqrt(3))
+    assert t975(2) == 4.303 and t975(22) == 2.060 and t975(500) == 1.96  # next tabulated df up, then normal
+
+
+def _cell(**summary):
+    return {"summary": summary, "G": 4}
+
+
+def test_paired_diffs_pair_by_seed_only():
+    cells = {("r", "a", 0): _cell(x=1.0), ("r", "b", 0): _cell(x=0.25),
+             ("r", "a", 1): _cell(x=2.0),  # no partner: left out
+             ("r", "a", 2): _cell(), ("r", "b", 2): _cell(x=1.0)}  # key missing: NaN, dropped by mean_ci
+    d = paired_diffs(cells, "r", "a", "b", "x", [0, 1, 2])
+    assert d[0] == 0.75 and len(d) == 2 and math.isnan(d[1])
+    assert mean_ci(d) == {"mean": 0.75, "ci": pytest.approx(math.nan, nan_ok=True), "n": 1}
+
+
+def test_verdict():
+    assert verdict({"mean": 1.0, "ci": 0.5, "n": 3}) == "+"
+    assert verdict({"mean": -1.0, "ci": 0.5, "n": 3}) == "−"
+    assert verdict({"mean": 0.2, "ci": 0.5, "n": 3}) == "0"
+    assert verdict({"mean": 1.0, "ci": math.nan, "n": 1}) == "n<2"
+
+
+def test_claim_rows_use_roles_and_skip_missing_methods():
+    cells = {}
+    for s in (0, 1):
+        cells[("cd-low", "gapo", s)] = _cell(**{"after/pass@1": 0.5 + s, "before/pass@1": 0.1})
+        cells[("cd-low", "drgrpo", s)] = _cell(**{"after/pass@1": 0.25 + s, "before/pass@1": 0.1})
+    grid = {"seeds": [0, 1], "regimes": ["cd-low"], "methods": ["drgrpo", "gapo"], "roles": {"low": "cd-low"}}
+    rows = claim_rows(grid, cells)
+    first = rows[0]
+    assert (first["claim"], first["regime"], first["method"], first["vs"], first["key"]) == \
+        ("1 pass@1 (low)", "cd-low", "gapo", "drgrpo", "after/pass@1")
+    assert first["mean"] == 0.25 and first["n"] == 2 and first["ci"] == 0.0
+    assert not [r for r in rows if r["vs"] in ("grpo", "dapo")]  # not in the grid: skipped
+    base = [r for r in rows if r["vs"] == "base" and r["key"] == "pass@1"]
+    assert [(r["method"], r["mean"]) for r in base] == [("drgrpo", pytest.approx(0.65)), ("gapo", pytest.approx(0.9))]
+
+
+TRAIN = [{"step": i, "kind": "train", "policy/entropy": e, "loss/clipfrac": 0.1,
+          "clip/frac_high_by_c/1": 0.5, "clip/tokens_pos_by_c/1": w, "clip/ratio_dev_by_c/2": 0.1 * i}
+         for i, (e, w) in enumerate([(4.0, 1.0), (3.0, 3.0), (2.0, 0.0), (1.0, 1.0)], 1)]
+EVAL = [{"step": 0, "kind": "eval", "eval/pass@1": 0.1, "eval/pass@2": 0.2, "eval/coverage": 0.3},
+        {"step": 4, "kind": "eval", "eval/pass@1": 0.4, "eval/pass@2": 0.5, "eval/coverage": 0.6, "eval/correct": [1]}]
+
+
+def test_run_summary_vocabulary():
+    s = run_summary(TRAIN, EVAL)
+    assert s["before/pass@1"] == 0.1 and s["after/pass@2"] == 0.5 and s["after/coverage"] == 0.6
+    assert "after/correct" not in s  # not a number
+    assert s["train/policy/entropy"] == 2.5 and s["train/entropy_late"] == 1.0  # last quarter: one step
+    assert s["clip_by_c/1"] == 0.5 and s["dev_by_c/2"] == pytest.approx(0.25)
+    assert "train/time/step_s" not in s  # never logged: absent
+    assert by_c(TRAIN, "clip/ratio_dev_by_c/") == {2: pytest.approx(0.25)}
+
+
+def test_single_run_summary_is_a_selection_of_the_run_summary():
+    row = summarise({"name": "r", "train": TRAIN, "eval": EVAL})
+    s = run_summary(TRAIN, EVAL)
+    assert list(row) == ["name", "before/pass@1", "after/pass@1", "before/pass@2", "after/pass@2", "before/coverage",
+                         "after/coverage", "train/loss/clipfrac", "train/clip/frac_high_pos", "train/loss/approx_kl",
+                         "train/policy/entropy", "train/time/step_s", "steps"]
+    assert all(row[k] == s[k] for k in row if k in s)
+    assert math.isnan(row["train/time/step_s"]) and row["steps"] == 4  # the table shows a never-logged key as NaN
