@@ -22,7 +22,7 @@ it, instead of leaving verl to say "Unsupported loss mode" later.
 
 **ε.** ``ε_low`` is verl's ``clip_ratio_low`` (falling back to ``clip_ratio``). Each rollout's
 upper width runs from ``ε_low`` (no headroom) to ``ε_high_max`` (the lone success of a hard
-group), DESIGN §1.5 / the paper's Eq. 11::
+group), docs/design.md §2.5 / the paper's Eq. 11::
 
     w_i = clamp((R_i − mean_group R) / ((G−1)/G · (R_max − R_min)), 0, 1)
     ε_high(i) = ε_low + (ε_high_max − ε_low)·w_i          (schedule "linear"; "log" also offered)
@@ -117,14 +117,12 @@ __all__ = [
 SUPPORTED_VERL = ">=0.9.1,<0.10"
 TESTED_VERL = "0.9.1"
 LOSS_MODES = ("gapo", "gapo_seq")
-SCHEDULES = ("linear", "log")
-# estimators whose advantages we can invert; the *_vectorized ones compute the same numbers
-ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized")
 
 _log = logging.getLogger(__name__)
 
 
 def _require_supported_verl() -> str:
+    # lazy: verl is the optional [verl] extra, and this check is what reports it missing or unsupported
     from packaging.version import Version
 
     try:
@@ -147,7 +145,7 @@ def _announce_failure(exc: BaseException) -> None:
     """Make an import failure loud: verl's plugin loader would hide it at DEBUG level."""
     msg = f"gapo's verl plugin failed to load, so loss modes {LOSS_MODES} are unusable: {exc!r}"
     _log.error(msg)
-    try:
+    try:  # lazy: verl itself may be what failed to import
         from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
     except Exception:
         return
@@ -164,10 +162,10 @@ try:
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
     from verl.workers.config import PolicyLossConfig
 
-    from gapo.core.checks import check_reward_range
     from gapo.core.clipping import eps_high_from_weight
     from gapo.core.losses import log_ratio, policy_loss
     from gapo.core.metrics import clip_counts_by_c
+    from gapo.integrations.verl_config import _agg_kwargs, _check_gapo_fields, _Params, _params, _reward_range
 except BaseException as _exc:  # noqa: BLE001 - re-raised after making it visible
     _announce_failure(_exc)
     raise
@@ -217,69 +215,6 @@ class GAPOPolicyLossConfig(PolicyLossConfig):
             raise ValueError(f"GAPOPolicyLossConfig: loss_mode must be one of {LOSS_MODES}, got "
                              f"{self.loss_mode!r} (GAPO's fields would be ignored by other losses)")
         _check_gapo_fields(self)
-
-
-def _check_gapo_fields(pl) -> None:
-    eps_high_max = pl.get("eps_high_max", None)
-    if eps_high_max is not None and not float(eps_high_max) >= 0.0:
-        raise ValueError(f"policy_loss.eps_high_max must be >= 0, got {eps_high_max!r}")
-    schedule = pl.get("schedule", "linear")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"policy_loss.schedule must be one of {SCHEDULES}, got {schedule!r}")
-    lo, hi = float(pl.get("reward_min", 0.0)), float(pl.get("reward_max", 1.0))
-    if not hi > lo:
-        raise ValueError(f"policy_loss.reward_max ({hi}) must be > reward_min ({lo})")
-    est = pl.get("adv_estimator", "grpo")
-    if est not in ADV_ESTIMATORS:
-        raise ValueError(
-            f"policy_loss.adv_estimator={est!r}: GAPO's verl adapter reads group success back from "
-            f"the advantage and can do so only for {ADV_ESTIMATORS}; set it (and algorithm.adv_estimator) "
-            "to one of them")
-    std = bool(pl.get("norm_adv_by_std_in_grpo", False)) and est.startswith("grpo")
-    if std and not bool(pl.get("binary_rewards", True)):
-        raise ValueError(
-            "std-normalised GRPO advantages (norm_adv_by_std_in_grpo=True) determine group success only "
-            "for binary rewards; with binary_rewards=False use Dr.GRPO (algorithm.norm_adv_by_std_in_grpo="
-            "False, and the same in policy_loss) or RLOO")
-    _reward_range(pl)
-
-
-def _reward_range(pl) -> tuple[float, float] | str:
-    """The reward range of a ``policy_loss`` config: ``(lo, hi)``, ``"group"`` or ``"batch"``."""
-    lo, hi = float(pl.get("reward_min", 0.0)), float(pl.get("reward_max", 1.0))
-    rr = pl.get("reward_range", None)
-    if rr is None:
-        return lo, hi
-    if not isinstance(rr, str):
-        try:
-            rr = tuple(rr)
-        except TypeError:
-            pass
-    try:
-        rr = check_reward_range(rr)
-    except ValueError as exc:
-        raise ValueError(f"policy_loss.reward_range: {exc}") from None
-    if isinstance(rr, tuple):
-        if (lo, hi) != (0.0, 1.0) and rr != (lo, hi):
-            raise ValueError(
-                f"ambiguous reward range: policy_loss.reward_range={list(rr)} but reward_min/reward_max="
-                f"{lo}/{hi}; set one of them")
-        return rr
-    est = pl.get("adv_estimator", "grpo")
-    std = bool(pl.get("norm_adv_by_std_in_grpo", False)) and est.startswith("grpo")
-    if not (std and bool(pl.get("binary_rewards", True))):
-        raise ValueError(
-            f"policy_loss.reward_range={rr!r} needs each group's own reward range (batch: the batch's), "
-            "but verl's policy loss is given only each row's advantage, not its group or the batch "
-            "(verl's actor forwards no other per-sample field). It is exact only for std-normalised GRPO "
-            "advantages of binary rewards (algorithm.adv_estimator=grpo, algorithm.norm_adv_by_std_in_grpo="
-            "True, policy_loss.binary_rewards=True), whose value does not depend on the reward's scale. "
-            f"Here adv_estimator={est!r}, norm_adv_by_std_in_grpo={bool(pl.get('norm_adv_by_std_in_grpo', False))}, "
-            f"binary_rewards={bool(pl.get('binary_rewards', True))}: give the reward's fixed range instead "
-            "(policy_loss.reward_min/reward_max, e.g. -1 and 1), or rescale the reward to [0, 1] in the "
-            "reward function")
-    return rr
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,60 +273,6 @@ def _install_config_dispatch() -> None:
     PolicyLossConfig.__new__ = staticmethod(_policy_loss_config_new)
 
 
-@dataclass(frozen=True)
-class _Params:
-    eps_low: float
-    eps_high_max: float
-    schedule: str
-    reward_range: tuple[float, float] | str
-    adv_estimator: str
-    norm_by_std: bool
-    binary: bool
-    group_size: int
-    clip_ratio_c: float
-
-
-def _params(config) -> _Params:
-    """Read GAPO's parameters from verl's ``ActorConfig`` (or a DictConfig with its keys)."""
-    if config is None:
-        raise ValueError("verl passed config=None to the GAPO policy loss; it needs the actor config")
-    pl = config.get("policy_loss", None) or {}
-    _check_gapo_fields(pl)
-    clip = config.get("clip_ratio", 0.2)
-    eps_low = config.get("clip_ratio_low", None)
-    eps_low = float(clip if eps_low is None else eps_low)
-    clip_high = config.get("clip_ratio_high", None)
-    clip_high = float(clip if clip_high is None else clip_high)
-    eps_high_max = pl.get("eps_high_max", None)
-    if eps_high_max is None:
-        eps_high_max = clip_high
-    elif clip_high not in (eps_low, float(eps_high_max)):
-        raise ValueError(
-            f"ambiguous GAPO clip range: actor.clip_ratio_high={clip_high} but policy_loss.eps_high_max="
-            f"{eps_high_max}. GAPO's upper width runs from clip_ratio_low ({eps_low}) to eps_high_max; "
-            "leave eps_high_max unset to use clip_ratio_high, or set clip_ratio_high to clip_ratio_low "
-            "or to eps_high_max")
-    eps_high_max = float(eps_high_max)
-    if eps_high_max < eps_low:
-        raise ValueError(f"GAPO needs eps_high_max ({eps_high_max}) >= clip_ratio_low ({eps_low})")
-    group_size = config.get("rollout_n", None)
-    if not isinstance(group_size, int) or group_size < 2:
-        raise ValueError(f"GAPO needs actor.rollout_n (the group size G) >= 2, got {group_size!r}; "
-                         "set actor_rollout_ref.rollout.n")
-    est = pl.get("adv_estimator", "grpo")
-    return _Params(
-        eps_low=eps_low,
-        eps_high_max=eps_high_max,
-        schedule=pl.get("schedule", "linear"),
-        reward_range=_reward_range(pl),
-        adv_estimator=est,
-        norm_by_std=bool(pl.get("norm_adv_by_std_in_grpo", False)) and est.startswith("grpo"),
-        binary=bool(pl.get("binary_rewards", True)),
-        group_size=group_size,
-        clip_ratio_c=float(config.get("clip_ratio_c", 3.0)),
-    )
-
-
 # --------------------------------------------------------------------------------------------
 # group success from advantages
 
@@ -441,12 +322,7 @@ def success_from_advantages(
     if norm_adv_by_std_in_grpo and adv_estimator.startswith("grpo"):
         if not binary_rewards:
             raise ValueError("std-normalised GRPO advantages are invertible only for binary rewards")
-        q = a.square() * (G / (G - 1))
-        # correct rows: q = (1−p)/p; incorrect rows: q = p/(1−p); p = c/G
-        c = torch.where(a > 0, G / (1.0 + q), G * q / (1.0 + q))
-        count = _check_counts(c, a != 0, G, "grpo with norm_adv_by_std_in_grpo=True", a)
-        w = torch.where(a > 0, (G - c) / (G - 1), torch.zeros_like(a))
-        return w.clamp(0.0, 1.0).to(torch.float32), count
+        return _success_from_std_advantages(a, G)
     if adv_estimator.startswith("rloo"):
         x = a * ((G - 1) / G) / span
     else:
@@ -465,6 +341,16 @@ def success_from_advantages(
         c = torch.where(x > 0, G * (1.0 - x), -G * x)
         count = _check_counts(c, x != 0, G, f"{adv_estimator} (norm_adv_by_std_in_grpo={norm_adv_by_std_in_grpo})", a)
     return (x * (G / (G - 1))).clamp(0.0, 1.0).to(torch.float32), count
+
+
+def _success_from_std_advantages(a: torch.Tensor, G: int) -> tuple[torch.Tensor, torch.Tensor]:  # (B,), (B,)
+    """``(w, c)`` from std-normalised GRPO advantages ``a`` (float64) of binary rewards."""
+    q = a.square() * (G / (G - 1))
+    # correct rows: q = (1−p)/p; incorrect rows: q = p/(1−p); p = c/G
+    c = torch.where(a > 0, G / (1.0 + q), G * q / (1.0 + q))
+    count = _check_counts(c, a != 0, G, "grpo with norm_adv_by_std_in_grpo=True", a)
+    w = torch.where(a > 0, (G - c) / (G - 1), torch.zeros_like(a))
+    return w.clamp(0.0, 1.0).to(torch.float32), count
 
 
 def _check_counts(c: torch.Tensor, rows: torch.Tensor, G: int, what: str, a: torch.Tensor) -> torch.Tensor:
@@ -499,35 +385,6 @@ def _row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
 
 # --------------------------------------------------------------------------------------------
 # the losses
-
-
-def _agg_kwargs(loss_agg_mode: str, info: dict) -> tuple[str, dict]:
-    """Map verl's ``agg_loss`` normalisers (global_batch_info) onto ``gapo.core.aggregation.agg_loss``.
-
-    verl divides by the global count and multiplies by ``dp_size`` (DDP averages gradients over
-    ranks); dividing by ``count / dp_size`` is the same. verl's ``token-sum`` is a token-mean
-    whose normaliser is ``1 / dp_size``.
-    """
-    info = info or {}
-    dp = info.get("dp_size", 1) or 1
-    if loss_agg_mode == "token-sum":
-        return "token-mean", {"num_tokens": 1.0 / dp}
-    kwargs: dict[str, Any] = {}
-    if loss_agg_mode == "token-mean":
-        n = info.get("batch_num_tokens", None)
-        if n is None and dp > 1:
-            raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
-        if n is not None:
-            kwargs["num_tokens"] = n / dp
-    else:
-        n = info.get("global_batch_size", None)
-        if n is None and dp > 1:
-            raise ValueError("global_batch_size is required when dp_size > 1")
-        if n is not None:
-            kwargs["num_seqs"] = n / dp
-        if loss_agg_mode == "seq-mean-token-sum-norm" and info.get("loss_scale_factor", None) is not None:
-            kwargs["horizon"] = info["loss_scale_factor"]
-    return loss_agg_mode, kwargs
 
 
 def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
