@@ -2,7 +2,7 @@
 
     python benchmarks/bench_trl_step.py [--steps 5 --threads 1 2 --num-iterations 1 2]
 
-Setup (matches DESIGN §5's embedded-size policy): a 1.06M-parameter Qwen2 (hidden 128,
+Setup (matches the embedded-size policy of docs/design.md §9): a 1.06M-parameter Qwen2 (hidden 128,
 intermediate 512, 4 layers, 4 heads, untied head) with random weights and a 22-token character
 vocabulary; 8 prompts × 8 generations = 64 completions of up to 16 tokens per step, sampled with
 ``model.generate`` (no vLLM); token-level loss (``loss_type="dapo"``), no KL (``beta=0``), fp32,

@@ -2,14 +2,15 @@
 
 PPO clips the importance ratio to ``[1 − ε_low, 1 + ε_high]``. Fixed clipping uses constants
 (GRPO 0.2/0.2; DAPO "clip-higher" 0.2/0.28, arXiv 2503.14476). GAPO changes only ``ε_high``,
-per rollout, as a function of the group's success (DESIGN §1.5, the paper's Eq. 11)::
+per rollout, as a function of the group's success (docs/design.md §2.5, the paper's Eq. 11)::
 
     w_i       = clamp((R_i − mean_j R_j) / ((G − 1)/G · (R_max − R_min)), 0, 1)
     linear:   ε_high(i) = ε_low + (ε_high_max − ε_low) · w_i
     log:      log(1 + ε_high(i)) = log(1 + ε_low) + w_i · (log(1 + ε_high_max) − log(1 + ε_low))
 
-Why: maximising ``E_π[A]`` under a reverse-KL trust region gives ``π* ∝ π_old·exp(A/λ)``, so
-the target ratio is ``exp(A_i/λ)/Z``: rollouts with larger advantage deserve more headroom.
+Why (docs/design.md §2.6): maximising ``E_π[A]`` under a reverse-KL trust region gives
+``π* ∝ π_old·exp(A/λ)``, so the target ratio is ``exp(A_i/λ)/Z``: rollouts with larger advantage
+deserve more headroom.
 "linear" is the first-order form; "log" interpolates ``log(1+ε)``, i.e. geometrically, which is
 the exact form. By weighted AM–GM the log schedule lies *below* the linear one for 0 < w < 1;
 both meet at the endpoints.

@@ -1,7 +1,7 @@
 """GAPO inside TRL's ``GRPOTrainer`` (arXiv 2609.00444; tested against trl 1.16.x).
 
 GAPO changes one thing in the clipped surrogate of GRPO/DAPO/GSPO: the upper clip width becomes a
-per-rollout value computed from the raw rewards of the rollout's group (DESIGN §1.5)::
+per-rollout value computed from the raw rewards of the rollout's group (docs/design.md §2.5)::
 
     w_i       = clamp((R_i − mean_group R) / ((G − 1)/G · (R_max − R_min)), 0, 1)
     ε_high(i) = ε_low + (ε_high_max − ε_low) · w_i            ("linear"; "log" interpolates log(1+ε))
