@@ -229,3 +229,13 @@ def test_gpu_check_script_runs_on_cpu_at_a_tiny_shape():
     assert out.returncode == 0, out.stderr[-2000:]
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("gpu_check ") and "full_step_s=" in last and "lora_step_s=" in last
+
+
+def test_report_shows_what_the_model_wrote(instruct, tmp_path, capsys):
+    from gapo.cli import main
+
+    Trainer(_cfg(instruct, "train.steps=2", "log.samples=2"), tmp_path / "r").fit()
+    assert main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    assert "r, step 2:" in out and "<|im_start|>assistant" in out and "completion:" in out
+    assert "What the model wrote" in (tmp_path / "rep" / "report.md").read_text()

@@ -144,12 +144,15 @@ def cmd_pretrain(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from gapo.experiments.report import format_table, summarise, write_report
+    from gapo.experiments.report import format_samples, format_table, summarise, write_report
     from gapo.rl.run_dir import load_run
 
     runs = [load_run(d) for d in args.runs]
     md = write_report(runs, args.out or Path(args.runs[0]).parent / "report")
     print(format_table([summarise(r) for r in runs]))
+    for r in runs:
+        if r["samples"]:
+            print(format_samples(r, n=2))
     print(f"report: {md}")
     return 0
 

@@ -31,7 +31,7 @@ from gapo.experiments.figures import grid_figures, run_figures
 from gapo.experiments.grid import BASELINE_OF, cell_dir, grid_cells, write_json
 from gapo.experiments.stats import load_cell, mean_ci, paired_diffs, run_summary
 
-__all__ = ["summarise", "write_report", "format_table", "grid_report"]
+__all__ = ["summarise", "write_report", "format_table", "format_samples", "grid_report"]
 
 # the training diagnostics of the single-run table (``train/<key>``, NaN when never logged)
 _RUN_TRAIN_KEYS = ("loss/clipfrac", "clip/frac_high_pos", "loss/approx_kl", "policy/entropy", "time/step_s")
@@ -83,9 +83,26 @@ def write_report(runs: list[dict], out_dir: str | Path, *, title: str = "gapo re
     lines = [f"# {title}", "", *([notes, ""] if notes else []), format_table(summaries), ""]
     for name in figs:
         lines += [f"![{name[:-4]}]({name})", ""]
+    shown = [format_samples(r) for r in runs if r.get("samples")]
+    if shown:
+        lines += ["## What the model wrote (last step, first rollouts; samples.jsonl)", "", *shown]
     md = out / "report.md"
     md.write_text("\n".join(lines))
     return md
+
+
+def format_samples(run: dict, n: int = 3, width: int = 160) -> str:
+    """The last logged step's first ``n`` rollouts of ``run``: the prompt's end as the model read
+    it (after any chat template), the completion and its reward, as a markdown block."""
+    rows = run.get("samples") or []
+    if not rows:
+        return ""
+    last = max(r["step"] for r in rows)
+    out = [f"{run['name']}, step {last}:", "", "```"]
+    for r in [r for r in rows if r["step"] == last][:n]:
+        prompt = r["prompt"] if len(r["prompt"]) <= width else "…" + r["prompt"][-width:]
+        out += [f"[reward {r['reward']:g}] prompt: {prompt!r}", f"  completion: {r['completion'][:width]!r}"]
+    return "\n".join(out + ["```", ""])
 
 
 # --------------------------------------------------------------------------------- the grid

@@ -298,7 +298,8 @@ class Trackers:
 
 
 def load_run(run_dir: str | Path) -> dict:
-    """``{"name", "dir", "train": [records], "eval": [records]}`` of one run folder."""
+    """``{"name", "dir", "train": [records], "eval": [records], "samples": [records]}`` of one
+    run folder (``samples``: ``samples.jsonl``, what the model was trained on; may be empty)."""
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -312,4 +313,12 @@ def load_run(run_dir: str | Path) -> dict:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{i}: not JSON ({e})") from e
         (evals if rec.get("kind") == "eval" else train).append(rec)
-    return {"name": run_dir.name, "dir": run_dir, "train": train, "eval": evals}
+    samples = []
+    sp = run_dir / "samples.jsonl"
+    if sp.is_file():
+        for line in sp.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                samples.append(json.loads(line))
+            except json.JSONDecodeError:  # a run killed mid-write: the last line may be cut
+                continue
+    return {"name": run_dir.name, "dir": run_dir, "train": train, "eval": evals, "samples": samples}
