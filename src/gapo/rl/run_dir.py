@@ -18,11 +18,15 @@ policy) and ``events.jsonl`` (configuration changes made on resume). The rules:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import signal
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -31,7 +35,7 @@ import yaml
 from gapo.rl.config import Config, diff, from_dict, to_dict
 
 __all__ = ["RunFolder", "RunExists", "MARKER", "atomic_write", "resume_changes", "Trackers", "load_run",
-           "RESUME_FIXED"]
+           "RESUME_FIXED", "stop_on_signals"]
 
 # Keys a resumed run cannot take a new value for: they define its data, its model and its random
 # streams (restored from the checkpoint), so a new value would be silently ignored.
@@ -322,3 +326,30 @@ def load_run(run_dir: str | Path) -> dict:
             except json.JSONDecodeError:  # a run killed mid-write: the last line may be cut
                 continue
     return {"name": run_dir.name, "dir": run_dir, "train": train, "eval": evals, "samples": samples}
+
+
+@contextlib.contextmanager
+def stop_on_signals(request_stop: Callable[[], None]):
+    """SIGINT/SIGTERM call ``request_stop`` (the training loop then finishes its step, saves a
+    checkpoint and returns); a second signal gives up at once. Only the main thread can install
+    handlers; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    seen = []
+
+    def on_signal(signum, frame):
+        if seen:
+            signal.signal(signum, old[signum])
+            raise KeyboardInterrupt
+        seen.append(signum)
+        request_stop()
+
+    for s in old:
+        signal.signal(s, on_signal)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

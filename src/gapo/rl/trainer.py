@@ -14,14 +14,11 @@ rules are in ``gapo.rl.run_dir``.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import random
 import shutil
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -44,7 +41,7 @@ from gapo.policy.sampling import logprobs, sample
 from gapo.rl import rollout
 from gapo.rl.config import Config, to_dict
 from gapo.rl.evaluate import evaluate
-from gapo.rl.run_dir import RunExists, RunFolder, Trackers, atomic_write, resume_changes
+from gapo.rl.run_dir import RunExists, RunFolder, Trackers, atomic_write, resume_changes, stop_on_signals
 
 __all__ = ["Trainer", "RunExists"]
 
@@ -439,12 +436,15 @@ class Trainer:
         return final
 
     # ------------------------------------------------------------------ the loop
+    def _request_stop(self) -> None:
+        self._stop = True
+
     def fit(self, *, stop_after: int | None = None) -> dict:
         """Train to ``train.steps`` (or ``stop_after`` more steps, then checkpoint and return)."""
         t, e_every = self.cfg.train, self.cfg.eval.every
         bar, last_eval = None, None
         try:
-            with self._stop_on_signals():
+            with stop_on_signals(self._request_stop):
                 if self.step == 0 and self.eval_problems:
                     last_eval = self.evaluate(progress=t.progress)
                     self.log(last_eval)
@@ -483,26 +483,3 @@ class Trainer:
                 bar.close()
             self.trackers.close()
         return {"step": self.step, "eval": last_eval, "stopped": self._stop}
-
-    @contextlib.contextmanager
-    def _stop_on_signals(self):
-        """SIGINT/SIGTERM set ``_stop`` (the loop finishes the step and checkpoints); a second
-        signal gives up at once. Only the main thread can install handlers."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-        def on_signal(signum, frame):
-            if self._stop:
-                signal.signal(signum, old[signum])
-                raise KeyboardInterrupt
-            self._stop = True
-
-        for s in old:
-            signal.signal(s, on_signal)
-        try:
-            yield
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)

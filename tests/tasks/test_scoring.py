@@ -13,7 +13,7 @@ import pytest
 from gapo.tasks.scoring import ScoringPool, VerifierTimeout, run_with_timeout, score_batch, submit_batch
 from gapo.tasks.base import Problem
 
-FIX = Path(__file__).parent / "fixtures"
+FIX = Path(__file__).parents[1] / "fixtures"
 
 
 class ToyTask:

@@ -34,7 +34,7 @@ from verl.workers.config import PolicyLossConfig  # noqa: E402
 import gapo.integrations.verl as gv  # noqa: E402
 from gapo.integrations.verl import GAPOPolicyLossConfig  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "scale-out.md"
 CONF_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
 PL = "actor_rollout_ref.actor.policy_loss"

@@ -56,9 +56,9 @@ def test_regime_method_subsets():
 
 
 def test_quick_grid_file_is_valid():
-    g = load_grid(os.path.join(os.path.dirname(__file__), "..", "configs", "grid-quick.yaml"))
+    g = load_grid(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "grid-quick.yaml"))
     assert g["methods"] and g["regimes"] and g["seeds"]
-    full = load_grid(os.path.join(os.path.dirname(__file__), "..", "configs", "grid.yaml"))
+    full = load_grid(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "grid.yaml"))
     assert len(full["seeds"]) >= 5
     assert set(full["regimes"]) == {"low", "high", "arithmetic"} and len(full["methods"]) == 10
 
@@ -67,7 +67,7 @@ def test_every_committed_grid_file_loads():
     """RESULTS.md's commands name these files: each must still load (methods, regimes, keys)."""
     import glob
 
-    files = [f for f in glob.glob(os.path.join(os.path.dirname(__file__), "..", "configs", "*.yaml"))
+    files = [f for f in glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "*.yaml"))
              if "name:" in open(f).read() and "methods:" in open(f).read()]
     assert len(files) >= 5
     for f in files:

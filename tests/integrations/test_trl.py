@@ -626,7 +626,7 @@ def test_quick_start_block_of_the_docs_builds_without_gapo_warnings(tmp_path, mo
 
     from gapo.integrations.trl import _width_warnings
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "scale-out.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "scale-out.md").read_text()
     section = text.split("### Quick start: the configuration to copy", 1)[1].split("\n### ", 1)[0]
     block = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
     assert "from gapo.integrations.trl import GAPOConfig, GAPOTrainer" in block
