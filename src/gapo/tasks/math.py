@@ -1,8 +1,14 @@
 """Math word problems with final answers checked by ``math-verify``.
 
-Data: a JSONL file, one problem per line. The question is read from ``prompt_field`` (default:
-the first of ``question``, ``problem``, ``prompt`` present on line 1), the reference answer from
-``answer_field`` (default: the first of ``answer``, ``solution``). The answer field may be
+Data: a local dataset, one problem per record: JSONL, JSON, Parquet, CSV/TSV, Arrow, a
+``datasets`` ``save_to_disk`` folder or a folder of data files (:mod:`gapo.tasks.datasets_io`;
+``split`` picks a split, default ``train``). The question is read from ``prompt_field`` (default:
+the first of ``question``, ``problem``, ``prompt``, ``messages`` among the columns, or present on
+line 1 of JSONL), the reference answer from ``answer_field`` (default: the first of ``answer``,
+``solution``, ``messages``): GSM8K (question/answer), MATH and MATH-500 (problem/solution or
+answer), DeepScaleR (problem/answer/solution) and NuminaMath (problem/solution/messages) are
+recognised as they ship. A chat-format field (a list of ``{"role", "content"}``) gives its first
+user turn as the question and its last assistant turn as the answer. The answer field may be
 
 - GSM8K style: worked solution ending in ``#### 1,234`` -> gold ``1234`` (commas dropped),
 - MATH style: a solution containing ``\\boxed{...}`` -> the last box's content (nested braces ok),
@@ -27,8 +33,9 @@ thread (sympy's work is Python code, so the alarm interrupts it: ``9^{9^{9^9}}``
 limit), and off the main thread a helper process that is killed and replaced on timeout. A
 timeout is reward 0, status ``timeout``.
 
-Splits: with ``eval_path`` the train split is ``path`` minus any problem whose question also
-appears in ``eval_path``; without it a stable hash of the question puts ``eval_frac`` of the
+Splits: with ``eval_path`` (any of the formats; ``eval_split`` picks its split) or ``eval_split``
+alone (a split of ``path``, e.g. GSM8K's ``test``) the train split is ``path``'s ``split`` minus
+any problem whose question also appears in the eval data; without either a stable hash of the question puts ``eval_frac`` of the
 problems in eval (the shared rule of :func:`gapo.tasks.base.split_of`). Either way the splits are disjoint by question text.
 """
 
@@ -43,7 +50,8 @@ from typing import Any
 
 from gapo.tasks.scoring import VerifierTimeout, run_with_timeout
 
-from gapo.tasks.base import Problem, read_jsonl, split_of
+from gapo.tasks.base import Problem, split_of
+from gapo.tasks.datasets_io import read_records
 
 __all__ = ["MathTask", "extract_answer", "gold_from_field", "last_boxed", "verify_answer", "warmup"]
 
@@ -183,28 +191,53 @@ def warmup() -> None:
 # ----------------------------------------------------------------------------- the task
 
 
-def _load_jsonl(path: Path, prompt_field: str | None, answer_field: str | None):
-    records = []
-    for lineno, rec in read_jsonl(path):
+def _turn(value: Any, role: str, last: bool) -> Any:
+    """The content of the first (or last) ``role`` turn of a chat-format field (NuminaMath's
+    ``messages``: a list of ``{"role", "content"}``); any other value as it is."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
+        turns = [m.get("content") for m in value if m.get("role") == role]
+        return (turns[-1] if last else turns[0]) if turns else None
+    return value
+
+
+def _load(path: Path, split: str | None, prompt_field: str | None, answer_field: str | None):
+    """``(source, split, [(position, question, gold, raw answer)])`` of one split of a dataset
+    (any format of :func:`gapo.tasks.datasets_io.read_records`)."""
+    # `datasets` (the optional [math] extra) is imported inside read_records only for
+    # Parquet/CSV/Arrow files and dataset folders; JSON and JSONL need nothing.
+    wanted = ((prompt_field,) if prompt_field else _PROMPT_FIELDS) + ((answer_field,) if answer_field else _ANSWER_FIELDS)
+    recs = read_records(path, split=split, columns=wanted + ("messages",))
+    head = recs.where(recs.rows[0][0] if not recs.tabular else None)
+    present = sorted(recs.columns) if not recs.tabular else recs.columns
+    noun = recs.noun
+    if prompt_field is None:
+        prompt_field = next((k for k in _PROMPT_FIELDS + ("messages",) if k in recs.columns), None)
         if prompt_field is None:
-            prompt_field = next((k for k in _PROMPT_FIELDS if k in rec), None)
-            if prompt_field is None:
-                raise ValueError(f"{path}:{lineno}: no question field (tried {list(_PROMPT_FIELDS)}; fields present: {sorted(rec)}); pass prompt_field=")
+            raise ValueError(f"{head}: no question {noun} (tried {list(_PROMPT_FIELDS) + ['messages']}; "
+                             f"{noun}s present: {present}); pass prompt_field=")
+    if recs.tabular and prompt_field not in recs.columns:
+        raise ValueError(f"{recs.where()}: missing column {prompt_field!r} (columns present: {recs.columns})")
+    if answer_field is None:
+        answer_field = next((k for k in _ANSWER_FIELDS + ("messages",) if k in recs.columns), None)
         if answer_field is None:
-            answer_field = next((k for k in _ANSWER_FIELDS if k in rec), None)
-            if answer_field is None:
-                raise ValueError(f"{path}:{lineno}: no answer field (tried {list(_ANSWER_FIELDS)}; fields present: {sorted(rec)}); pass answer_field=")
+            raise ValueError(f"{head}: no answer {noun} (tried {list(_ANSWER_FIELDS) + ['messages']}; "
+                             f"{noun}s present: {present}); pass answer_field=")
+    if recs.tabular and answer_field not in recs.columns:
+        raise ValueError(f"{recs.where()}: missing column {answer_field!r} (columns present: {recs.columns})")
+    records = []
+    for pos, rec in recs.rows:
         for fld in (prompt_field, answer_field):
             if fld not in rec:
-                raise ValueError(f"{path}:{lineno}: missing field {fld!r} (fields present: {sorted(rec)})")
-        question = rec[prompt_field]
+                raise ValueError(f"{recs.where(pos)}: missing field {fld!r} (fields present: {sorted(rec)})")
+        question = _turn(rec[prompt_field], "user", last=False)
         if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"{path}:{lineno}: field {prompt_field!r} must be a non-empty string")
-        gold = gold_from_field(rec[answer_field])
+            raise ValueError(f"{recs.where(pos)}: {noun} {prompt_field!r} must be a non-empty string")
+        raw = _turn(rec[answer_field], "assistant", last=True)
+        gold = gold_from_field(raw)
         if gold is None:
-            raise ValueError(f"{path}:{lineno}: field {answer_field!r} holds no usable answer ({str(rec[answer_field])[:80]!r})")
-        records.append((lineno, question, gold, rec[answer_field]))
-    return records
+            raise ValueError(f"{recs.where(pos)}: {noun} {answer_field!r} holds no usable answer ({str(raw)[:80]!r})")
+        records.append((pos, question, gold, raw))
+    return recs.source, recs.split, records
 
 
 def _qkey(question: str) -> str:
@@ -212,7 +245,13 @@ def _qkey(question: str) -> str:
 
 
 class MathTask:
-    """Problems from a JSONL file, rewards from ``math-verify`` (binary 0/1)."""
+    """Problems from a local dataset (JSONL, JSON, Parquet, CSV, a ``datasets`` folder), rewards
+    from ``math-verify`` (binary 0/1).
+
+    ``split`` names the dataset's split to read (default ``train``, or its only split);
+    ``eval_split`` a split of the same dataset (or of ``eval_path``) to evaluate on instead of
+    the ``eval_frac`` hash split, e.g. GSM8K's ``test``.
+    """
 
     alphabet = None  # a real tokenizer
 
@@ -220,6 +259,8 @@ class MathTask:
         self,
         path: str | Path,
         *,
+        split: str | None = None,
+        eval_split: str | None = None,
         prompt_field: str | None = None,
         answer_field: str | None = None,
         template: str = DEFAULT_TEMPLATE,
@@ -245,14 +286,19 @@ class MathTask:
         self.guard = guard
         self.last_number = last_number
         self.max_completion_len = max_completion_len
-        train = _load_jsonl(self.path, prompt_field, answer_field)
-        if eval_path is not None:
-            self.eval_path = Path(eval_path)
-            ev = _load_jsonl(self.eval_path, prompt_field, answer_field)
+        src, self.split, train = _load(self.path, split, prompt_field, answer_field)
+        self.eval_split = eval_split
+        if eval_path is not None or eval_split is not None:
+            self.eval_path = Path(eval_path) if eval_path is not None else None
+            ev_src_path = self.eval_path if self.eval_path is not None else self.path
+            if self.eval_path is None and eval_split == self.split:
+                raise ValueError(f"{self.path}: eval_split={eval_split!r} is the training split too; "
+                                 "name another split of the dataset (e.g. test)")
+            ev_src, self.eval_split, ev = _load(ev_src_path, eval_split, prompt_field, answer_field)
             seen = {_qkey(q) for _, q, _, _ in ev}
             kept = [r for r in train if _qkey(r[1]) not in seen]
             self.n_dropped_overlap = len(train) - len(kept)
-            pools = {"train": (self.path, kept), "eval": (self.eval_path, ev)}
+            pools = {"train": (src, kept), "eval": (ev_src, ev)}
         else:
             self.eval_path = None
             self.n_dropped_overlap = 0
@@ -261,15 +307,16 @@ class MathTask:
                 return split_of(_qkey(q), eval_frac) == "eval"
 
             pools = {
-                "train": (self.path, [r for r in train if not is_eval(r[1])]),
-                "eval": (self.path, [r for r in train if is_eval(r[1])]),
+                "train": (src, [r for r in train if not is_eval(r[1])]),
+                "eval": (src, [r for r in train if is_eval(r[1])]),
             }
         self._pools = {
             split: [self._problem(src, split, *rec) for rec in recs] for split, (src, recs) in pools.items()
         }
 
-    def _problem(self, src: Path, split: str, lineno: int, question: str, gold: str, raw: Any) -> Problem:
+    def _problem(self, src: str, split: str, lineno: int, question: str, gold: str, raw: Any) -> Problem:
         prompt = self.template.replace("{question}", question)
+        # line: the JSONL line number, or the 1-based record/row number of other formats
         meta = {"source": str(src), "line": lineno, "split": split, "question": question, "solution": raw}
         return Problem(prompt=prompt, answer=gold, meta=meta)
 
