@@ -1,5 +1,5 @@
-"""Code tasks: HumanEval (all 164 canonical solutions pass, wrong ones fail), MBPP-style JSONL
-loading and its errors, and completions that try to fake success (each must score 0)."""
+"""Code tasks: HumanEval (all 164 canonical solutions pass, wrong ones fail), MBPP-style data
+loading (JSONL, Parquet, datasets folders) and its errors, and completions that try to fake success (each must score 0)."""
 
 from __future__ import annotations
 
@@ -379,6 +379,83 @@ def test_mbpp_bad_files(tmp_path):
     with pytest.raises(ValueError, match=r"ep\.jsonl:1: field 'prompt'"):
         MBPPTask(str(emptyprompt))
 
+
+
+# ------------------------------------------------------------ MBPP in other formats (Parquet, datasets)
+# the columns MBPP ships with on the hub: full ("text", test_setup_code) and sanitized ("prompt", test_imports)
+MBPP_FULL = [{"task_id": 11, "text": "Write a function to add two numbers.", "code": "def add(a, b):\n    return a + b\n",
+              "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"], "test_setup_code": "",
+              "challenge_test_list": []},
+             {"task_id": 12, "text": "Write a function for the square root.", "code": "import math\ndef root(x):\n    return math.sqrt(x)\n",
+              "test_list": ["assert root(9) == math.sqrt(9)"], "test_setup_code": "import math", "challenge_test_list": []}]
+MBPP_SANITIZED = [{"source_file": "x.py", "task_id": 21, "prompt": "Write a function for the square root.",
+                   "code": "import math\ndef root(x):\n    return math.sqrt(x)\n", "test_imports": ["import math"],
+                   "test_list": ["assert math.isclose(root(2) ** 2, 2)"]}]
+
+
+def _mbpp_source(fmt, rows, tmp_path, name="mbpp"):
+    pd = pytest.importorskip("pandas")
+    datasets = pytest.importorskip("datasets")
+    datasets.disable_progress_bars()
+    if fmt == "jsonl":
+        return _write(tmp_path / f"{name}.jsonl", rows)
+    if fmt == "parquet":
+        pd.DataFrame(rows).to_parquet(tmp_path / f"{name}.parquet")
+        return str(tmp_path / f"{name}.parquet")
+    if fmt == "save_to_disk":
+        datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
+                              "test": datasets.Dataset.from_list(rows[:1])}).save_to_disk(str(tmp_path / name))
+        return str(tmp_path / name)
+    if fmt == "folder":  # as the hub ships it: full/{train,test}-00000-of-00001.parquet
+        folder = tmp_path / name / "full"
+        folder.mkdir(parents=True)
+        pd.DataFrame(rows).to_parquet(folder / "train-00000-of-00001.parquet")
+        pd.DataFrame(rows[:1]).to_parquet(folder / "test-00000-of-00001.parquet")
+        return str(folder)
+    raise AssertionError(fmt)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "save_to_disk", "folder"])
+def test_mbpp_formats_and_hub_columns(tmp_path, fmt):
+    t = tasks.get("mbpp", path=_mbpp_source(fmt, MBPP_FULL, tmp_path))
+    ps = t.problems()
+    assert [p.meta["task_id"] for p in ps] == ["mbpp/11", "mbpp/12"]
+    assert ps[0].prompt == "Write a function to add two numbers."  # "text" when there is no "prompt"
+    assert ps[1].answer["tests"] == "import math\nassert root(9) == math.sqrt(9)"  # test_setup_code before the tests
+    s = tasks.get("mbpp", path=_mbpp_source(fmt, MBPP_SANITIZED, tmp_path, "sanitized"))
+    (p,) = s.problems()
+    assert p.prompt == MBPP_SANITIZED[0]["prompt"] and p.answer["tests"].startswith("import math\n")
+    if fmt in ("parquet", "save_to_disk"):  # the reference solutions pass in the sandbox, wrong ones fail
+        good = [t.demonstration(q, random.Random(0)) for q in ps] + [s.demonstration(p, random.Random(0))]
+        assert t.score_many(ps, good[:2]) == [1.0, 1.0] and s.score(p, good[2]) == 1.0
+        assert t.score(ps[0], "def add(a, b):\n    return a * b\n") == 0.0
+    if fmt in ("save_to_disk", "folder"):  # a named split
+        test = tasks.get("mbpp", path=_mbpp_source(fmt, MBPP_FULL, tmp_path, "again"), split="test")
+        assert test.split == "test" and [q.meta["task_id"] for q in test.problems()] == ["mbpp/11"]
+        assert test.problems()[0].meta["source"].endswith("[split 'test'] row 1")
+
+
+def test_mbpp_loader_errors_in_other_formats(tmp_path):
+    pq = _mbpp_source("parquet", [{"task_id": 1, "text": "x", "tests": ["assert 1"]}], tmp_path)
+    with pytest.raises(ValueError) as e:
+        MBPPTask(pq)
+    assert str(e.value) == f"{pq}: missing column 'test_list' (columns present: ['task_id', 'text', 'tests'])"
+    with pytest.raises(ValueError, match=r"task 'mbpp' with task\.params=.*missing column 'test_list'"):
+        tasks.build("mbpp", {"path": pq})
+    folder = _mbpp_source("folder", MBPP_FULL, tmp_path)
+    with pytest.raises(ValueError, match=r"full: no split 'validation' \(splits: \['train', 'test'\]\)"):
+        MBPPTask(folder, split="validation")
+    with pytest.raises(ValueError, match=r"has no splits, so split='test'"):
+        MBPPTask(pq, split="test")
+    with pytest.raises(ValueError, match=r"nope: dataset file not found"):
+        MBPPTask(str(tmp_path / "nope"))
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 not parquet")
+    with pytest.raises(ValueError, match=r"bad\.parquet: cannot read a Parquet file \(ArrowInvalid"):
+        MBPPTask(str(bad))
+    wrong = _mbpp_source("parquet", [{"text": "x", "test_list": [], "task_id": 1}], tmp_path, "wrong")
+    with pytest.raises(ValueError, match=r"wrong\.parquet row 1: column 'test_list' is empty"):
+        MBPPTask(wrong)
 
 # ------------------------------------------------------- the judge trusts nothing the candidate touches
 PRIME_ROWS = [{"task_id": "primes", "prompt": "Write is_prime(n).",

@@ -45,6 +45,7 @@ from typing import Hashable, Sequence
 
 from gapo.tasks import sandbox
 from gapo.tasks.base import Problem, draw_problems, read_jsonl
+from gapo.tasks.datasets_io import check_required, read_records
 
 from gapo.tasks.judge import _CANDIDATE, _CODEC, _HARNESS, _JUDGE, MARKER, UNSUPPORTED
 
@@ -309,50 +310,64 @@ class HumanEvalTask(_CodeTask):
 
 
 class MBPPTask(_CodeTask):
-    """MBPP-style JSONL: one problem per line with a prompt and tests (field names configurable).
+    """MBPP-style data: one problem per record with a prompt and tests (field names configurable).
 
-    ``tests_field`` holds a list of assert statements (or one string of test code);
-    ``setup_field`` (optional) code run before the tests (MBPP's ``test_setup_code`` /
-    sanitized MBPP's ``test_imports``); ``solution_field`` (optional) a reference solution for
-    ``demonstration``. With ``prompt_is_code`` the prompt is code (a signature) and the program
-    is ``prompt + completion``; otherwise (MBPP's natural-language prompt) the program is the
-    completion alone.
+    ``path``: a local dataset in any format of :func:`gapo.tasks.datasets_io.read_records`
+    (JSONL, JSON, Parquet, CSV, a ``datasets`` folder); ``split`` picks its split (default
+    ``train``, or its only split). ``prompt_field`` defaults to ``prompt`` (sanitized MBPP) or,
+    when there is none, ``text`` (full MBPP). ``tests_field`` holds a list of assert statements
+    (or one string of test code); ``setup_field`` (optional) code run before the tests
+    (default: MBPP's ``test_setup_code`` or sanitized MBPP's ``test_imports``, whichever the
+    data has); ``solution_field`` (optional) a reference solution for ``demonstration``. With
+    ``prompt_is_code`` the prompt is code (a signature) and the program is ``prompt +
+    completion``; otherwise (MBPP's natural-language prompt) the program is the completion alone.
     """
 
     name = "mbpp"
 
-    def __init__(self, path: str, *, prompt_field: str = "prompt", tests_field: str = "test_list",
-                 solution_field: str | None = "code", setup_field: str | None = "test_setup_code",
-                 id_field: str | None = "task_id", prompt_is_code: bool = False,
-                 prompt_template: str = "{prompt}", **kwargs):
+    def __init__(self, path: str, *, split: str | None = None, prompt_field: str | None = None,
+                 tests_field: str = "test_list", solution_field: str | None = "code",
+                 setup_field: str | None = "auto", id_field: str | None = "task_id",
+                 prompt_is_code: bool = False, prompt_template: str = "{prompt}", **kwargs):
         super().__init__(**kwargs)
         self.path = str(path)
         self.prompt_is_code = bool(prompt_is_code)
+        # `datasets` (optional) is imported inside read_records only for non-JSON formats
+        recs = read_records(self.path, split=split)
+        self.split = recs.split
+        if prompt_field is None:
+            prompt_field = next((f for f in ("prompt", "text") if f in recs.columns), "prompt")
+        setups = ("test_setup_code", "test_imports") if setup_field == "auto" else (setup_field,) if setup_field else ()
+        check_required(recs, (prompt_field, tests_field))
+        noun = recs.noun
         probs = []
-        for line, rec in read_jsonl(self.path, (prompt_field, tests_field)):
+        for line, rec in recs.rows:
+            where = recs.where(line)
             tests = rec[tests_field]
+            if isinstance(tests, tuple):
+                tests = list(tests)
             if isinstance(tests, list) and all(isinstance(t, str) for t in tests):
                 tests_src = "\n".join(tests)
             elif isinstance(tests, str):
                 tests_src = tests
             else:
-                raise ValueError(f"{self.path}:{line}: field {tests_field!r} must be a list of "
+                raise ValueError(f"{where}: {noun} {tests_field!r} must be a list of "
                                  f"strings or a string, got {type(tests).__name__}")
             if not tests_src.strip():
-                raise ValueError(f"{self.path}:{line}: field {tests_field!r} is empty")
+                raise ValueError(f"{where}: {noun} {tests_field!r} is empty")
             prompt = rec[prompt_field]
             if not isinstance(prompt, str) or not prompt.strip():
-                raise ValueError(f"{self.path}:{line}: field {prompt_field!r} is empty or not a "
+                raise ValueError(f"{where}: {noun} {prompt_field!r} is empty or not a "
                                  "string")
-            setup = rec.get(setup_field) if setup_field else None
-            if isinstance(setup, list):
+            setup = next((rec[f] for f in setups if rec.get(f) is not None), None)
+            if isinstance(setup, (list, tuple)):
                 setup = "\n".join(setup)
             tid = rec.get(id_field) if id_field else None
             task_id = f"mbpp/{tid}" if tid is not None else f"mbpp/line{line}"
             text = prompt_template.format(prompt=prompt, tests=tests_src)
             answer = {"tests": (setup or "") + "\n" + tests_src, "entry_point": None,
                       "trusted": ""}
-            meta = {"task_id": task_id, "source": f"{self.path}:{line}", "raw_prompt": prompt,
+            meta = {"task_id": task_id, "source": where, "raw_prompt": prompt,
                     "canonical_solution": rec.get(solution_field) if solution_field else None}
             probs.append(Problem(prompt=text, answer=answer, meta=meta))
         self._problems = probs
