@@ -299,6 +299,23 @@ def test_missing_path_malformed_and_unknown_files(tmp_path):
     assert MathTask(jl, eval_frac=0.0).split_size("train") == 3
 
 
+def test_folder_with_several_configurations(tmp_path):
+    """The GSM8K download's root: main/ and socratic/ declared as configs in its README."""
+    root = tmp_path / "gsm8k"
+    for config in ("main", "socratic"):
+        (root / config).mkdir(parents=True)
+        pd.DataFrame(GSM8K).to_parquet(root / config / "train-00000-of-00001.parquet")
+        pd.DataFrame(GSM8K[:1]).to_parquet(root / config / "test-00000-of-00001.parquet")
+    (root / "README.md").write_text("---\nconfigs:\n" + "".join(
+        f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train-*\n"
+        f"  - split: test\n    path: {c}/test-*\n" for c in ("main", "socratic")) + "---\n# gsm8k\n")
+    with pytest.raises(ValueError) as e:
+        MathTask(root)
+    assert str(e.value) == (f"{root}: this dataset folder holds several configurations ['main', 'socratic']; "
+                            "point at the folder of one of them instead (e.g. gsm8k/main rather than gsm8k)")
+    t = MathTask(root / "main", eval_split="test")
+    assert t.split_size("eval") == 1 and t.split_size("train") == 2
+
 def test_errors_through_the_trainers_task_builder(tmp_path):
     pq = write("parquet", [{"text": "q", "label": "1"}], tmp_path)
     with pytest.raises(ValueError) as e:

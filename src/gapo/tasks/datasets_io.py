@@ -36,6 +36,7 @@ import gzip
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -300,9 +301,11 @@ def _read_with_datasets(path: str, split: str | None, ext: str | None,
 
 def _folder_hint(path: str, what: str, e: BaseException) -> str:
     msg = _cause(e)
-    if "Config name is missing" in msg or "available configs" in msg:
-        return (f"{path}: this dataset folder holds several configurations ({msg}); point at the "
-                "configuration's own folder instead (e.g. gsm8k/main rather than gsm8k)")
+    if "Config name is missing" in str(e) or "available configs" in str(e):
+        configs = re.search(r"available configs: (\[[^\]]*\])", str(e))
+        return (f"{path}: this dataset folder holds several configurations"
+                f"{' ' + configs.group(1) if configs else ''}; point at the folder of one of them "
+                "instead (e.g. gsm8k/main rather than gsm8k)")
     if what == "a dataset folder" and ("data files" in msg.lower() or isinstance(e, FileNotFoundError)):
         return f"{path}: no data files found in this folder (expected {FORMATS})"
     return f"{path}: cannot read {what} ({msg})"
