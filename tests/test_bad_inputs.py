@@ -45,6 +45,7 @@ def test_damaged_model_folder_names_the_cause(policy_copy, tmp_path, capsys, dam
     (["train", "--allow-change", "--out", "x"], "--allow-change only applies with --resume"),
     (["train", "--out", "x", "stray"], "override 'stray' must look like section.key=value"),
     (["train", "--out", "x", "train.steps=1", "--bogus"], "unrecognized arguments: --bogus"),
+    (["train", "--out", "x", "task.params={n_numbers:", "3}"], "quote an override whose value has spaces"),
     (["train", "--task", "countdown:3"], "takes no ':' argument"),
 ])
 def test_bad_arguments_are_clear(argv, match, capsys, tmp_path, monkeypatch):

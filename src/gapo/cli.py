@@ -274,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     # key=value overrides may come before and after flags (argparse takes one run of positionals)
     stray = [x for x in extra if x.startswith("-") or "=" not in x or not hasattr(args, "overrides")]
     if stray:
-        ap.error(f"unrecognized arguments: {' '.join(stray)}")
+        hint = ("; quote an override whose value has spaces: 'task.params={a: 1, b: 2}'"
+                if any(not x.startswith("-") for x in stray) else "")
+        ap.error(f"unrecognized arguments: {' '.join(stray)}{hint}")
     if extra:
         args.overrides = list(args.overrides) + extra
     try:

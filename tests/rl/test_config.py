@@ -38,6 +38,9 @@ def test_yaml_file_then_overrides(tmp_path):
     (["sampling.temperature=0"], r"sampling.temperature \(command line\): must be a finite number > 0"),
     (["model.base_preset=medium"], r"unknown base-policy preset 'medium'"),
     (["steps=3"], r"must look like section.key=value|unknown config key"),
+    (["algo.advantage=passk", "algo.advantage_params={k: 4"], r"algo.advantage_params: cannot read '\{k: 4' as a YAML"),
+    (["algo.reward_range=[0, 1"], r"algo.reward_range: cannot read"),
+    (["algo.advantage=passk", "algo.advantage_params={k: 4, k: 5}"], r"duplicate key 'k'"),
 ])
 def test_bad_input_fails_before_any_work(overrides, match):
     with pytest.raises(ValueError, match=match):
@@ -175,3 +178,13 @@ def test_config_diff_lists_changed_keys():
     b = to_dict(load_config(None, ["task.params.n_numbers=4", "optim.lr=1e-4"]))
     assert diff(a, b) == {"optim.lr": (5e-05, 1e-4), "task.params.n_numbers": (3, 4)}
     assert diff(a, a) == {}
+
+
+@pytest.mark.parametrize("override, match", [
+    ("task.params.n_numbers=abc", r"task.params.n_numbers: cannot interpret 'abc' as int.*\(task 'countdown'\)"),
+    ("task.params.num_range=[1, 2, 3]", r"task.params.num_range: expected a list of 2 values"),
+    ("task.params.min_solutions=1.5", r"task.params.min_solutions"),
+])
+def test_task_params_have_the_types_the_task_declares(override, match):
+    with pytest.raises(ValueError, match=match):
+        load_config(None, [override])

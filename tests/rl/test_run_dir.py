@@ -72,6 +72,8 @@ BAD_INPUTS = {
     "max_new_tokens past context": ["sampling.max_new_tokens=100000"],
     "bad reward range": ["algo.reward_range=[1,0]"],
     "missing dataset": ["task.name=math", "task.params={path: /nonexistent.jsonl}"],
+    "task param of the wrong type": ["task.params.n_numbers=abc"],
+    "rollout batch past memory": ["train.prompts=60000", "train.group_size=1000"],
 }
 
 

@@ -239,3 +239,39 @@ def check_context(model, prompt_lengths: list[int], max_new_tokens: int, *, key:
         raise ValueError(f"{key}: {max_new_tokens} new tokens after a prompt of up to {longest} tokens exceed the "
                          f"model's context of {ctx} tokens ({where!r}); set sampling.max_new_tokens to at most "
                          f"{ctx - longest}")
+
+
+def kv_cache_bytes(model, rows: int, length: int) -> int:
+    """Bytes of the key/value cache for sampling ``rows`` sequences of ``length`` tokens (fp32)."""
+    c = model.config
+    layers = getattr(c, "num_hidden_layers", None)
+    heads = getattr(c, "num_attention_heads", None)
+    if not layers or not heads:
+        return 0
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    return 2 * layers * kv_heads * head_dim * 4 * rows * length
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Free memory on ``device`` in bytes (CPU: MemAvailable of /proc/meminfo), None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(model, device: torch.device, rows: int, length: int, *, where: str) -> None:
+    """The sampler's KV cache for ``rows`` × ``length`` tokens fits the free memory: an error
+    before the run, not an out-of-memory kill in its first step."""
+    need, free = kv_cache_bytes(model, rows, length), available_memory(device)
+    if free is not None and need > 0.8 * free:
+        raise ValueError(f"sampling {rows} rollouts (train.prompts × train.group_size) of up to {length} tokens needs "
+                         f"~{need / 2**30:.1f} GiB of KV cache for {where!r}, more than the {free / 2**30:.1f} GiB "
+                         "free; lower train.prompts, train.group_size or sampling.max_new_tokens")

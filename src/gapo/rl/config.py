@@ -29,7 +29,8 @@ from gapo.policy.chat import CHAT_MODES
 from gapo.policy.lora import check_lora
 from gapo.policy.precision import DTYPES
 from gapo.rl.config_io import coerce, diff, parse_value, read_yaml
-from gapo.rl.domains import DOMAINS, advantage_params, check_device, check_params, task_params
+from gapo.rl.domains import (DOMAINS, advantage_params, check_device, check_params, check_task_param_types,
+                              task_params)
 
 __all__ = ["Config", "load_config", "apply_overrides", "to_dict", "from_dict", "diff", "DOMAINS"]
 
@@ -157,6 +158,7 @@ class Config:
                 raise ValueError(f"{where(key)}: {unknown(kind, name, known)}")
         check_params(where("algo.advantage_params"), a.advantage_params, advantage_params(a.advantage))
         check_params(where("task.params"), self.task.params, task_params(self.task.name))
+        check_task_param_types("task.params", self.task.name, self.task.params)
         batch = t.prompts * t.group_size
         if batch % t.mini_batches:
             raise ValueError(f"{where('train.mini_batches')}: {t.mini_batches} does not divide the rollout batch "
@@ -230,7 +232,7 @@ def set_key(cfg: Config, key: str, value) -> None:
             raise _unknown_key(key, _all_keys())
         target = getattr(section, parts[1])
         if isinstance(value, str):
-            value = parse_value(value)
+            value = parse_value(value, key)
         target[".".join(parts[2:])] = value
         return
     setattr(section, parts[1], coerce(value, hints[parts[1]], key))
@@ -256,7 +258,8 @@ def from_dict(d: dict, *, migrate: bool = False) -> Config:
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     for item in overrides:
         if "=" not in item:
-            raise ValueError(f"override {item!r} must look like section.key=value")
+            raise ValueError(f"override {item!r} must look like section.key=value (quote an override whose value "
+                             "has spaces: 'task.params={a: 1, b: 2}')")
         k, v = item.split("=", 1)
         set_key(cfg, k.strip(), v)
     return cfg

@@ -36,8 +36,21 @@ _UniqueKeyLoader.add_implicit_resolver(
     list("-+0123456789"))
 
 
-def parse_value(text: str):
+def _load(text: str):
     return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
+def parse_value(text: str, key: str = "value"):
+    """A ``key=value`` override's value read as YAML (``[1, 10]``, ``{k: 4}``, ``1e-4``); malformed
+    YAML or a repeated key is a ``ValueError`` naming ``key``."""
+    try:
+        return _load(text)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"{key}: cannot read {text!r} as a YAML value ({problem}); quote an override whose "
+                         "value has spaces: 'task.params={a: 1, b: 2}'") from None
+    except ValueError as e:
+        raise ValueError(f"{key}: {e}") from None
 
 
 def _key_lines(text: str) -> dict[str, int]:
@@ -67,7 +80,7 @@ def read_yaml(path: str | Path) -> tuple[dict, dict[str, int]]:
         raise ValueError(f"config file {str(p)!r}, line {line}: not UTF-8 text (byte {raw[e.start]:#04x} at "
                          f"offset {e.start}); save the file as UTF-8") from None
     try:
-        data = parse_value(text)
+        data = _load(text)
         lines = _key_lines(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -114,13 +127,13 @@ def coerce(value, tp, key: str):
         return value
     if origin is tuple:
         if isinstance(value, str):
-            value = parse_value(value)
+            value = parse_value(value, key)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ValueError(f"{key}: expected a list of {len(args)} values, got {value!r}")
         return tuple(coerce(v, a, key) for v, a in zip(value, args))
     if tp is dict or origin is dict:
         if isinstance(value, str):
-            value = parse_value(value)
+            value = parse_value(value, key)
         if not isinstance(value, dict):
             raise ValueError(f"{key}: expected a mapping, got {value!r}")
         return dict(value)

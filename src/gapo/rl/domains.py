@@ -6,11 +6,13 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+import typing
 
 import torch
 
 from gapo import tasks
 from gapo.core.advantages import ADVANTAGES
+from gapo.rl.config_io import coerce
 
 __all__ = ["DOMAINS", "advantage_params", "task_params", "check_params", "check_device"]
 
@@ -76,8 +78,8 @@ DOMAINS = {
     "optim.warmup_steps": _num(0, _INT_MAX, integer=True),
     "optim.grad_clip": _num(0, None, lo_open=True),
     "train.steps": _num(0, _INT_MAX, integer=True),
-    "train.prompts": _num(1, 2**20, integer=True),
-    "train.group_size": _num(2, 2**16, integer=True),
+    "train.prompts": _num(1, 65536, integer=True),
+    "train.group_size": _num(2, 1024, integer=True),
     "train.mini_batches": _num(1, 2**20, integer=True),
     "train.epochs": _num(1, 10_000, integer=True),
     "train.micro_batch_size": _num(1, 2**20, integer=True, optional=True),
@@ -85,8 +87,8 @@ DOMAINS = {
     "train.seed": _num(0, 2**63 - 1, integer=True),
     "train.checkpoint_every": _num(0, _INT_MAX, integer=True),
     "eval.every": _num(0, _INT_MAX, integer=True),
-    "eval.problems": _num(0, 2**20, integer=True),
-    "eval.samples": _num(1, 2**16, integer=True),
+    "eval.problems": _num(0, 100_000, integer=True),
+    "eval.samples": _num(1, 4096, integer=True),
     "eval.temperature": _num(0, 100, lo_open=True),
     "eval.seed": _num(0, 2**63 - 1, integer=True),
 }
@@ -110,6 +112,33 @@ def task_params(name: str) -> set[str] | None:
     except ImportError:  # the task's extra is missing: its own error comes when it is built
         return None
     return _keyword_names(cls)
+
+
+def check_task_param_types(key: str, name: str, params: dict) -> None:
+    """Each entry of ``task.params`` has the type its task's constructor declares (``int``,
+    ``float``, ``str``, ``bool``, tuples of them, ``X | None``): ``n_numbers=abc`` is an error here,
+    not an exception from inside the task."""
+    try:
+        cls = tasks.factory(name)
+    except ImportError:
+        return
+    hints = {}
+    for c in cls.__mro__:
+        if "__init__" in vars(c):
+            try:
+                hints = {**typing.get_type_hints(c.__init__), **hints}
+            except Exception:  # an annotation that cannot be resolved: nothing to check against
+                pass
+    for k, v in params.items():
+        tp = hints.get(k)
+        if tp is None or tp is inspect.Parameter.empty:
+            continue
+        try:
+            coerce(v, tp, f"{key}.{k}")
+        except ValueError as e:
+            raise ValueError(f"{e} (task {name!r})") from None
+        except TypeError:  # an annotation coerce does not know (e.g. Callable): not checked
+            continue
 
 
 def _keyword_names(obj, *, keyword_only: bool = False) -> set[str]:

@@ -35,7 +35,7 @@ from gapo.core.metrics import clip_counts_by_c, clip_stats_from_counts, merge_co
 from gapo.policy import lora
 from gapo.policy.base_policy import resolve_policy
 from gapo.policy.chat import PromptEncoder
-from gapo.policy.model import check_context, load_policy, save_policy
+from gapo.policy.model import check_context, check_memory, load_policy, save_policy
 from gapo.policy.precision import autocast, grad_scaler
 from gapo.policy.sampling import logprobs, sample
 from gapo.rl import rollout
@@ -114,6 +114,9 @@ class Trainer:
         self.eval_problems = self.task.generate("eval", cfg.eval.problems, cfg.eval.seed) if cfg.eval.problems else []
         check_context(self.model, [len(self.encoder.ids(p.prompt)) for p in self.pool[:2000] + self.eval_problems[:2000]],
                       self.max_new_tokens, key=cfg._where("sampling.max_new_tokens"), where=str(self.policy_path))
+        longest = max((len(self.encoder.ids(p.prompt)) for p in self.pool[:2000]), default=0)
+        check_memory(self.model, self.device, t.prompts * t.group_size, longest + self.max_new_tokens,
+                     where=str(self.policy_path))
         rollout.probe_reward(self.task, self.pool[:1] + self.eval_problems[:1], cfg.algo.reward_range)
         self.trackers = Trackers(cfg, self.run_dir)
         self.trackers.check()
