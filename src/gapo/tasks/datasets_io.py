@@ -38,7 +38,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from gapo.tasks.base import read_jsonl
 
@@ -87,12 +87,13 @@ class Records:
 
 
 def read_records(path, *, split: str | None = None, required: Sequence[str] = (),
-                 columns: Sequence[str] | None = None) -> Records:
+                 columns: Sequence[str] | Callable[[list[str]], Sequence[str]] | None = None) -> Records:
     """The rows of ``split`` of the local dataset at ``path`` (see the module docstring).
 
     ``required``: fields every record must have (a ``ValueError`` naming the file and listing the
     fields present otherwise). ``columns``: for ``datasets`` sources, read only these columns
-    (those present; the others are ignored), which saves time and memory on wide datasets.
+    (those present; the others are ignored), or a function of the column names that says which;
+    this saves time and memory on wide datasets. ``Records.columns`` still lists them all.
     """
     path = os.fspath(path)
     if split is not None and (not isinstance(split, str) or not split):
@@ -255,8 +256,7 @@ def _cause(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[0] if msg else ''}".rstrip(": ")
 
 
-def _read_with_datasets(path: str, split: str | None, ext: str | None,
-                        columns: Sequence[str] | None) -> Records:
+def _read_with_datasets(path: str, split: str | None, ext: str | None, columns) -> Records:
     datasets = _import_datasets()
     apath = os.path.abspath(path)  # never a hub id, never a packaged builder's name
     saved = os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f))
@@ -311,12 +311,14 @@ def _folder_hint(path: str, what: str, e: BaseException) -> str:
     return f"{path}: cannot read {what} ({msg})"
 
 
-def _materialise(part, columns: Sequence[str] | None) -> tuple[list[tuple[int, dict]], list[str]]:
+def _materialise(part, columns) -> tuple[list[tuple[int, dict]], list[str]]:
     cols = part.column_names
     if cols is None:  # streaming JSON/CSV: the columns are those of the first row
         first = next(iter(part), None)
         cols = list(first) if first is not None else []
     cols = list(cols)
+    if callable(columns):
+        columns = columns(cols)
     if columns is not None:
         keep = [c for c in cols if c in set(columns)] or cols[:1]  # one column at least, to count rows
         if keep != cols:

@@ -205,8 +205,11 @@ def _load(path: Path, split: str | None, prompt_field: str | None, answer_field:
     (any format of :func:`gapo.tasks.datasets_io.read_records`)."""
     # `datasets` (the optional [math] extra) is imported inside read_records only for
     # Parquet/CSV/Arrow files and dataset folders; JSON and JSONL need nothing.
-    wanted = ((prompt_field,) if prompt_field else _PROMPT_FIELDS) + ((answer_field,) if answer_field else _ANSWER_FIELDS)
-    recs = read_records(path, split=split, columns=wanted + ("messages",))
+    def wanted(columns: list[str]) -> list[str]:  # of a wide table, read the two columns used only
+        return [prompt_field or next((k for k in _PROMPT_FIELDS + ("messages",) if k in columns), ""),
+                answer_field or next((k for k in _ANSWER_FIELDS + ("messages",) if k in columns), "")]
+
+    recs = read_records(path, split=split, columns=wanted)
     head = recs.where(recs.rows[0][0] if not recs.tabular else None)
     present = sorted(recs.columns) if not recs.tabular else recs.columns
     noun = recs.noun
