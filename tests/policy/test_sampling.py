@@ -244,3 +244,19 @@ def test_entropy_grad_false_detaches_entropy_only(model, prompts):
         grads.append((lp.detach(), ent.detach(), model.lm_head.weight.grad.clone()))
     model.zero_grad()
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_checkpointed_chunks_equal_kept_chunks(model, prompts):
+    # max_saved_bytes decides only whether chunks are recomputed in backward: same values, same gradients
+    r = sample(model, prompts * 2, max_new_tokens=20, eos_token_id=EOS, generator=torch.Generator().manual_seed(5))
+    T, m = r.completion_ids.shape[1], r.response_mask.float()
+    out = []
+    for saved in (2**30, 0):
+        model.zero_grad()
+        lp, ent = logprobs(model, r.input_ids, r.attention_mask, T, chunk_size=3, max_saved_bytes=saved)
+        ((lp * m).sum() + (ent * m).sum()).backward()
+        out.append((lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]))
+    model.zero_grad()
+    (lp0, e0, g0), (lp1, e1, g1) = out
+    assert torch.equal(lp0, lp1) and torch.equal(e0, e1)
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1))

@@ -272,6 +272,7 @@ def logprobs(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     max_chunk_bytes: int = 256 * 2**20,
+    max_saved_bytes: int = 2**30,
     fast: bool = True,
     entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,9 +281,11 @@ def logprobs(
 
     Memory-bounded: the decoder runs once, then the LM head, log-softmax and entropy run over
     chunks of ``chunk_size`` positions (by default as many as fit ``max_chunk_bytes`` of float32
-    logits), so the ``(B, T, V)`` float32 tensor is never built for large ``V``. Under autograd
-    each chunk is checkpointed, so the backward pass recomputes the chunk's logits instead of
-    storing them. Masked positions hold meaningless values; multiply by the response mask.
+    logits), so the ``(B, T, V)`` float32 tensor is never built whole for large ``V``. Under
+    autograd the chunks' logits are kept for the backward pass while all of them together fit
+    ``max_saved_bytes`` (float32); beyond that each chunk is checkpointed, so the backward pass
+    recomputes the chunk's logits instead of storing them (the same values: a quarter more
+    LM-head work for memory bounded by one chunk; BENCHMARKS.md). Masked positions hold meaningless values; multiply by the response mask.
     ``fast`` runs the decoder of Llama/Qwen2 models with ``_FastLM``, which computes each
     distinct prompt once (rows of a GRPO group share it); ``fast=False`` uses ``model.model``.
     ``entropy_grad=False`` returns the entropy detached (pass it when the loss has no entropy
@@ -310,7 +313,7 @@ def logprobs(
         chunk_size = max(1, max_chunk_bytes // (4 * B * V * 3))  # logits, probs, product
     if chunk_size >= T:
         return _chunk_stats(hidden, targets, head, temperature, softcap, entropy_grad)
-    use_ckpt = torch.is_grad_enabled() and hidden.requires_grad
+    use_ckpt = torch.is_grad_enabled() and hidden.requires_grad and 4 * B * T * V > max_saved_bytes
     lps, ents = [], []
     for s in range(0, T, chunk_size):
         h, y = hidden[:, s : s + chunk_size], targets[:, s : s + chunk_size]
