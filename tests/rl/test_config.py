@@ -39,7 +39,7 @@ def test_yaml_file_then_overrides(tmp_path):
     (["model.base_preset=medium"], r"unknown base-policy preset 'medium'"),
     (["steps=3"], r"must look like section.key=value|unknown config key"),
     (["algo.advantage=passk", "algo.advantage_params={k: 4"], r"algo.advantage_params: cannot read '\{k: 4' as a YAML"),
-    (["algo.reward_range=[0, 1"], r"algo.reward_range: cannot read"),
+    (["algo.reward_range=[0, 1"], r"algo.reward_range \(command line\): must be \[R_min, R_max\], 'group' or 'batch'"),
     (["algo.advantage=passk", "algo.advantage_params={k: 4, k: 5}"], r"duplicate key 'k'"),
 ])
 def test_bad_input_fails_before_any_work(overrides, match):

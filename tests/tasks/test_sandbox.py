@@ -656,3 +656,31 @@ def test_sandbox_dies_with_the_process_that_started_it():
         child.wait()
         child.stdout.close()
     sandbox.reap_orphans()
+
+
+@pytest.mark.skipif("mount" not in sandbox.capabilities().namespaces, reason="needs a mount namespace")
+def test_an_interpreter_under_a_covered_directory_keeps_its_packages(tmp_path):
+    """A virtual environment under /tmp (a CI clone, a scratch checkout) must stay importable
+    inside the sandbox although the sandbox covers /tmp with a private tmpfs: its Python
+    directories are bound back read-only. Before, installed packages vanished (numpy scored 0)."""
+    import shutil
+    import sysconfig
+    from pathlib import Path
+
+    top = Path(tempfile.mkdtemp(dir="/tmp", prefix="gapo-venv-test-"))  # a checkout, with its .venv inside
+    venv = top / ".venv"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        py = venv / "bin" / "python"
+        purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        Path(purelib, "gapo_probe_mod.py").write_text("VALUE = 42\n")
+        src = Path(__file__).resolve().parents[2] / "src"
+        env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{sysconfig.get_paths()['purelib']}")
+        code = ("from gapo.tasks.sandbox import run\n"
+                "r = run('import gapo_probe_mod; print(gapo_probe_mod.VALUE)', timeout_s=10, memory_mb=256)\n"
+                "print(r.stderr[-500:]); print(r.passed, r.stdout.strip())\n")  # the last line is the verdict
+        out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert out.stdout.strip().splitlines()[-1] == "True 42", out.stdout + out.stderr
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

@@ -429,7 +429,7 @@ def _boot_config(iso: Isolation, workdir: str, *, memory_mb: int, cpu: int, file
         "cgroup_layers": cgroup.layers if cgroup else [],
         "ipc_limits": _ipc_limits(memory_mb) if "ipc" in iso.namespaces else {},
         "covered": list(sandbox_ns.COVERED_DIRS),
-        "sockets": sandbox_ns.host_unix_sockets() if mount else [],
+        "sockets": sandbox_ns.host_unix_sockets(keep_under=_python_paths()) if mount else [],
     }
 
 

@@ -88,10 +88,27 @@ if cfg["mount"]:
         applied.append("ro-root")
     opts_tmp = "size=%dm,mode=1777" % cfg["tmpfs_mb"]
     owner = "uid=%d,gid=%d," % (uid, gid) if uid is not None else ""
+    # The interpreter may live under a covered directory (a virtual environment in /tmp): keep a
+    # handle on each such Python directory, and bind it back, read-only, onto the fresh tmpfs.
+    under = {}
+    for p in cfg["python_paths"]:
+        if any(p == d or p.startswith(d.rstrip("/") + "/") for d in cfg["covered"]):
+            try:
+                under[p] = os.open(p, os.O_PATH)
+            except OSError:
+                pass
     for d in cfg["covered"]:
         if os.path.isdir(d) and not os.path.islink(d) and d != "/dev/shm":
             if libc.mount(b"tmpfs", d.encode(), b"tmpfs", 2 | 4, opts_tmp.encode()) != 0:
                 _err(d)
+    for p, fd in sorted(under.items()):
+        os.makedirs(p, mode=0o755, exist_ok=True)
+        if libc.mount(("/proc/self/fd/%d" % fd).encode(), p.encode(), None, 4096 | 16384, None) != 0:
+            _err(p)  # MS_BIND | MS_REC
+        os.close(fd)
+        if SYS_mount_setattr is not None:
+            ro = MountAttr(0x1 | 0x2 | 0x4, 0, 0, 0)
+            libc.syscall(SYS_mount_setattr, -100, p.encode(), 0x8000, ctypes.byref(ro), ctypes.sizeof(ro))
     applied.append("private-run-tmp")
     # A minimal /dev: the tree above is nodev, so the host's /dev/null would be unusable; bind
     # the harmless character devices onto a fresh read-only tmpfs (no disks, no tty, no fuse).

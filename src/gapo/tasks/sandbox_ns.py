@@ -380,9 +380,11 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def host_unix_sockets(limit: int = 4096) -> list[str]:
+def host_unix_sockets(limit: int = 4096, keep_under: list[str] = ()) -> list[str]:
     """Listening Unix socket files of the host outside :data:`COVERED_DIRS` (which the sandbox
-    hides anyway), from ``/proc/net/unix``: the bootstrap binds an empty file over each."""
+    hides anyway), from ``/proc/net/unix``: the bootstrap binds an empty file over each. Paths
+    under ``keep_under`` count even inside a covered directory: the bootstrap binds those
+    directories back (the interpreter's own files, e.g. a virtual environment in /tmp)."""
     try:
         with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()[1:]
@@ -395,7 +397,9 @@ def host_unix_sockets(limit: int = 4096) -> list[str]:
         if len(parts) < 8 or not parts[7].startswith("/"):
             continue
         path = parts[7]
-        if path.startswith(covered) or path in out:
+        if path in out:
+            continue
+        if path.startswith(covered) and not any(path.startswith(k.rstrip("/") + "/") for k in keep_under):
             continue
         try:
             if stat.S_ISSOCK(os.lstat(path).st_mode):
