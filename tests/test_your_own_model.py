@@ -15,7 +15,7 @@ pytest.importorskip("math_verify")
 pd = pytest.importorskip("pandas")
 pytest.importorskip("datasets")
 
-from test_real_models import build_instruct_checkpoint  # noqa: E402  (tests/ is on sys.path under pytest)
+from checkpoints import build_instruct_checkpoint  # noqa: E402  (tests/checkpoints.py; tests/ is on sys.path under pytest)
 
 from gapo.cli import main  # noqa: E402
 

@@ -52,7 +52,8 @@ def _int_at_least(lo: int):
 
 def _common_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config file (sections: task, model, sampling, algo, optim, train, eval, log)")
-    p.add_argument("--task", help="countdown | arithmetic | math:PATH.jsonl | rg:NAME | humaneval | mbpp:PATH.jsonl")
+    p.add_argument("--task", help="countdown | arithmetic | math:PATH | rg:NAME | humaneval | mbpp:PATH (PATH: JSONL, JSON, "
+                   "Parquet, CSV, a save_to_disk folder or a dataset folder)")
     p.add_argument("--model", help="local Hugging Face checkpoint (default: the embedded base policy)")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. algo.eps_high_max=0.28")
 

@@ -14,7 +14,7 @@ pytest.importorskip("math_verify")
 from gapo.tasks import get  # noqa: E402
 from gapo.tasks.math import MathTask, extract_answer, gold_from_field, last_boxed, verify_answer  # noqa: E402
 
-FIX = Path(__file__).parent / "fixtures"
+FIX = Path(__file__).parents[1] / "fixtures"
 GSM = FIX / "math_gsm8k.jsonl"
 COMP = FIX / "math_competition.jsonl"
 BOMB = "\\boxed{9^{9^{9^{9}}}}"  # sympy tries to evaluate a number with ~3.7e8 digits

@@ -1,0 +1,69 @@
+"""The CPU thread default (gapo.rl.threads): overrides, the probe, the per-machine cache."""
+
+import json
+
+import pytest
+import torch
+
+from gapo.rl import threads
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    monkeypatch.delenv("GAPO_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("GAPO_CACHE", str(tmp_path))
+    monkeypatch.setattr(threads, "_cores", lambda: 4)
+    return tmp_path
+
+
+def test_environment_overrides(clean_env, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert threads.default_threads() == 3
+    monkeypatch.setenv("GAPO_THREADS", "2")  # gapo's own variable first
+    assert threads.default_threads() == 2
+    monkeypatch.setenv("GAPO_THREADS", "0")
+    with pytest.raises(ValueError, match="GAPO_THREADS"):
+        threads.default_threads()
+    assert not (clean_env / "threads.json").exists()  # no probe, nothing cached
+
+
+def test_probe_restores_threads_and_picks_a_candidate():
+    before = torch.get_num_threads()
+    res = threads.probe([1, 2], rounds=1, repeats=2)
+    assert torch.get_num_threads() == before
+    assert res["threads"] in (1, 2) and set(res["seconds"]) == {1, 2}
+
+
+def test_more_threads_only_when_clearly_faster_in_every_round(monkeypatch):
+    class Clock:  # perf_counter advancing by what the fake workload "took"
+        t = 0.0
+
+    def workload(times):
+        it = iter(times)
+
+        def run():
+            Clock.t += next(it)
+        return run
+
+    monkeypatch.setattr(threads.time, "perf_counter", lambda: Clock.t)
+    # round 1: 2 threads 30% faster; round 2: only 10% faster -> stay at 1
+    seq = [1.0] * 2 + [0.7] * 2 + [1.0] * 2 + [0.9] * 2  # (warm-up + 1 repeat) per count and round
+    monkeypatch.setattr(threads, "_workload", lambda torch_, reps=4: workload(seq))
+    assert threads.probe([1, 2], rounds=2, repeats=1)["threads"] == 1
+    seq = [1.0] * 2 + [0.7] * 2 + [1.0] * 2 + [0.6] * 2
+    monkeypatch.setattr(threads, "_workload", lambda torch_, reps=4: workload(seq))
+    assert threads.probe([1, 2], rounds=2, repeats=1)["threads"] == 2
+
+
+def test_probe_result_cached_per_machine(clean_env, monkeypatch):
+    calls = []
+    monkeypatch.setattr(threads, "probe", lambda: calls.append(1) or {"threads": 2, "seconds": {1: [1.0], 2: [0.5]}})
+    assert threads.default_threads() == 2
+    assert threads.default_threads() == 2
+    assert len(calls) == 1
+    table = json.loads((clean_env / "threads.json").read_text())
+    (key, entry), = table.items()
+    assert key == threads._key() and entry["threads"] == 2
+    monkeypatch.setattr(threads, "_cores", lambda: 1)  # one usable core: no probe at all
+    assert threads.default_threads() == 1 and len(calls) == 1
