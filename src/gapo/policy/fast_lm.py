@@ -93,9 +93,11 @@ class _FastLM:
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
     def _rest(self, layer, x, q, K, V, mask):
-        if self.n_rep > 1:
-            K, V = _repeat_kv(K, self.n_rep), _repeat_kv(V, self.n_rep)
-        o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling)
+        # grouped-query attention without copying K/V into every query head (Hugging Face's
+        # repeat_kv): the same products, the same outputs bit for bit (tests/test_sampling.py), and
+        # no copy of the whole cache per decoding step and layer (BENCHMARKS.md, section 9)
+        gqa = {"enable_gqa": True} if self.n_rep > 1 else {}
+        o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling, **gqa)
         x = x + layer.self_attn.o_proj(o.transpose(1, 2).reshape(*x.shape[:-1], -1))
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
@@ -198,7 +200,3 @@ def _rotate_half(x):
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
-
-def _repeat_kv(x, n_rep):
-    b, kv, s, d = x.shape
-    return x[:, :, None].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
