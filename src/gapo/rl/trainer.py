@@ -42,6 +42,7 @@ from gapo.rl import rollout
 from gapo.rl.config import Config, to_dict
 from gapo.rl.evaluate import evaluate
 from gapo.rl.run_dir import RunExists, RunFolder, Trackers, atomic_write, resume_changes, stop_on_signals
+from gapo.rl.threads import default_threads
 
 __all__ = ["Trainer", "RunExists"]
 
@@ -80,8 +81,8 @@ class Trainer:
         """Task, policy, optimiser, problem pools and random streams; then the checks that need
         them (context length, a probe of the verifier, tracking packages). Writes nothing."""
         m, t, o = cfg.model, cfg.train, cfg.optim
-        if m.device == "cpu" or m.threads is not None:
-            torch.set_num_threads(m.threads or 1)
+        if m.device == "cpu" or m.threads is not None:  # null on CPU: measured once per machine (rl/threads.py)
+            torch.set_num_threads(m.threads or default_threads())
         self.device = torch.device(m.device)
         torch.manual_seed(t.seed)
         self.task = tasks.build(cfg.task.name, cfg.task.params)

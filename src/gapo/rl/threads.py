@@ -1,0 +1,139 @@
+"""The default number of torch threads on CPU (``model.threads: null``): measured once per machine.
+
+gapo's CPU work is many small matrix multiplies (a decoding step of a small policy is a few
+(64 × 128) × (128 × 512) products), where a second thread helps on some machines (an Intel Xeon
+with AVX-512/AMX: the tiny RL step 0.093 s with two threads against 0.132 s with one) and
+hurts badly on others (this project's shared 2-core AMD EPYC: up to 40× slower when a neighbour
+holds a core; BENCHMARKS.md, section 3). So the default is measured: ``default_threads`` times
+a small probe shaped like that work (decoding-sized and update-sized products, fp32) at 1, 2,
+4, … threads up to the cores this process may use (at most 8), and takes more than one thread
+only if it is at least ``margin`` (20%) faster than one thread in *both* of two rounds (a
+thread descheduled by a neighbour shows up as a slow round). About 0.3 s, once: the answer is
+cached in ``$GAPO_CACHE/threads.json`` (default ``~/.cache/gapo``) under the CPU model, the
+number of usable cores and the torch version, so every later run on the machine uses the same
+count (thread counts can change float rounding, so a machine's runs stay comparable).
+``GAPO_THREADS=<n>``, else an explicit ``OMP_NUM_THREADS=<n>`` (which torch itself follows),
+overrides both the probe and the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+__all__ = ["default_threads", "probe"]
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:  # pragma: no cover
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _key() -> str:
+    import torch
+
+    return f"{_cpu_model()}|cores={_cores()}|torch={torch.__version__}"
+
+
+def _cache_file() -> Path:
+    from gapo.policy.base_policy import cache_root
+
+    return cache_root() / "threads.json"
+
+
+def _workload(torch, reps: int = 4):
+    # decoding-sized products (64 rows through a hidden-128 layer) and one update-sized product
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 128, generator=g)
+    w1, w2 = torch.randn(128, 512, generator=g), torch.randn(512, 128, generator=g)
+    big = torch.randn(1024, 128, generator=g)
+
+    def run():
+        for _ in range(reps):
+            y = x
+            for _ in range(8):
+                y = torch.tanh(y @ w1) @ w2
+            (big @ w1).sum()
+
+    return run
+
+
+def probe(candidates: list[int] | None = None, *, rounds: int = 2, repeats: int = 7, margin: float = 0.2) -> dict:
+    """Time the probe at each thread count; returns ``{"threads": best, "seconds": {n: [round medians]}}``.
+    The thread setting is restored afterwards."""
+    import torch
+
+    if candidates is None:
+        cores = min(_cores(), 8)
+        candidates = [n for n in (1, 2, 4, 8) if n <= cores]
+    before = torch.get_num_threads()
+    run = _workload(torch)
+    secs: dict[int, list[float]] = {n: [] for n in candidates}
+    try:
+        for _ in range(rounds):
+            for n in candidates:
+                torch.set_num_threads(n)
+                run()  # warm-up at this count (thread pool start)
+                ts = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    run()
+                    ts.append(time.perf_counter() - t0)
+                secs[n].append(statistics.median(ts))
+    finally:
+        torch.set_num_threads(before)
+    base = secs[candidates[0]]
+    ok = [n for n in candidates[1:] if all(s <= (1 - margin) * b for s, b in zip(secs[n], base))]
+    best = min(ok, key=lambda n: max(secs[n])) if ok else candidates[0]
+    return {"threads": best, "seconds": secs}
+
+
+def default_threads(*, cache: bool = True) -> int:
+    """The thread count for ``model.threads: null`` on CPU: ``GAPO_THREADS``, else
+    ``OMP_NUM_THREADS``, else the cached probe result for this machine, else a new probe (then
+    cached)."""
+    for var in ("GAPO_THREADS", "OMP_NUM_THREADS"):
+        env = os.environ.get(var, "").strip()
+        if env:
+            if not env.isdigit() or int(env) < 1:
+                raise ValueError(f"{var} must be a positive integer, got {env!r}")
+            return int(env)
+    if _cores() <= 1:
+        return 1
+    key, path = _key(), _cache_file()
+    table = {}
+    if cache:
+        try:
+            table = json.loads(path.read_text())
+            return int(table[key]["threads"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    res = probe()
+    if cache:
+        table[key] = {"threads": res["threads"], "seconds": {str(k): v for k, v in res["seconds"].items()},
+                      "load_average": os.getloadavg()[0], "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".threads.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=1))
+            os.replace(tmp, path)
+        except OSError:  # a read-only cache: the probe runs again next time
+            pass
+    return res["threads"]
