@@ -14,6 +14,7 @@ def clean_env(monkeypatch, tmp_path):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("GAPO_CACHE", str(tmp_path))
     monkeypatch.setattr(threads, "_cores", lambda: 4)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     return tmp_path
 
 
@@ -67,3 +68,13 @@ def test_probe_result_cached_per_machine(clean_env, monkeypatch):
     assert key == threads._key() and entry["threads"] == 2
     monkeypatch.setattr(threads, "_cores", lambda: 1)  # one usable core: no probe at all
     assert threads.default_threads() == 1 and len(calls) == 1
+
+
+def test_cached_count_capped_by_idle_cores(clean_env, monkeypatch):
+    monkeypatch.setattr(threads, "probe", lambda: {"threads": 4, "seconds": {1: [1.0], 4: [0.3]}})
+    assert threads.default_threads() == 4
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (2.2, 0.0, 0.0))  # 1.8 cores idle
+    assert threads.default_threads() == 2
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (6.0, 0.0, 0.0))  # overloaded: one thread
+    assert threads.default_threads() == 1
+    assert json.loads((clean_env / "threads.json").read_text())[threads._key()]["threads"] == 4  # cache unchanged

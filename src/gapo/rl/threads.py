@@ -12,6 +12,13 @@ thread descheduled by a neighbour shows up as a slow round). About 0.3 s, once: 
 cached in ``$GAPO_CACHE/threads.json`` (default ``~/.cache/gapo``) under the CPU model, the
 number of usable cores and the torch version, so every later run on the machine uses the same
 count (thread counts can change float rounding, so a machine's runs stay comparable).
+The probe runs a fraction of a second and cannot see a neighbour that takes a core a minute
+later, which is what made two threads erratic on the shared machine; so at every start-up the
+cached count is also capped by the cores idle right now, ``cores − 1-minute load average``
+(rounded, at least 1). On this project's 2-core machine the probe alone measured two threads
+45% faster, while the load average of 2–7 left no idle core: one thread, as measured for the
+RL step (BENCHMARKS.md, section 3).
+
 ``GAPO_THREADS=<n>``, else an explicit ``OMP_NUM_THREADS=<n>`` (which torch itself follows),
 overrides both the probe and the cache.
 """
@@ -107,8 +114,8 @@ def probe(candidates: list[int] | None = None, *, rounds: int = 2, repeats: int 
 
 def default_threads(*, cache: bool = True) -> int:
     """The thread count for ``model.threads: null`` on CPU: ``GAPO_THREADS``, else
-    ``OMP_NUM_THREADS``, else the cached probe result for this machine, else a new probe (then
-    cached)."""
+    ``OMP_NUM_THREADS``, else the probe's count for this machine (cached, or measured and then
+    cached), capped by the cores idle now."""
     for var in ("GAPO_THREADS", "OMP_NUM_THREADS"):
         env = os.environ.get(var, "").strip()
         if env:
@@ -117,6 +124,11 @@ def default_threads(*, cache: bool = True) -> int:
             return int(env)
     if _cores() <= 1:
         return 1
+    return max(1, min(_probed(cache), round(_cores() - os.getloadavg()[0])))
+
+
+def _probed(cache: bool) -> int:
+    """The probe's thread count for this machine, from the cache or measured (then cached)."""
     key, path = _key(), _cache_file()
     table = {}
     if cache:
