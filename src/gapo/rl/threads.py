@@ -5,10 +5,11 @@ gapo's CPU work is many small matrix multiplies (a decoding step of a small poli
 with AVX-512/AMX: the tiny RL step 0.093 s with two threads against 0.132 s with one) and
 hurts badly on others (this project's shared 2-core AMD EPYC: up to 40× slower when a neighbour
 holds a core; BENCHMARKS.md, section 3). So the default is measured: ``default_threads`` times
-a small probe shaped like that work (decoding-sized and update-sized products, fp32) at 1, 2,
+a miniature RL step of that shape (8 decoding steps of 64 rows and a log-prob forward and
+backward through a 4-layer, hidden-128 Qwen2) at 1, 2,
 4, … threads up to the cores this process may use (at most 8), and takes more than one thread
 only if it is at least ``margin`` (20%) faster than one thread in *both* of two rounds (a
-thread descheduled by a neighbour shows up as a slow round). About 0.3 s, once: the answer is
+thread descheduled by a neighbour shows up as a slow round). About a second, once: the answer is
 cached in ``$GAPO_CACHE/threads.json`` (default ``~/.cache/gapo``) under the CPU model, the
 number of usable cores and the torch version, so every later run on the machine uses the same
 count (thread counts can change float rounding, so a machine's runs stay comparable).
@@ -65,24 +66,29 @@ def _cache_file() -> Path:
     return cache_root() / "threads.json"
 
 
-def _workload(torch, reps: int = 4):
-    # decoding-sized products (64 rows through a hidden-128 layer) and one update-sized product
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(64, 128, generator=g)
-    w1, w2 = torch.randn(128, 512, generator=g), torch.randn(512, 128, generator=g)
-    big = torch.randn(1024, 128, generator=g)
+def _workload(torch, reps: int = 1):
+    # a miniature RL step of the embedded policy's shape (hidden 128, 4 layers): 8 KV-cached
+    # decoding steps of 64 rows, then a forward and backward of the log-probs
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from gapo.policy.sampling import logprobs, sample
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
+                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64))
+    prompts = torch.randint(4, 32, (64, 8), generator=torch.Generator().manual_seed(0))
 
     def run():
         for _ in range(reps):
-            y = x
-            for _ in range(8):
-                y = torch.tanh(y @ w1) @ w2
-            (big @ w1).sum()
+            ro = sample(model, prompts, max_new_tokens=8, generator=torch.Generator().manual_seed(0))
+            lp, _ = logprobs(model, ro.input_ids, ro.attention_mask, 8, entropy_grad=False)
+            lp.sum().backward()
+            model.zero_grad(set_to_none=True)
 
     return run
 
 
-def probe(candidates: list[int] | None = None, *, rounds: int = 2, repeats: int = 7, margin: float = 0.2) -> dict:
+def probe(candidates: list[int] | None = None, *, rounds: int = 2, repeats: int = 3, margin: float = 0.2) -> dict:
     """Time the probe at each thread count; returns ``{"threads": best, "seconds": {n: [round medians]}}``.
     The thread setting is restored afterwards."""
     import torch
