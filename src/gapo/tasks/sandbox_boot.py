@@ -18,6 +18,23 @@ BOOT = r"""
 import json, os, sys
 cfg = json.loads(sys.argv[1])
 applied = []
+
+
+def fork_and_mirror():
+    # Fork; the parent waits for the child and exits with its status, the child returns.
+    child = os.fork()
+    if child:
+        os.close(cfg["report_fd"])
+        while True:
+            try:
+                _, st = os.waitpid(child, 0)
+                break
+            except InterruptedError:
+                continue
+        code = os.waitstatus_to_exitcode(st)
+        os._exit(code if code >= 0 else 128 - code)
+
+
 import ctypes
 try:
     libc = ctypes.CDLL(None, use_errno=True)
@@ -39,17 +56,7 @@ if cfg["go_fd"] is not None:
 if cfg["reaper"]:
     # unshare --pid without --fork: our first child is PID 1 of the new PID namespace. Start
     # it, mirror its exit; it dies with us, and everything in the namespace dies with it.
-    child = os.fork()
-    if child:
-        os.close(cfg["report_fd"])
-        while True:
-            try:
-                _, st = os.waitpid(child, 0)
-                break
-            except InterruptedError:
-                continue
-        code = os.waitstatus_to_exitcode(st)
-        os._exit(code if code >= 0 else 128 - code)
+    fork_and_mirror()
     prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = SIGKILL
     if cfg["mount"] and libc.mount(b"proc", b"/proc", b"proc", 2 | 4 | 8, None) != 0:
         os._exit(125)  # the namespace's own /proc (unshare's --mount-proc)
@@ -196,17 +203,7 @@ if cfg["mount"]:
 if cfg["reaper"]:
     # We are PID 1 of a new PID namespace, and PID 1 ignores signals without a handler (even
     # SIGKILL/SIGSEGV sent by itself): run the program in a child and mirror its exit.
-    child = os.fork()
-    if child:
-        os.close(cfg["report_fd"])
-        while True:
-            try:
-                _, st = os.waitpid(child, 0)
-                break
-            except InterruptedError:
-                continue
-        code = os.waitstatus_to_exitcode(st)
-        os._exit(code if code >= 0 else 128 - code)
+    fork_and_mirror()
 me, peer = "main.py", None
 if cfg["peer"]:
     # Two processes: this one runs main.py, a child runs peer.py; they talk over two pipes.
