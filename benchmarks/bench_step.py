@@ -229,11 +229,11 @@ def _row(r: dict) -> str:
 
 def interleaved(policy: str, reps: int, steps: int, threads: list[int], mus: list[int], systems: list[str],
                 extra: list[str], *, shape: str = "tiny", max_tokens: int = 16, warmup: int = 1,
-                gemm: bool = False) -> list[dict]:
+                gemm: bool = False, first_rep: int = 0) -> list[dict]:
     """``reps`` repetitions of a fresh process per system (order alternating), per μ and thread
     count; with ``gemm`` each repetition first measures the GEMM rate (``gemm_rate``)."""
     results = []
-    for rep in range(reps):
+    for rep in range(first_rep, first_rep + reps):
         for mu in mus:
             for th in threads:
                 if gemm:
@@ -333,6 +333,7 @@ def main() -> None:
     ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES), help=argparse.SUPPRESS)
     ap.add_argument("--max-tokens", type=int, default=16, help=argparse.SUPPRESS)
     ap.add_argument("--warmup", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--trl-no-gc", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.make_policy:
         make_policy(a.make_policy, shape=a.shape)
@@ -346,7 +347,8 @@ def main() -> None:
                          warmup=a.warmup)
         else:
             from bench_trl_step import run_trl
-            r = run_trl(a.steps, th, mu, shape=a.shape, max_tokens=a.max_tokens, warmup=a.warmup)
+            r = run_trl(a.steps, th, mu, shape=a.shape, max_tokens=a.max_tokens, warmup=a.warmup,
+                        gradient_checkpointing=False if a.trl_no_gc else None)
         print(json.dumps(r))
         return
 

@@ -107,11 +107,12 @@ def flops_per_step(shape: str, n_params: int, prompt_len: int, completion_tokens
 
 
 def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1, seed: int = 0, shape: str = "tiny",
-            max_tokens: int = 16) -> dict:
+            max_tokens: int = 16, gradient_checkpointing: bool | None = None) -> dict:
     """Time ``n_steps`` GRPO steps (after ``warmup``) of TRL's GRPOTrainer; returns a dict of results.
 
     Step 0 is timed from the start of the training loop (``on_train_begin``), so with ``warmup=0``
-    it includes the loop's one-off setup."""
+    it includes the loop's one-off setup. ``gradient_checkpointing=None`` keeps GRPOConfig's default
+    (``True`` in TRL 1.16: each decoder layer's forward is recomputed in backward)."""
     if n_steps < 1 or warmup < 0:
         raise ValueError(f"need n_steps >= 1 and warmup >= 0, got n_steps={n_steps}, warmup={warmup}")
     import torch
@@ -159,6 +160,7 @@ def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1,
             max_steps=total * num_iterations, max_completion_length=max_tokens, temperature=1.0,
             loss_type="dapo", importance_sampling_level="token", beta=0.0, learning_rate=1e-5,
             dataloader_num_workers=0,
+            **({} if gradient_checkpointing is None else {"gradient_checkpointing": gradient_checkpointing}),
         )
         trainer = Timed(model=model, reward_funcs=lambda completions, **kw: [reward(c) for c in completions],
                         args=args, train_dataset=Dataset.from_list(_prompts(64)), processing_class=tok,
@@ -180,6 +182,7 @@ def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1,
         "num_iterations": num_iterations,
         "shape": shape,
         "max_tokens": max_tokens,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "n_steps": n_steps,
         "n_params": n_params,
         "completions_per_step": prompts_per_step * group,
