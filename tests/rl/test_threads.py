@@ -78,3 +78,9 @@ def test_cached_count_capped_by_idle_cores(clean_env, monkeypatch):
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (6.0, 0.0, 0.0))  # overloaded: one thread
     assert threads.default_threads() == 1
     assert json.loads((clean_env / "threads.json").read_text())[threads._key()]["threads"] == 4  # cache unchanged
+
+
+def test_probe_leaves_the_global_random_stream_alone():
+    state = torch.get_rng_state()
+    threads.probe([1], rounds=1, repeats=1)
+    assert torch.equal(torch.get_rng_state(), state)

@@ -88,17 +88,7 @@ def _workload(torch, reps: int = 1):
     return run
 
 
-def probe(candidates: list[int] | None = None, *, rounds: int = 2, repeats: int = 3, margin: float = 0.2) -> dict:
-    """Time the probe at each thread count; returns ``{"threads": best, "seconds": {n: [round medians]}}``.
-    The thread setting is restored afterwards."""
-    import torch
-
-    if candidates is None:
-        cores = min(_cores(), 8)
-        candidates = [n for n in (1, 2, 4, 8) if n <= cores]
-    before = torch.get_num_threads()
-    run = _workload(torch)
-    secs: dict[int, list[float]] = {n: [] for n in candidates}
+def _time(torch, run, candidates, secs, rounds, repeats, before) -> None:
     try:
         for _ in range(rounds):
             for n in candidates:
@@ -112,6 +102,20 @@ def probe(candidates: list[int] | None = None, *, rounds: int = 2, repeats: int 
                 secs[n].append(statistics.median(ts))
     finally:
         torch.set_num_threads(before)
+
+
+def probe(candidates: list[int] | None = None, *, rounds: int = 2, repeats: int = 3, margin: float = 0.2) -> dict:
+    """Time the probe at each thread count; returns ``{"threads": best, "seconds": {n: [round medians]}}``.
+    The thread setting is restored afterwards."""
+    import torch
+
+    if candidates is None:
+        cores = min(_cores(), 8)
+        candidates = [n for n in (1, 2, 4, 8) if n <= cores]
+    before = torch.get_num_threads()
+    secs: dict[int, list[float]] = {n: [] for n in candidates}
+    with torch.random.fork_rng(devices=[]):  # the probe's model and draws leave the global stream alone
+        _time(torch, _workload(torch), candidates, secs, rounds, repeats, before)
     base = secs[candidates[0]]
     ok = [n for n in candidates[1:] if all(s <= (1 - margin) * b for s, b in zip(secs[n], base))]
     best = min(ok, key=lambda n: max(secs[n])) if ok else candidates[0]
