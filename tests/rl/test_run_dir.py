@@ -259,3 +259,20 @@ def test_records_up_to_keeps_only_complete_records(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n{"step": 3, "x"')
     assert f.records_up_to(1) == ['{"step": 0}', '{"step": 1}']
     assert f.records_up_to(10) == ['{"step": 0}', '{"step": 1}', '{"step": 2}']
+
+
+def test_resume_keeps_the_thread_count_the_run_started_with(easy_policy, tmp_path, monkeypatch):
+    """model.threads: null picks a count per machine and load; a resumed run must not pick
+    another one (its floats would differ from the straight run in the last bits)."""
+    import gapo.rl.trainer as trainer_mod
+
+    run = tmp_path / "r"
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(trainer_mod, "default_threads", lambda: 2)
+    Trainer(load_config(None, [f"model.path={easy_policy}", *BASE, "train.steps=2"]), run).fit(stop_after=1)
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["threads"] == 2
+    monkeypatch.setattr(trainer_mod, "default_threads", lambda: 1)  # the machine got busier
+    tr = Trainer(load_config(None, [f"model.path={easy_policy}", *BASE, "train.steps=2"]), run, resume=True)
+    assert torch.get_num_threads() == 2
+    tr.fit()
+    torch.set_num_threads(1)

@@ -71,18 +71,19 @@ class Trainer:
             raise ValueError(f"run {str(self.run_dir)!r} is finished (step {state['step']} of train.steps="
                              f"{cfg.train.steps}); nothing to resume. To train it further: --resume --allow-change "
                              f"train.steps={state['step'] * 2 or 1}")
-        self._build(cfg)
+        # a resumed run keeps the thread count it ran with: floats depend on it in the last bits
+        self._build(cfg, threads=state.get("threads") if state is not None else None)
         if state is not None:
             self._restore(state, changes)
         self._open_folder(resume, overwrite, changes)  # everything has validated: only now is the folder written
 
     # ------------------------------------------------------------------ set-up
-    def _build(self, cfg: Config) -> None:
+    def _build(self, cfg: Config, *, threads: int | None = None) -> None:
         """Task, policy, optimiser, problem pools and random streams; then the checks that need
         them (context length, a probe of the verifier, tracking packages). Writes nothing."""
         m, t, o = cfg.model, cfg.train, cfg.optim
         if m.device == "cpu" or m.threads is not None:  # null on CPU: measured once per machine (rl/threads.py)
-            torch.set_num_threads(m.threads or default_threads())
+            torch.set_num_threads(m.threads or threads or default_threads())
         self.device = torch.device(m.device)
         torch.manual_seed(t.seed)
         self.task = tasks.build(cfg.task.name, cfg.task.params)
@@ -383,7 +384,7 @@ class Trainer:
             "model": lora.adapter_state(self.model) if lora.is_lora(self.model) else self.model.state_dict(),
             "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
             "py_rng": self.py_rng.getstate(), "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
-            "config": to_dict(self.cfg), "policy_path": self.policy_path,
+            "config": to_dict(self.cfg), "policy_path": self.policy_path, "threads": torch.get_num_threads(),
         }
         # atomic: a crash or a full disk leaves the previous checkpoint intact and no temporary file
         atomic_write(self.ckpt_path, lambda tmp: torch.save(state, tmp))
