@@ -31,6 +31,9 @@ SHAPES = {
                          rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, vocab_size=512, max_position_embeddings=2048, tie_word_embeddings=True),
+    # the tests' checkpoint (tests/checkpoints.py): ~0.1M parameters, vocabulary = the tokenizer's
+    "test": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=None, max_position_embeddings=512, tie_word_embeddings=True),
 }
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
@@ -38,7 +41,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def build(path: Path, shape: str) -> None:
+def build(path: Path, shape: str, *, seed: int = 0) -> None:
+    """A random Qwen2 of ``SHAPES[shape]`` and a byte-level BPE tokenizer with ChatML specials and
+    a chat template, saved to ``path`` (no download)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -54,8 +59,9 @@ def build(path: Path, shape: str) -> None:
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                   additional_special_tokens=specials[1:])
     tok.chat_template = CHAT_TEMPLATE
-    cfg = Qwen2Config(**SHAPES[shape], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
+    dims = dict(SHAPES[shape], vocab_size=SHAPES[shape]["vocab_size"] or len(tok))
+    cfg = Qwen2Config(**dims, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg)
     model.save_pretrained(path)
     tok.save_pretrained(path)

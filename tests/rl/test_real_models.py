@@ -66,10 +66,14 @@ def test_embedded_policy_keeps_raw_prompts(easy_policy, tmp_path):
 
 
 # ------------------------------------------------------------------ precision and memory
-def _one_step_params(model, tmp_path, name, *extra):
+def _one_step_params(model, tmp_path, name, *extra, forwards=None):
     tr = Trainer(_cfg(model, "train.steps=1", "train.mini_batches=1", *extra), tmp_path / name)
+    if forwards is not None:  # record the rows of every forward pass of the update
+        inner = tr._logprobs
+        tr._logprobs = lambda m, batch, rows=None: (forwards.append(None if rows is None else rows.numel()),
+                                                    inner(m, batch, rows))[1]
     rec = tr.train_step()
-    return {n: p.detach().clone() for n, p in tr.model.named_parameters()}, rec
+    return {n: p.detach().clone() for n, p in tr.model.named_parameters()}, rec, tr
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -78,8 +82,12 @@ def test_micro_batches_give_the_same_update(instruct, tmp_path, agg):
     but float rounding: same parameters after the step, same loss."""
     extra = [f"algo.agg={agg}", "algo.kl_coef=0.05", "algo.entropy_coef=0.01", "algo.eps_schedule=linear",
              "algo.eps_high_max=0.28"]
-    full, rec_full = _one_step_params(instruct, tmp_path, "full", *extra)
-    micro, rec_micro = _one_step_params(instruct, tmp_path, "micro", *extra, "train.micro_batch_size=3")
+    sizes_full, sizes_micro = [], []
+    full, rec_full, _ = _one_step_params(instruct, tmp_path, "full", *extra, forwards=sizes_full)
+    micro, rec_micro, _ = _one_step_params(instruct, tmp_path, "micro", *extra, "train.micro_batch_size=3",
+                                           forwards=sizes_micro)
+    assert 16 in sizes_full and max(s for s in sizes_micro if s) == 3  # the split really happened
+    assert sorted(s for s in sizes_micro if s)[-6:] == [1, 3, 3, 3, 3, 3]
     for n in full:
         assert torch.allclose(full[n], micro[n], atol=1e-6, rtol=1e-5), n
     assert rec_micro["loss/total"] == pytest.approx(rec_full["loss/total"], abs=1e-6)
@@ -87,8 +95,9 @@ def test_micro_batches_give_the_same_update(instruct, tmp_path, agg):
 
 
 def test_gradient_checkpointing_gives_the_same_update(instruct, tmp_path):
-    plain, _ = _one_step_params(instruct, tmp_path, "plain")
-    ckpt, _ = _one_step_params(instruct, tmp_path, "ckpt", "model.gradient_checkpointing=true")
+    plain, _, _ = _one_step_params(instruct, tmp_path, "plain")
+    ckpt, _, tr = _one_step_params(instruct, tmp_path, "ckpt", "model.gradient_checkpointing=true")
+    assert tr.model.is_gradient_checkpointing
     for n in plain:
         assert torch.allclose(plain[n], ckpt[n], atol=1e-6), n
 

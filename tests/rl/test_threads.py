@@ -50,10 +50,10 @@ def test_more_threads_only_when_clearly_faster_in_every_round(monkeypatch):
     monkeypatch.setattr(threads.time, "perf_counter", lambda: Clock.t)
     # round 1: 2 threads 30% faster; round 2: only 10% faster -> stay at 1
     seq = [1.0] * 2 + [0.7] * 2 + [1.0] * 2 + [0.9] * 2  # (warm-up + 1 repeat) per count and round
-    monkeypatch.setattr(threads, "_workload", lambda torch_, reps=4: workload(seq))
+    monkeypatch.setattr(threads, "_workload", lambda reps=4: workload(seq))
     assert threads.probe([1, 2], rounds=2, repeats=1)["threads"] == 1
     seq = [1.0] * 2 + [0.7] * 2 + [1.0] * 2 + [0.6] * 2
-    monkeypatch.setattr(threads, "_workload", lambda torch_, reps=4: workload(seq))
+    monkeypatch.setattr(threads, "_workload", lambda reps=4: workload(seq))
     assert threads.probe([1, 2], rounds=2, repeats=1)["threads"] == 2
 
 

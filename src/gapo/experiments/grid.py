@@ -42,6 +42,7 @@ from gapo.core.checks import unknown
 from gapo.policy.base_policy import PRESETS, resolve
 from gapo.policy.pretrain import PretrainConfig
 from gapo.rl.config import Config, set_key, to_dict
+from gapo.rl.run_dir import atomic_write
 
 __all__ = ["METHODS", "BASELINE_OF", "REGIMES", "QUICK_GRID", "load_grid", "methods_of", "grid_cells",
            "regime_task", "pretrain_config", "cell_config", "cell_dir", "cell_file", "write_json", "run_grid"]
@@ -223,9 +224,8 @@ def write_json(path: Path, obj) -> None:
     """Write ``obj`` as JSON atomically (a temporary file, then a rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
+    text = json.dumps(obj, indent=1, default=str)
+    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 # --------------------------------------------------------------------------------- the pool

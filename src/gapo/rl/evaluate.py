@@ -39,12 +39,10 @@ def evaluate(
     batch_size: int = 512,
     progress: bool = False,
     encode=None,
-    fast: bool = True,
 ) -> dict:
     """Evaluate ``model`` on ``problems`` with ``n`` samples each; see the module docstring.
     ``encode(prompt) -> ids`` builds the model's input (default: the tokenizer on the raw prompt;
-    the trainer passes its chat-template encoder); ``fast=False`` samples through ``model.forward``
-    (needed for LoRA adapters)."""
+    the trainer passes its chat-template encoder)."""
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()
@@ -58,7 +56,7 @@ def evaluate(
     for s in range(0, len(flat), batch_size):
         rows = flat[s : s + batch_size]
         r = sample(model, [prompts[j] for j in rows], max_new_tokens=max_new_tokens, temperature=temperature,
-                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen, fast=fast)
+                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen)
         for j, text in zip(rows, r.texts(tok)):
             texts[j].append(text)
         tok_sum += float(r.response_mask.sum())

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gapo.core.advantages import group_success_count, zero_std_groups
+from gapo.core.advantages import zero_std_groups
 from gapo.policy.sampling import Rollout
 from gapo.tasks.scoring import score_batch, submit_batch
 
@@ -36,10 +36,6 @@ class Batch:
     @property
     def group_size(self) -> int:
         return self.rewards.numel() // len(self.problems)
-
-    def success(self, reward_range) -> torch.Tensor:  # (B,) long
-        """``c`` per rollout: successes in its group (``gapo.core.advantages.group_success_count``)."""
-        return group_success_count(self.rewards, self.group_size, reward_range=reward_range)
 
 
 def check_rewards(task_name: str, rewards: torch.Tensor, problems: list, reward_range) -> None:

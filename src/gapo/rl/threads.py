@@ -28,9 +28,17 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import time
 from pathlib import Path
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from gapo.policy.base_policy import cache_root
+from gapo.policy.sampling import logprobs, sample
+from gapo.rl.run_dir import atomic_write
 
 __all__ = ["default_threads", "probe"]
 
@@ -49,30 +57,20 @@ def _cpu_model() -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:  # pragma: no cover
         pass
-    import platform
-
     return platform.processor() or platform.machine()
 
 
 def _key() -> str:
-    import torch
-
     return f"{_cpu_model()}|cores={_cores()}|torch={torch.__version__}"
 
 
 def _cache_file() -> Path:
-    from gapo.policy.base_policy import cache_root
-
     return cache_root() / "threads.json"
 
 
-def _workload(torch, reps: int = 1):
+def _workload(reps: int = 1):
     # a miniature RL step of the embedded policy's shape (hidden 128, 4 layers): 8 KV-cached
     # decoding steps of 64 rows, then a forward and backward of the log-probs
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from gapo.policy.sampling import logprobs, sample
-
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
                                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64))
@@ -88,7 +86,7 @@ def _workload(torch, reps: int = 1):
     return run
 
 
-def _time(torch, run, candidates, secs, rounds, repeats, before) -> None:
+def _time(run, candidates, secs, rounds, repeats, before) -> None:
     try:
         for _ in range(rounds):
             for n in candidates:
@@ -107,15 +105,13 @@ def _time(torch, run, candidates, secs, rounds, repeats, before) -> None:
 def probe(candidates: list[int] | None = None, *, rounds: int = 2, repeats: int = 3, margin: float = 0.2) -> dict:
     """Time the probe at each thread count; returns ``{"threads": best, "seconds": {n: [round medians]}}``.
     The thread setting is restored afterwards."""
-    import torch
-
     if candidates is None:
         cores = min(_cores(), 8)
         candidates = [n for n in (1, 2, 4, 8) if n <= cores]
     before = torch.get_num_threads()
     secs: dict[int, list[float]] = {n: [] for n in candidates}
     with torch.random.fork_rng(devices=[]):  # the probe's model and draws leave the global stream alone
-        _time(torch, _workload(torch), candidates, secs, rounds, repeats, before)
+        _time(_workload(), candidates, secs, rounds, repeats, before)
     base = secs[candidates[0]]
     ok = [n for n in candidates[1:] if all(s <= (1 - margin) * b for s, b in zip(secs[n], base))]
     best = min(ok, key=lambda n: max(secs[n])) if ok else candidates[0]
@@ -153,9 +149,8 @@ def _probed(cache: bool) -> int:
                       "load_average": os.getloadavg()[0], "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".threads.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(table, indent=1))
-            os.replace(tmp, path)
+            text = json.dumps(table, indent=1)
+            atomic_write(path, lambda tmp: tmp.write_text(text))
         except OSError:  # a read-only cache: the probe runs again next time
             pass
     return res["threads"]

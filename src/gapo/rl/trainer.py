@@ -99,8 +99,6 @@ class Trainer:
         # network with its adapters disabled, so no second copy)
         self.ref_model = (copy.deepcopy(self.model).eval().requires_grad_(False)
                           if cfg.algo.kl_coef > 0 and not m.lora else None)
-        # gapo's own decoder fast path reads the weights directly: not for adapters or checkpointing
-        self.fast = not (m.lora or m.gradient_checkpointing)
         self.encoder = PromptEncoder(self.tok, chat=cfg.task.chat, system_prompt=cfg.task.system_prompt)
         self.scaler = grad_scaler(self.device, m.dtype)
         # the fused kernel: the same AdamW update, ~4x faster than the per-tensor loop on CPU
@@ -114,11 +112,13 @@ class Trainer:
         # never more than prompts × steps (passes over it are reshuffled; dynamic sampling wraps)
         self.pool = self.task.generate("train", max(1, min(cfg.task.train_size, t.prompts * t.steps)), t.seed)
         self.eval_problems = self.task.generate("eval", cfg.eval.problems, cfg.eval.seed) if cfg.eval.problems else []
-        check_context(self.model, [len(self.encoder.ids(p.prompt)) for p in self.pool[:2000] + self.eval_problems[:2000]],
-                      self.max_new_tokens, key=cfg._where("sampling.max_new_tokens"), where=str(self.policy_path))
-        longest = max((len(self.encoder.ids(p.prompt)) for p in self.pool[:2000]), default=0)
-        check_memory(self.model, self.device, t.prompts * t.group_size, longest + self.max_new_tokens,
-                     where=str(self.policy_path))
+        # (gapo's decoder fast path turns itself off for adapters and gradient checkpointing)
+        train_lengths = [len(self.encoder.ids(p.prompt)) for p in self.pool[:2000]]
+        eval_lengths = [len(self.encoder.ids(p.prompt)) for p in self.eval_problems[:2000]]
+        check_context(self.model, train_lengths + eval_lengths, self.max_new_tokens,
+                      key=cfg._where("sampling.max_new_tokens"), where=str(self.policy_path))
+        check_memory(self.model, self.device, t.prompts * t.group_size,
+                     max(train_lengths, default=0) + self.max_new_tokens, where=str(self.policy_path))
         rollout.probe_reward(self.task, self.pool[:1] + self.eval_problems[:1], cfg.algo.reward_range)
         self.trackers = Trackers(cfg, self.run_dir)
         self.trackers.check()
@@ -205,7 +205,7 @@ class Trainer:
         with autocast(self.device, self.cfg.model.dtype):
             ro = sample(self.model, prompts, max_new_tokens=self.max_new_tokens, temperature=s.temperature,
                         top_p=s.top_p, eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
-                        generator=self.gen, fast=self.fast)
+                        generator=self.gen)
         self.model.train()
         return ro
 
@@ -216,7 +216,7 @@ class Trainer:
         ids, attn = (ro.input_ids, ro.attention_mask) if rows is None else (ro.input_ids[rows], ro.attention_mask[rows])
         with autocast(self.device, self.cfg.model.dtype):
             lp, ent = logprobs(model, ids, attn, T, temperature=self.cfg.sampling.temperature,
-                               entropy_grad=bool(self.cfg.algo.entropy_coef), fast=self.fast)
+                               entropy_grad=bool(self.cfg.algo.entropy_coef))
         return lp.float(), ent.float()
 
     def _reuse_first_minibatch(self) -> bool:
@@ -368,7 +368,7 @@ class Trainer:
         with autocast(self.device, self.cfg.model.dtype):
             res = evaluate(self.model, self.tok, self.task, self.eval_problems, n=e.samples, temperature=e.temperature,
                            max_new_tokens=self.max_new_tokens, seed=e.seed, progress=progress,
-                           encode=self.encoder.ids, fast=self.fast)
+                           encode=self.encoder.ids)
         res.update(kind="eval", step=self.step)
         return res
 
