@@ -127,12 +127,12 @@ def cmd_pretrain(args) -> int:
     import torch
 
     from gapo import tasks
-    from gapo.policy.base_policy import PRESETS, get_base_policy, resolve
+    from gapo.policy.base_policy import get_base_policy, resolve
     from gapo.policy.model import load_policy
     from gapo.rl.evaluate import evaluate
 
     torch.set_num_threads(args.threads)
-    for preset in args.preset or sorted(PRESETS):
+    for preset in args.preset or ["low", "high"]:  # medium (larger, slower) only when asked for
         path = get_base_policy(preset, rebuild=args.rebuild)
         print(f"{preset}: {path}")
         if args.eval:
@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("pretrain", help="build (or rebuild) the embedded base policies")
-    p.add_argument("--preset", action="append", help="low | high (default: all)")
+    p.add_argument("--preset", action="append", help="low | high | medium (default: low and high)")
     p.add_argument("--rebuild", action="store_true")
     p.add_argument("--eval", type=_int_at_least(0), default=0, metavar="N", help="then report pass@k on N held-out problems")
     p.add_argument("--threads", type=_int_at_least(1), default=1)

@@ -109,10 +109,19 @@ def test_unknown_schedule_suggests_close_match():
 
 
 # --- reward_range = "group" / "batch" -------------------------------------------------------------
-def _reference_weight(r, G, lo, hi):
-    """The fixed-range formula written out: clamp((R − mean) · G/((G−1)(hi − lo)), 0, 1)."""
-    g = r.view(-1, G).float()
-    return (g - g.mean(1, keepdim=True)).mul_(G / ((G - 1) * (hi - lo))).clamp_(0, 1).view(-1)
+def _reference_weight(r, G, lo, hi, dtype=torch.float32):
+    """The fixed-range formula written out: clamp((R − mean) · G/((G−1)(hi − lo)), 0, 1); in float64
+    against a group's own range (float32 loses a range as small as a subnormal's, which hypothesis finds)."""
+    g = r.view(-1, G).to(dtype)
+    return (g - g.mean(1, keepdim=True)).mul_(G / ((G - 1) * (hi - lo))).clamp_(0, 1).view(-1).float()
+
+
+def test_group_range_survives_a_subnormal_range():
+    # found by hypothesis: a group whose only spread is a float32 subnormal still gives its lone
+    # best rollout w = 1 (and three tied best rollouts 1/3 each), as any other range would
+    tiny = 4.203895392974451e-45
+    w = success_weight(torch.tensor([0.0, 0.0, 0.0, tiny, 0.0, 0.0, 0.0, -tiny]), 4, reward_range="group")
+    torch.testing.assert_close(w, torch.tensor([0, 0, 0, 1, 1 / 3, 1 / 3, 1 / 3, 0]))
 
 
 def test_group_range_hand_computed():
@@ -169,7 +178,7 @@ def test_group_range_is_per_group_min_max_and_affine_invariant(rewards, scale, s
     for p in range(2):
         grp = r[4 * p:4 * p + 4]
         if grp.max() > grp.min():
-            torch.testing.assert_close(w[4 * p:4 * p + 4], _reference_weight(grp, 4, grp.min().item(), grp.max().item()),
+            torch.testing.assert_close(w[4 * p:4 * p + 4], _reference_weight(grp, 4, grp.min().item(), grp.max().item(), torch.float64),
                                        rtol=1e-4, atol=1e-5)
         else:
             assert (w[4 * p:4 * p + 4] == 0).all()

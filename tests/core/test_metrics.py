@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gapo.core.metrics import clip_counts_by_c, clip_stats_by_c, clip_stats_from_counts, counts_from_tensor, counts_to_tensor, merge_counts, entropy_from_logits, first_move_entropy, pass_at_k, pass_at_k_curve
+from gapo.core.metrics import RATIO_ADV_WINDOW, pearson, ratio_adv_corr, ratio_adv_pairs, clip_counts_by_c, clip_stats_by_c, clip_stats_from_counts, counts_from_tensor, counts_to_tensor, merge_counts, entropy_from_logits, first_move_entropy, pass_at_k, pass_at_k_curve
 
 
 def _brute(n, c, k):
@@ -116,3 +116,56 @@ def test_first_move_entropy():
     assert first_move_entropy([("3", "+")] * 4) == 0.0
     assert first_move_entropy([1, 2, None, 1, 2]) == pytest.approx(math.log(2))
     assert first_move_entropy([]) == 0.0
+
+
+def test_positive_advantage_ratio_and_advantage_by_c_hand_computed():
+    """G = 4. Group c = 1: the correct row (A = 0.75) has ratios (1.5, 1.1), the others 0.9.
+    Group c = 2: correct rows A = 0.5 with ratios (1.2, 1.2) and (1.0, 0.8 masked out).
+    |ρ−1| of positive tokens: c = 1 (0.5 + 0.1)/2 = 0.3; c = 2 (0.2 + 0.2 + 0.0)/3 = 0.1333."""
+    ratio = torch.tensor([[1.5, 1.1], [0.9, 0.9], [0.9, 0.9], [0.9, 0.9],
+                          [1.2, 1.2], [1.0, 0.8], [0.7, 0.7], [0.7, 0.7]])
+    mask = torch.ones(8, 2)
+    mask[5, 1] = 0
+    adv = torch.tensor([0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5])
+    c = torch.tensor([1, 1, 1, 1, 2, 2, 2, 2])
+    s = clip_stats_by_c(ratio, adv, mask, c, eps_low=0.2, eps_high=0.2)
+    assert s["clip/ratio_dev_pos_by_c/1"] == pytest.approx(0.3)
+    assert s["clip/ratio_dev_pos_by_c/2"] == pytest.approx(0.4 / 3)
+    assert s["clip/adv_pos_by_c/1"] == pytest.approx(0.75)
+    assert s["clip/adv_pos_by_c/2"] == pytest.approx(0.5)
+    # all tokens, for contrast: c = 1 (0.5 + 0.1 + 6·0.1)/8
+    assert s["clip/ratio_dev_by_c/1"] == pytest.approx(1.2 / 8)
+    pairs = sorted(ratio_adv_pairs(s), key=lambda p: p[1])
+    assert pairs == [(pytest.approx(0.4 / 3), 0.5), (pytest.approx(0.3), 0.75)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(-5, 5), st.floats(-5, 5)), min_size=3, max_size=30))
+def test_pearson_matches_the_standard_library(pts):
+    import statistics
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    r = pearson(xs, ys)
+    try:
+        ref = statistics.correlation(xs, ys)
+    except statistics.StatisticsError:  # constant input
+        ref = None
+    if r is None or ref is None:
+        # undefined when either variable has (numerically) no spread
+        assert r is None or abs(r) <= 1.0
+        return
+    assert r == pytest.approx(ref, abs=1e-6)
+
+
+def test_ratio_adv_corr_pools_the_window():
+    # ratio deviation rising with the advantage: r = +1; reversed: r = −1; one point per step: undefined
+    up = [[(0.1 * a, a) for a in (0.25, 0.5, 0.75)] for _ in range(3)]
+    assert ratio_adv_corr(up)["clip/ratio_adv_corr"] == pytest.approx(1.0)
+    down = [[(1 - 0.1 * a, a) for a in (0.25, 0.5, 0.75)]]
+    assert ratio_adv_corr(down)["clip/ratio_adv_corr"] == pytest.approx(-1.0)
+    assert ratio_adv_corr([[(0.1, 0.5)], [(0.2, 0.5)]]) == {}
+    assert ratio_adv_corr([]) == {}
+    # the value pools every (step, c) pair: equal to Pearson over the concatenation
+    steps = [[(0.3, 0.75), (0.1, 0.5)], [(0.2, 0.75), (0.15, 0.25)], [(0.05, 0.5)]]
+    flat = [p for st_ in steps for p in st_]
+    assert ratio_adv_corr(steps)["clip/ratio_adv_corr"] == pytest.approx(pearson([p[0] for p in flat], [p[1] for p in flat]))
+    assert RATIO_ADV_WINDOW == 8

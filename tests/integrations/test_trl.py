@@ -304,6 +304,9 @@ def test_clip_stats_by_c_hand_computed(policy, tmp_path):
         "clip/frac_high_by_c/3": 2 / 6, "clip/frac_low_by_c/3": 1 / 2, "clip/ratio_dev_by_c/3": 1.79 / 8,
         "clip/eps_high_by_c/3": (3 * third + 0.2) / 4, "clip/eps_high_pos_by_c/3": third,
         "clip/adv_by_c/3": (3 * 0.25 + 0.75) / 4, "clip/tokens_pos_by_c/3": 6.0,
+        # positive-advantage tokens alone: c = 1 (.25+.30)/2, A = 0.75; c = 3 (.25+.10+0+0+.21+.23)/6, A = 0.25
+        "clip/ratio_dev_pos_by_c/1": 0.55 / 2, "clip/adv_pos_by_c/1": 0.75,
+        "clip/ratio_dev_pos_by_c/3": 0.79 / 6, "clip/adv_pos_by_c/3": 0.25,
     }
     assert stats.keys() == expected.keys()
     for k, v in expected.items():

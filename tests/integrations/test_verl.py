@@ -36,9 +36,9 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 import gapo.integrations.verl as gv  # noqa: E402
 from gapo.core.advantages import group_success_count  # noqa: E402
 from gapo.core.clipping import gapo_eps_high, success_weight  # noqa: E402
-from gapo.integrations.verl import GAPOPolicyLossConfig, success_weight_from_advantages  # noqa: E402
+from gapo.integrations.verl import GAPOPolicyLossConfig, clip_stats_from_verl, success_weight_from_advantages  # noqa: E402
 from gapo.core.losses import log_ratio  # noqa: E402
-from gapo.core.metrics import clip_stats_by_c  # noqa: E402
+from gapo.core.metrics import clip_stats_by_c, ratio_adv_pairs  # noqa: E402
 
 VERL_AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
                   "seq-mean-token-sum-norm"]
@@ -330,7 +330,8 @@ def test_success_count_recovered_from_advantages():
 
 
 BY_C_KEYS = ("actor/gapo_tokens_by_c", "actor/gapo_ratio_dev_sum_by_c", "actor/gapo_tokens_pos_by_c",
-             "actor/gapo_clipped_high_by_c", "actor/gapo_eps_high_pos_by_c")
+             "actor/gapo_clipped_high_by_c", "actor/gapo_eps_high_pos_by_c", "actor/gapo_ratio_dev_pos_sum_by_c",
+             "actor/gapo_rows_pos_by_c", "actor/gapo_adv_pos_sum_by_c")
 
 
 def test_metrics_by_c_hand_computed():
@@ -354,7 +355,10 @@ def test_metrics_by_c_hand_computed():
     adv = adv_row[:, None].expand(12, 2).contiguous()
     pl = GAPOPolicyLossConfig(loss_mode="gapo", eps_high_max=0.28)
     _, _, m = call("gapo", old, logp, adv, mask, actor(G=G, low=0.2, high=0.2, policy_loss=pl))
-    expected = {1: (7, 1.06, 2, 1, 0.28), 2: (8, 0.82, 4, 2, 0.2 + 0.08 * 2 / 3), 3: (0, 0, 0, 0, 0.2 + 0.08 / 3)}
+    # positive-advantage rows alone: c = 1 Σ|ρ−1| = 0.26 + 0.30, 1 row, ΣA = 0.75;
+    # c = 2 Σ|ρ−1| = 0.52 + 0.30 = 0.82, 2 rows, ΣA = 1.0
+    expected = {1: (7, 1.06, 2, 1, 0.28, 0.56, 1, 0.75), 2: (8, 0.82, 4, 2, 0.2 + 0.08 * 2 / 3, 0.82, 2, 1.0),
+                3: (0, 0, 0, 0, 0.2 + 0.08 / 3, 0, 0, 0)}
     for c, values in expected.items():
         for key, v in zip(BY_C_KEYS, values):
             assert abs(m[f"{key}/{c}"] - v) < 1e-5, (key, c, m[f"{key}/{c}"], v)
@@ -370,6 +374,15 @@ def test_metrics_by_c_hand_computed():
         assert abs(m[f"actor/gapo_ratio_dev_sum_by_c/{c}"] / m[f"actor/gapo_tokens_by_c/{c}"]
                    - ref[f"clip/ratio_dev_by_c/{c}"]) < 1e-6
         assert abs(m[f"actor/gapo_eps_high_pos_by_c/{c}"] - ref[f"clip/eps_high_pos_by_c/{c}"]) < 1e-6
+    # clip_stats_from_verl turns the logged sums into gapo's own per-c rates, so the
+    # ratio-advantage correlation reads verl runs as it reads gapo's
+    conv = clip_stats_from_verl(m)
+    for key in ("frac_high_by_c", "ratio_dev_by_c", "ratio_dev_pos_by_c", "adv_pos_by_c", "eps_high_pos_by_c"):
+        for c in (1, 2):
+            assert abs(conv[f"clip/{key}/{c}"] - ref[f"clip/{key}/{c}"]) < 1e-6, (key, c)
+    assert not any(k.endswith("/3") for k in conv if "pos" in k or "frac_high" in k)  # empty bucket left out
+    for got, want in zip(sorted(ratio_adv_pairs(conv)), sorted(ratio_adv_pairs(ref)), strict=True):
+        assert got == pytest.approx(want)
     # gapo_seq counts the same tokens against the sequence ratio s = exp(mean log ρ): row 0
     # s = sqrt(1.26·1.30) = 1.27984 < 1.28 (unclipped), row 4 s = 1.26 > 1.2533 (2 tokens clipped),
     # row 5 s = sqrt(1.10·1.20) = 1.14891; Σ|s−1| of c = 1: 2·0.27984 + 5·0.1 = 1.05968

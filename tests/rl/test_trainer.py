@@ -81,6 +81,32 @@ def test_resume_is_bit_exact(easy_policy, tmp_path, extra):
     assert _strip_times(_records(tmp_path / "full")) == _strip_times(_records(tmp_path / "part"))
 
 
+def test_ratio_adv_corr_is_the_window_over_the_logged_pairs_and_survives_resume(easy_policy, tmp_path):
+    """clip/ratio_adv_corr at step t is Pearson's r over the (|ρ−1|, A) pairs of positive-advantage
+    tokens logged at steps t−7..t — recomputed here from the records alone — and a run stopped
+    after 5 steps and resumed logs the same values (the window is in the checkpoint)."""
+    from gapo.core.metrics import RATIO_ADV_WINDOW, ratio_adv_corr, ratio_adv_pairs
+    cfg = lambda: _cfg(easy_policy, "train.steps=11", "optim.lr=1e-3", "train.epochs=2",  # noqa: E731
+                       "eval.problems=0")
+    Trainer(cfg(), tmp_path / "full").fit()
+    train = [r for r in _records(tmp_path / "full") if r["kind"] == "train"]
+    seen = 0
+    for t, rec in enumerate(train):
+        window = [ratio_adv_pairs(r) for r in train[max(0, t + 1 - RATIO_ADV_WINDOW): t + 1]]
+        expected = ratio_adv_corr(window)
+        if expected:
+            seen += 1
+            assert rec["clip/ratio_adv_corr"] == pytest.approx(expected["clip/ratio_adv_corr"], abs=1e-12), t
+        else:
+            assert "clip/ratio_adv_corr" not in rec
+    assert seen >= 5  # the diagnostic is defined on most steps of this run
+    part = Trainer(cfg(), tmp_path / "part")
+    part.fit(stop_after=5)
+    Trainer(cfg(), tmp_path / "part", resume=True).fit()
+    got = [r.get("clip/ratio_adv_corr") for r in _records(tmp_path / "part") if r["kind"] == "train"]
+    assert got == [r.get("clip/ratio_adv_corr") for r in train]
+
+
 def test_every_loss_and_option_runs(easy_policy, tmp_path):
     for i, extra in enumerate([["algo.loss=cispo", "algo.eps_high_max=0.28"],
                                ["algo.kl_coef=0.1", "algo.kl_estimator=k3", "algo.entropy_coef=0.01"],

@@ -77,15 +77,18 @@ def success_weight(
     check_rewards(rewards, group_size)
     rr = check_reward_range(reward_range)
     r = rewards.view(-1, group_size).float()  # (P, G)
-    centred = r - r.mean(dim=1, keepdim=True)
     if isinstance(rr, tuple):
         lo, hi = rr
         scale = group_size / ((group_size - 1) * (hi - lo))
-        return centred.mul_(scale).clamp_(0.0, 1.0).view(-1)
-    lo, hi = reward_bounds(r, rr)  # (P, 1) for "group", 0-d for "batch"
-    span = (hi - lo).expand_as(r)
-    w = centred.mul_(group_size / (group_size - 1)).div_(span.clamp(min=torch.finfo(r.dtype).tiny))
-    return torch.where(span > 0, w, torch.zeros_like(w)).clamp_(0.0, 1.0).view(-1)
+        return (r - r.mean(dim=1, keepdim=True)).mul_(scale).clamp_(0.0, 1.0).view(-1)
+    # each reward's place in its own range first, in float64: the same w, but a tiny range (down
+    # to float32's subnormals) no longer loses the lone success's w = 1 to rounding
+    r64 = r.double()
+    lo, hi = reward_bounds(r64, rr)  # (P, 1) for "group", 0-d for "batch"
+    span = (hi - lo).expand_as(r64)
+    z = (r64 - lo) / span.clamp(min=torch.finfo(torch.float64).tiny)
+    w = (z - z.mean(dim=1, keepdim=True)) * (group_size / (group_size - 1))
+    return torch.where(span > 0, w, torch.zeros_like(w)).clamp_(0.0, 1.0).float().view(-1)
 
 
 def gapo_eps_high(

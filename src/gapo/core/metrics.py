@@ -7,6 +7,12 @@ Clip statistics per ``c`` (arXiv 2609.00444 reports them to explain GAPO): for t
 tokens of rollouts whose group had ``c`` successes, the fraction of positive-advantage tokens
 clipped above (``ρ > 1+ε_high``), of negative-advantage tokens clipped below (``ρ < 1−ε_low``),
 mean ``|ρ − 1|``, and the mean ``ε_high`` in force.
+
+The paper's diagnostic of its premise ("rollouts from low-success groups have larger importance
+ratios"): the Pearson correlation, over the last ``RATIO_ADV_WINDOW`` steps, between each ``c``'s
+mean ``|ρ − 1|`` of positive-advantage tokens and the mean advantage of its positive-advantage
+rollouts, one point per (step, ``c``) — ``ratio_adv_pairs`` and ``ratio_adv_corr``
+(docs/design.md §2.11). It is positive when low-``c`` (high-advantage) rollouts move further.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import operator
 import torch
 
 __all__ = ["pass_at_k", "pass_at_k_curve", "entropy_from_logits", "clip_stats_by_c", "clip_counts_by_c",
-           "merge_counts", "counts_to_tensor", "counts_from_tensor", "clip_stats_from_counts", "first_move_entropy"]
+           "merge_counts", "counts_to_tensor", "counts_from_tensor", "clip_stats_from_counts", "first_move_entropy",
+           "RATIO_ADV_WINDOW", "ratio_adv_pairs", "ratio_adv_corr", "pearson"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -53,7 +60,7 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:  # (..., V) -> (.
 
 
 _COUNT_FIELDS = ("tokens", "dev_sum", "pos_tokens", "pos_clipped", "neg_tokens", "neg_clipped",
-                 "rows", "eps_sum", "adv_abs_sum", "pos_rows", "pos_eps_sum")
+                 "rows", "eps_sum", "adv_abs_sum", "pos_rows", "pos_eps_sum", "pos_dev_sum", "pos_adv_sum")
 
 
 @torch.no_grad()
@@ -67,7 +74,8 @@ def clip_counts_by_c(
     eps_high: float | torch.Tensor,  # float or (B,)
 ) -> dict[int, dict[str, float]]:
     """Raw sums per ``c`` (tokens, Σ|ρ−1|, positive/negative-advantage tokens and how many of
-    them are clipped, rows, Σε_high, Σ|A|); add them across mini-batches with
+    them are clipped, rows, Σε_high, Σ|A|, and over positive-advantage tokens / rollouts Σ|ρ−1|
+    and ΣA); add them across mini-batches with
     ``merge_counts`` and turn them into rates with ``clip_stats_from_counts``."""
     m = response_mask.bool()
     eh = eps_high if isinstance(eps_high, torch.Tensor) else torch.full_like(advantages, float(eps_high))
@@ -79,6 +87,7 @@ def clip_counts_by_c(
     tokens = m.sum(-1)
     per_row = torch.stack([tokens.to(ratio.dtype), dev.sum(-1), tokens * pos, above.sum(-1) * pos,
                            tokens * neg, below.sum(-1) * neg], dim=-1).double()  # (B, 6)
+    pos_dev = (dev.sum(-1) * pos).double()
     out: dict[int, dict[str, float]] = {}
     for c in torch.unique(success_count).tolist():
         rows = success_count == c
@@ -86,7 +95,9 @@ def clip_counts_by_c(
         prow = rows & pos
         out[int(c)] = dict(zip(_COUNT_FIELDS, sums + [float(rows.sum()), float(eh[rows].double().sum()),
                                                       float(advantages[rows].double().abs().sum()),
-                                                      float(prow.sum()), float(eh[prow].double().sum())]))
+                                                      float(prow.sum()), float(eh[prow].double().sum()),
+                                                      float(pos_dev[rows].sum()),
+                                                      float(advantages[prow].double().sum())]))
     return out
 
 
@@ -121,7 +132,9 @@ def clip_stats_from_counts(counts: dict) -> dict[str, float]:
     """``clip/frac_high_by_c/{c}`` (share of positive-advantage tokens above ``1+ε_high``),
     ``clip/frac_low_by_c/{c}``, ``clip/ratio_dev_by_c/{c}`` (mean ``|ρ−1|``),
     ``clip/eps_high_by_c/{c}`` (all rollouts), ``clip/eps_high_pos_by_c/{c}`` (positive-advantage
-    rollouts: the bound that can bind), ``clip/adv_by_c/{c}`` (mean ``|A|``), ``clip/tokens_pos_by_c/{c}``."""
+    rollouts: the bound that can bind), ``clip/adv_by_c/{c}`` (mean ``|A|``), ``clip/tokens_pos_by_c/{c}``,
+    ``clip/ratio_dev_pos_by_c/{c}`` (mean ``|ρ−1|`` of positive-advantage tokens, before clipping)
+    and ``clip/adv_pos_by_c/{c}`` (mean ``A`` of positive-advantage rollouts)."""
     out: dict[str, float] = {}
     for c in sorted(counts):
         f = counts[c]
@@ -133,8 +146,11 @@ def clip_stats_from_counts(counts: dict) -> dict[str, float]:
         out[f"clip/tokens_pos_by_c/{c}"] = f["pos_tokens"]
         if f["pos_rows"]:
             out[f"clip/eps_high_pos_by_c/{c}"] = f["pos_eps_sum"] / f["pos_rows"]
+        if f["pos_rows"]:
+            out[f"clip/adv_pos_by_c/{c}"] = f["pos_adv_sum"] / f["pos_rows"]
         if f["pos_tokens"]:
             out[f"clip/frac_high_by_c/{c}"] = f["pos_clipped"] / f["pos_tokens"]
+            out[f"clip/ratio_dev_pos_by_c/{c}"] = f["pos_dev_sum"] / f["pos_tokens"]
         if f["neg_tokens"]:
             out[f"clip/frac_low_by_c/{c}"] = f["neg_clipped"] / f["neg_tokens"]
     return out
@@ -154,3 +170,38 @@ def first_move_entropy(moves: list) -> float:
             counts[mv] = counts.get(mv, 0) + 1
     total = sum(counts.values())
     return -sum(v / total * math.log(v / total) for v in counts.values()) if total else 0.0
+
+
+# Steps in the window of ``ratio_adv_corr``: 8 steps × up to G−1 buckets gives ~40 points, enough
+# for a stable r, while still following the run's changes (docs/design.md §2.11).
+RATIO_ADV_WINDOW = 8
+
+
+def ratio_adv_pairs(stats: dict) -> list[tuple[float, float]]:
+    """One step's ``(mean |ρ−1|, mean A)`` of positive-advantage tokens, one pair per ``c``, read
+    from the keys of ``clip_stats_from_counts`` (gapo's trainer and the TRL adapter log them)."""
+    pre = "clip/ratio_dev_pos_by_c/"
+    return [(float(v), float(stats[f"clip/adv_pos_by_c/{k[len(pre):]}"])) for k, v in stats.items()
+            if k.startswith(pre) and f"clip/adv_pos_by_c/{k[len(pre):]}" in stats]
+
+
+def pearson(xs: list[float], ys: list[float]) -> float | None:
+    """Pearson's r; ``None`` with fewer than 3 points or no spread in either variable."""
+    n = len(xs)
+    if n < 3 or n != len(ys):
+        return None
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    if sxx <= 1e-24 or syy <= 1e-24:
+        return None
+    return max(-1.0, min(1.0, sxy / math.sqrt(sxx * syy)))
+
+
+def ratio_adv_corr(window) -> dict[str, float]:
+    """``{"clip/ratio_adv_corr": r}``: Pearson's r between ``|ρ−1|`` and ``A`` over every
+    (step, ``c``) pair of ``window`` (a sequence of ``ratio_adv_pairs`` results, the last
+    ``RATIO_ADV_WINDOW`` steps); empty when r is undefined (module docstring)."""
+    pts = [p for step in window for p in step]
+    r = pearson([p[0] for p in pts], [p[1] for p in pts])
+    return {} if r is None else {"clip/ratio_adv_corr": r}

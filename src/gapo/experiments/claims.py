@@ -71,7 +71,53 @@ def claim_rows(grid: dict, cells: dict) -> list[dict]:
     for reg in grid["regimes"]:
         out += _mechanism(grid, cells, reg)
     for reg in grid["regimes"]:
+        out += _premise(grid, cells, reg)
+    for reg in grid["regimes"]:
         out += _rl_vs_base(grid, cells, reg)
+    for reg in grid["regimes"]:
+        out += _learns(grid, cells, reg)
+    return out
+
+
+def _low_minus_high_dev(cell: dict) -> float | None:
+    """Mean |ρ−1| of positive-advantage tokens at c = 1 minus its mean over c >= G/2 (c < G)."""
+    G = cell["G"]
+    byc = {int(k.split("/")[1]): v for k, v in cell["summary"].items() if k.startswith("dev_pos_by_c/")}
+    hi = [v for k, v in byc.items() if G / 2 <= k < G]
+    if 1 in byc and hi:
+        return byc[1] - sum(hi) / len(hi)
+    return None
+
+
+def _premise(grid: dict, cells: dict, reg: str) -> list[dict]:
+    """The paper's premise in regime ``reg``: positive-advantage tokens of c = 1 groups move
+    further from the behaviour policy (larger |ρ−1|, before clipping) than those of c >= G/2
+    groups; and the windowed ratio-advantage correlation ``clip/ratio_adv_corr`` (docs/design.md
+    §2.11), averaged over training."""
+    seeds, out = grid["seeds"], []
+    for m in grid["methods"]:
+        runs = [cells[(reg, m, s)] for s in seeds if (reg, m, s) in cells]
+        vals = [v for v in map(_low_minus_high_dev, runs) if v is not None]
+        if vals:
+            out.append({"claim": "8 premise: |ρ−1| of A>0 tokens, c=1 − c≥G/2", "regime": reg, "method": m,
+                        "vs": "", "key": "dev_pos_by_c", **mean_ci(vals)})
+        corr = [r["summary"]["train/clip/ratio_adv_corr"] for r in runs if "train/clip/ratio_adv_corr" in r["summary"]]
+        if corr:
+            out.append({"claim": "8 premise: corr(|ρ−1|, A), windowed", "regime": reg, "method": m, "vs": "",
+                        "key": "train/clip/ratio_adv_corr", **mean_ci(corr)})
+    return out
+
+
+def _learns(grid: dict, cells: dict, reg: str) -> list[dict]:
+    """Does RL learn at all in ``reg``: the training pass rate's rise (last quarter of rollout
+    batches − first quarter) per method, and in how many runs it rose (``k`` of ``n``)."""
+    out = []
+    for m in grid["methods"]:
+        d = [cells[(reg, m, s)]["summary"]["train/pass_rate_rise"] for s in grid["seeds"]
+             if (reg, m, s) in cells and "train/pass_rate_rise" in cells[(reg, m, s)]["summary"]]
+        if d:
+            out.append({"claim": "0 RL learns: training pass-rate rise", "regime": reg, "method": m, "vs": "",
+                        "key": "train/pass_rate_rise", **mean_ci(d), "k": sum(v > 0 for v in d)})
     return out
 
 

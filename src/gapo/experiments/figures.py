@@ -59,7 +59,10 @@ def run_figures(runs: list[dict], out: Path) -> list[str]:
     names = [_run_passk(runs, out)]
     for key, fname, label in (("rollout/reward", "reward.png", "mean reward (training rollouts)"),
                               ("policy/entropy", "entropy.png", "token entropy (nats)"),
-                              ("clip/frac_high_pos", "clipfrac.png", "clipped share of A>0 tokens")):
+                              ("clip/frac_high_pos", "clipfrac.png", "clipped share of A>0 tokens"),
+                              ("clip/ratio_adv_corr", "ratio_adv_corr.png", "r(|ρ−1|, A), windowed")):
+        if key == "clip/ratio_adv_corr" and not any(key in r for run in runs for r in run["train"]):
+            continue  # runs from before the diagnostic existed
         names.append(_run_train_curve(runs, out, key, fname, label))
     names.append(_run_eval_curve(runs, out))
     names.append(_run_by_c(runs, out))
@@ -151,11 +154,15 @@ def grid_figures(grid: dict, cells: dict, agg: dict, fdir: Path) -> list[str]:
     colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
     names = [_grid_passk(agg, regimes, colors, fdir)]
     for key, fname, ylabel in (("clip_by_c", "clip_by_c.png", "clipped share of A>0 tokens"),
-                               ("dev_by_c", "ratio_dev_by_c.png", "mean |ρ−1|")):
+                               ("dev_by_c", "ratio_dev_by_c.png", "mean |ρ−1|"),
+                               ("dev_pos_by_c", "ratio_dev_pos_by_c.png", "mean |ρ−1| of A>0 tokens")):
         names.append(_grid_by_c(agg, regimes, methods, colors, key, fname, ylabel, fdir))
     for key, kind, fname, ylabel in (("eval/pass@1", "eval", "pass1_curve.png", "held-out pass@1"),
                                      ("policy/entropy", "train", "entropy.png", "token entropy (nats)"),
-                                     ("clip/frac_high_pos", "train", "clipfrac.png", "clipped share of A>0 tokens")):
+                                     ("clip/frac_high_pos", "train", "clipfrac.png", "clipped share of A>0 tokens"),
+                                     ("clip/ratio_adv_corr", "train", "ratio_adv_corr.png",
+                                      "r(|ρ−1|, A), windowed"),
+                                     ("rollout/pass_rate", "train", "train_pass_rate.png", "training pass rate")):
         names.append(_grid_curve(grid, cells, regimes, colors, key, kind, fname, ylabel, fdir))
     names.append(_grid_coverage(agg, regimes, methods, colors, fdir))
     names.append(_grid_time(agg, regimes, methods, fdir))

@@ -193,6 +193,7 @@ def _paired(grid: dict, cells: dict, keys: list[str]) -> dict:
 _MAIN_COLS = [("after/pass@1", "pass@1", True), ("after/pass@8", "pass@8", True), ("after/pass@64", "pass@64", True),
               ("after/coverage", "coverage", True), ("after/first_move_entropy", "1st-move H", False),
               ("train/entropy_late", "token H (late)", False), ("train/clip/frac_high_pos", "clip A>0", True),
+              ("train/pass_rate_rise", "train pass rise", True), ("train/clip/ratio_adv_corr", "r(|ρ−1|, A)", False),
               ("train/time/step_s", "s/step", False), ("train/time/update_s", "update s/step", False)]
 _BASE_COLS = [("before/pass@1", True), ("before/pass@8", True), ("before/pass@64", True), ("before/coverage", True),
               ("before/first_move_entropy", False)]
@@ -232,6 +233,10 @@ def _regime_md(r: str, by_m: dict, paired: dict | None) -> list[str]:
         n = max(x["n"] for x in v.values())
         lines.append(f"| {m} | {n} | " + " | ".join(_fmt(v.get(k), p) for k, _, p in cols) + " |")
     lines.append("")
+    if any(v.get("train/pass_rate_rise", {}).get("n") for v in by_m.values()):
+        lines += ["`train pass rise`: mean training pass rate of the last quarter of rollout batches minus the "
+                  "first quarter (points); `r(|ρ−1|, A)`: the windowed ratio-advantage correlation "
+                  "(docs/design.md §2.11), averaged over training.", ""]
     if paired is not None:
         lines += ["Paired differences (method − baseline, same seed):", ""]
         pcols = [c for c in _MAIN_COLS[:7] if any(c[0] in v for v in paired.values())]
@@ -252,10 +257,14 @@ def _by_c_md(by_m: dict) -> list[str]:
     lines = ["Clipped share of positive-advantage tokens (%) by c (correct rollouts in the group):", "", *head]
     for m, v in by_m.items():
         lines.append(f"| {m} | " + " | ".join(_fmt(v.get(f"clip_by_c/{c}"), True) for c in cs) + " |")
-    lines += ["", "Mean |ρ−1| by c:", "", *head]
-    for m, v in by_m.items():
-        lines.append(f"| {m} | " + " | ".join(
-            f"{v[f'dev_by_c/{c}']['mean']:.4f}" if v.get(f"dev_by_c/{c}", {}).get("n") else "–" for c in cs) + " |")
+    for key, title in (("dev_by_c", "Mean |ρ−1| by c (all tokens):"),
+                       ("dev_pos_by_c", "Mean |ρ−1| of positive-advantage tokens by c (before clipping):")):
+        if not any(v.get(f"{key}/{c}", {}).get("n") for v in by_m.values() for c in cs):
+            continue
+        lines += ["", title, "", *head]
+        for m, v in by_m.items():
+            lines.append(f"| {m} | " + " | ".join(
+                f"{v[f'{key}/{c}']['mean']:.4f}" if v.get(f"{key}/{c}", {}).get("n") else "–" for c in cs) + " |")
     lines.append("")
     return lines
 
@@ -266,8 +275,9 @@ def _claims_md(claims: list[dict]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]
     for c in claims:
         lo, hi = c["mean"] - c["ci"], c["mean"] + c["ci"]
+        n = f"{c['k']} of {c['n']} rose" if "k" in c else c["n"]
         lines.append(f"| {c['claim']} | {c['regime']} | {c['method']} | {c['vs']} | {c['key']} | {c['mean']:.4f} | "
-                     f"[{lo:.4f}, {hi:.4f}] | {c['n']} | {verdict(c)} |")
+                     f"[{lo:.4f}, {hi:.4f}] | {n} | {verdict(c)} |")
     between = [c for c in claims if c["vs"] not in ("", "base")]
     lines += [f"{len(between)} between-method intervals above; at 95% about {len(between) / 20:.1f} of them "
               "would exclude zero by chance alone, so a lone '+' or '−' is a lead, not a finding.", ""]

@@ -28,7 +28,7 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 
 # the training diagnostics averaged over steps into ``train/<key>``
 TRAIN_KEYS = ("clip/frac_high_pos", "loss/clipfrac", "policy/entropy", "time/step_s", "time/update_s",
-              "rollout/pass_rate", "loss/approx_kl")
+              "rollout/pass_rate", "loss/approx_kl", "clip/ratio_adv_corr")
 
 
 def t975(df: int) -> float:
@@ -86,7 +86,8 @@ def _eval_summary(evals: list[dict]) -> dict:
 
 
 def _train_summary(train: list[dict]) -> dict:
-    """``train/<key>`` means over steps, and ``train/entropy_late`` (the last quarter of the steps)."""
+    """``train/<key>`` means over steps, ``train/entropy_late`` (the last quarter of the steps) and
+    ``train/pass_rate_rise`` (mean training pass rate of the last quarter minus the first)."""
     s = {}
     for k in TRAIN_KEYS:
         vals = _numbers(r.get(k) for r in train)
@@ -96,12 +97,17 @@ def _train_summary(train: list[dict]) -> dict:
     if ents:
         q = ents[-max(1, len(ents) // 4):]
         s["train/entropy_late"] = sum(q) / len(q)
+    rates = _numbers(r.get("rollout/pass_rate") for r in train)
+    if len(rates) >= 2:  # did RL learn at all: the last quarter of rollout batches against the first
+        q = max(1, len(rates) // 4)
+        s["train/pass_rate_rise"] = sum(rates[-q:]) / q - sum(rates[:q]) / q
     return s
 
 
 def _by_c_summary(train: list[dict]) -> dict:
     """``clip_by_c/<c>``: clipped share of positive-advantage tokens, token-weighted over training;
-    ``dev_by_c``, ``eps_by_c``, ``adv_by_c``: step means of mean |ρ−1|, ε_high and |A|."""
+    ``dev_by_c``, ``eps_by_c``, ``adv_by_c``, ``dev_pos_by_c``: step means of mean |ρ−1|, ε_high,
+    |A| and mean |ρ−1| of positive-advantage tokens."""
     s = {}
     pos_by_c: dict[int, list[float]] = {}
     for r in train:
@@ -116,7 +122,7 @@ def _by_c_summary(train: list[dict]) -> dict:
         if den:
             s[f"clip_by_c/{c}"] = num / den
     for prefix, name in (("clip/ratio_dev_by_c/", "dev_by_c"), ("clip/eps_high_by_c/", "eps_by_c"),
-                         ("clip/adv_by_c/", "adv_by_c")):
+                         ("clip/adv_by_c/", "adv_by_c"), ("clip/ratio_dev_pos_by_c/", "dev_pos_by_c")):
         for c, v in by_c(train, prefix).items():
             s[f"{name}/{c}"] = v
     return s

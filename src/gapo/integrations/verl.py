@@ -85,8 +85,12 @@ zero advantage, whose group is all-correct or all-wrong, have no bucket), sums o
 micro-batch's response tokens, counted by :func:`gapo.core.metrics.clip_counts_by_c`:
 ``actor/gapo_tokens_by_c/{c}``, ``actor/gapo_ratio_dev_sum_by_c/{c}`` (Σ ``|ρ−1|``),
 ``actor/gapo_tokens_pos_by_c/{c}`` (tokens of correct rollouts), ``actor/gapo_clipped_high_by_c/{c}``
-(of those, ``ρ > 1+ε_high(i)``), and ``actor/gapo_eps_high_pos_by_c/{c}`` (ε_high of a correct
-rollout of such a group, from the schedule). verl 0.9.1 wraps every key a policy loss returns in
+(of those, ``ρ > 1+ε_high(i)``), ``actor/gapo_ratio_dev_pos_sum_by_c/{c}`` (their Σ ``|ρ−1|``),
+``actor/gapo_rows_pos_by_c/{c}`` and ``actor/gapo_adv_pos_sum_by_c/{c}`` (how many correct rollouts,
+and the sum of their advantages), and ``actor/gapo_eps_high_pos_by_c/{c}`` (ε_high of a correct
+rollout of such a group, from the schedule). ``clip_stats_from_verl`` turns one logged step into
+gapo's ``clip/*_by_c/{c}`` rates, from which ``gapo.core.metrics.ratio_adv_corr`` gives the
+paper's windowed ratio-advantage correlation (docs/design.md §2.11). verl 0.9.1 wraps every key a policy loss returns in
 a mean-aggregated ``Metric``, averages it over micro-batches and data-parallel ranks, and raises
 when a key has a different number of values on two ranks; so every key is returned on every call
 (0 for a bucket the micro-batch lacks) and the logged values are mean sums per rank micro-batch,
@@ -106,6 +110,7 @@ import torch
 
 __all__ = [
     "GAPOPolicyLossConfig",
+    "clip_stats_from_verl",
     "SUPPORTED_VERL",
     "TESTED_VERL",
     "compute_policy_loss_gapo",
@@ -417,7 +422,36 @@ def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_ag
 
 # verl key -> field of gapo.core.metrics.clip_counts_by_c; summed over this micro-batch's tokens
 _BY_C_SUMS = (("actor/gapo_tokens_by_c", "tokens"), ("actor/gapo_ratio_dev_sum_by_c", "dev_sum"),
-              ("actor/gapo_tokens_pos_by_c", "pos_tokens"), ("actor/gapo_clipped_high_by_c", "pos_clipped"))
+              ("actor/gapo_tokens_pos_by_c", "pos_tokens"), ("actor/gapo_clipped_high_by_c", "pos_clipped"),
+              ("actor/gapo_ratio_dev_pos_sum_by_c", "pos_dev_sum"), ("actor/gapo_rows_pos_by_c", "pos_rows"),
+              ("actor/gapo_adv_pos_sum_by_c", "pos_adv_sum"))
+
+
+def clip_stats_from_verl(metrics: dict) -> dict[str, float]:
+    """gapo's per-``c`` rates (``clip/frac_high_by_c/{c}``, ``clip/ratio_dev_by_c/{c}``,
+    ``clip/ratio_dev_pos_by_c/{c}``, ``clip/adv_pos_by_c/{c}``, ``clip/eps_high_pos_by_c/{c}``)
+    from one logged verl step's per-``c`` sums (module docstring, "Metrics"): the ratios of
+    verl's means are the pooled rates, so ``gapo.core.metrics.ratio_adv_pairs`` and
+    ``ratio_adv_corr`` apply to verl runs as they do to gapo's. Buckets with no tokens are left out."""
+    fields: dict[int, dict[str, float]] = {}
+    for key, field in _BY_C_SUMS:
+        for k, v in metrics.items():
+            if k.startswith(key + "/"):
+                fields.setdefault(int(k[len(key) + 1:]), {})[field] = float(v)
+    out: dict[str, float] = {}
+    for c, f in sorted(fields.items()):
+        if f.get("tokens", 0) > 0:
+            out[f"clip/ratio_dev_by_c/{c}"] = f["dev_sum"] / f["tokens"]
+        if f.get("pos_tokens", 0) > 0:
+            out[f"clip/frac_high_by_c/{c}"] = f["pos_clipped"] / f["pos_tokens"]
+            if "pos_dev_sum" in f:
+                out[f"clip/ratio_dev_pos_by_c/{c}"] = f["pos_dev_sum"] / f["pos_tokens"]
+        if f.get("pos_rows", 0) > 0 and "pos_adv_sum" in f:
+            out[f"clip/adv_pos_by_c/{c}"] = f["pos_adv_sum"] / f["pos_rows"]
+            e = metrics.get(f"actor/gapo_eps_high_pos_by_c/{c}")
+            if e is not None:
+                out[f"clip/eps_high_pos_by_c/{c}"] = float(e)
+    return out
 
 
 @torch.no_grad()

@@ -14,6 +14,7 @@ rules are in ``gapo.rl.run_dir``.
 
 from __future__ import annotations
 
+import collections
 import copy
 import os
 import random
@@ -31,7 +32,8 @@ from gapo.core.advantages import group_success_count
 from gapo.core.aggregation import agg_loss
 from gapo.core.clipping import eps_high_for
 from gapo.core.losses import LOSSES, RATIO_LEVEL, kl_estimate, log_ratio
-from gapo.core.metrics import clip_counts_by_c, clip_stats_from_counts, merge_counts
+from gapo.core.metrics import (RATIO_ADV_WINDOW, clip_counts_by_c, clip_stats_from_counts, merge_counts,
+                               ratio_adv_corr, ratio_adv_pairs)
 from gapo.policy import lora
 from gapo.policy.base_policy import resolve_policy
 from gapo.policy.chat import PromptEncoder
@@ -129,6 +131,8 @@ class Trainer:
         self.step = 0
         self._stop = False
         self.last_samples: list[dict] = []
+        # the last steps' per-c (|ρ−1|, A) of positive-advantage tokens: clip/ratio_adv_corr's window
+        self.ratio_adv_window: collections.deque = collections.deque(maxlen=RATIO_ADV_WINDOW)
 
     def _open_folder(self, resume: bool, overwrite: bool, changes: dict) -> None:
         if not resume:
@@ -186,7 +190,9 @@ class Trainer:
         self.step += 1
         # 5. diagnostics, and a few rows of what was trained on (samples.jsonl)
         self.last_samples = rollout.sample_records(batch, self.step, self.cfg.log.samples, self.encoder.text)
-        return self._step_metrics(batch, advantages, eps_high_i, upd, t_step, t_update)
+        metrics = self._step_metrics(batch, advantages, eps_high_i, upd, t_step, t_update)
+        self.ratio_adv_window.append(ratio_adv_pairs(metrics))  # the paper's diagnostic (§2.11)
+        return {**metrics, **ratio_adv_corr(self.ratio_adv_window)}
 
     def _rollout(self) -> rollout.Batch:
         t, a = self.cfg.train, self.cfg.algo
@@ -385,6 +391,7 @@ class Trainer:
             "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
             "py_rng": self.py_rng.getstate(), "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
             "config": to_dict(self.cfg), "policy_path": self.policy_path, "threads": torch.get_num_threads(),
+            "ratio_adv_window": list(self.ratio_adv_window),
         }
         # atomic: a crash or a full disk leaves the previous checkpoint intact and no temporary file
         atomic_write(self.ckpt_path, lambda tmp: torch.save(state, tmp))
@@ -407,6 +414,7 @@ class Trainer:
         self.gen.set_state(state["gen"])
         torch.set_rng_state(state["torch_rng"])
         self.step, self.pos, self.order = state["step"], state["pos"], state["order"]
+        self.ratio_adv_window.extend(state.get("ratio_adv_window", []))
         if state.get("pool_size", len(self.pool)) != len(self.pool):  # resumed with other train.steps
             self.pool = self.task.generate("train", state["pool_size"], self.cfg.train.seed)
         if any(k.startswith("optim.") for k in changes):  # the optimiser state holds the old values
