@@ -33,8 +33,8 @@ def _cache(tmp_path_factory, monkeypatch):
 def test_unknown_names_are_listed():
     with pytest.raises(ValueError, match=r"unknown method 'gapoo'.*'gapo'"):
         load_grid(_grid(methods=["gapoo"]))
-    with pytest.raises(ValueError, match=r"unknown regime 'medium'.*'arithmetic'.*'high'.*'low'"):
-        load_grid(_grid(regimes=["medium"]))
+    with pytest.raises(ValueError, match=r"unknown regime 'thre'.*'three'"):
+        load_grid(_grid(regimes=["thre"]))
     with pytest.raises(ValueError, match=r"unknown task.*'cuontdown'.*'countdown'"):
         load_grid(_grid(regime_defs={"easy": {"base": {**EASY, "task": "cuontdown"}}}))
     with pytest.raises(ValueError, match=r"unknown config key"):
@@ -60,7 +60,11 @@ def test_quick_grid_file_is_valid():
     assert g["methods"] and g["regimes"] and g["seeds"]
     full = load_grid(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "grid.yaml"))
     assert len(full["seeds"]) >= 5
-    assert set(full["regimes"]) == {"low", "high", "arithmetic"} and len(full["methods"]) == 10
+    assert set(full["regimes"]) == {"low", "three", "high"} and len(full["methods"]) == 10
+    # the learning rates the calibration's rule picked (configs/calibrate-regimes.yaml)
+    from gapo.experiments.grid import cell_config
+    lrs = {r: cell_config(full, r, "gapo", 0, base_path="x").optim.lr for r in full["regimes"]}
+    assert lrs == {"low": 2e-5, "three": 1e-5, "high": 5e-5}
 
 
 def test_every_committed_grid_file_loads():
@@ -106,6 +110,19 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     stats = run_grid(g, out, say=lambda s: None)
     assert stats["done"] == 0 and stats["skipped"] == 3
     assert (cell_dir(out, "easy", "drgrpo", 0) / "done.json").stat().st_mtime == mtime
+
+    # a grid that would run a finished cell differently stops before anything runs or is written
+    def snapshot():
+        return {str(f): f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()}
+    before = snapshot()
+    lr = load_grid(_grid(common={**COMMON, "optim.lr": 2e-3}, method_defs={"boom": {"model.path": "/nonexistent/model"}},
+                         methods=["drgrpo", "gapo", "boom"]))
+    with pytest.raises(ValueError, match=r"easy/drgrpo/seed0 \(optim.lr: 0.001 -> 0.002\)"):
+        run_grid(lr, out, say=lambda s: None)
+    rebased = load_grid(_grid(regime_defs={"easy": {"base": {**EASY, "max_steps": 149}}}))
+    with pytest.raises(ValueError, match=r"base policy of regime\(s\) \['easy'\] changed"):
+        run_grid(rebased, out, say=lambda s: None)
+    assert snapshot() == before
 
     md = grid_report(g, out, tmp_path / "rep", say=lambda s: None)
     text = md.read_text()

@@ -48,7 +48,7 @@ def test_claim_rows_use_roles_and_skip_missing_methods():
     rows = claim_rows(grid, cells)
     first = rows[0]
     assert (first["claim"], first["regime"], first["method"], first["vs"], first["key"]) == \
-        ("1 pass@1 (low)", "cd-low", "gapo", "drgrpo", "after/pass@1")
+        ("1 pass@1", "cd-low", "gapo", "drgrpo", "after/pass@1")
     assert first["mean"] == 0.25 and first["n"] == 2 and first["ci"] == 0.0
     assert not [r for r in rows if r["vs"] in ("grpo", "dapo")]  # not in the grid: skipped
     base = [r for r in rows if r["vs"] == "base" and r["key"] == "pass@1"]
@@ -80,3 +80,28 @@ def test_single_run_summary_is_a_selection_of_the_run_summary():
                          "train/policy/entropy", "train/time/step_s", "steps"]
     assert all(row[k] == s[k] for k in row if k in s)
     assert math.isnan(row["train/time/step_s"]) and row["steps"] == 4  # the table shows a never-logged key as NaN
+
+
+def test_premise_and_learning_rows_hand_computed():
+    """G = 8. The premise row is |ρ−1| of A>0 tokens at c = 1 minus its mean over c >= 4; the
+    learning row counts the runs whose training pass rate rose."""
+    cells = {}
+    for seed, (d1, d4, d6, rise, corr) in enumerate([(0.30, 0.10, 0.20, 0.02, 0.5), (0.20, 0.20, 0.10, -0.01, 0.3),
+                                                    (0.40, 0.10, 0.10, 0.03, 0.7)]):
+        cells[("low", "drgrpo", seed)] = {"G": 8, "summary": {
+            "dev_pos_by_c/1": d1, "dev_pos_by_c/2": 9.9, "dev_pos_by_c/4": d4, "dev_pos_by_c/6": d6,
+            "train/pass_rate_rise": rise, "train/clip/ratio_adv_corr": corr}}
+    grid = {"seeds": [0, 1, 2], "regimes": ["low"], "methods": ["drgrpo"]}
+    rows = {r["claim"]: r for r in claim_rows(grid, cells) if r["regime"] == "low"}
+    premise = rows["8 premise: |ρ−1| of A>0 tokens, c=1 − c≥G/2"]
+    assert premise["mean"] == pytest.approx(((0.30 - 0.15) + (0.20 - 0.15) + (0.40 - 0.10)) / 3) and premise["n"] == 3
+    assert rows["8 premise: corr(|ρ−1|, A), windowed"]["mean"] == pytest.approx(0.5)
+    learns = rows["0 RL learns: training pass-rate rise"]
+    assert learns["k"] == 2 and learns["n"] == 3 and learns["mean"] == pytest.approx(0.04 / 3)
+
+
+def test_pass_rate_rise_is_last_quarter_minus_first():
+    train = [{"step": i, "kind": "train", "rollout/pass_rate": v} for i, v in enumerate([0.1, 0.2, 0.0, 0.3, 0.4, 0.5, 0.2, 0.6], 1)]
+    s = run_summary(train, [])
+    assert s["train/pass_rate_rise"] == pytest.approx((0.2 + 0.6) / 2 - (0.1 + 0.2) / 2)
+    assert "train/pass_rate_rise" not in run_summary(train[:1], [])

@@ -13,44 +13,28 @@ import math
 from gapo.experiments.grid import BASELINE_OF
 from gapo.experiments.stats import mean_ci, paired_diffs
 
-__all__ = ["CLAIM_TESTS", "claim_rows", "verdict"]
+__all__ = ["ROLES", "CLAIM_TESTS", "claim_rows", "verdict"]
 
-# The claims of issue 4 item 5 as paired (same seed) comparisons: (claim, regime, method, against, key).
+# The claims of issue 4 item 5 as paired (same seed) comparisons: (claim, role, method, against, key).
+# A role names the regime a claim is about: "low" and "low2" (two low-pass-rate regimes), "high",
+# or "*" (every regime); ``ROLES`` maps them to regimes, a grid's ``roles`` overrides the map.
 # Where a regime or method is missing from the grid the comparison is skipped.
+ROLES = {"low": "low", "low2": "three", "high": "high"}
 CLAIM_TESTS = [
-    ("1 pass@1 (low)", "low", "gapo", "drgrpo", "after/pass@1"),
-    ("1 pass@1 (low)", "low", "gapo", "grpo", "after/pass@1"),
-    ("1 pass@1 (low)", "low", "gapo", "dapo", "after/pass@1"),
-    ("1 pass@1 (low)", "low", "gapo_seq", "gspo_asym", "after/pass@1"),
-    ("1 pass@1 (arithmetic)", "arithmetic", "gapo", "drgrpo", "after/pass@1"),
-    ("1 pass@1 (arithmetic)", "arithmetic", "gapo", "dapo", "after/pass@1"),
-    ("1 pass@1 (arithmetic)", "arithmetic", "gapo_seq", "gspo_asym", "after/pass@1"),
-    ("2 pass@k (low)", "low", "gapo", "drgrpo", "after/pass@8"),
-    ("2 pass@k (low)", "low", "gapo", "drgrpo", "after/pass@64"),
-    ("2 pass@k (low)", "low", "gapo", "dapo", "after/pass@64"),
-    ("2 pass@k (low)", "low", "gapo_seq", "gspo_asym", "after/pass@64"),
-    ("2 pass@k (arithmetic)", "arithmetic", "gapo", "drgrpo", "after/pass@8"),
-    ("2 pass@k (arithmetic)", "arithmetic", "gapo", "drgrpo", "after/pass@64"),
-    ("2 pass@k (arithmetic)", "arithmetic", "gapo_seq", "gspo_asym", "after/pass@64"),
-    ("3 vs shaping (low)", "low", "gapo", "fgrpo", "after/pass@1"),
-    ("3 vs shaping (low)", "low", "gapo", "fgrpo", "after/pass@64"),
-    ("3 vs shaping (low)", "low", "gapo", "passk", "after/pass@1"),
-    ("3 vs shaping (low)", "low", "gapo", "passk", "after/pass@64"),
-    ("3 vs shaping (arithmetic)", "arithmetic", "gapo", "fgrpo", "after/pass@1"),
-    ("3 vs shaping (arithmetic)", "arithmetic", "gapo", "fgrpo", "after/pass@64"),
-    ("3 vs shaping (arithmetic)", "arithmetic", "gapo", "passk", "after/pass@1"),
-    ("3 vs shaping (arithmetic)", "arithmetic", "gapo", "passk", "after/pass@64"),
+    *[("1 pass@1", role, "gapo", vs, "after/pass@1") for role in ("low", "low2") for vs in ("drgrpo", "grpo", "dapo")],
+    *[("1 pass@1", role, "gapo_seq", "gspo_asym", "after/pass@1") for role in ("low", "low2")],
+    *[("2 pass@k", role, "gapo", vs, key) for role in ("low", "low2")
+      for vs, key in (("drgrpo", "after/pass@8"), ("drgrpo", "after/pass@64"), ("dapo", "after/pass@64"))],
+    *[("2 pass@k", role, "gapo_seq", "gspo_asym", "after/pass@64") for role in ("low", "low2")],
+    *[("3 vs shaping", role, "gapo", vs, key) for role in ("low", "low2") for vs in ("fgrpo", "passk")
+      for key in ("after/pass@1", "after/pass@64")],
     ("5 stability (high)", "high", "gapo", "drgrpo", "after/pass@1"),
     ("5 stability (high)", "high", "gapo", "drgrpo", "after/pass@64"),
     ("5 stability (high)", "high", "gapo", "drgrpo", "train/entropy_late"),
     ("5 stability (high)", "high", "gapo_seq", "gspo_asym", "after/pass@1"),
-    ("6 coverage (low)", "low", "gapo", "drgrpo", "after/coverage"),
-    ("6 coverage (low)", "low", "gapo", "drgrpo", "after/first_move_entropy"),
-    # the lead from configs/grid-long.yaml (GAPO-seq − GSPO-asym coverage +4.6 [+2.0, +7.1]), retested
-    ("6 coverage (low)", "low", "gapo_seq", "gspo_asym", "after/coverage"),
-    ("6 coverage (low)", "low", "gapo_seq", "gspo_asym", "after/first_move_entropy"),
-    ("6 coverage (high)", "high", "gapo", "drgrpo", "after/coverage"),
-    ("6 coverage (high)", "high", "gapo", "drgrpo", "after/first_move_entropy"),
+    *[("6 coverage", role, m, vs, key) for role in ("low", "low2", "high")
+      for m, vs in (("gapo", "drgrpo"), ("gapo_seq", "gspo_asym"))
+      for key in ("after/coverage", "after/first_move_entropy")],
     ("7 overhead", "*", "gapo", "drgrpo", "train/time/update_s"),
     ("7 overhead", "*", "gapo_seq", "gspo_asym", "train/time/update_s"),
 ]
@@ -62,9 +46,9 @@ def claim_rows(grid: dict, cells: dict) -> list[dict]:
     ``stats.load_cell``."""
     seeds = grid["seeds"]
     out = []
-    roles = grid.get("roles") or {}  # e.g. {low: cd-low}: which regime plays the claim's "low"/"high"
+    roles = {**ROLES, **(grid.get("roles") or {})}  # e.g. {low: cd-low}: which regime plays a role
     for claim, r, a, b, key in CLAIM_TESTS:
-        for reg in (grid["regimes"] if r == "*" else [roles.get(r, r)]):
+        for reg in (grid["regimes"] if r == "*" else [roles[r]]):
             d = paired_diffs(cells, reg, a, b, key, seeds)
             if d:
                 out.append({"claim": claim, "regime": reg, "method": a, "vs": b, "key": key, **mean_ci(d)})

@@ -17,7 +17,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from gapo.experiments.grid import BASELINE_OF
-from gapo.experiments.stats import by_c
+from gapo.experiments.stats import by_c, mean_ci, paired_diffs
 
 __all__ = ["run_figures", "grid_figures"]
 
@@ -166,6 +166,8 @@ def grid_figures(grid: dict, cells: dict, agg: dict, fdir: Path) -> list[str]:
         names.append(_grid_curve(grid, cells, regimes, colors, key, kind, fname, ylabel, fdir))
     names.append(_grid_coverage(agg, regimes, methods, colors, fdir))
     names.append(_grid_time(agg, regimes, methods, fdir))
+    if grid.get("scale"):
+        names.append(_grid_scale(grid, cells, fdir))
     return names
 
 
@@ -291,3 +293,24 @@ def _grid_time(agg: dict, regimes: list[str], methods: list[str], fdir: Path) ->
     ax.legend(fontsize=8)
     fig.tight_layout()
     return _save(fig, fdir, "time_per_step.png")
+
+
+def _grid_scale(grid: dict, cells: dict, fdir: Path) -> str:
+    """The scale trend: GAPO − Dr.GRPO (paired by seed) held-out pass@1 and pass@64 with 95%
+    intervals, one point per regime of ``grid["scale"]`` (regime → policy parameters)."""
+    scale = {r: float(n) for r, n in grid["scale"].items() if r in grid["regimes"]}
+    fig, axes = _row(2, 3.6)
+    for ax, key in zip(axes, ("after/pass@1", "after/pass@64")):
+        for r, n in sorted(scale.items(), key=lambda x: x[1]):
+            d = mean_ci(paired_diffs(cells, r, "gapo", "drgrpo", key, grid["seeds"]))
+            if d["n"]:
+                ax.errorbar([n], [100 * d["mean"]], yerr=[100 * _ci(d)], fmt="o", capsize=4, color="C0")
+                ax.annotate(f"{r} (n={d['n']})", (n, 100 * d["mean"]), textcoords="offset points", xytext=(6, 4),
+                            fontsize=8)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("policy parameters")
+        ax.set_title(f"GAPO − Dr.GRPO, {key.split('/')[1]} (points)")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, fdir, "scale.png")

@@ -42,6 +42,7 @@ from gapo.core.checks import unknown
 from gapo.policy.base_policy import PRESETS, resolve
 from gapo.policy.pretrain import PretrainConfig
 from gapo.rl.config import Config, set_key, to_dict
+from gapo.rl.config_io import diff
 from gapo.rl.run_dir import atomic_write
 
 __all__ = ["METHODS", "BASELINE_OF", "REGIMES", "QUICK_GRID", "load_grid", "methods_of", "grid_cells",
@@ -81,9 +82,9 @@ ARITHMETIC_TASK = {"digits": 2, "ops": "+-*"}
 REGIMES: dict[str, dict] = {
     "low": {"base": "low"},  # RL task: the preset's (4-number Countdown, numbers 1-10)
     "high": {"base": "high"},  # 2-number Countdown, numbers 1-30 (the `high` preset's RL task)
-    # 3-number Countdown from the `high` base (trained mostly on 2-number instances): a low
-    # pass rate on a task the model has seen a little of (RESULTS.md, "Regimes")
-    "three": {"base": "high", "task": {"name": "countdown", "params": {"n_numbers": 3, "num_range": [1, 10]}}},
+    "three": {"base": "three"},  # 3-number Countdown from a base trained mostly on 2-number instances
+    # the `low` recipe on a ~5.1M-parameter model (preset `medium`): the scale point
+    "medium": {"base": "medium"},
     "arithmetic": {
         "base": {"name": "arithmetic", "task": "arithmetic", "sft_mix": [[ARITHMETIC_TASK, 1.0]],
                  "rl_task": ARITHMETIC_TASK, "model_preset": "tiny", "pool_size": 3000, "batch_size": 64,
@@ -106,7 +107,7 @@ def load_grid(path: str | Path | dict) -> dict:
             raise ValueError(f"grid file {str(p)!r} does not exist")
         g = yaml.safe_load(p.read_text()) or {}
     allowed = {"name", "methods", "regimes", "seeds", "common", "method_defs", "regime_defs", "workers",
-               "out", "report_dir", "figures_dir", "baseline", "roles"}
+               "out", "report_dir", "figures_dir", "baseline", "roles", "scale"}
     for k in g:
         if k not in allowed:
             raise ValueError(f"unknown grid key {k!r}; accepted: {sorted(allowed)}")
@@ -298,6 +299,7 @@ def run_grid(grid: dict, out: str | Path, *, retry_failed: bool = False, say=pri
 
 
 def _run_grid(grid: dict, out: Path, retry_failed: bool, say) -> dict:
+    _check_finished_cells(grid, out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     bases = _prepare_regimes(grid, out, t0, say)
@@ -311,7 +313,10 @@ def _prepare_regimes(grid: dict, out: Path, t0: float, say) -> dict[str, dict]:
     skipped where ``base_eval.json`` matches); returns each regime's ``base_eval.json``."""
     prep = []
     for r in grid["regimes"]:
-        ev = _eval_cfg(grid, r)
+        # the base policy's identity is part of the match: a regime whose base or task changed
+        # must not reuse another policy's evaluation (or path)
+        spec = grid["_regimes"][r]
+        ev = {**_eval_cfg(grid, r), "base_key": pretrain_config(spec).cache_key(), "task": regime_task(spec)}
         be = out / r / "base_eval.json"
         if be.is_file() and json.loads(be.read_text()).get("eval_cfg") == ev:
             continue
@@ -354,6 +359,36 @@ def _run_cells(grid: dict, out: Path, bases: dict[str, dict], t0: float, retry_f
         f"{grid['workers']} workers")
     _pool(jobs, grid["workers"], say)
     return stats
+
+
+def _check_finished_cells(grid: dict, out: Path) -> None:
+    """Before anything runs or is written: a finished or started cell is reused only if this
+    grid would run it the same way (same config, same base policy); otherwise stop, naming the
+    cells and the keys -- a changed ``common``, method or regime must not be mixed silently with
+    runs made under the old one."""
+    bad, changed_base = [], set()
+    for r, m, s in grid_cells(grid):
+        d = cell_dir(out, r, m, s)
+        spec = cell_file(d, "json")
+        if not spec.is_file() or not ((d / "done.json").is_file() or (d / "checkpoint.pt").is_file()):
+            continue
+        be = out / r / "base_eval.json"
+        if be.is_file():
+            key = json.loads(be.read_text()).get("eval_cfg", {}).get("base_key")
+            if key is not None and key != pretrain_config(grid["_regimes"][r]).cache_key():
+                changed_base.add(r)
+        old = json.loads(spec.read_text()).get("config") or {}
+        new = to_dict(cell_config(grid, r, m, s, base_path=(old.get("model") or {}).get("path") or ""))
+        changed = {k: v for k, v in diff(old, new).items() if k != "train.progress"}
+        if changed:
+            keys = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(changed.items())[:4])
+            bad.append(f"{r}/{m}/seed{s} ({keys})")
+    if changed_base:
+        raise ValueError(f"the base policy of regime(s) {sorted(changed_base)} changed since cells under {str(out)!r} "
+                         "were run from it. Use another --out, or delete those regimes' folders to rerun them.")
+    if bad:
+        raise ValueError(f"{len(bad)} cell(s) under {str(out)!r} were run with another config than this grid's: "
+                         + "; ".join(bad[:5]) + ". Use another --out, or delete those cells to rerun them.")
 
 
 def _on_cell_exit(d: Path, name: str, stats: dict, t0: float) -> Callable[[int, float], str]:
