@@ -105,3 +105,15 @@ def test_pass_rate_rise_is_last_quarter_minus_first():
     s = run_summary(train, [])
     assert s["train/pass_rate_rise"] == pytest.approx((0.2 + 0.6) / 2 - (0.1 + 0.2) / 2)
     assert "train/pass_rate_rise" not in run_summary(train[:1], [])
+
+
+def test_scale_figure_draws_the_paired_gapo_difference_per_size(tmp_path):
+    from gapo.experiments.figures import _grid_scale
+    cells = {}
+    for r in ("small", "big"):
+        for s_ in (0, 1, 2):
+            cells[(r, "gapo", s_)] = _cell(**{"after/pass@1": 0.2 + 0.01 * s_, "after/pass@64": 0.5})
+            cells[(r, "drgrpo", s_)] = _cell(**{"after/pass@1": 0.2, "after/pass@64": 0.5 - 0.01 * s_})
+    grid = {"seeds": [0, 1, 2], "regimes": ["small", "big"], "scale": {"small": 1e6, "big": 5e6}}
+    assert _grid_scale(grid, cells, tmp_path) == "scale.png"
+    assert (tmp_path / "scale.png").stat().st_size > 1000

@@ -311,6 +311,10 @@ def test_clip_stats_by_c_hand_computed(policy, tmp_path):
     assert stats.keys() == expected.keys()
     for k, v in expected.items():
         assert stats[k] == pytest.approx(v, abs=1e-6), k
+    # the paper's ratio-advantage pairs read TRL's logged keys as they read gapo's own
+    from gapo.core.metrics import ratio_adv_pairs
+    pairs = sorted(ratio_adv_pairs(stats), key=lambda p: p[1])
+    assert pairs == [(pytest.approx(0.79 / 6), 0.25), (pytest.approx(0.55 / 2), 0.75)]
     # the whole-batch metrics come from the same sums: 3 of 8 A > 0 tokens above their ε_high, 5 above 1.2
     m = trainer._metrics["train"]
     assert m["gapo/clipfrac_pos"][-1] == pytest.approx(3 / 8)

@@ -383,6 +383,15 @@ def test_metrics_by_c_hand_computed():
     assert not any(k.endswith("/3") for k in conv if "pos" in k or "frac_high" in k)  # empty bucket left out
     for got, want in zip(sorted(ratio_adv_pairs(conv)), sorted(ratio_adv_pairs(ref)), strict=True):
         assert got == pytest.approx(want)
+    # docs/scale-out.md's recipe for the windowed correlation from verl's logs runs as written
+    import re
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "scale-out.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "clip_stats_from_verl(step_metrics)" in b)
+    printed = []
+    exec(compile(block, "docs/scale-out.md", "exec"), {"logged_steps": [m, m], "print": printed.append})
+    # two buckets a step, (0.28, 0.75) and (0.205, 0.5): undefined on 2 points, r = +1 on 4
+    assert printed[0] is None and printed[1] == pytest.approx(1.0)
     # gapo_seq counts the same tokens against the sequence ratio s = exp(mean log ρ): row 0
     # s = sqrt(1.26·1.30) = 1.27984 < 1.28 (unclipped), row 4 s = 1.26 > 1.2533 (2 tokens clipped),
     # row 5 s = sqrt(1.10·1.20) = 1.14891; Σ|s−1| of c = 1: 2·0.27984 + 5·0.1 = 1.05968
