@@ -36,7 +36,7 @@ def test_yaml_file_then_overrides(tmp_path):
     (["task.name=countdwn"], r"unknown task 'countdwn'"),
     (["algo.loss=cispo", "algo.clip_ratio_c=3"], r"not defined for the cispo loss"),
     (["sampling.temperature=0"], r"sampling.temperature \(command line\): must be a finite number > 0"),
-    (["model.base_preset=medium"], r"unknown base-policy preset 'medium'"),
+    (["model.base_preset=hihg"], r"unknown base-policy preset 'hihg'.*'high'"),
     (["steps=3"], r"must look like section.key=value|unknown config key"),
     (["algo.advantage=passk", "algo.advantage_params={k: 4"], r"algo.advantage_params: cannot read '\{k: 4' as a YAML"),
     (["algo.reward_range=[0, 1"], r"algo.reward_range \(command line\): must be \[R_min, R_max\], 'group' or 'batch'"),
