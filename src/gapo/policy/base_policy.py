@@ -35,6 +35,12 @@ __all__ = ["PRESETS", "resolve", "resolve_policy", "get_base_policy", "cache_dir
 
 # Calibrated on 2 shared CPU cores (one torch thread); pass rates at temperature 1.0 on 200
 # held-out (eval-split) problems x 8 samples, see the commit that set them.
+# the `high` and `three` presets: 2-number Countdown over 1-30 (its 20% eval split held out) plus
+# 30% 3-number instances
+_TWO_THREE_MIX = (
+    (dict(n_numbers=2, num_range=(1, 30), eval_fraction=0.2), 0.7),
+    (dict(n_numbers=3, num_range=(1, 10)), 0.3),
+)
 PRESETS: dict[str, PretrainConfig] = {
     # 600 steps x 64 (~226 CPU-s on one thread): 4-number (>=2 solutions) pass@1 0.039,
     # pass@8 0.24; plain 4-number 0.025 / 0.15.
@@ -54,10 +60,7 @@ PRESETS: dict[str, PretrainConfig] = {
     # rate: RESULTS.md, "Calibration"; at 300 steps 0.826.)
     "high": PretrainConfig(
         name="high",
-        sft_mix=(
-            (dict(n_numbers=2, num_range=(1, 30), eval_fraction=0.2), 0.7),
-            (dict(n_numbers=3, num_range=(1, 10)), 0.3),
-        ),
+        sft_mix=_TWO_THREE_MIX,
         rl_task=dict(n_numbers=2, num_range=(1, 30), eval_fraction=0.2),
         max_steps=200,
         time_budget_s=None,
@@ -68,10 +71,7 @@ PRESETS: dict[str, PretrainConfig] = {
     # SFT). (A 0.85/0.15 mix gave 0.030: too few 3-number successes to learn from.)
     "three": PretrainConfig(
         name="three",
-        sft_mix=(
-            (dict(n_numbers=2, num_range=(1, 30), eval_fraction=0.2), 0.7),
-            (dict(n_numbers=3, num_range=(1, 10)), 0.3),
-        ),
+        sft_mix=_TWO_THREE_MIX,
         rl_task=dict(n_numbers=3, num_range=(1, 10)),
         time_budget_s=None,
         description="RL on 3-number Countdown (numbers 1-10) from a mostly 2-number base; base pass@1 ~7%",
