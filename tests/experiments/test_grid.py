@@ -127,6 +127,16 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     md = grid_report(g, out, tmp_path / "rep", say=lambda s: None)
     text = md.read_text()
     assert "| gapo |" in text and "boom" in text  # the failed cell is listed
+    # every table row has its header's number of cells (a '|' inside a name would break one)
+    import re
+    ncols = None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            ncols = None
+            continue
+        n = len(re.split(r"(?<!\\)\|", line)) - 2
+        ncols = n if ncols is None else ncols
+        assert n == ncols, line
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert summary["n_cells_done"] == 2
     assert summary["paired"]["easy"]["gapo"]["vs"] == "drgrpo"

@@ -93,9 +93,9 @@ def test_premise_and_learning_rows_hand_computed():
             "train/pass_rate_rise": rise, "train/clip/ratio_adv_corr": corr}}
     grid = {"seeds": [0, 1, 2], "regimes": ["low"], "methods": ["drgrpo"]}
     rows = {r["claim"]: r for r in claim_rows(grid, cells) if r["regime"] == "low"}
-    premise = rows["8 premise: |ρ−1| of A>0 tokens, c=1 − c≥G/2"]
+    premise = rows["8 premise: ratio deviation of A>0 tokens, c=1 − c≥G/2"]
     assert premise["mean"] == pytest.approx(((0.30 - 0.15) + (0.20 - 0.15) + (0.40 - 0.10)) / 3) and premise["n"] == 3
-    assert rows["8 premise: corr(|ρ−1|, A), windowed"]["mean"] == pytest.approx(0.5)
+    assert rows["8 premise: corr(ratio deviation, A), windowed"]["mean"] == pytest.approx(0.5)
     learns = rows["0 RL learns: training pass-rate rise"]
     assert learns["k"] == 2 and learns["n"] == 3 and learns["mean"] == pytest.approx(0.04 / 3)
 

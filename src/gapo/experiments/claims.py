@@ -83,11 +83,11 @@ def _premise(grid: dict, cells: dict, reg: str) -> list[dict]:
         runs = [cells[(reg, m, s)] for s in seeds if (reg, m, s) in cells]
         vals = [v for v in map(_low_minus_high_dev, runs) if v is not None]
         if vals:
-            out.append({"claim": "8 premise: |ρ−1| of A>0 tokens, c=1 − c≥G/2", "regime": reg, "method": m,
+            out.append({"claim": "8 premise: ratio deviation of A>0 tokens, c=1 − c≥G/2", "regime": reg, "method": m,
                         "vs": "", "key": "dev_pos_by_c", **mean_ci(vals)})
         corr = [r["summary"]["train/clip/ratio_adv_corr"] for r in runs if "train/clip/ratio_adv_corr" in r["summary"]]
         if corr:
-            out.append({"claim": "8 premise: corr(|ρ−1|, A), windowed", "regime": reg, "method": m, "vs": "",
+            out.append({"claim": "8 premise: corr(ratio deviation, A), windowed", "regime": reg, "method": m, "vs": "",
                         "key": "train/clip/ratio_adv_corr", **mean_ci(corr)})
     return out
 

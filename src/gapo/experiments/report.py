@@ -193,7 +193,7 @@ def _paired(grid: dict, cells: dict, keys: list[str]) -> dict:
 _MAIN_COLS = [("after/pass@1", "pass@1", True), ("after/pass@8", "pass@8", True), ("after/pass@64", "pass@64", True),
               ("after/coverage", "coverage", True), ("after/first_move_entropy", "1st-move H", False),
               ("train/entropy_late", "token H (late)", False), ("train/clip/frac_high_pos", "clip A>0", True),
-              ("train/pass_rate_rise", "train pass rise", True), ("train/clip/ratio_adv_corr", "r(|ρ−1|, A)", False),
+              ("train/pass_rate_rise", "train pass rise", True), ("train/clip/ratio_adv_corr", "r(ratio dev., A)", False),
               ("train/time/step_s", "s/step", False), ("train/time/update_s", "update s/step", False)]
 _BASE_COLS = [("before/pass@1", True), ("before/pass@8", True), ("before/pass@64", True), ("before/coverage", True),
               ("before/first_move_entropy", False)]
@@ -235,7 +235,7 @@ def _regime_md(r: str, by_m: dict, paired: dict | None) -> list[str]:
     lines.append("")
     if any(v.get("train/pass_rate_rise", {}).get("n") for v in by_m.values()):
         lines += ["`train pass rise`: mean training pass rate of the last quarter of rollout batches minus the "
-                  "first quarter (points); `r(|ρ−1|, A)`: the windowed ratio-advantage correlation "
+                  "first quarter (points); `r(ratio dev., A)`: the windowed ratio-advantage correlation "
                   "(docs/design.md §2.11), averaged over training.", ""]
     if paired is not None:
         lines += ["Paired differences (method − baseline, same seed):", ""]
