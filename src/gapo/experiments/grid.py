@@ -114,7 +114,7 @@ def load_grid(path: str | Path | dict) -> dict:
     methods = {**METHODS, **{k: dict(v or {}) for k, v in (g.get("method_defs") or {}).items()}}
     regimes = {**REGIMES, **{k: dict(v or {}) for k, v in (g.get("regime_defs") or {}).items()}}
     g.setdefault("methods", list(METHODS))
-    g.setdefault("regimes", ["low", "high", "arithmetic"])
+    g.setdefault("regimes", ["low", "three", "high"])  # configs/grid.yaml's
     g.setdefault("seeds", [0, 1, 2, 3, 4])
     g.setdefault("common", {})
     g.setdefault("workers", 2)
