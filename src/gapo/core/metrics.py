@@ -146,7 +146,6 @@ def clip_stats_from_counts(counts: dict) -> dict[str, float]:
         out[f"clip/tokens_pos_by_c/{c}"] = f["pos_tokens"]
         if f["pos_rows"]:
             out[f"clip/eps_high_pos_by_c/{c}"] = f["pos_eps_sum"] / f["pos_rows"]
-        if f["pos_rows"]:
             out[f"clip/adv_pos_by_c/{c}"] = f["pos_adv_sum"] / f["pos_rows"]
         if f["pos_tokens"]:
             out[f"clip/frac_high_by_c/{c}"] = f["pos_clipped"] / f["pos_tokens"]

@@ -63,10 +63,15 @@ def claim_rows(grid: dict, cells: dict) -> list[dict]:
     return out
 
 
+def _summary_by_c(cell: dict, stat: str) -> dict[int, float]:
+    """``c -> value`` of a cell summary's ``<stat>/<c>`` entries (``clip_by_c``, ``dev_pos_by_c``, …)."""
+    return {int(k.split("/")[1]): v for k, v in cell["summary"].items() if k.startswith(f"{stat}/")}
+
+
 def _low_minus_high_dev(cell: dict) -> float | None:
     """Mean |ρ−1| of positive-advantage tokens at c = 1 minus its mean over c >= G/2 (c < G)."""
     G = cell["G"]
-    byc = {int(k.split("/")[1]): v for k, v in cell["summary"].items() if k.startswith("dev_pos_by_c/")}
+    byc = _summary_by_c(cell, "dev_pos_by_c")
     hi = [v for k, v in byc.items() if G / 2 <= k < G]
     if 1 in byc and hi:
         return byc[1] - sum(hi) / len(hi)
@@ -108,7 +113,7 @@ def _learns(grid: dict, cells: dict, reg: str) -> list[dict]:
 def _low_minus_high_clip(cell: dict) -> float | None:
     """Clip share of A>0 tokens in low-c groups (c <= G/4) minus high-c groups (3G/4 <= c < G)."""
     G = cell["G"]
-    byc = {int(k.split("/")[1]): v for k, v in cell["summary"].items() if k.startswith("clip_by_c/")}
+    byc = _summary_by_c(cell, "clip_by_c")
     lo = [v for k, v in byc.items() if k <= max(1, G // 4)]
     hi = [v for k, v in byc.items() if k >= 3 * G // 4 and k < G]
     if lo and hi:

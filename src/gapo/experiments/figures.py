@@ -61,8 +61,8 @@ def run_figures(runs: list[dict], out: Path) -> list[str]:
                               ("policy/entropy", "entropy.png", "token entropy (nats)"),
                               ("clip/frac_high_pos", "clipfrac.png", "clipped share of A>0 tokens"),
                               ("clip/ratio_adv_corr", "ratio_adv_corr.png", "r(|ρ−1|, A), windowed")):
-        if key == "clip/ratio_adv_corr" and not any(key in r for run in runs for r in run["train"]):
-            continue  # runs from before the diagnostic existed
+        if not any(key in r for run in runs for r in run["train"]):
+            continue  # never logged (e.g. runs from before clip/ratio_adv_corr existed)
         names.append(_run_train_curve(runs, out, key, fname, label))
     names.append(_run_eval_curve(runs, out))
     names.append(_run_by_c(runs, out))
@@ -302,7 +302,7 @@ def _grid_scale(grid: dict, cells: dict, fdir: Path) -> str:
     fig, axes = _row(2, 3.6)
     for ax, key in zip(axes, ("after/pass@1", "after/pass@64")):
         for r, n in sorted(scale.items(), key=lambda x: x[1]):
-            d = mean_ci(paired_diffs(cells, r, "gapo", "drgrpo", key, grid["seeds"]))
+            d = mean_ci(paired_diffs(cells, r, "gapo", BASELINE_OF["gapo"], key, grid["seeds"]))
             if d["n"]:
                 ax.errorbar([n], [100 * d["mean"]], yerr=[100 * _ci(d)], fmt="o", capsize=4, color="C0")
                 ax.annotate(f"{r} (n={d['n']})", (n, 100 * d["mean"]), textcoords="offset points", xytext=(6, 4),

@@ -367,22 +367,25 @@ def _check_finished_cells(grid: dict, out: Path) -> None:
     cells and the keys -- a changed ``common``, method or regime must not be mixed silently with
     runs made under the old one."""
     bad, changed_base = [], set()
+    recorded = {r: json.loads(be.read_text()).get("eval_cfg", {}).get("base_key")
+                for r in grid["regimes"] if (be := out / r / "base_eval.json").is_file()}
+    for r, key in recorded.items():
+        if key is not None and key != pretrain_config(grid["_regimes"][r]).cache_key():
+            changed_base.add(r)  # an error only if one of its cells was run (below)
+    used = set()
     for r, m, s in grid_cells(grid):
         d = cell_dir(out, r, m, s)
         spec = cell_file(d, "json")
         if not spec.is_file() or not ((d / "done.json").is_file() or (d / "checkpoint.pt").is_file()):
             continue
-        be = out / r / "base_eval.json"
-        if be.is_file():
-            key = json.loads(be.read_text()).get("eval_cfg", {}).get("base_key")
-            if key is not None and key != pretrain_config(grid["_regimes"][r]).cache_key():
-                changed_base.add(r)
+        used.add(r)
         old = json.loads(spec.read_text()).get("config") or {}
         new = to_dict(cell_config(grid, r, m, s, base_path=(old.get("model") or {}).get("path") or ""))
         changed = {k: v for k, v in diff(old, new).items() if k != "train.progress"}
         if changed:
             keys = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(changed.items())[:4])
             bad.append(f"{r}/{m}/seed{s} ({keys})")
+    changed_base &= used
     if changed_base:
         raise ValueError(f"the base policy of regime(s) {sorted(changed_base)} changed since cells under {str(out)!r} "
                          "were run from it. Use another --out, or delete those regimes' folders to rerun them.")

@@ -446,11 +446,10 @@ def clip_stats_from_verl(metrics: dict) -> dict[str, float]:
             out[f"clip/frac_high_by_c/{c}"] = f["pos_clipped"] / f["pos_tokens"]
             if "pos_dev_sum" in f:
                 out[f"clip/ratio_dev_pos_by_c/{c}"] = f["pos_dev_sum"] / f["pos_tokens"]
-        if f.get("pos_rows", 0) > 0 and "pos_adv_sum" in f:
+        if f.get("pos_rows", 0) > 0:
             out[f"clip/adv_pos_by_c/{c}"] = f["pos_adv_sum"] / f["pos_rows"]
-            e = metrics.get(f"actor/gapo_eps_high_pos_by_c/{c}")
-            if e is not None:
-                out[f"clip/eps_high_pos_by_c/{c}"] = float(e)
+        if f.get("pos_tokens", 0) > 0 and f"actor/gapo_eps_high_pos_by_c/{c}" in metrics:
+            out[f"clip/eps_high_pos_by_c/{c}"] = float(metrics[f"actor/gapo_eps_high_pos_by_c/{c}"])
     return out
 
 

@@ -35,6 +35,10 @@ __all__ = ["PRESETS", "resolve", "resolve_policy", "get_base_policy", "cache_dir
 
 # Calibrated on 2 shared CPU cores (one torch thread); pass rates at temperature 1.0 on 200
 # held-out (eval-split) problems x 8 samples, see the commit that set them.
+# the `low` and `medium` presets: 3-number Countdown plus 30% 4-number instances, RL on 4-number
+# instances with at least two canonical solutions
+_LOW_MIX = ((dict(n_numbers=3, num_range=(1, 10)), 0.7), (dict(n_numbers=4, num_range=(1, 10)), 0.3))
+_LOW_TASK = dict(n_numbers=4, num_range=(1, 10), min_solutions=2)
 # the `high` and `three` presets: 2-number Countdown over 1-30 (its 20% eval split held out) plus
 # 30% 3-number instances
 _TWO_THREE_MIX = (
@@ -46,11 +50,8 @@ PRESETS: dict[str, PretrainConfig] = {
     # pass@8 0.24; plain 4-number 0.025 / 0.15.
     "low": PretrainConfig(
         name="low",
-        sft_mix=(
-            (dict(n_numbers=3, num_range=(1, 10)), 0.7),
-            (dict(n_numbers=4, num_range=(1, 10)), 0.3),
-        ),
-        rl_task=dict(n_numbers=4, num_range=(1, 10), min_solutions=2),
+        sft_mix=_LOW_MIX,
+        rl_task=_LOW_TASK,
         description="RL on 4-number Countdown (numbers 1-10, >= 2 solutions); base pass@1 ~4%",
     ),
     # 200 steps x 64 (~39 CPU-s on one thread), step-limited: on 200 held-out instances x 16
@@ -77,14 +78,11 @@ PRESETS: dict[str, PretrainConfig] = {
         description="RL on 3-number Countdown (numbers 1-10) from a mostly 2-number base; base pass@1 ~7%",
     ),
     # The `low` recipe on a model six times larger ("small": hidden 256, 6 layers, ~5.1M
-    # parameters): the scale point of RESULTS.md. Built on first use, not shipped (~19 MB).
+    # parameters): the scale point of RESULTS.md. Built on first use, not shipped (20 MB).
     "medium": PretrainConfig(
         name="medium",
-        sft_mix=(
-            (dict(n_numbers=3, num_range=(1, 10)), 0.7),
-            (dict(n_numbers=4, num_range=(1, 10)), 0.3),
-        ),
-        rl_task=dict(n_numbers=4, num_range=(1, 10), min_solutions=2),
+        sft_mix=_LOW_MIX,
+        rl_task=_LOW_TASK,
         model_preset="small",
         time_budget_s=None,
         description="the `low` recipe on a ~5.1M-parameter model (RL on 4-number Countdown, >= 2 solutions)",
