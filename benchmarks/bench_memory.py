@@ -7,9 +7,12 @@ One update = per-token log-probs and entropy of the response + GAPO's clipped to
 4 layers) with a ``V``-token vocabulary (untied head: 8.2M of its 9.0M parameters are the
 embedding and the head at V = 32k), ``B`` rows of a 32-token prompt and ``T`` response tokens.
 
-- ``chunked``: ``gapo.policy.sampling.logprobs`` (decoder once, then LM head + log-softmax + entropy
-  over position chunks of at most ``max_chunk_bytes`` = 256 MiB of float32 logits, each chunk
-  checkpointed so that backward recomputes its logits instead of keeping them).
+- ``chunked``: ``gapo.policy.sampling.logprobs`` as the trainer calls it (decoder once, then LM
+  head + log-softmax + entropy over position chunks of at most ``max_chunk_bytes`` = 256 MiB of
+  float32 logits; the chunks' logits are kept for backward while all of them fit
+  ``max_saved_bytes`` = 1 GiB, else each chunk is checkpointed and recomputed in backward).
+- ``bounded``: the same with ``max_saved_bytes=0``: every chunk checkpointed, the path a batch
+  beyond the 1 GiB budget takes (memory bounded by one chunk).
   The trainer passes ``entropy_grad=False`` when the loss has no entropy term (the entropy is
   then a detached diagnostic); ``chunked+ent`` adds an entropy bonus to the loss, so the
   entropy is differentiated too.
@@ -34,7 +37,7 @@ import sys
 import time
 
 
-PATHS = ("chunked", "chunked+ent", "naive")
+PATHS = ("chunked", "bounded", "chunked+ent", "naive")
 
 
 def _rss_mb() -> float:
@@ -67,6 +70,8 @@ def one(path: str, V: int, B: int, T: int, threads: int, prompt: int = 32) -> di
     t0 = time.perf_counter()
     if path == "chunked":  # as the trainer calls it when the loss has no entropy term
         logp, ent = logprobs(model, ids, attn, T, entropy_grad=False)
+    elif path == "bounded":  # every chunk checkpointed (beyond max_saved_bytes)
+        logp, ent = logprobs(model, ids, attn, T, entropy_grad=False, max_saved_bytes=0)
     elif path == "chunked+ent":  # entropy bonus in the loss
         logp, ent = logprobs(model, ids, attn, T)
     else:
@@ -110,10 +115,10 @@ def main() -> None:
             res[path, T] = r
             print(f"{T:>5} {path:>11} {r['update_peak_mb']:>9.0f} {r['peak_rss_mb']:>11.0f} "
                   f"{a.B * T * a.V * 4 / 2**20:>14.0f} {r['wall_s']:>7.2f} {r['loss']:>10.6f}", flush=True)
-    if {"chunked", "naive"} <= set(a.paths):
+    if {"chunked", "bounded", "naive"} <= set(a.paths):
         T = max(a.T)
         print(f"ratio peak naive/chunked={res['naive', T]['update_peak_mb'] / res['chunked', T]['update_peak_mb']:.2f} "
-              f"at T={T}")
+              f"naive/bounded={res['naive', T]['update_peak_mb'] / res['bounded', T]['update_peak_mb']:.2f} at T={T}")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from gapo.rl import rollout
 from gapo.rl.config import Config, to_dict
 from gapo.rl.evaluate import evaluate
 from gapo.rl.run_dir import RunExists, RunFolder, Trackers, atomic_write, resume_changes, stop_on_signals
+from gapo.rl.allocator import tune_malloc
 from gapo.rl.threads import default_threads
 
 __all__ = ["Trainer", "RunExists"]
@@ -86,6 +87,8 @@ class Trainer:
         m, t, o = cfg.model, cfg.train, cfg.optim
         if m.device == "cpu" or m.threads is not None:  # null on CPU: measured once per machine (rl/threads.py)
             torch.set_num_threads(m.threads or threads or default_threads())
+        if m.device == "cpu" and m.malloc_tuning:  # no page faults for each step's activations
+            tune_malloc()
         self.device = torch.device(m.device)
         torch.manual_seed(t.seed)
         self.task = tasks.build(cfg.task.name, cfg.task.params)
