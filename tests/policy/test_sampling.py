@@ -232,6 +232,36 @@ def test_fast_logprobs_equal_model_forward_with_grads(model, tok, prompts, arch)
         assert torch.allclose(logprobs(m, r.input_ids, r.attention_mask, T)[0] * mk, _full_logp(m, r), atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
+def test_packed_completion_forward_equals_padded(model, tok, prompts, arch, monkeypatch):
+    # packing the live completion positions (fast_lm._FastLM._packed) changes no live value:
+    # log-probs and entropies bit for bit, gradients up to float summation order; a row that
+    # stopped at its first token (no live input position) and the padding stay finite
+    from gapo.policy import fast_lm
+
+    m = model if arch == "llama" else _qwen2_gqa(len(tok))
+    r = sample(m, prompts * 4, max_new_tokens=20, eos_token_id=EOS, generator=torch.Generator().manual_seed(14))
+    ids, attn, mk = r.input_ids.clone(), r.attention_mask.clone(), r.response_mask.clone()
+    P = r.prompt_ids.shape[1]
+    ids[0, P + 1 :], attn[0, P + 1 :], mk[0, 1:] = PAD, 0, 0  # row 0: one response token only
+    T, mk = r.completion_ids.shape[1], mk.float()
+    live = attn[:, P:-1].float().mean()
+    assert 0 < live < fast_lm.PACK_BELOW, live  # the default takes the packed path here
+    out = []
+    for pack_below in (1.0, 0.0):  # always pack, never pack
+        monkeypatch.setattr(fast_lm, "PACK_BELOW", pack_below)
+        m.zero_grad()
+        lp, ent = logprobs(m, ids, attn, T, temperature=0.9)
+        assert torch.isfinite(lp).all() and torch.isfinite(ent).all()
+        ((lp * mk).sum() + 0.1 * (ent * mk).sum()).backward()
+        out.append((lp.detach() * mk, ent.detach() * mk, [p.grad.clone() for p in m.parameters()]))
+    m.zero_grad()
+    (lp0, e0, g0), (lp1, e1, g1) = out
+    assert torch.equal(lp0, lp1) and torch.equal(e0, e1)
+    for a, b in zip(g0, g1):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
 def test_entropy_grad_false_detaches_entropy_only(model, prompts):
     r = sample(model, prompts * 2, max_new_tokens=20, eos_token_id=EOS, generator=torch.Generator().manual_seed(13))
     T, m = r.completion_ids.shape[1], r.response_mask.float()

@@ -25,6 +25,11 @@ _FAST_LAYOUTS = {
 }
 
 
+# ``hidden`` packs the completion's live positions when at most this share of them is live (a
+# batch whose completions all run to the limit gains nothing from packing and skips its copies).
+PACK_BELOW = 0.9
+
+
 def _has_hooks(module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
@@ -147,10 +152,50 @@ class _FastLM:
         x = self.embed(ids)
         cos, sin = self._rope(x, _positions(attention_mask)[:, P : L - 1])
         m = self._causal(key_ok, P)
-        for layer, (pk, pv) in zip(self.layers, kvs):
-            q, k, v = self._qkv(layer, x, cos, sin)
-            x = self._rest(layer, x, q, torch.cat([take(pk), k], 2), torch.cat([take(pv), v], 2), m)
+        live = key_ok[:, P:]  # (B, T-1): inputs that are response tokens, not padding after EOS
+        if int(live.sum()) <= PACK_BELOW * live.numel():
+            x = self._packed(x, cos, sin, m, kvs, take, live)
+        else:
+            for layer, (pk, pv) in zip(self.layers, kvs):
+                q, k, v = self._qkv(layer, x, cos, sin)
+                x = self._rest(layer, x, q, torch.cat([take(pk), k], 2), torch.cat([take(pv), v], 2), m)
         return self.norm(torch.cat([last, x], 1))
+
+    def _packed(self, x, cos, sin, m, kvs, take, live):
+        """The completion layers of ``hidden`` with every per-token operation (norms, projections,
+        rotary, MLP) on the ``n`` live positions only, packed into ``(n, H)``; attention scatters
+        them back to ``(B, heads, T-1, d)`` with zeros at the padding, which the mask hides from
+        every live query. Live outputs are bit for bit those of the padded loop (a row's matrix
+        product does not depend on the other rows; masked keys weigh exactly 0); padding comes
+        back as zeros. Saves the padding's share of the decoder's products when completions end
+        at different lengths (BENCHMARKS.md, section 9.4)."""
+        B, Tq = live.shape
+        idx = live.reshape(-1).nonzero()[:, 0]
+        n = idx.numel()
+
+        def pack(t):  # (B, Tq, ...) -> (n, ...)
+            return t.reshape(B * Tq, *t.shape[2:])[idx]
+
+        def unpack(t):  # (n, ...) -> (B, Tq, ...), zeros at the padding
+            out = t.new_zeros(B * Tq, *t.shape[1:])
+            out[idx] = t
+            return out.view(B, Tq, *t.shape[1:])
+
+        xs, cs, ss = pack(x), pack(cos[:, 0])[:, None], pack(sin[:, 0])[:, None]
+        gqa = {"enable_gqa": True} if self.n_rep > 1 else {}
+        for layer, (pk, pv) in zip(self.layers, kvs):
+            at = layer.self_attn
+            h = layer.input_layernorm(xs)
+            q = at.q_proj(h).view(n, -1, self.head_dim)
+            k = at.k_proj(h).view(n, -1, self.head_dim)
+            v = at.v_proj(h).view(n, -1, self.head_dim)
+            q, k = q * cs + _rotate_half(q) * ss, k * cs + _rotate_half(k) * ss
+            q, k, v = (unpack(t).transpose(1, 2) for t in (q, k, v))
+            o = F.scaled_dot_product_attention(q, torch.cat([take(pk), k], 2), torch.cat([take(pv), v], 2),
+                                               attn_mask=m, scale=self.scaling, **gqa)
+            xs = xs + at.o_proj(pack(o.transpose(1, 2)).reshape(n, -1))
+            xs = xs + layer.mlp(layer.post_attention_layernorm(xs))
+        return unpack(xs)
 
     # ---------------------------------------------------------------- decoding
     def prefill(self, ids, mask, pos, n_new):
