@@ -165,9 +165,10 @@ class _FastLM:
         """The completion layers of ``hidden`` with every per-token operation (norms, projections,
         rotary, MLP) on the ``n`` live positions only, packed into ``(n, H)``; attention scatters
         them back to ``(B, heads, T-1, d)`` with zeros at the padding, which the mask hides from
-        every live query. Live outputs are bit for bit those of the padded loop (a row's matrix
-        product does not depend on the other rows; masked keys weigh exactly 0); padding comes
-        back as zeros. Saves the padding's share of the decoder's products when completions end
+        every live query. Live outputs are those of the padded loop, bit for bit in the tests
+        (MKL computes a row of a product the same way whatever the other rows, except that for
+        a matrix of a few rows it may pick another kernel; masked keys weigh exactly 0);
+        padding comes back as zeros. Saves the padding's share of the decoder's products when completions end
         at different lengths (BENCHMARKS.md, section 9.4)."""
         B, Tq = live.shape
         idx = live.reshape(-1).nonzero()[:, 0]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from gapo.policy import fast_lm
 from gapo.policy.fast_lm import _FastLM, _positions
 
 
@@ -283,9 +284,14 @@ def logprobs(
     chunks of ``chunk_size`` positions (by default as many as fit ``max_chunk_bytes`` of float32
     logits), so the ``(B, T, V)`` float32 tensor is never built whole for large ``V``. Under
     autograd the chunks' logits are kept for the backward pass while all of them together fit
-    ``max_saved_bytes`` (float32); beyond that each chunk is checkpointed, so the backward pass
+    ``max_saved_bytes`` (float32; counted twice with ``entropy_grad``, whose backward also keeps
+    the softmax); beyond that each chunk is checkpointed, so the backward pass
     recomputes the chunk's logits instead of storing them (the same values: a quarter more
-    LM-head work for memory bounded by one chunk; BENCHMARKS.md). Masked positions hold meaningless values; multiply by the response mask.
+    LM-head work for memory bounded by one chunk; BENCHMARKS.md). When completions end at
+    different lengths (at most ``fast_lm.PACK_BELOW`` of the response positions live in
+    ``attention_mask``), the decoder's per-token work and the head run on the live positions
+    only, and the padding after EOS comes back as 0 (else as meaningless values): multiply by the
+    response mask.
     ``fast`` runs the decoder of Llama/Qwen2 models with ``_FastLM``, which computes each
     distinct prompt once (rows of a GRPO group share it); ``fast=False`` uses ``model.model``.
     ``entropy_grad=False`` returns the entropy detached (pass it when the loss has no entropy
@@ -302,18 +308,39 @@ def logprobs(
     softcap = getattr(model.config, "final_logit_softcapping", None)
     if head is None:  # unknown layout: fall back to the model's own head on the last T+1 positions
         return _full_head_stats(model, input_ids, attention_mask, pos, targets, temperature)
-    fast_lm = _FastLM.build(model) if fast else None
-    if fast_lm is not None:  # the same hidden states, each distinct prompt computed once
-        hidden = fast_lm.hidden(input_ids, attention_mask, T)
+    decoder = _FastLM.build(model) if fast else None
+    if decoder is not None:  # the same hidden states, each distinct prompt computed once
+        hidden = decoder.hidden(input_ids, attention_mask, T)
     else:
         hidden = dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
         hidden = hidden[:, L - T - 1 : L - 1]  # position j predicts token j + 1
     V = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
+    live = attention_mask[:, L - T :].bool()  # response tokens, not the padding after EOS
+    if int(live.sum()) > fast_lm.PACK_BELOW * live.numel():
+        return _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, chunk_size,
+                           max_chunk_bytes, max_saved_bytes)
+    # the head, log-softmax and entropy on the live positions only, packed into one row: the
+    # same values there (each position's logits depend on its hidden state alone), zeros at the padding
+    idx = live.reshape(-1).nonzero()[:, 0]
+    lp, ent = _head_stats(hidden.reshape(B * T, -1)[idx][None], targets.reshape(-1)[idx][None], head, V,
+                          temperature, softcap, entropy_grad, chunk_size, max_chunk_bytes, max_saved_bytes)
+    out_lp, out_ent = lp.new_zeros(B * T), ent.new_zeros(B * T)
+    out_lp[idx], out_ent[idx] = lp[0], ent[0]
+    return out_lp.view(B, T), out_ent.view(B, T)
+
+
+def _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, chunk_size, max_chunk_bytes,
+                max_saved_bytes):
+    """``logprobs``' head over ``hidden (B, T, H)`` in chunks of positions (see there)."""
+    B, T = targets.shape
     if chunk_size is None:
         chunk_size = max(1, max_chunk_bytes // (4 * B * V * 3))  # logits, probs, product
     if chunk_size >= T:
         return _chunk_stats(hidden, targets, head, temperature, softcap, entropy_grad)
-    use_ckpt = torch.is_grad_enabled() and hidden.requires_grad and 4 * B * T * V > max_saved_bytes
+    # what backward keeps per kept chunk: its float32 logits, and with entropy gradients about as
+    # much again (the softmax; bench_memory.py: +0.8x of the logits at T = 2048)
+    saved = 4 * B * T * V * (2 if entropy_grad else 1)
+    use_ckpt = torch.is_grad_enabled() and hidden.requires_grad and saved > max_saved_bytes
     lps, ents = [], []
     for s in range(0, T, chunk_size):
         h, y = hidden[:, s : s + chunk_size], targets[:, s : s + chunk_size]
