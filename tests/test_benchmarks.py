@@ -1,0 +1,40 @@
+"""The benchmark commands still run and keep their machine-readable last lines (BENCHMARKS.md).
+
+Smallest settings: these check that the scripts work end to end (gapo and TRL side by side, the
+GEMM rate and the limit fraction, the memory paths), not the figures, which are benchmarks."""
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _last_line(*args: str) -> str:
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_bench_step_both_sizes_last_line():
+    pytest.importorskip("trl")
+    line = _last_line("benchmarks/bench_step.py", "--configs", "tiny", "big", "--reps", "1", "--steps", "1",
+                      "--mu", "1", "--big-reps", "1", "--big-shape", "5m", "--big-tokens", "4")
+    fields = dict(re.findall(r"(\w+)=([^\s]+)", line))
+    assert line.startswith("ratio ") and set(fields) == {"step_time", "peak_rss", "big_step_time", "big_peak_rss",
+                                                         "big_limit_frac"}, line
+    for k, v in fields.items():
+        assert math.isfinite(float(v)) and float(v) > 0, (k, v)
+    assert float(fields["big_limit_frac"]) < 1.5  # a fraction of the measured GEMM rate, not a raw rate
+
+
+def test_bench_memory_last_line():
+    line = _last_line("benchmarks/bench_memory.py", "--V", "512", "--T", "16", "--B", "2")
+    m = re.fullmatch(r"ratio peak naive/chunked=([\d.]+) naive/bounded=([\d.]+) at T=16", line)
+    assert m, line
