@@ -289,9 +289,9 @@ def report(results: list[dict], mus: list[int], threads: list[int], systems: lis
                       f"{s['peak_rss_mb']:>6.0f}" + lim)
                 if (system, mu) not in best or s["step_s_median"] < best[system, mu][1]["step_s_median"]:
                     best[system, mu] = (th, s)
+    if set(systems) != {"gapo", "trl"}:  # no ratio without both systems
+        return {"step_time": float("nan"), "peak_rss": float("nan"), "limit_frac": None, "update_limit_frac": None}
     out = {"step_time": 0.0, "peak_rss": 0.0, "limit_frac": None, "update_limit_frac": None}
-    if set(systems) != {"gapo", "trl"}:
-        return out
     print(f"{title}: each system at its best thread count")
     for mu in mus:
         (tg, g), (tt, t) = best["gapo", mu], best["trl", mu]
