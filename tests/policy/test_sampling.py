@@ -315,3 +315,26 @@ def test_kept_logits_budget_counts_the_entropy_softmax(model, prompts, monkeypat
         logprobs(model, r.input_ids, r.attention_mask, T, chunk_size=3, max_saved_bytes=6 * live * V,
                  entropy_grad=entropy_grad)
         assert bool(calls) == checkpointed, (entropy_grad, len(calls), B)
+
+
+def test_fast_decoder_under_gradient_checkpointing(tok, prompts):
+    # transformers' gradient_checkpointing_enable registers an input-grad hook on the embedding:
+    # sampling (eval mode) keeps the fast decoder, with model.forward's tokens and log-probs;
+    # the training forward still declines it (it does not checkpoint)
+    from gapo.policy.sampling import _FastLM
+
+    m = build_model(len(tok), "micro", seed=0)
+    with torch.no_grad():
+        m.lm_head.weight[EOS] *= 6.0
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert m.model.embed_tokens._forward_hooks  # the hook this is about
+    m.train()
+    assert _FastLM.build(m) is None
+    m.eval()
+    assert _FastLM.build(m) is not None
+    h = m.model.layers[0].mlp.register_forward_hook(lambda *a: None)  # any other hook still declines
+    assert _FastLM.build(m) is None
+    h.remove()
+    a, b = (sample(m, prompts * 2, max_new_tokens=16, temperature=0.8, eos_token_id=EOS, fast=fast,
+                   generator=torch.Generator().manual_seed(21)) for fast in (True, False))
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.allclose(a.logp, b.logp, atol=1e-6, rtol=0)

@@ -30,8 +30,16 @@ _FAST_LAYOUTS = {
 PACK_BELOW = 0.9
 
 
+def _is_input_grad_hook(hook) -> bool:
+    # transformers' ``enable_input_require_grads`` (registered by ``gradient_checkpointing_enable``)
+    # only marks the embedding output as requiring grad: it changes no value, and the fast path
+    # calls the embedding module, so the hook still runs
+    return getattr(hook, "__qualname__", "").endswith("enable_input_require_grads.<locals>.make_inputs_require_grads")
+
+
 def _has_hooks(module) -> bool:
-    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
+    return any(m._forward_pre_hooks or any(not _is_input_grad_hook(h) for h in m._forward_hooks.values())
+               for m in module.modules())
 
 
 class _FastLM:
