@@ -74,3 +74,27 @@ def test_trainer_respects_model_malloc_tuning(monkeypatch, tmp_path):
     assert calls == []
     trainer_mod.Trainer(load_config(None, base), tmp_path / "on")
     assert calls == [1]
+
+
+STEPS = r"""
+import json, sys, tempfile
+from pathlib import Path
+from gapo.rl.config import load_config
+from gapo.rl.trainer import Trainer
+cfg = load_config(None, ["train.steps=2", "eval.problems=0", "train.progress=false", "train.checkpoint_every=0",
+                         "model.threads=1", "model.malloc_tuning=" + sys.argv[1]])
+tr = Trainer(cfg, Path(tempfile.mkdtemp()) / "run")
+recs = [tr.train_step() for _ in range(2)]
+print(json.dumps([{k: v for k, v in r.items() if not k.startswith("time/")} for r in recs]))
+"""
+
+
+@glibc
+def test_tuning_changes_no_value():
+    # memory that comes back from the heap instead of fresh (zeroed) pages must not leak into a
+    # result: two trainer steps give the same records, bit for bit, with and without the tuning
+    runs = [subprocess.run([sys.executable, "-c", STEPS, t], capture_output=True, text=True, check=True, timeout=120,
+                           env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"}).stdout
+            for t in ("true", "false")]
+    a, b = (json.loads(r.strip().splitlines()[-1]) for r in runs)
+    assert a == b

@@ -97,22 +97,30 @@ class _FastLM:
 
     # ---------------------------------------------------------------- one decoder layer, in two halves
     def _qkv(self, layer, x, cos, sin):
+        """Rotated q, k and v: ``(B, heads, T, d)`` from ``x (B, T, H)``, or ``(n, heads, d)``
+        from packed positions ``x (n, H)`` (``cos``/``sin`` shaped to broadcast either way)."""
         at = layer.self_attn
         h = layer.input_layernorm(x)
         shape = (*x.shape[:-1], -1, self.head_dim)
-        q = at.q_proj(h).view(shape).transpose(1, 2)
-        k = at.k_proj(h).view(shape).transpose(1, 2)
-        v = at.v_proj(h).view(shape).transpose(1, 2)
+        q, k, v = (proj(h).view(shape) for proj in (at.q_proj, at.k_proj, at.v_proj))
+        if x.dim() == 3:
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
-    def _rest(self, layer, x, q, K, V, mask):
+    def _attend(self, q, K, V, mask):
         # grouped-query attention without copying K/V into every query head (Hugging Face's
         # repeat_kv): the same products, the same outputs bit for bit (tests/test_sampling.py), and
         # no copy of the whole cache per decoding step and layer (BENCHMARKS.md, section 9)
         gqa = {"enable_gqa": True} if self.n_rep > 1 else {}
-        o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling, **gqa)
-        x = x + layer.self_attn.o_proj(o.transpose(1, 2).reshape(*x.shape[:-1], -1))
+        return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling, **gqa)
+
+    @staticmethod
+    def _mlp(layer, x):
         return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _rest(self, layer, x, q, K, V, mask):
+        o = self._attend(q, K, V, mask)
+        return self._mlp(layer, x + layer.self_attn.o_proj(o.transpose(1, 2).reshape(*x.shape[:-1], -1)))
 
     def _rope(self, x, pos):
         cos, sin = self.rotary(x, pos)  # (b, q, d), as the model computes it
@@ -160,51 +168,31 @@ class _FastLM:
         x = self.embed(ids)
         cos, sin = self._rope(x, _positions(attention_mask)[:, P : L - 1])
         m = self._causal(key_ok, P)
-        live = key_ok[:, P:]  # (B, T-1): inputs that are response tokens, not padding after EOS
-        if int(live.sum()) <= PACK_BELOW * live.numel():
-            x = self._packed(x, cos, sin, m, kvs, take, live)
+        idx = live_index(key_ok[:, P:])  # inputs that are response tokens, not padding after EOS
+        if idx is not None:
+            x = self._packed(x, cos, sin, m, kvs, take, idx)
         else:
             for layer, (pk, pv) in zip(self.layers, kvs):
                 q, k, v = self._qkv(layer, x, cos, sin)
                 x = self._rest(layer, x, q, torch.cat([take(pk), k], 2), torch.cat([take(pv), v], 2), m)
         return self.norm(torch.cat([last, x], 1))
 
-    def _packed(self, x, cos, sin, m, kvs, take, live):
+    def _packed(self, x, cos, sin, m, kvs, take, idx):
         """The completion layers of ``hidden`` with every per-token operation (norms, projections,
-        rotary, MLP) on the ``n`` live positions only, packed into ``(n, H)``; attention scatters
-        them back to ``(B, heads, T-1, d)`` with zeros at the padding, which the mask hides from
-        every live query. Live outputs are those of the padded loop, bit for bit in the tests
-        (MKL computes a row of a product the same way whatever the other rows, except that for
-        a matrix of a few rows it may pick another kernel; masked keys weigh exactly 0);
-        padding comes back as zeros. Saves the padding's share of the decoder's products when completions end
-        at different lengths (BENCHMARKS.md, section 9.4)."""
-        B, Tq = live.shape
-        idx = live.reshape(-1).nonzero()[:, 0]
-        n = idx.numel()
-
-        def pack(t):  # (B, Tq, ...) -> (n, ...)
-            return t.reshape(B * Tq, *t.shape[2:])[idx]
-
-        def unpack(t):  # (n, ...) -> (B, Tq, ...), zeros at the padding
-            out = t.new_zeros(B * Tq, *t.shape[1:])
-            out[idx] = t
-            return out.view(B, Tq, *t.shape[1:])
-
-        xs, cs, ss = pack(x), pack(cos[:, 0])[:, None], pack(sin[:, 0])[:, None]
-        gqa = {"enable_gqa": True} if self.n_rep > 1 else {}
+        rotary, MLP) on the live positions ``idx`` only, packed into ``(n, H)``; attention
+        scatters them back to ``(B, heads, T-1, d)`` with zeros at the padding, which the mask
+        hides from every live query. Live outputs are those of the padded loop, bit for bit in
+        the tests (MKL computes a row of a product the same way whatever the other rows, except
+        that for a matrix of a few rows it may pick another kernel; masked keys weigh exactly
+        0); padding comes back as zeros. Saves the padding's share of the decoder's products
+        when completions end at different lengths (BENCHMARKS.md, section 9.4)."""
+        B, Tq = x.shape[:2]
+        xs, cs, ss = pack(x, idx), pack(cos[:, 0], idx)[:, None], pack(sin[:, 0], idx)[:, None]
         for layer, (pk, pv) in zip(self.layers, kvs):
-            at = layer.self_attn
-            h = layer.input_layernorm(xs)
-            q = at.q_proj(h).view(n, -1, self.head_dim)
-            k = at.k_proj(h).view(n, -1, self.head_dim)
-            v = at.v_proj(h).view(n, -1, self.head_dim)
-            q, k = q * cs + _rotate_half(q) * ss, k * cs + _rotate_half(k) * ss
-            q, k, v = (unpack(t).transpose(1, 2) for t in (q, k, v))
-            o = F.scaled_dot_product_attention(q, torch.cat([take(pk), k], 2), torch.cat([take(pv), v], 2),
-                                               attn_mask=m, scale=self.scaling, **gqa)
-            xs = xs + at.o_proj(pack(o.transpose(1, 2)).reshape(n, -1))
-            xs = xs + layer.mlp(layer.post_attention_layernorm(xs))
-        return unpack(xs)
+            q, k, v = (unpack(t, idx, B, Tq).transpose(1, 2) for t in self._qkv(layer, xs, cs, ss))
+            o = self._attend(q, torch.cat([take(pk), k], 2), torch.cat([take(pv), v], 2), m)
+            xs = self._mlp(layer, xs + layer.self_attn.o_proj(pack(o.transpose(1, 2), idx).reshape(xs.shape[0], -1)))
+        return unpack(xs, idx, B, Tq)
 
     # ---------------------------------------------------------------- decoding
     def prefill(self, ids, mask, pos, n_new):
@@ -248,6 +236,26 @@ class _FastLM:
         self.k = [k[keep] for k in self.k]
         self.v = [v[keep] for v in self.v]
         self.key_ok = self.key_ok[keep]
+
+
+def live_index(live: torch.Tensor) -> torch.Tensor | None:
+    """Flat indices of the ``True`` positions of ``live (B, T)`` when packing them pays (at most
+    ``PACK_BELOW`` of the positions live), else ``None``."""
+    if int(live.sum()) > PACK_BELOW * live.numel():
+        return None
+    return live.reshape(-1).nonzero()[:, 0]
+
+
+def pack(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``(B, T, ...)`` -> ``(n, ...)``: the positions ``idx`` of ``live_index``."""
+    return t.reshape(-1, *t.shape[2:])[idx]
+
+
+def unpack(t: torch.Tensor, idx: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    """``(n, ...)`` -> ``(B, T, ...)``, the inverse of ``pack`` with zeros elsewhere (differentiable)."""
+    out = t.new_zeros(B * T, *t.shape[1:])
+    out[idx] = t
+    return out.view(B, T, *t.shape[1:])
 
 
 def _rotate_half(x):

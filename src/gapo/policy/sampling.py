@@ -26,8 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from gapo.policy import fast_lm
-from gapo.policy.fast_lm import _FastLM, _positions
+from gapo.policy.fast_lm import _FastLM, _positions, live_index, pack, unpack
 
 
 @dataclass
@@ -315,18 +314,15 @@ def logprobs(
         hidden = dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
         hidden = hidden[:, L - T - 1 : L - 1]  # position j predicts token j + 1
     V = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
-    live = attention_mask[:, L - T :].bool()  # response tokens, not the padding after EOS
-    if int(live.sum()) > fast_lm.PACK_BELOW * live.numel():
+    idx = live_index(attention_mask[:, L - T :].bool())  # response tokens, not the padding after EOS
+    if idx is None:
         return _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, chunk_size,
                            max_chunk_bytes, max_saved_bytes)
     # the head, log-softmax and entropy on the live positions only, packed into one row: the
     # same values there (each position's logits depend on its hidden state alone), zeros at the padding
-    idx = live.reshape(-1).nonzero()[:, 0]
-    lp, ent = _head_stats(hidden.reshape(B * T, -1)[idx][None], targets.reshape(-1)[idx][None], head, V,
-                          temperature, softcap, entropy_grad, chunk_size, max_chunk_bytes, max_saved_bytes)
-    out_lp, out_ent = lp.new_zeros(B * T), ent.new_zeros(B * T)
-    out_lp[idx], out_ent[idx] = lp[0], ent[0]
-    return out_lp.view(B, T), out_ent.view(B, T)
+    lp, ent = _head_stats(pack(hidden, idx)[None], pack(targets, idx)[None], head, V, temperature, softcap,
+                          entropy_grad, chunk_size, max_chunk_bytes, max_saved_bytes)
+    return unpack(lp[0], idx, B, T), unpack(ent[0], idx, B, T)
 
 
 def _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, chunk_size, max_chunk_bytes,
