@@ -87,8 +87,10 @@ def _run_cell(cdir: Path) -> int:
             return 130
         _check_finite(cdir)
         final = {k: v for k, v in (res["eval"] or {}).items() if k != "eval/correct"}
+        # per-problem success counts of the final evaluation (for problem-level intervals; the
+        # run folder's metrics.jsonl has them for every evaluation)
         write_json(cdir / "done.json", {"step": res["step"], "wall_s": time.time() - t0, "eval": final,
-                                        "resumed": resume})
+                                        "correct": (res["eval"] or {}).get("eval/correct"), "resumed": resume})
         (cdir / "checkpoint.pt").unlink(missing_ok=True)  # the run is finished: the checkpoint is only disk weight
         return 0
     except Exception as e:  # noqa: BLE001 - recorded, the grid goes on

@@ -107,7 +107,7 @@ def load_grid(path: str | Path | dict) -> dict:
             raise ValueError(f"grid file {str(p)!r} does not exist")
         g = yaml.safe_load(p.read_text()) or {}
     allowed = {"name", "methods", "regimes", "seeds", "common", "method_defs", "regime_defs", "workers",
-               "out", "report_dir", "figures_dir", "baseline", "roles", "scale"}
+               "out", "report_dir", "figures_dir", "baseline", "roles", "scale", "order", "dose"}
     for k in g:
         if k not in allowed:
             raise ValueError(f"unknown grid key {k!r}; accepted: {sorted(allowed)}")
@@ -120,6 +120,10 @@ def load_grid(path: str | Path | dict) -> dict:
     g.setdefault("workers", 2)
     if isinstance(g["seeds"], int):
         g["seeds"] = list(range(g["seeds"]))
+    g.setdefault("order", "seed")
+    if g["order"] not in ("seed", "regime"):
+        raise ValueError(f"grid key 'order' is {g['order']!r}; accepted: 'seed' (every cell's seed k before "
+                         "seed k+1) or 'regime' (every seed of a regime before the next regime)")
     for m in g["methods"]:
         if m not in methods:
             raise unknown("method", m, methods)
@@ -145,7 +149,10 @@ def methods_of(grid: dict, regime: str) -> list[str]:
 
 
 def grid_cells(grid: dict) -> list[tuple[str, str, int]]:
-    """All ``(regime, method, seed)`` cells, seed-major (partial results cover every method)."""
+    """All ``(regime, method, seed)`` cells, seed-major (partial results cover every method), or
+    regime-major with ``order: regime`` (partial results are whole regimes, in the listed order)."""
+    if grid.get("order") == "regime":
+        return [(r, m, s) for r in grid["regimes"] for s in grid["seeds"] for m in methods_of(grid, r)]
     return [(r, m, s) for s in grid["seeds"] for r in grid["regimes"] for m in methods_of(grid, r)]
 
 
