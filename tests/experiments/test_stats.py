@@ -117,3 +117,96 @@ def test_scale_figure_draws_the_paired_gapo_difference_per_size(tmp_path):
     grid = {"seeds": [0, 1, 2], "regimes": ["small", "big"], "scale": {"small": 1e6, "big": 5e6}}
     assert _grid_scale(grid, cells, tmp_path) == "scale.png"
     assert (tmp_path / "scale.png").stat().st_size > 1000
+
+
+# --------------------------------------------------------------------------------- issue 25: tests, Holm, bootstrap
+def test_t_pvalue_hand_computed():
+    from gapo.experiments.stats import t_pvalue
+
+    # df = 2 has a closed form: two-sided p = 1 − t/√(t² + 2); [1, 2, 3]: t = 2/(1/√3) = 2√3
+    t = 2 * math.sqrt(3)
+    assert t_pvalue([1.0, 2.0, 3.0]) == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-9)
+    # df = 1 is Cauchy: P(|T| > 1) = 1/2; [0, 2]: mean 1, sd √2, t = 1
+    assert t_pvalue([0.0, 2.0]) == pytest.approx(0.5, rel=1e-9)
+    # at the tabulated 97.5% quantile the p-value is 0.05: values with mean t975(9)·sd/√10
+    xs = [1.0, -1.0] * 5
+    sd = math.sqrt(sum(x * x for x in xs) / 9)
+    shifted = [x + t975(9) * sd / math.sqrt(10) for x in xs]
+    assert t_pvalue(shifted) == pytest.approx(0.05, abs=2e-4)
+    assert math.isnan(t_pvalue([1.0])) and t_pvalue([0.0, 0.0]) == 1.0 and t_pvalue([0.5, 0.5]) == 0.0
+
+
+def test_holm_hand_computed():
+    from gapo.experiments.stats import holm
+
+    # sorted 0.005, 0.01, 0.03, 0.04 -> 4·0.005, 3·0.01, 2·0.03, max(that, 1·0.04): in input order
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    out = holm([0.2, float("nan"), 0.9])  # NaN stays NaN and is not counted in m (= 2)
+    assert out[0] == pytest.approx(0.4) and math.isnan(out[1]) and out[2] == pytest.approx(0.9)
+    assert holm([0.6, 0.7]) == [1.0, 1.0]  # capped at 1
+
+
+def test_seed_problem_bootstrap_hand_enumerated():
+    from gapo.experiments.stats import seed_problem_bootstrap
+
+    # 2 seeds x 2 problems, only (seed 0, problem 0) differs: a resample's mean is (k/2)(l/2), k and l
+    # the times seed 0 and problem 0 are drawn (Binomial(2, 1/2) each): 0 w.p. 7/16, 1/4 w.p. 1/4,
+    # 1/2 w.p. 1/4, 1 w.p. 1/16 -- so the 2.5% quantile is 0 and the 97.5% one is 1.
+    b = seed_problem_bootstrap([[1.0, 0.0], [0.0, 0.0]], resamples=4000, seed=1)
+    assert b["mean"] == 0.25 and b["lo"] == 0.0 and b["hi"] == 1.0
+    assert (b["n_seeds"], b["n_problems"]) == (2, 2)
+    c = seed_problem_bootstrap([[0.5] * 3] * 4, resamples=200)
+    assert c["lo"] == c["hi"] == c["mean"] == 0.5  # no variation anywhere: a point
+    assert math.isnan(seed_problem_bootstrap([])["mean"])
+
+
+def test_seed_problem_bootstrap_includes_problem_sampling():
+    """Every seed the same difference row: the seed-only t interval has zero width, the problems
+    still vary, and the two-way bootstrap says so."""
+    from gapo.experiments.stats import seed_problem_bootstrap
+
+    row = [0.2, -0.1, 0.3, 0.0, 0.5, -0.2, 0.1, 0.4]
+    rows = [row] * 6
+    seed_only = mean_ci([sum(r) / len(r) for r in rows])
+    assert seed_only["ci"] == 0.0
+    b = seed_problem_bootstrap(rows, resamples=2000, seed=0)
+    assert b["lo"] < seed_only["mean"] - 0.05 and b["hi"] > seed_only["mean"] + 0.05
+    assert b == seed_problem_bootstrap(rows, resamples=2000, seed=0)  # reproducible from its seed
+
+
+def test_paired_problem_diffs_per_problem_pass_at_k():
+    from gapo.experiments.stats import paired_problem_diffs, per_problem_pass_at_k
+
+    assert per_problem_pass_at_k(4, [0, 1, 4], 1) == [0.0, 0.25, 1.0]
+    assert per_problem_pass_at_k(4, [0, 1, 4], 4) == [0.0, 1.0, 1.0]
+
+    def cell(after, n=4):
+        return {"correct": {"before": [0] * len(after), "after": after, "n": n}}
+
+    cells = {("r", "a", 0): cell([2, 0]), ("r", "b", 0): cell([1, 1]),
+             ("q", "b", 1): cell([0, 0]), ("r", "a", 1): cell([4, 4]),  # cross-regime pairing
+             ("r", "a", 2): cell([1, 1])}  # no partner: left out
+    assert paired_problem_diffs(cells, ("r", "a"), ("r", "b"), [0, 1, 2], 1) == [[0.25, -0.25]]
+    assert paired_problem_diffs(cells, ("r", "a"), ("q", "b"), [0, 1, 2], 1) == [[1.0, 1.0]]
+    cells[("r", "b", 2)] = cell([1, 1, 1])
+    with pytest.raises(ValueError, match="seed 2: .*different problems"):
+        paired_problem_diffs(cells, ("r", "a"), ("r", "b"), [2], 1)
+
+
+def test_load_cell_returns_per_problem_counts(tmp_path):
+    import json
+
+    from gapo.experiments.stats import load_cell
+
+    d = tmp_path / "seed0"
+    d.mkdir()
+    recs = [{"kind": "eval", "step": 0, "eval/pass@1": 0.25, "eval/n": 4, "eval/correct": [1, 0]},
+            {"step": 1, "rollout/pass_rate": 0.1},
+            {"kind": "eval", "step": 1, "eval/pass@1": 0.5, "eval/n": 4, "eval/correct": [3, 1]}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (d / "config.yaml").write_text("train: {group_size: 8}\neval: {samples: 4}\n")
+    assert load_cell(d) is None  # unfinished
+    (d / "done.json").write_text("{}")
+    c = load_cell(d)
+    assert c["correct"] == {"before": [1, 0], "after": [3, 1], "n": 4}
+    assert c["summary"]["after/pass@1"] == 0.5 and "after/correct" not in c["summary"]

@@ -7,6 +7,14 @@ A run's summary (``run_summary``) names every value ``before/<metric>`` or ``aft
 
 Over seeds, ``mean_ci`` gives the mean and the 95% Student-t half-width; ``paired_diffs`` the
 same-seed differences between two methods, which is what every comparison of the grid uses.
+``t_pvalue`` is the two-sided paired t-test p-value of such differences and ``holm`` the Holm
+(1979) step-down adjustment of a family of p-values.
+
+The seed-only t interval treats the held-out problems as fixed. ``seed_problem_bootstrap``
+resamples both: seeds (paired, with replacement) and problems (with replacement, the same
+problems for every seed and both methods, since every cell of a regime is evaluated on the same
+problems), on the per-problem success counts every evaluation stores (``eval/correct``;
+``load_cell`` returns them as ``correct``).
 """
 
 from __future__ import annotations
@@ -17,9 +25,11 @@ from pathlib import Path
 
 import yaml
 
+from gapo.core.metrics import pass_at_k
 from gapo.rl.run_dir import load_run
 
-__all__ = ["t975", "mean_ci", "paired_diffs", "TRAIN_KEYS", "by_c", "run_summary", "load_cell"]
+__all__ = ["t975", "mean_ci", "paired_diffs", "TRAIN_KEYS", "by_c", "run_summary", "load_cell", "t_pvalue", "holm",
+           "per_problem_pass_at_k", "seed_problem_bootstrap", "paired_problem_diffs"]
 
 # two-sided 95% Student t quantiles t_{0.975, df}
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -134,12 +144,129 @@ def run_summary(train: list[dict], evals: list[dict]) -> dict:
 
 
 def load_cell(d: Path) -> dict | None:
-    """A finished cell (``done.json``): its records, ``done.json``, group size ``G`` and summary;
-    ``None`` while unfinished."""
+    """A finished cell (``done.json``): its records, ``done.json``, group size ``G``, summary and
+    ``correct`` -- ``{"before": [c_j], "after": [c_j], "n": samples}``, the per-problem success
+    counts of the first and last evaluation (``None`` where the records lack them); ``None`` while
+    unfinished."""
     if not (d / "done.json").is_file():
         return None
     run = load_run(d)
     done = json.loads((d / "done.json").read_text())
     cfg = yaml.safe_load((d / "config.yaml").read_text())
     tr, ev = run["train"], run["eval"]
-    return {"train": tr, "eval": ev, "done": done, "G": cfg["train"]["group_size"], "summary": run_summary(tr, ev)}
+    correct = None
+    if ev and isinstance(ev[-1].get("eval/correct"), list):
+        correct = {"before": ev[0].get("eval/correct"), "after": ev[-1]["eval/correct"],
+                   "n": int(ev[-1].get("eval/n") or cfg["eval"]["samples"])}
+    return {"train": tr, "eval": ev, "done": done, "G": cfg["train"]["group_size"], "summary": run_summary(tr, ev),
+            "correct": correct}
+
+
+# --------------------------------------------------------------------------------- tests and intervals
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta (modified Lentz; Numerical Recipes 6.4)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-14:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    lbt = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(lbt) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(lbt) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_pvalue(xs: list[float]) -> float:
+    """Two-sided one-sample t-test of mean 0: ``p = I_{df/(df+t²)}(df/2, 1/2)`` with
+    ``t = mean / (sd/√n)``, ``df = n − 1`` (NaN with fewer than 2 finite values; 0 or 1 when every
+    value is the same nonzero or zero number)."""
+    xs = [float(x) for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+    n = len(xs)
+    if n < 2:
+        return float("nan")
+    m = sum(xs) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    if sd == 0.0:
+        return 1.0 if m == 0.0 else 0.0
+    t, df = m / (sd / math.sqrt(n)), n - 1
+    return _betainc(df / 2.0, 0.5, df / (df + t * t))
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order: with the m finite p-values sorted,
+    ``p̃_(i) = max_{j <= i} min(1, (m − j + 1) p_(j))``; rejecting ``p̃ < α`` keeps the family-wise
+    error at α. NaN entries stay NaN and do not count in m."""
+    idx = sorted((i for i, p in enumerate(pvalues) if isinstance(p, (int, float)) and math.isfinite(p)),
+                 key=lambda i: pvalues[i])
+    m, out, run = len(idx), [float("nan")] * len(pvalues), 0.0
+    for rank, i in enumerate(idx):
+        run = max(run, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = run
+    return out
+
+
+def per_problem_pass_at_k(n: int, correct: list[int], k: int) -> list[float]:
+    """Unbiased pass@k of every problem from its success count (``mean`` of it is ``eval/pass@k``)."""
+    return [pass_at_k(n, int(c), k) for c in correct]
+
+
+def paired_problem_diffs(cells: dict, a: tuple[str, str], b: tuple[str, str], seeds: list[int], k: int,
+                         when: str = "after") -> list[list[float]]:
+    """Rows (one per seed where both cells have per-problem counts) of per-problem pass@k of
+    ``a − b``; ``a`` and ``b`` are ``(regime, method)`` (regimes may differ when they evaluate the
+    same problems, e.g. two regimes with the same base and task). Raises ValueError when the two
+    evaluations do not have the same problems or samples."""
+    rows = []
+    for s in seeds:
+        ca, cb = cells.get((*a, s)), cells.get((*b, s))
+        if not ca or not cb or not ca.get("correct") or not cb.get("correct"):
+            continue
+        xa, xb = ca["correct"], cb["correct"]
+        if len(xa[when]) != len(xb[when]) or xa["n"] != xb["n"]:
+            raise ValueError(f"seed {s}: {a} and {b} were evaluated on different problems or samples "
+                             f"({len(xa[when])}x{xa['n']} against {len(xb[when])}x{xb['n']})")
+        pa, pb = per_problem_pass_at_k(xa["n"], xa[when], k), per_problem_pass_at_k(xb["n"], xb[when], k)
+        rows.append([u - v for u, v in zip(pa, pb)])
+    return rows
+
+
+def seed_problem_bootstrap(diffs: list[list[float]], *, resamples: int = 2000, seed: int = 0,
+                           level: float = 0.95) -> dict:
+    """Two-way (seed × problem) percentile bootstrap of the mean of ``diffs[s][j]``, the paired
+    difference of seed s on problem j: each resample draws S seeds and J problems with
+    replacement (independently; the same problems for every drawn seed) and takes the mean of the
+    S × J sub-table. Returns ``{"mean", "lo", "hi", "n_seeds", "n_problems"}`` (``lo``/``hi``: the
+    (1 ± level)/2 quantiles). The seed-only t interval is the special case that holds problems
+    fixed; this one adds the uncertainty of which problems were drawn."""
+    import numpy as np
+
+    d = np.asarray(diffs, dtype=float)
+    if d.ndim != 2 or d.size == 0:
+        return {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "n_seeds": 0, "n_problems": 0}
+    S, J = d.shape
+    rng = np.random.default_rng(seed)
+    stats = np.empty(resamples)
+    for b in range(resamples):
+        si, pj = rng.integers(0, S, S), rng.integers(0, J, J)
+        stats[b] = d[np.ix_(si, pj)].mean()
+    a = (1.0 - level) / 2.0
+    return {"mean": float(d.mean()), "lo": float(np.quantile(stats, a)), "hi": float(np.quantile(stats, 1 - a)),
+            "n_seeds": S, "n_problems": J}
