@@ -43,27 +43,35 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 from gapo.tasks.scoring import VerifierTimeout, run_with_timeout
+from gapo.tasks.scoring_pool import _signal_guard_usable, alarm_deferred
 
 from gapo.tasks.base import Problem, split_of
 from gapo.tasks.datasets_io import read_records
 
-__all__ = ["MathTask", "extract_answer", "gold_from_field", "last_boxed", "verify_answer", "warmup"]
+__all__ = ["MathTask", "answer_candidates", "extract_answer", "final_answers", "gold_from_field", "last_boxed",
+           "verifier_healthy", "verify_all", "verify_answer", "warmup"]
 
 DEFAULT_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
 _PROMPT_FIELDS = ("question", "problem", "prompt")
 _ANSWER_FIELDS = ("answer", "solution")
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# "\boxed{", "\fbox{" and a bare "boxed{" (a run-on completion's "...}boxed{7}" is a box too)
+_BOX = re.compile(r"(?:\\|(?<![A-Za-z\\]))(?:boxed|fbox)\s*\{")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_PHRASE = re.compile(r"(?:\b(?:the\s+)?final\s+answer\b|\bthe\s+answer\b)\s*(?:is\b\s*:?|:|=)\s*|####\s*", re.IGNORECASE)
 _BOX_SPACE = re.compile(r"\\boxed +([^\s$]+)")  # "\boxed 5"
 # A number: optional sign, thousands groups, decimals, optional "/denominator".
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?")
+_BARE_NUMBER = re.compile(r"^\s*[-+]?\$?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?\s*[.!]?\s*$")
 
 
 class _DropTimeoutWarning(logging.Filter):
@@ -79,11 +87,12 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 # ----------------------------------------------------------------------------- extraction
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox``) with balanced braces, else None."""
-    starts = [m.end() for m in _BOX.finditer(text)]
-    for start in reversed(starts):
-        depth, i = 1, start
+def _boxes(text: str) -> list[str]:
+    """Contents of every balanced ``\\boxed{...}`` / ``\\fbox{...}`` (or bare ``boxed{...}``), in order;
+    an unbalanced (truncated) box is skipped. Without any, the ``\\boxed 5`` form."""
+    out = []
+    for m in _BOX.finditer(text):
+        depth, i = 1, m.end()
         while i < len(text):
             ch = text[i]
             if ch == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
@@ -94,38 +103,179 @@ def last_boxed(text: str) -> str | None:
             elif ch == "}":
                 depth -= 1
                 if depth == 0:
-                    return text[start:i].strip()
+                    out.append(text[m.end() : i].strip())
+                    break
             i += 1
-        # unbalanced (truncated completion): try an earlier box
-    m = None
-    for m in _BOX_SPACE.finditer(text):
-        pass
-    return m.group(1).strip() if m else None
+    if not out:
+        out = [m.group(1).strip() for m in _BOX_SPACE.finditer(text)]
+    return out
 
 
-def _last_number(text: str) -> str | None:
-    m = None
-    for m in _NUMBER.finditer(text):
-        pass
-    if m is None:
-        return None
-    return re.sub(r"\s+", "", m.group(0)).replace(",", "")
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox``) with balanced braces, else None."""
+    boxes = _boxes(text)
+    return boxes[-1] if boxes else None
 
 
-def extract_answer(completion: str, *, last_number: bool = True) -> str | None:
-    """The answer string a completion commits to, or None (see the module docstring)."""
+def _segments(text: str) -> list[str]:
+    """Lines and sentences (a ``.``/``!``/``?`` followed by white space ends one; ``3.5`` does not)."""
+    return [seg for line in text.splitlines() for seg in _SENTENCE_END.split(line) if seg.strip()]
+
+
+def _number_answers(text: str) -> list[str]:
+    """The last-number rule: the numbers of the last sentence that holds a number (after its last
+    ``=``, so that ``2 + 3 = 5`` gives 5), plus the bare numbers of the sentences right before it
+    when it is a bare number itself (a list written one number per line). Several numbers mean
+    several answers, which the scorer refuses unless they all verify."""
+    segs = [seg for seg in _segments(text) if _NUMBER.search(seg)]
+    if not segs:
+        return []
+    last = segs[-1].rsplit("=", 1)[-1]
+    nums = [re.sub(r"\s+", "", m).replace(",", "") for m in _NUMBER.findall(last)]
+    if _BARE_NUMBER.match(segs[-1]):
+        for seg in reversed(segs[:-1]):
+            if not _BARE_NUMBER.match(seg):
+                break
+            nums.insert(0, re.sub(r"\s+", "", _NUMBER.search(seg).group(0)).replace(",", ""))
+    return nums
+
+
+def _phrase_answers(text: str) -> list[str]:
+    """What follows every "the answer is", "final answer:" or GSM8K's ``####``, to the end of
+    its sentence."""
+    out = []
+    for m in _PHRASE.finditer(text):
+        rest = text[m.end() :].split("\n", 1)[0]
+        rest = _SENTENCE_END.split(rest, 1)[0].strip().strip("*").strip()
+        rest = re.sub(r"[.!?]+$", "", rest).strip().strip("*").strip()
+        if rest and m.group(0).startswith("#"):  # GSM8K's "#### 1,234", as its gold is read
+            rest = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", rest)
+        if rest:
+            out.append(rest)
+    return out
+
+
+def final_answers(completion: str, *, last_number: bool = True) -> tuple[str, list[str]] | None:
+    """``(format, answers)``: every final answer the completion writes in the first format that
+    applies (see the module docstring), or None when it writes none."""
     if not isinstance(completion, str):
         return None
     tags = _ANSWER_TAG.findall(completion)
     if tags:
-        inner = tags[-1]
-        boxed = last_boxed(inner)
-        ans = boxed if boxed is not None else inner.strip()
-        return ans or None
-    boxed = last_boxed(completion)
-    if boxed is not None:
-        return boxed or None
-    return _last_number(completion) if last_number else None
+        out = []
+        for inner in tags:
+            boxes = [b for b in _boxes(inner) if b]
+            out += boxes if boxes else [inner.strip()] if inner.strip() else []
+        return ("answer", out) if out else None
+    boxes = [b for b in _boxes(completion) if b]
+    if boxes:
+        return "boxed", boxes
+    if _boxes(completion):  # only empty boxes: the completion answered nothing
+        return None
+    phrases = _phrase_answers(completion)
+    if phrases:
+        return "phrase", phrases
+    if last_number:
+        nums = _number_answers(completion)
+        if nums:
+            return "number", nums
+    return None
+
+
+def extract_answer(completion: str, *, last_number: bool = True) -> str | None:
+    """The last final answer a completion writes, or None (see the module docstring).
+
+    This is what a reader would take as "the" answer; the reward also requires every other
+    final answer of the completion to agree with it (:func:`answer_candidates`)."""
+    found = final_answers(completion, last_number=last_number)
+    return found[1][-1] if found else None
+
+
+# -- one answer: the values a final answer commits to
+
+_TEXT_WRAP = re.compile(r"\\(?:text|textbf|textit|textrm|texttt|mathrm|mathbf|mathit|mathsf|mbox|operatorname)\s*\{([^{}]*)\}")
+_SPACING = re.compile(r"\\[,;:! ]|~|\\q?quad\b|\\(?:displaystyle|textstyle)\b|\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])")
+_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:,|\{,\}|\\,)\d{3})+(?![\d])")
+# several values inside one answer, when the gold is one value: lists, ±, sets, relations,
+# ranges, matrices, ellipses
+_MULTI = re.compile(
+    r",|;|\\\\|&|\\pm(?![A-Za-z])|±|\\mp(?![A-Za-z])|∓|\\[{}]|\\(?:cup|cap|setminus|in|notin|ni|subset|subseteq|"
+    r"supset|supseteq|le|leq|leqslant|ge|geq|geqslant|lt|gt|ne|neq|ll|gg|sim|simeq|propto|to|gets|mapsto|"
+    r"implies|impliedby|iff|land|wedge|lor|vee|ldots|cdots|dots|vdots|ddots|begin|mid|parallel|perp)(?![A-Za-z])|"
+    r"[<>≤≥≠∈∉∪∩⊂⊆⊃⊇∧∨…–—→⇒⇔]|\\(?:[lL]ong)?(?:left|right|leftright)(?:arrow|Arrow)|\.\.|--"
+)
+_DISJ = re.compile(r"\s*(?:(?<![A-Za-z\\])or(?![A-Za-z])|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|∨)\s*", re.IGNORECASE)
+_CONJ = re.compile(r"\s*(?:(?<![A-Za-z\\])and(?![A-Za-z])|\\land(?![A-Za-z])|\\wedge(?![A-Za-z])|∧)\s*", re.IGNORECASE)
+_EQ = re.compile(r"\s*(?:=|\\approx(?![A-Za-z])|≈|\\equiv(?![A-Za-z])|\\coloneqq(?![A-Za-z]))\s*")
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+# two values side by side with only spaces (and removed words) between: "5 7", "5 to 7", "2 hours 30"
+_JUXTAPOSED = re.compile(r"(?:\d|\})\.?\s+[-+]?(?:\.?\d|\\[dt]?frac)")
+_SUBSCRIPT = re.compile(r"_(?:\{[^{}]*\}|\w)|'+")
+
+
+def _normalise(ans: str) -> str:
+    """One spelling for scoring: math delimiters, sizing and spacing commands and ``\\text{}``
+    wrappers dropped; thousands separators (``1,000``, ``1{,}000``, ``1\\,000``) removed."""
+    s = ans.replace("$", " ").replace("\\(", " ").replace("\\)", " ").replace("\\[", " ").replace("\\]", " ")
+    s = _THOUSANDS.sub(lambda m: re.sub(r"\D", "", m.group(0)), s)
+    prev = None
+    while prev != s:  # nested wrappers: \text{\textbf{5}}
+        prev, s = s, _TEXT_WRAP.sub(lambda m: f" {m.group(1)} ", s)
+    s = _SPACING.sub(" ", s)
+    s = s.replace(">=", "\\ge ").replace("<=", "\\le ").replace("!=", "\\ne ").replace("==", "=")
+    return " ".join(s.split())
+
+
+def _is_name(side: str) -> bool:
+    """The left of ``x = 5``: a variable or a digit-free expression of variables (``a+b``,
+    ``f(x)``, ``\\angle ABC``), not a constant (``\\pi``, ``e``, ``\\infty``)."""
+    bare = _SUBSCRIPT.sub("", side).strip()
+    if not re.search(r"[A-Za-z]", bare) or re.search(r"\d|\\pi|\\infty|\\sqrt", bare):
+        return False
+    return bare not in ("e", "i")
+
+
+def _is_single(gold: str) -> bool:
+    """Whether the gold is one value (not a set, tuple, interval, list, ± or relation)."""
+    return answer_candidates(gold, single=True) is not None
+
+
+def answer_candidates(answer: str, *, single: bool) -> list[str] | None:
+    """The values one final answer commits to, or None when it commits to several and ``single``
+    (the gold is one value) forbids that.
+
+    - ``or`` / ``\\lor`` always separate candidates (each must verify);
+    - ``x = 5`` is the value 5; a chain ``x = 2+3 = 5`` commits to each side that is not a name,
+      and a side left empty (``5 \\approx``) commits to nothing;
+    - with ``single``: a list (``,`` ``;`` ``and``), ``±``, a set, an interval, a relation
+      (``\\ge``, ``\\in``), a range (``5–7``, ``5 to 7``), a matrix or several numbers in words
+      (``5 apples 7 pears``) is several values: None. Otherwise (the gold is a set, tuple, interval
+      ...) the answer is compared as one structure, ``and`` reads as a comma, and only ``\\pm``
+      the gold does not have is refused.
+    """
+    s = _normalise(answer)
+    if not s:
+        return []
+    out: list[str] = []
+    for part in _DISJ.split(s):
+        if not single:
+            part = _CONJ.sub(", ", part)
+        elif _CONJ.search(part):
+            return None
+        if single and _MULTI.search(part):
+            return None
+        sides = _EQ.split(part)
+        if len(sides) > 1 and not sides[-1].strip():
+            return None  # "5 =", "5 \approx": a relation left open
+        sides = [x for x in sides if x.strip()]
+        if not sides:
+            return None if single else []
+        values = [x for x in sides if not _is_name(x)] or sides[-1:]
+        for v in values:
+            if single and _JUXTAPOSED.search(_WORD.sub(" ", v)):
+                return None
+            out.append(v.strip())
+    return out
 
 
 def gold_from_field(value: Any) -> str | None:
@@ -182,10 +332,87 @@ def verify_answer(gold: str, pred: str) -> tuple[bool, bool]:
     return False, parsed
 
 
+def verify_all(gold: str, candidates: list[str]) -> tuple[bool, bool]:
+    """(every candidate verifies as the gold, every candidate parsed); one timed call for all."""
+    ok_all, parsed_all = bool(candidates), True
+    for c in dict.fromkeys(candidates):  # the same value written twice is verified once
+        ok, parsed = verify_answer(gold, c)
+        ok_all, parsed_all = ok_all and ok, parsed_all and parsed
+        if not ok_all:
+            break
+    return ok_all, parsed_all
+
+
+# Comparisons that exercise math-verify's import and the parser's paths a final answer takes
+# (numbers, fractions, roots, sets, tuples, intervals, relations, units, text), so that sympy's
+# lazy imports and the LaTeX parser's first uses happen here and not under a timer.
+_WARMUP = (
+    ("\\frac{1}{2}", "0.5"), ("2\\sqrt{2}", "\\sqrt{8}"), ("\\{1, 2\\}", "\\{2, 1\\}"), ("(1, 2)", "(1,2)"),
+    ("[0, 1)", "[0,1)"), ("x^2+1", "1+x^2"), ("90^\\circ", "90"), ("18", "18 dollars"), ("5", "5\\%"),
+    ("\\pi", "\\pi"), ("x \\ge 5", "x \\geq 5"), ("4", "x = 4"), ("-7", "-7.0"), ("\\pm 3", "\\pm 3"),
+    ("\\text{Monday}", "Monday"), ("\\sin(x)", "\\sin x"), ("1000", "1000"),
+)
+# What a sound verifier says about these; checked after every timeout in this process.
+_CANARIES = (("5", "5", True), ("\\frac{1}{2}", "0.5", True), ("2\\sqrt{2}", "\\sqrt{8}", True), ("72", "27", False))
+_WARM_PID: int | None = None  # the process that has warmed up
+_BROKEN_PID: int | None = None  # the process whose in-process verifier could not be repaired
+
+
 def warmup() -> None:
-    """Import math-verify and run one comparison (sympy's first use is slow), so that a
-    worker's first timed verification does not pay for it."""
-    verify_answer("\\frac{1}{2}", "0.5")
+    """Import math-verify and run a set of comparisons (sympy's first use is slow, and an
+    interrupted import would break it for the process), so that the first timed verification
+    of a process does not pay for them. Never interrupted by gapo's timeout guard."""
+    global _WARM_PID
+    with alarm_deferred():
+        for gold, pred in _WARMUP:
+            verify_answer(gold, pred)
+    _WARM_PID = os.getpid()
+
+
+def _ensure_warm() -> None:
+    if _WARM_PID != os.getpid():
+        warmup()
+
+
+def verifier_healthy() -> bool:
+    """Whether this process's math-verify still gives the canaries' known answers."""
+    with alarm_deferred():
+        try:
+            return all(verify_answer(g, p)[0] == want for g, p, want in _CANARIES)
+        except Exception:  # noqa: BLE001 - a broken verifier may raise anything
+            return False
+
+
+def _reset_verifier() -> None:
+    """Drop what math-verify and sympy cache between calls."""
+    import math_verify.parser as mvp  # lazy: the optional [math] extra
+    from sympy.core.cache import clear_cache
+
+    clear_cache()
+    for obj in vars(mvp).values():
+        if callable(getattr(obj, "cache_clear", None)):
+            obj.cache_clear()
+
+
+def after_timeout() -> None:
+    """Called after a verification of this process was interrupted: if the verifier no longer
+    gives the canaries' answers, clear its caches and re-warm; if it still does not, this process
+    verifies in a helper process from now on (a fresh interpreter, replaced after each timeout),
+    so that a timeout never changes a later result."""
+    global _BROKEN_PID
+    if _BROKEN_PID == os.getpid() or verifier_healthy():
+        return
+    try:
+        _reset_verifier()
+        with alarm_deferred():
+            for gold, pred in _WARMUP:
+                verify_answer(gold, pred)
+    except Exception:  # noqa: BLE001
+        pass
+    if not verifier_healthy():
+        _BROKEN_PID = os.getpid()
+        print("[gapo] warning: math-verify gives wrong answers in this process after a timeout; "
+              "verifying in a helper process from now on", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- the task
@@ -364,20 +591,45 @@ class MathTask:
     def warmup(self) -> None:
         warmup()
 
+    def after_timeout(self) -> None:
+        after_timeout()
+
     def parse_ok(self, completion: str) -> bool:
-        return extract_answer(completion, last_number=self.last_number) is not None
+        return final_answers(completion, last_number=self.last_number) is not None
 
     def score_detailed(self, problem: Problem, completion: str) -> tuple[float, str]:
-        """(reward, status) with status ok / unparsable / timeout; never raises."""
-        pred = extract_answer(completion, last_number=self.last_number)
-        if pred is None:
+        """(reward, status) with status ok / unparsable / ambiguous / timeout; never raises.
+
+        ``ambiguous``: the completion commits to several values (reward 0; see the module
+        docstring)."""
+        found = final_answers(completion, last_number=self.last_number)
+        if found is None:
             return 0.0, "unparsable"
+        gold = str(problem.answer)
+        single = _is_single(gold)
+        candidates: list[str] = []
+        for ans in found[1]:
+            cands = answer_candidates(ans, single=single)
+            if cands is None:
+                return 0.0, "ambiguous"
+            candidates += cands
+        if not candidates:
+            return 0.0, "unparsable"
+        mode = "process" if _BROKEN_PID == os.getpid() else self.guard
+        in_process = mode == "signal" or (mode == "auto" and _signal_guard_usable())
+        if in_process and self.timeout_s is not None:
+            _ensure_warm()  # the first timed call of a process must not pay for (or cut) imports
         try:
-            ok, parsed = run_with_timeout(verify_answer, str(problem.answer), pred, timeout_s=self.timeout_s, mode=self.guard)
+            ok, parsed = run_with_timeout(verify_all, gold, candidates, timeout_s=self.timeout_s, mode=mode)
         except VerifierTimeout:
+            if in_process:
+                after_timeout()
             return 0.0, "timeout"
         except Exception:  # a math-verify/sympy failure on odd input is a wrong answer
             return 0.0, "unparsable"
+        several = len(dict.fromkeys(candidates)) > 1
+        if not ok and several:
+            return 0.0, "ambiguous"
         if not parsed:
             return 0.0, "unparsable"
         return (1.0 if ok else 0.0), "ok"

@@ -15,6 +15,7 @@ The policy (which deadlines, what a batch's statistics are, which errors stop a 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import multiprocessing as mp
@@ -54,7 +55,45 @@ def _signal_guard_usable() -> bool:
     return signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
+#: While an import runs, the alarm is retried this often instead of interrupting it.
+_RETRY_S = 0.01
+#: An import still running this long after the guard's deadline is interrupted after all.
+_MAX_IMPORT_DEFER_S = 60.0
+_defer_depth = 0  # > 0 inside alarm_deferred()
+
+
+def _importing(frame) -> bool:
+    """Whether ``frame`` (or a caller of it) is running an import's module code."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+@contextlib.contextmanager
+def alarm_deferred():
+    """A section the ``SIGALRM`` guard never interrupts: an alarm due inside it fires (as
+    :class:`VerifierTimeout`) once the section is over. For warm-ups and health checks, whose
+    interruption would leave the verifier half set up."""
+    global _defer_depth
+    _defer_depth += 1
+    try:
+        yield
+    finally:
+        _defer_depth -= 1
+
+
 def _raise_alarm(signum, frame):
+    # Never interrupt an import: Python drops the module whose import failed but keeps every
+    # submodule already executed, half wired (sympy cut off mid-import raises TypeError or
+    # RecursionError in each later parse, which math-verify turns into "no answer" for ever).
+    # That was the cold-start poisoning: the first timed verification imports sympy. Retry
+    # shortly instead; the pool's hard kill still bounds a worker.
+    if _defer_depth or (_importing(frame) and (_alarm_deadline is None
+                                               or time.monotonic() < _alarm_deadline + _MAX_IMPORT_DEFER_S)):
+        signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
+        return
     raise _Alarm()
 
 
@@ -105,6 +144,11 @@ def _score_guarded(task, problem, completion, timeout_s):
             return _call_with_alarm(score_one, (task, problem, completion), timeout_s)
         return score_one(task, problem, completion)
     except VerifierTimeout:
+        # An interrupt may have cut the verifier's own state short: the task checks and repairs
+        # it now, so that this timeout changes no later result (MathTask.after_timeout).
+        recover = getattr(task, "after_timeout", None)
+        if callable(recover):
+            recover()
         return 0.0, "timeout"
 
 
