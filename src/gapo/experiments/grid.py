@@ -139,6 +139,10 @@ def load_grid(path: str | Path | dict) -> dict:
                 raise unknown(f"method (regime {r!r}: its methods must be among the grid's)", m, g["methods"])
         for m in methods_of(g, r):
             cell_config(g, r, m, g["seeds"][0], base_path="<base policy>")  # validates
+    if g.get("dose") is not None:  # a dose-response block: checked before anything runs
+        from gapo.experiments.dose import dose_spec
+
+        dose_spec(g)
     return g
 
 

@@ -131,6 +131,11 @@ def grid_report(grid: dict, out: str | Path, report_dir: str | Path | None = Non
     figs = grid_figures(grid, cells, agg, fdir)
     rel = os.path.relpath(fdir, rdir)
     md += "\n## Figures\n\n" + "\n".join(f"![{f}]({rel}/{f})" for f in figs) + "\n"
+    from gapo.experiments.dose import dose_report, write_per_problem
+
+    write_per_problem(cells, rdir / "per_problem.json")  # per-problem success counts of every cell
+    if grid.get("dose"):  # a dose-response grid (configs/dose-response.yaml): dose.md, dose.json, its figure
+        md += dose_report(grid, cells, rdir, fdir)
     (rdir / "tables.md").write_text(md)
     say(f"report: {rdir / 'tables.md'} ({len(rows)} finished cells, {len(failed)} failed)")
     return rdir / "tables.md"

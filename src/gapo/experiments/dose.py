@@ -1,0 +1,367 @@
+"""Dose-response on the clip: where does GAPO's effect live (issue 25)?
+
+A grid with a ``dose`` block (``configs/dose-response.yaml``) runs the same methods at several
+update settings ("dose cells": updates per rollout batch × learning rate). For each cell this
+module reports
+
+- the **clip-binding share**: the share of positive-advantage tokens that fixed clipping
+  (``dose.reference``, Dr.GRPO) clipped, over training (``train/clip/frac_high_pos``), and the
+  same per group success count ``c`` (``clip_by_c/<c>``, token-weighted);
+- the **primary comparisons** (``dose.comparisons`` × ``dose.keys``, e.g. GAPO − Dr.GRPO and
+  GAPO − DAPO on pass@1, pass@8, pass@64): the mean of the same-seed differences with its 95%
+  Student-t interval, the two-sided paired t-test p-value, its Holm-adjusted value over the whole
+  primary family (every cell × comparison × key the plan names; a comparison with fewer than two
+  seeds counts with p = 1, so an unfinished grid is adjusted as strictly as the finished one), and
+  a seed × problem bootstrap interval (:func:`gapo.experiments.stats.seed_problem_bootstrap`);
+- a verdict in the plan's words (:func:`verdict_words`);
+- width sensitivity (``dose.width``): GAPO at upper width w against clip-higher at the same w.
+
+and the figure users need: GAPO's effect (mean, 95% CI) against the clip-binding share, one point
+per cell (``dose_response.png``). ``gapo compare --config configs/dose-response.yaml
+--report-only`` writes ``dose.md``, ``dose.json`` and the figure next to the grid report.
+
+    python -m gapo.experiments.dose pack RUNS_DIR ARCHIVE.tar.xz   # keep the raw records
+    python -m gapo.experiments.dose unpack ARCHIVE.tar.xz DIR      # then: gapo compare ... --out DIR --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tarfile
+from pathlib import Path
+
+from gapo.experiments.grid import cell_config, methods_of, write_json
+from gapo.experiments.stats import (holm, mean_ci, paired_problem_diffs, seed_problem_bootstrap, t_pvalue)
+
+__all__ = ["dose_spec", "dose_levels", "analyse", "verdict_words", "dose_markdown", "dose_figure", "dose_report",
+           "write_per_problem", "pack", "unpack"]
+
+_DEFAULTS = {"reference": "drgrpo", "comparisons": [["gapo", "drgrpo"], ["gapo", "dapo"]],
+             "keys": ["after/pass@1", "after/pass@8", "after/pass@64"], "width": None, "bootstrap": 2000,
+             "alpha": 0.05}
+_CLIP = "train/clip/frac_high_pos"
+
+
+# --------------------------------------------------------------------------------- the spec
+def dose_spec(grid: dict) -> dict:
+    """The grid's ``dose`` block with defaults, checked against the grid (methods, regimes, keys)."""
+    raw = grid.get("dose") or {}
+    if not isinstance(raw, dict):
+        raise ValueError("grid key 'dose' must be a mapping")
+    bad = set(raw) - set(_DEFAULTS)
+    if bad:
+        raise ValueError(f"unknown key(s) {sorted(bad)} under 'dose'; accepted: {sorted(_DEFAULTS)}")
+    spec = {**_DEFAULTS, **raw}
+    ms = set(grid["methods"])
+    for pair in spec["comparisons"]:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2) or not set(pair) <= ms:
+            raise ValueError(f"dose.comparisons: {pair!r} is not a pair of the grid's methods {sorted(ms)}")
+    if spec["reference"] not in ms:
+        raise ValueError(f"dose.reference {spec['reference']!r} is not one of the grid's methods {sorted(ms)}")
+    for k in spec["keys"]:
+        if not isinstance(k, str) or not k.startswith(("after/", "before/", "train/")):
+            raise ValueError(f"dose.keys: {k!r} is not a summary key (after/<metric>, train/<key>)")
+    w = spec["width"]
+    if w is not None:
+        for k in ("regime", "at"):
+            if w.get(k) not in grid["regimes"]:
+                raise ValueError(f"dose.width.{k}: {w.get(k)!r} is not one of the grid's regimes")
+        for p in w.get("pairs") or []:
+            if len(p) != 3 or not set(p[:2]) <= ms:
+                raise ValueError(f"dose.width.pairs: {p!r} is not [method, against, width] of the grid's methods")
+    return spec
+
+
+def dose_levels(grid: dict) -> list[str]:
+    """The dose cells: every regime but the width block's."""
+    w = dose_spec(grid)["width"]
+    return [r for r in grid["regimes"] if not w or r != w["regime"]]
+
+
+def _axes(grid: dict, regime: str) -> dict:
+    cfg = cell_config(grid, regime, methods_of(grid, regime)[0], grid["seeds"][0], base_path="<base>")
+    return {"updates": cfg.train.mini_batches * cfg.train.epochs, "mini_batches": cfg.train.mini_batches,
+            "epochs": cfg.train.epochs, "lr": cfg.optim.lr, "eps_high_max": cfg.algo.eps_high_max}
+
+
+def _k_of(key: str) -> int | None:
+    head, _, k = key.rpartition("pass@")
+    return int(k) if head in ("after/", "before/") and k.isdigit() else None
+
+
+# --------------------------------------------------------------------------------- analysis
+def _compare(cells: dict, a: tuple, b: tuple, key: str, seeds: list[int], resamples: int) -> dict:
+    """``a − b`` (each ``(regime, method)``) on summary ``key``, paired by seed: mean, t interval,
+    p-value, seed × problem bootstrap (pass@k keys with per-problem counts)."""
+    d = [cells[(*a, s)]["summary"].get(key, math.nan) - cells[(*b, s)]["summary"].get(key, math.nan)
+         for s in seeds if (*a, s) in cells and (*b, s) in cells]
+    row = {"a": list(a), "b": list(b), "key": key, **mean_ci(d), "p": t_pvalue(d)}
+    k = _k_of(key)
+    if k is not None and resamples:
+        rows = paired_problem_diffs(cells, a, b, seeds, k, when=key.split("/")[0])
+        if rows:
+            bs = seed_problem_bootstrap(rows, resamples=resamples, seed=0)
+            row.update(boot_lo=bs["lo"], boot_hi=bs["hi"], boot_n=bs["n_seeds"], boot_problems=bs["n_problems"])
+    return row
+
+
+def _share(cells, regime, method, seeds, key) -> dict:
+    return mean_ci([cells[(regime, method, s)]["summary"].get(key, math.nan) for s in seeds
+                    if (regime, method, s) in cells])
+
+
+def verdict_words(row: dict, alpha: float = 0.05, scale: float = 100.0, unit: str = "points") -> str:
+    """The plan's wording for one comparison (``scale``: values are fractions, said in points):
+    Holm-adjusted p < alpha and interval above 0 -> "a gain of +X [lo, hi] points"; below 0 ->
+    "a loss of X [lo, hi] points"; otherwise "no gain above +hi points" (the upper end of the 95%
+    t interval, rounded up to 0.1), or "no gain (upper end X points)" when that end is <= 0."""
+    if row.get("n", 0) < 2 or not math.isfinite(row.get("ci", math.nan)):
+        return f"not measured (n = {row.get('n', 0)})"
+    m, lo, hi = row["mean"] * scale, (row["mean"] - row["ci"]) * scale, (row["mean"] + row["ci"]) * scale
+    hp = row.get("p_holm", row.get("p", math.nan))
+    if math.isfinite(hp) and hp < alpha and lo > 0:
+        return f"a gain of {m:+.1f} [{lo:+.1f}, {hi:+.1f}] {unit}"
+    if math.isfinite(hp) and hp < alpha and hi < 0:
+        return f"a loss of {m:+.1f} [{lo:+.1f}, {hi:+.1f}] {unit}"
+    up = math.ceil(hi * 10 - 1e-9) / 10
+    return f"no gain above {up:+.1f} {unit}" if up > 0 else f"no gain (upper end {up:+.1f} {unit})"
+
+
+def analyse(grid: dict, cells: dict) -> dict:
+    """Everything :func:`dose_markdown` and :func:`dose_figure` draw (the module docstring);
+    ``cells``: ``(regime, method, seed)`` → ``stats.load_cell``."""
+    spec, seeds = dose_spec(grid), grid["seeds"]
+    ref, B = spec["reference"], int(spec["bootstrap"])
+    levels = []
+    for r in dose_levels(grid):
+        G = cell_config(grid, r, methods_of(grid, r)[0], seeds[0], base_path="<base>").train.group_size
+        lv = {"regime": r, **_axes(grid, r),
+              "n_done": {m: sum((r, m, s) in cells for s in seeds) for m in methods_of(grid, r)},
+              "clip": _share(cells, r, ref, seeds, _CLIP),
+              "clip_by_c": {c: _share(cells, r, ref, seeds, f"clip_by_c/{c}") for c in range(1, G)},
+              "gain_pass@1": mean_ci([cells[(r, ref, s)]["summary"].get("after/pass@1", math.nan)
+                                      - cells[(r, ref, s)]["summary"].get("before/pass@1", math.nan)
+                                      for s in seeds if (r, ref, s) in cells]),
+              "rose": [sum(cells[(r, ref, s)]["summary"].get("train/pass_rate_rise", 0) > 0
+                           for s in seeds if (r, ref, s) in cells), sum((r, ref, s) in cells for s in seeds)]}
+        for a, b in spec["comparisons"]:
+            if b == ref and a in methods_of(grid, r):
+                lv[f"{a}_clip_c"] = {c: _compare(cells, (r, a), (r, b), f"clip_by_c/{c}", seeds, 0) for c in (1, 2)}
+        levels.append(lv)
+    primary = [_compare(cells, (lv["regime"], a), (lv["regime"], b), key, seeds, B)
+               for lv in levels for a, b in spec["comparisons"] for key in spec["keys"]]
+    # the family is every planned test: one not yet measured counts as p = 1 (never rejected)
+    adj = holm([p["p"] if p["n"] >= 2 and math.isfinite(p["p"]) else 1.0 for p in primary])
+    for p, h in zip(primary, adj):
+        p["p_holm"] = h
+        p["verdict"] = verdict_words(p, spec["alpha"])
+    width = []
+    w = spec["width"]
+    if w:
+        planned = _planned(grid)
+        for a, b, wd in w.get("pairs") or []:
+            # a pair the dose cell itself runs (the 0.28 one) is read there, the others in the width block
+            reg = w["at"] if {(w["at"], a, seeds[0]), (w["at"], b, seeds[0])} <= planned else w["regime"]
+            for key in spec["keys"]:
+                row = _compare(cells, (reg, a), (reg, b), key, seeds, B)
+                row.update(width=wd, verdict=verdict_words(row, spec["alpha"]))  # unadjusted: secondary
+                width.append(row)
+            width.append({**_compare(cells, (reg, a), (w["at"], ref), "after/pass@1", seeds, B), "width": wd})
+            width.append({"a": [reg, b], "b": [], "key": _CLIP, "width": wd, **_share(cells, reg, b, seeds, _CLIP)})
+    n_secondary = sum(len(lv.get(f"{a}_clip_c", {})) for lv in levels for a, _ in spec["comparisons"]) + \
+        sum(1 for x in width if x.get("b"))
+    return {"grid": grid.get("name"), "seeds": seeds, "reference": ref, "levels": levels, "primary": primary,
+            "width": width, "family_size": len(primary), "alpha": spec["alpha"], "bootstrap": B,
+            "n_secondary_intervals": n_secondary}
+
+
+def _planned(grid: dict) -> set:
+    return {(r, m, s) for r in grid["regimes"] for m in methods_of(grid, r) for s in grid["seeds"]}
+
+
+# --------------------------------------------------------------------------------- markdown
+def _pt(d: dict, scale: float = 100.0, digits: int = 1) -> str:
+    if not d or d.get("n", 0) == 0 or not math.isfinite(d.get("mean", math.nan)):
+        return "–"
+    m = d["mean"] * scale
+    if d["n"] < 2 or not math.isfinite(d["ci"]):
+        return f"{m:+.{digits}f}"
+    return f"{m:+.{digits}f} [{m - d['ci'] * scale:+.{digits}f}, {m + d['ci'] * scale:+.{digits}f}]"
+
+
+def _share_txt(d: dict) -> str:
+    if not d or d.get("n", 0) == 0:
+        return "–"
+    ci = f" ± {d['ci'] * 100:.1f}" if d["n"] >= 2 and math.isfinite(d["ci"]) else ""
+    return f"{d['mean'] * 100:.1f}{ci}"
+
+
+def _boot(d: dict) -> str:
+    return f"[{d['boot_lo'] * 100:+.1f}, {d['boot_hi'] * 100:+.1f}]" if "boot_lo" in d else "–"
+
+
+def _p(x: float) -> str:
+    return "–" if not math.isfinite(x) else f"{x:.3f}" if x >= 0.001 else f"{x:.1e}"
+
+
+def dose_markdown(res: dict) -> str:
+    """``dose.md``: the cells, the primary family with verdicts, the width block, the counts."""
+    ref = res["reference"]
+    L = [f"# Dose-response on the clip ({res['grid']})", "",
+         f"Seeds planned: {len(res['seeds'])} ({res['seeds'][0]}–{res['seeds'][-1]}). Values in points (pass@k) "
+         f"or percent (clip shares); intervals: 95% Student t over seeds; 'seed×problem': the two-way bootstrap "
+         f"({res['bootstrap']} resamples) that also resamples the held-out problems.", "",
+         "## Cells", "",
+         f"| cell | updates/batch | lr | seeds done ({', '.join(res['levels'][0]['n_done']) if res['levels'] else ''}) | "
+         f"{ref} clip A>0 (%) | {ref} clip A>0 at c = 1 / 2 / 4 / 7 (%) | {ref} held-out pass@1 gain | "
+         f"training pass rate rose | GAPO − {ref} clip at c = 1 (points) |", "|---|---|---|---|---|---|---|---|---|"]
+    for lv in res["levels"]:
+        byc = " / ".join(_share_txt(lv["clip_by_c"].get(c, {})) for c in (1, 2, 4, 7))
+        gc = next((v for k, v in lv.items() if k.endswith("_clip_c")), {}).get(1, {})
+        L.append(f"| `{lv['regime']}` | {lv['updates']} ({lv['mini_batches']} × {lv['epochs']}) | {lv['lr']:.0e} | "
+                 f"{' / '.join(str(v) for v in lv['n_done'].values())} | {_share_txt(lv['clip'])} | {byc} | "
+                 f"{_pt(lv['gain_pass@1'])} | {lv['rose'][0]} of {lv['rose'][1]} | {_pt(gc)} |")
+    L += ["", f"## Primary comparisons (Holm over all {res['family_size']} planned tests, α = {res['alpha']})", "",
+          "| cell | comparison | metric | mean [95% t] | seed×problem | n | p | Holm p | verdict |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for p in res["primary"]:
+        L.append(f"| `{p['a'][0]}` | {p['a'][1]} − {p['b'][1]} | {p['key'].split('/')[-1]} | {_pt(p)} | {_boot(p)} | "
+                 f"{p['n']} | {_p(p['p'])} | {_p(p['p_holm'])} | {p['verdict']} |")
+    if res["width"]:
+        L += ["", "## Width sensitivity (secondary, unadjusted)", "",
+              "| width | comparison | metric | mean [95% t] | seed×problem | n | reading |", "|---|---|---|---|---|---|---|"]
+        for x in res["width"]:
+            if not x.get("b"):
+                L.append(f"| {x['width']} | {x['a'][1]} clip A>0 (%) | – | {_share_txt(x)} | – | {x['n']} | – |")
+                continue
+            L.append(f"| {x['width']} | {x['a'][1]} − {x['b'][1]} (`{x['b'][0]}`) | {x['key'].split('/')[-1]} | "
+                     f"{_pt(x)} | {_boot(x)} | {x['n']} | {x.get('verdict') or verdict_words(x)} |")
+    L += ["", f"{res['n_secondary_intervals']} secondary between-method intervals above (unadjusted): at 95% about "
+          f"{res['n_secondary_intervals'] / 20:.1f} would exclude zero by chance alone.", ""]
+    return "\n".join(L)
+
+
+# --------------------------------------------------------------------------------- the figure
+def dose_figure(res: dict, fdir: Path, name: str = "dose_response.png") -> str | None:
+    """GAPO's effect (mean, 95% t CI, points) against the reference's clip-binding share (%), one
+    point per dose cell and comparison, one panel per primary metric."""
+    from matplotlib.figure import Figure
+
+    keys = list(dict.fromkeys(p["key"] for p in res["primary"]))
+    if not keys:
+        return None
+    clip = {lv["regime"]: lv["clip"] for lv in res["levels"]}
+    fig = Figure(figsize=(5 * len(keys), 4))
+    axes = fig.subplots(1, len(keys), squeeze=False)[0]
+    comps = list(dict.fromkeys((p["a"][1], p["b"][1]) for p in res["primary"]))
+    for ax, key in zip(axes, keys):
+        for i, (a, b) in enumerate(comps):
+            pts = [(clip[p["a"][0]], p) for p in res["primary"]
+                   if p["key"] == key and (p["a"][1], p["b"][1]) == (a, b) and p["n"] >= 1 and clip[p["a"][0]]["n"]]
+            if not pts:
+                continue
+            xs = [c["mean"] * 100 * (1 + 0.01 * i) for c, _ in pts]  # a hair apart so the bars do not overlap
+            ys = [p["mean"] * 100 for _, p in pts]
+            ye = [p["ci"] * 100 if math.isfinite(p["ci"]) else 0 for _, p in pts]
+            xe = [c["ci"] * 100 if math.isfinite(c["ci"]) else 0 for c, _ in pts]
+            ax.errorbar(xs, ys, yerr=ye, xerr=xe, fmt="os"[i % 2], capsize=3, label=f"{a} − {b}")
+            for x, y, (_, p) in zip(xs, ys, pts):
+                ax.annotate(p["a"][0], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xlabel(f"{res['reference']}: clipped share of A>0 tokens (%)")
+        ax.set_ylabel(f"difference in {key.split('/')[-1]} (points)")
+        ax.set_title(key.split("/")[-1])
+        ax.legend(fontsize=7)
+    fig.suptitle("GAPO's effect (95% t CI over seeds) against how much fixed clipping binds")
+    Path(fdir).mkdir(parents=True, exist_ok=True)
+    fig.savefig(Path(fdir) / name, dpi=100, bbox_inches="tight")
+    return name
+
+
+def write_per_problem(cells: dict, path: Path) -> None:
+    """Every finished cell's per-problem success counts, first and last evaluation:
+    ``{"<regime>/<method>/seed<k>": {"before", "after", "n"}}``."""
+    write_json(path, {f"{r}/{m}/seed{s}": c["correct"] for (r, m, s), c in sorted(cells.items(), key=str)
+                      if c.get("correct")})
+
+
+def dose_report(grid: dict, cells: dict, rdir: Path, fdir: Path) -> str:
+    """Write ``dose.json``, ``dose.md`` (in ``rdir``) and the figure (in ``fdir``); returns a
+    markdown paragraph linking them (for the grid's ``tables.md``)."""
+    import os
+
+    res = analyse(grid, cells)
+    write_json(Path(rdir) / "dose.json", res)
+    fig = dose_figure(res, fdir)
+    md = dose_markdown(res)
+    if fig:
+        md += f"\n![GAPO's effect against the clip-binding share]({os.path.relpath(fdir, rdir)}/{fig})\n"
+    (Path(rdir) / "dose.md").write_text(md)
+    return "\n## Dose-response\n\nSee [dose.md](dose.md)" + (f" and the figure `{fig}`." if fig else ".") + "\n"
+
+
+# --------------------------------------------------------------------------------- raw records
+_RAW = ("metrics.jsonl", "config.yaml", "done.json")
+
+
+def pack(runs: str | Path, archive: str | Path) -> int:
+    """Archive (tar.xz) the raw records of every finished cell under ``runs`` -- each run folder's
+    ``metrics.jsonl``, ``config.yaml`` and ``done.json``, each cell's spec ``seed<k>.json`` and each
+    regime's ``base_eval.json``: what the report needs, without checkpoints or logs. Returns the
+    number of cells packed."""
+    runs = Path(runs)
+    if not runs.is_dir():
+        raise ValueError(f"{str(runs)!r} is not a folder")
+    n = 0
+    with tarfile.open(archive, "w:xz") as tar:
+        for be in sorted(runs.glob("*/base_eval.json")):
+            tar.add(be, arcname=str(be.relative_to(runs)))
+        for done in sorted(runs.glob("*/*/seed*/done.json")):
+            d = done.parent
+            for f in _RAW:
+                if (d / f).is_file():
+                    tar.add(d / f, arcname=str((d / f).relative_to(runs)))
+            spec = d.with_name(f"{d.name}.json")
+            if spec.is_file():
+                tar.add(spec, arcname=str(spec.relative_to(runs)))
+            n += 1
+    return n
+
+
+def unpack(archive: str | Path, dest: str | Path) -> None:
+    """Extract an archive of :func:`pack` into ``dest`` (refusing members that would land outside
+    it); ``gapo compare --config ... --out dest --report-only`` then rebuilds the tables."""
+    archive = Path(archive)
+    if not archive.is_file():
+        raise ValueError(f"archive {str(archive)!r} does not exist")
+    with tarfile.open(archive, "r:*") as tar:
+        tar.extractall(dest, filter="data")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gapo.experiments.dose", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("pack", help="archive the raw records of a grid's finished cells")
+    p.add_argument("runs")
+    p.add_argument("archive")
+    p = sub.add_parser("unpack", help="extract such an archive (then run gapo compare --report-only on it)")
+    p.add_argument("archive")
+    p.add_argument("dest")
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "pack":
+            print(f"{pack(a.runs, a.archive)} cells -> {a.archive}")
+        else:
+            unpack(a.archive, a.dest)
+            print(f"extracted into {a.dest}")
+    except (ValueError, OSError, tarfile.TarError) as e:
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

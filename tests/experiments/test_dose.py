@@ -1,0 +1,167 @@
+"""gapo.experiments.dose: the dose-response analysis on synthetic cell summaries, its verdict
+words, the family-wise (Holm) adjustment over the planned tests, the grid's regime-major order,
+the report hook and the raw-record archive."""
+
+import io
+import json
+import math
+import tarfile
+
+import pytest
+
+from gapo.experiments.dose import analyse, dose_report, dose_spec, pack, unpack, verdict_words
+from gapo.experiments.grid import grid_cells, load_grid
+from gapo.experiments.stats import mean_ci, t_pvalue
+
+COMMON = {"train.epochs": 2, "train.prompts": 8, "train.group_size": 8, "train.steps": 4, "eval.problems": 4,
+          "eval.samples": 4, "eval.every": 4}
+
+
+def _grid(**kw):
+    g = {"name": "dose-test", "seeds": [0, 1, 2], "order": "regime",
+         "methods": ["drgrpo", "dapo", "gapo", "gapo_w40", "dapo_w40"],
+         "method_defs": {"gapo_w40": {"algo.eps_schedule": "linear", "algo.eps_low": 0.2, "algo.eps_high_max": 0.4},
+                         "dapo_w40": {"algo.eps_schedule": "fixed", "algo.eps_low": 0.2, "algo.eps_high_max": 0.4}},
+         "regimes": ["u32", "u4", "w"],
+         "regime_defs": {"u32": {"base": "low", "methods": ["drgrpo", "dapo", "gapo"],
+                                 "overrides": {"train.mini_batches": 16, "optim.lr": 5e-5}},
+                         "u4": {"base": "low", "methods": ["drgrpo", "dapo", "gapo"],
+                                "overrides": {"train.mini_batches": 2, "optim.lr": 2e-5}},
+                         "w": {"base": "low", "methods": ["gapo_w40", "dapo_w40"],
+                               "overrides": {"train.mini_batches": 16, "optim.lr": 5e-5}}},
+         "dose": {"keys": ["after/pass@1", "after/pass@4"], "bootstrap": 200,
+                  "width": {"regime": "w", "at": "u32", "pairs": [["gapo", "dapo", 0.28], ["gapo_w40", "dapo_w40", 0.4]]}},
+         "common": dict(COMMON)}
+    g.update(kw)
+    return load_grid(g)
+
+
+def _cell(p1, clip, correct, clip_c1=None, before=0.1):
+    s = {"after/pass@1": p1, "before/pass@1": before, "after/pass@4": min(1.0, 2 * p1), "train/clip/frac_high_pos": clip,
+         "train/pass_rate_rise": 0.05, "clip_by_c/1": clip if clip_c1 is None else clip_c1, "clip_by_c/7": clip / 2}
+    return {"summary": s, "G": 8, "correct": {"before": [0, 0, 0, 0], "after": correct, "n": 4}}
+
+
+def _cells():
+    cells = {}
+    for s, (ref, gap) in enumerate([(0.10, 0.13), (0.12, 0.16), (0.11, 0.12)]):
+        cells[("u32", "drgrpo", s)] = _cell(ref, 0.08 + 0.01 * s, [1, 0, 0, 0], clip_c1=0.20)
+        cells[("u32", "dapo", s)] = _cell(ref + 0.01, 0.05, [1, 0, 0, 0])
+        cells[("u32", "gapo", s)] = _cell(gap, 0.06, [1, 1, 0, 0], clip_c1=0.15)
+        cells[("w", "gapo_w40", s)] = _cell(gap + 0.02, 0.03, [1, 1, 1, 0])
+        cells[("w", "dapo_w40", s)] = _cell(gap, 0.03, [1, 1, 0, 0])
+    cells[("u4", "drgrpo", 0)] = _cell(0.1, 0.02, [0, 0, 0, 0])  # u4: one seed only -- not measured
+    cells[("u4", "gapo", 0)] = _cell(0.1, 0.02, [0, 0, 0, 0])
+    return cells
+
+
+def test_order_regime_runs_every_seed_of_a_regime_first():
+    g = _grid()
+    cells = grid_cells(g)
+    assert cells[:4] == [("u32", "drgrpo", 0), ("u32", "dapo", 0), ("u32", "gapo", 0), ("u32", "drgrpo", 1)]
+    assert cells[9][0] == "u4" and cells[-1] == ("w", "dapo_w40", 2)
+    seed_major = grid_cells(_grid(order="seed"))
+    assert seed_major[3] == ("u4", "drgrpo", 0) and sorted(seed_major) == sorted(cells)
+    with pytest.raises(ValueError, match="grid key 'order' is 'cell'"):
+        _grid(order="cell")
+
+
+def test_dose_spec_rejects_bad_blocks_before_anything_runs():
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['keyz'\] under 'dose'"):
+        _grid(dose={"keyz": []})
+    with pytest.raises(ValueError, match=r"dose.comparisons: \['gapo', 'grpo'\]"):
+        _grid(dose={"comparisons": [["gapo", "grpo"]]})
+    with pytest.raises(ValueError, match=r"dose.width.regime: 'nope'"):
+        _grid(dose={"width": {"regime": "nope", "at": "u32", "pairs": []}})
+    with pytest.raises(ValueError, match=r"dose.keys: 'pass@1'"):
+        _grid(dose={"keys": ["pass@1"]})
+    assert dose_spec(_grid())["reference"] == "drgrpo"
+
+
+def test_analyse_hand_computed():
+    g, cells = _grid(), _cells()
+    res = analyse(g, cells)
+    u32, u4 = res["levels"]
+    assert (u32["regime"], u32["updates"], u32["lr"]) == ("u32", 32, 5e-5)
+    assert (u4["updates"], u4["mini_batches"]) == (4, 2)
+    assert u32["clip"]["mean"] == pytest.approx(0.09) and u32["clip"]["n"] == 3  # Dr.GRPO's clip-binding share
+    assert u32["clip_by_c"][1]["mean"] == pytest.approx(0.20)
+    assert u32["gapo_clip_c"][1]["mean"] == pytest.approx(-0.05)  # GAPO − Dr.GRPO at c = 1
+    assert u32["n_done"] == {"drgrpo": 3, "dapo": 3, "gapo": 3} and u4["n_done"]["dapo"] == 0
+    assert u32["rose"] == [3, 3]
+    # the primary family is every planned test: 2 cells x 2 comparisons x 2 keys
+    assert res["family_size"] == 8 and len(res["primary"]) == 8
+    p = next(x for x in res["primary"] if x["a"] == ["u32", "gapo"] and x["b"] == ["u32", "drgrpo"]
+             and x["key"] == "after/pass@1")
+    d = [0.03, 0.04, 0.01]
+    assert p["mean"] == pytest.approx(mean_ci(d)["mean"]) and p["ci"] == pytest.approx(mean_ci(d)["ci"])
+    assert p["p"] == pytest.approx(t_pvalue(d))
+    # per-problem pass@1 difference is (0, .25, 0, 0) for every seed: the bootstrap sees the problems
+    assert p["boot_lo"] == pytest.approx(0.0) and p["boot_hi"] > 0.0
+    # Holm: unmeasured tests count as p = 1, so the smallest p is multiplied by the whole family
+    ps = sorted(x["p"] for x in res["primary"] if x["n"] >= 2)
+    assert min(x["p_holm"] for x in res["primary"]) == pytest.approx(min(1.0, 8 * ps[0]))
+    assert all(x["p_holm"] == 1.0 for x in res["primary"] if x["n"] < 2)
+    assert next(x for x in res["primary"] if x["a"][0] == "u4")["verdict"].startswith("not measured")
+
+
+def test_width_pairs_read_the_dose_cell_and_the_width_block():
+    res = analyse(_grid(), _cells())
+    w28 = [x for x in res["width"] if x["width"] == 0.28 and x.get("b")]
+    w40 = [x for x in res["width"] if x["width"] == 0.4 and x.get("b")]
+    assert w28[0]["a"] == ["u32", "gapo"] and w28[0]["b"] == ["u32", "dapo"]
+    assert w40[0]["a"] == ["w", "gapo_w40"] and w40[0]["b"] == ["w", "dapo_w40"]
+    assert w40[0]["mean"] == pytest.approx(0.02) and w40[0]["key"] == "after/pass@1"
+    vs_ref = next(x for x in w40 if x["b"] == ["u32", "drgrpo"])  # GAPO at 0.4 against fixed 0.2, across regimes
+    assert vs_ref["n"] == 3
+
+
+def test_verdict_words():
+    gain = {"mean": 0.02, "ci": 0.01, "n": 10, "p_holm": 0.01}
+    assert verdict_words(gain) == "a gain of +2.0 [+1.0, +3.0] points"
+    assert verdict_words({**gain, "mean": -0.02}) == "a loss of -2.0 [-3.0, -1.0] points"
+    # interval above 0 but not surviving Holm: not a gain, and the words say how large a gain is ruled out
+    assert verdict_words({**gain, "p_holm": 0.2}) == "no gain above +3.0 points"
+    assert verdict_words({"mean": 0.004, "ci": 0.0151, "n": 10, "p_holm": 1.0}) == "no gain above +2.0 points"
+    assert verdict_words({"mean": -0.02, "ci": 0.005, "n": 10, "p_holm": 0.3}) == "no gain (upper end -1.5 points)"
+    assert verdict_words({"mean": 0.1, "ci": math.nan, "n": 1}) == "not measured (n = 1)"
+
+
+def test_dose_report_writes_tables_and_figure(tmp_path):
+    g, cells = _grid(), _cells()
+    link = dose_report(g, cells, tmp_path / "r", tmp_path / "f")
+    md = (tmp_path / "r" / "dose.md").read_text()
+    assert "dose.md" in link and (tmp_path / "f" / "dose_response.png").stat().st_size > 1000
+    assert "Holm over all 8 planned tests" in md and "| `u32` | 32 (16 × 2) | 5e-05 | 3 / 3 / 3 |" in md
+    assert "no gain above" in md or "a gain of" in md
+    res = json.loads((tmp_path / "r" / "dose.json").read_text())
+    assert res["family_size"] == 8
+
+
+def test_pack_and_unpack_keep_only_the_raw_records(tmp_path):
+    runs = tmp_path / "runs"
+    d = runs / "u32" / "gapo" / "seed0"
+    d.mkdir(parents=True)
+    for f in ("metrics.jsonl", "config.yaml", "done.json", "checkpoint.pt"):
+        (d / f).write_text(f)
+    (runs / "u32" / "gapo" / "seed0.json").write_text("{}")
+    (runs / "u32" / "base_eval.json").write_text("{}")
+    unfinished = runs / "u32" / "gapo" / "seed1"
+    unfinished.mkdir()
+    (unfinished / "metrics.jsonl").write_text("x")
+    assert pack(runs, tmp_path / "raw.tar.xz") == 1
+    unpack(tmp_path / "raw.tar.xz", tmp_path / "back")
+    got = sorted(str(p.relative_to(tmp_path / "back")) for p in (tmp_path / "back").rglob("*") if p.is_file())
+    assert got == ["u32/base_eval.json", "u32/gapo/seed0.json", "u32/gapo/seed0/config.yaml",
+                   "u32/gapo/seed0/done.json", "u32/gapo/seed0/metrics.jsonl"]
+    # a hostile archive (a member outside the destination) is refused
+    bad = tmp_path / "bad.tar"
+    with tarfile.open(bad, "w") as tar:
+        info = tarfile.TarInfo("../evil.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(tarfile.TarError):
+        unpack(bad, tmp_path / "back2")
+    assert not (tmp_path / "evil.txt").exists()
+    with pytest.raises(ValueError, match="does not exist"):
+        unpack(tmp_path / "nope.tar.xz", tmp_path / "x")
