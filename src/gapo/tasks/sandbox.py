@@ -89,6 +89,7 @@ class Isolation:
     drop_to_uid: int | None  # the unprivileged uid the child switches to (root only)
     unshare: str | None  # path of util-linux unshare, when namespaces are used
     cgroups: tuple[str, ...] = ()  # ("cgroup-kill", "cgroup-memory") where usable
+    layers: tuple[str, ...] = ()  # what the detection run reported (e.g. "seccomp-keyring")
 
     @property
     def network(self) -> str:
@@ -98,6 +99,17 @@ class Isolation:
     def pdeathsig(self) -> bool:
         """Whether a sandbox dies with the thread that started it (Linux ``PR_SET_PDEATHSIG``)."""
         return self.platform.startswith("linux")
+
+    @property
+    def keyring(self) -> str:
+        """How the kernel keyrings (per uid, not per namespace) are kept from the program."""
+        if "seccomp-keyring" in self.layers:
+            return "keyctl/add_key/request_key denied (seccomp)" + (
+                ", private session keyring" if "session-keyring" in self.layers else "")
+        if "session-keyring" in self.layers:
+            return "private session keyring only: the uid's user keyring is shared"
+        return ("shared with every process of the uid" if self.platform.startswith("linux")
+                else "not applicable")
 
     def features(self) -> dict[str, str]:
         """Each guarantee and how it holds here (the isolation table of docs/sandbox.md)."""
@@ -115,8 +127,10 @@ class Isolation:
             "unix_sockets": ("host socket files hidden (private /run, /tmp, /dev/shm; others "
                              "covered)" if "mount" in ns and "net" in ns
                              else "host socket files reachable (file permissions only)"),
-            "filesystem": ("read-only tree, private tmpfs, minimal /dev" if "mount" in ns
-                           else "host file system, file permissions only"),
+            "filesystem": ("read-only tree, private tmpfs, minimal /dev; under hidden folders "
+                           "only the interpreter's own directories (stdlib, site-packages)"
+                           if "mount" in ns else "host file system, file permissions only"),
+            "keyring": self.keyring,
             "processes": "private pid namespace" if "pid" in ns else "host pid namespace",
             "memory": mem,
             "cleanup": ends,
@@ -128,8 +142,9 @@ class Isolation:
         ns = "+".join(self.namespaces) or "none"
         uid = f"uid {self.drop_to_uid}" if self.drop_to_uid is not None else "same uid"
         cg = "+".join(self.cgroups) or "no cgroups"
+        keys = "keyctl denied" if "seccomp-keyring" in self.layers else "keyring shared"
         return (f"{self.platform}: namespaces {ns}, {uid}, network {self.network}, {cg}, "
-                f"pdeathsig {'yes' if self.pdeathsig else 'no'}, rlimits")
+                f"pdeathsig {'yes' if self.pdeathsig else 'no'}, {keys}, rlimits")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,9 +176,29 @@ def _which(name: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _python_paths() -> list[str]:
-    """Directories the child interpreter reads from (prefixes and ``sys.path``)."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    paths.update(p for p in sys.path if p)
+    """The interpreter's own directories, the only ones the bootstrap re-exposes (read-only) where
+    the sandbox would hide them: the standard library (``sysconfig`` ``stdlib``, and
+    ``platstdlib`` of the base interpreter, which holds ``lib-dynload``) and the site-packages
+    directories (``purelib``, ``platlib``, ``site.getsitepackages()``).
+
+    Deliberately *not* ``sys.path``: that holds the working directory or the script's folder
+    (``python -m gapo`` in a project), ``PYTHONPATH`` entries and an editable install's source
+    folder (``pip install -e``: a ``.pth`` in site-packages) -- binding those re-exposed a
+    project folder, ``.env`` included, even under a ``0700`` parent the sandbox user cannot read
+    on the host. Nothing inside the sandbox imports ``gapo`` (the bootstrap and the judge are
+    source text run with the standard library only), so none of that is needed there; a
+    ``.pth`` entry pointing outside these directories is simply absent in the sandbox.
+    """
+    import site
+    import sysconfig
+
+    cur = sysconfig.get_paths()
+    base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
+                                     "installed_base": sys.base_prefix,
+                                     "installed_platbase": sys.base_exec_prefix})
+    paths = [cur["stdlib"], base["stdlib"], base["platstdlib"], cur["purelib"], cur["platlib"]]
+    if hasattr(site, "getsitepackages"):  # absent in some old virtualenv site.py copies
+        paths += site.getsitepackages()
     out = set()
     for p in paths:
         p = os.path.realpath(p)
@@ -203,14 +238,16 @@ def capabilities() -> Isolation:
             candidates = [("user", "net", "ipc", "mount", "pid"), ("user", "net", "mount", "pid"),
                           ("user", "net", "mount"), ("user", "net")]
     cgroups = _cgroup_layers()
-    for ns in candidates:
-        iso = Isolation(sys.platform, root, ns, drop, unshare, cgroups)
+    # A probe that cannot work fails at once (unshare: EPERM); the generous wall clock is for a
+    # busy machine, where a 10 s probe could time out and silently pick a weaker set.
+    for ns in [*candidates, ()]:
+        iso = Isolation(sys.platform, root, ns, drop, unshare if ns else None, cgroups)
         try:
-            res = _run(iso, "print('ok')", timeout_s=10.0, memory_mb=256, probe=True)
+            res = _run(iso, "print('ok')", timeout_s=60.0, memory_mb=256, probe=True)
         except OSError:
             continue
         if res.passed and res.stdout.strip() == "ok":
-            return iso
+            return dataclasses.replace(iso, layers=res.isolation)
     return Isolation(sys.platform, root, (), drop, None, cgroups)
 
 

@@ -239,6 +239,37 @@ for name, value in cfg["rlimits"].items():
         pass
 if prctl(38, 1, 0, 0, 0) == 0:  # PR_SET_NO_NEW_PRIVS
     applied.append("no_new_privs")
+if sys.platform.startswith("linux"):
+    # Kernel keyrings belong to the uid, not to a namespace: a key one run adds to uid 65534's
+    # user keyring (@u, @us, the persistent keyring) outlives it and is read by the next run.
+    # A private anonymous session keyring (@s) first, then a seccomp filter that denies
+    # add_key, request_key and keyctl outright (the robust part: @u cannot be made private).
+    SECCOMP = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7, (217, 218, 219)),
+               "riscv64": (0xC00000F3, (217, 218, 219))}.get(os.uname().machine)
+    if SECCOMP is not None:
+        audit_arch, (nr_add_key, nr_request_key, nr_keyctl) = SECCOMP
+        if libc.syscall(nr_keyctl, 1, None, 0, 0, 0) >= 0:  # KEYCTL_JOIN_SESSION_KEYRING(NULL)
+            applied.append("session-keyring")
+        class SockFilter(ctypes.Structure):
+            _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                        ("k", ctypes.c_uint32)]
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+        LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, ..|JGE|K, BPF_RET|K
+        ALLOW, DENY = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+        # seccomp_data: nr at offset 0, arch at 4. Another ABI (i386 via int 0x80, x32 numbers
+        # with bit 30) would have other numbers: every call of such an ABI is denied.
+        checks = [(JGE, 0x40000000)] if audit_arch == 0xC000003E else []
+        checks += [(JEQ, nr) for nr in (nr_add_key, nr_request_key, nr_keyctl)]
+        prog = [(LD, 0, 0, 4), (JEQ, 1, 0, audit_arch), (RET, 0, 0, DENY), (LD, 0, 0, 0)]
+        n_after = len(checks) + 1  # the checks, then ALLOW, then DENY
+        for i, (op, k) in enumerate(checks):
+            prog.append((op, n_after - 1 - i, 0, k))
+        prog += [(RET, 0, 0, ALLOW), (RET, 0, 0, DENY)]
+        insns = (SockFilter * len(prog))(*[SockFilter(*x) for x in prog])
+        fprog = SockFprog(len(prog), insns)
+        if prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            applied.append("seccomp-keyring")
 if cfg["socket_guard"]:
     import socket, _socket
     class _NoSocket:

@@ -20,6 +20,7 @@ import importlib
 import math
 import multiprocessing as mp
 import multiprocessing.connection as mpc
+import os
 import pickle
 import signal
 import sys
@@ -155,7 +156,54 @@ def _score_guarded(task, problem, completion, timeout_s):
 # ----------------------------------------------------------------------------- worker processes
 
 
-def _worker_main(conn) -> None:
+def _die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
+    """End this worker at once when the process that started it ends, even mid-job: a trainer
+    killed with ``kill -9`` must not leave workers (and their sandboxes, which die with this
+    process by their own ``PR_SET_PDEATHSIG``) running on until their deadlines.
+
+    ``PR_SET_PDEATHSIG`` (Linux) fires when the parent *thread* that forked us exits, not the
+    process: it is set only when the parent started this worker from its main thread (a
+    replacement started from the pool's scoring thread, or the helper of ``run_with_timeout``
+    started from any thread, must not die with that thread). Always, a watchdog thread waits on
+    a pidfd of the parent process (readable once the whole process has exited; children of an
+    exiting thread are re-parented within the process), or polls ``getppid()`` where there is
+    no ``pidfd_open``."""
+    if pdeathsig and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # gone already (before the signal or the watchdog was set)
+        os._exit(1)
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(parent_pid)
+        except OSError:
+            pidfd = None
+        if pidfd is not None and os.getppid() != parent_pid:  # the pid may have been reused
+            os._exit(1)
+
+    def watch():
+        if pidfd is not None:
+            import select
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            while not poller.poll():
+                pass
+        else:
+            while os.getppid() == parent_pid:
+                time.sleep(0.2)
+        os._exit(1)
+
+    if os.name == "posix":
+        threading.Thread(target=watch, name="gapo-parent-watch", daemon=True).start()
+
+
+def _worker_main(conn, parent_pid: int | None = None, pdeathsig: bool = False) -> None:
+    if parent_pid is not None:
+        _die_with_parent(parent_pid, pdeathsig)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
     task = None
     while True:
@@ -199,7 +247,9 @@ _LOAD_TIMEOUT_S = 300.0
 class _Worker:
     def __init__(self, ctx):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        # die with this process (see _die_with_parent); PR_SET_PDEATHSIG only from the main thread
+        main = threading.current_thread() is threading.main_thread()
+        self.proc = ctx.Process(target=_worker_main, args=(child, os.getpid(), main), daemon=True)
         self.proc.start()
         child.close()
         self.loaded: str | None = None  # key of the task or module this worker has loaded
