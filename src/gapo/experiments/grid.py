@@ -329,7 +329,8 @@ def _prepare_regimes(grid: dict, out: Path, t0: float, say) -> dict[str, dict]:
         spec = grid["_regimes"][r]
         ev = {**_eval_cfg(grid, r), "base_key": pretrain_config(spec).cache_key(), "task": regime_task(spec)}
         be = out / r / "base_eval.json"
-        if be.is_file() and json.loads(be.read_text()).get("eval_cfg") == ev:
+        # compared as JSON: the task's tuples (e.g. num_range) come back from the file as lists
+        if be.is_file() and json.loads(be.read_text()).get("eval_cfg") == json.loads(json.dumps(ev)):
             continue
         argv = ["--prepare", str(out), r, json.dumps(grid["_regimes"][r]), json.dumps(ev)]
         prep.append((r, argv, out / r / "prepare.log",
