@@ -40,8 +40,10 @@ def test_whitespace_and_partial_credit():
     assert gcd.score_detailed(p, f"<answer>\n  {gold} \n</answer>") == (1.0, "ok")
     assert gcd.score(p, f"<answer>{gold} 0</answer>") == 0.0  # substring: no credit by default
     partial = ReasoningGymTask("gcd", size=2000, seed=0, partial_credit=True)
-    r = partial.score(p, f"<answer>{gold} 0</answer>")
+    r = partial.score(p, f"<answer>{gold}xx</answer>")
     assert 0.0 < r < 1.0 and r == pytest.approx(len(gold) / (len(gold) + 2))
+    # two numbers for a one-number oracle are two answers: no credit, partial or not
+    assert partial.score_detailed(p, f"<answer>{gold} 0</answer>") == (0.0, "ambiguous")
     assert partial.score(p, partial.demonstration(p)) == 1.0
 
 
@@ -102,3 +104,52 @@ def test_pickle_round_trip_scores(chain):
     clone = pickle.loads(pickle.dumps(chain))
     assert clone._ds is None
     assert clone.score(p, chain.demonstration(p)) == 1.0
+
+
+# ----------------------------------------------------------------------------- one answer
+
+# Hedges built from the oracle G and a distractor D: each commits to more than one answer.
+RG_HEDGES = [
+    "<answer>{g} or {d}</answer>", "<answer>{d} or {g}</answer>", "<answer>{g}, {d}</answer>",
+    "<answer>{g}; {d}</answer>", "<answer>{g}\n{d}</answer>", "<answer>{g} {d}</answer>",
+    "<answer>{g} \\lor {d}</answer>", "<answer>\\pm {g}</answer>", "<answer>±{g}</answer>",
+    "<answer>{g}</answer> <answer>{d}</answer>", "<answer>{d}</answer> <answer>{g}</answer>",
+    "<answer>either {g} or {d}</answer>", "<answer>{g} (or maybe {d})</answer>",
+    "<answer>{g} apples and {d} pears</answer>", "reasoning\n{g} or {d}", "reasoning\n{g}, {d}",
+]
+
+
+@pytest.mark.parametrize("name", ["gsm_symbolic", "chain_sum", "gcd", "basic_arithmetic"])
+def test_hedges_score_zero_for_number_oracles(name):
+    # gsm_symbolic's own scorer reads the first number of the answer: "<answer>5 or 7</answer>"
+    # scored 1.0 for 5 before the one-answer rule.
+    task = ReasoningGymTask(name, size=200, seed=0)
+    for p in task.generate("train", 3, 0):
+        gold = str(p.answer)
+        distractor = str(int(float(gold.replace(",", ""))) + 7)
+        assert task.score(p, f"<answer>{gold}</answer>") == 1.0
+        for hedge in RG_HEDGES:
+            for g, d in ((gold, distractor), (distractor, gold)):
+                completion = hedge.format(g=g, d=d)
+                assert task.score_detailed(p, completion) == (0.0, "ambiguous"), (name, completion)
+
+
+def test_first_number_scorer_was_gameable_and_agreeing_answers_still_count():
+    task = ReasoningGymTask("gsm_symbolic", size=50, seed=0)
+    p = task.generate("train", 1, 0)[0]
+    gold = str(p.answer)
+    assert task.dataset.score_answer(f"{gold} or 1", p.meta["entry"]) == 1.0  # the scorer alone
+    assert task.score(p, f"<answer>{gold} or 1</answer>") == 0.0
+    assert task.score(p, f"<answer>{gold}</answer> ... <answer> {gold} </answer>") == 1.0  # the same twice
+
+
+def test_list_oracles_keep_their_own_rules():
+    task = ReasoningGymTask("word_sorting", size=50, seed=0)
+    p = task.generate("train", 1, 0)[0]
+    assert "," in p.answer
+    assert task.score(p, task.demonstration(p)) == 1.0
+    assert task.score_detailed(p, f"<answer>{p.answer} or {p.answer[::-1]}</answer>") == (0.0, "ambiguous")
+    spell = ReasoningGymTask("spell_backward", size=50, seed=0)
+    q = spell.generate("train", 1, 0)[0]
+    assert spell.score(q, f"<answer>{q.answer}</answer>") == 1.0
+    assert spell.score_detailed(q, f"<answer>{q.answer}, {q.answer}x</answer>") == (0.0, "ambiguous")

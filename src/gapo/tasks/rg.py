@@ -24,6 +24,14 @@ default scorer compares strings exactly and gives ``len(oracle)/len(answer)`` to
 merely contains the oracle, so a stray space or newline would otherwise cost reward. No answer
 -> reward 0, status ``unparsable``.
 
+One answer. A completion must commit to one answer, or it scores 0 (status ``ambiguous``), whatever
+the dataset's scorer would say: several ``<answer>`` spans that disagree; an answer with ``or``,
+``±`` or ``\\lor`` when the oracle has none; when the oracle is one number, an answer holding
+several numbers (``5, 7``, ``5 or 7``: reasoning-gym's ``gsm_symbolic`` scorer reads the first
+number of the answer, so ``<answer>5 or 7</answer>`` would score 1 for 5); when the oracle holds no
+``,``, ``;`` or line break, an answer that is a list of several items. Oracles that are lists,
+grids or sentences keep their own scorer's rules.
+
 Reward. Binary by default: 1.0 when ``score_answer`` returns 1.0 (within 1e-9), else 0.0. The
 substring partial credit would reward padding an answer with the right digits ("12" scores 0.5
 against the oracle "1"); GAPO's clip schedule assumes binary rewards. ``partial_credit=True``
@@ -42,10 +50,27 @@ from typing import Any
 
 from gapo.tasks.base import Problem, check_split, draw_problems
 
-__all__ = ["ReasoningGymTask", "extract_rg_answer"]
+__all__ = ["ReasoningGymTask", "extract_rg_answer", "one_rg_answer"]
 
 DEFAULT_TEMPLATE = "{question}\nGive your final answer between <answer> and </answer> tags."
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?")
+_DISJ = re.compile(r"(?<![A-Za-z])or(?![A-Za-z])|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|\\pm(?![A-Za-z])|±|"
+                   r"\\mp(?![A-Za-z])|∓|∨", re.IGNORECASE)
+_SEP = re.compile(r"[,;\n]")
+
+
+def _answers(completion: str, last_line: bool) -> list[str]:
+    """Every non-empty ``<answer>`` span (stripped), else the last non-empty line."""
+    if not isinstance(completion, str):
+        return []
+    tags = _ANSWER_TAG.findall(completion)
+    if tags:
+        return [t.strip() for t in tags if t.strip()]
+    if not last_line:
+        return []
+    lines = [ln.strip() for ln in completion.splitlines() if ln.strip()]
+    return lines[-1:]
 
 
 def extract_rg_answer(completion: str, *, last_line: bool = True) -> str | None:
@@ -55,10 +80,27 @@ def extract_rg_answer(completion: str, *, last_line: bool = True) -> str | None:
     tags = _ANSWER_TAG.findall(completion)
     if tags:
         return tags[-1].strip() or None
-    if not last_line:
+    found = _answers(completion, last_line)
+    return found[-1] if found else None
+
+
+def one_rg_answer(answers: list[str], oracle: Any) -> str | None:
+    """The one answer of ``answers`` (a completion's), or None when they commit to several
+    values (see the module docstring)."""
+    if not answers or len(dict.fromkeys(answers)) > 1:
         return None
-    lines = [ln.strip() for ln in completion.splitlines() if ln.strip()]
-    return lines[-1] if lines else None
+    ans = answers[-1]
+    if oracle is None:
+        return ans
+    o = str(oracle).strip()
+    if _DISJ.search(ans) and not _DISJ.search(o):
+        return None
+    if _NUMBER.fullmatch(o):
+        if len(_NUMBER.findall(ans)) > 1:
+            return None
+    elif not _SEP.search(o) and sum(1 for item in _SEP.split(ans) if item.strip()) > 1:
+        return None
+    return ans
 
 
 def _qkey(question: str) -> str:
@@ -158,9 +200,13 @@ class ReasoningGymTask:
         return extract_rg_answer(completion, last_line=self.last_line) is not None
 
     def score_detailed(self, problem: Problem, completion: str) -> tuple[float, str]:
-        answer = extract_rg_answer(completion, last_line=self.last_line)
-        if answer is None:
+        """(reward, status), status ok / unparsable / ambiguous (several answers: reward 0)."""
+        found = _answers(completion, self.last_line)
+        if not found:
             return 0.0, "unparsable"
+        answer = one_rg_answer(found, problem.meta["entry"].get("answer", problem.answer))
+        if answer is None:
+            return 0.0, "ambiguous"
         try:
             raw = float(self.dataset.score_answer(answer, problem.meta["entry"]))
         except Exception:  # a scorer choking on odd text is a wrong answer, not a crash
