@@ -210,3 +210,30 @@ def test_load_cell_returns_per_problem_counts(tmp_path):
     c = load_cell(d)
     assert c["correct"] == {"before": [1, 0], "after": [3, 1], "n": 4}
     assert c["summary"]["after/pass@1"] == 0.5 and "after/correct" not in c["summary"]
+
+
+def test_gapo_log_is_reported_as_a_variant_and_not_counted_where_identical():
+    from gapo.experiments.claims import identical_runs, independent_between
+
+    cells = {}
+    for s in (0, 1, 2):
+        cells[("cd-low", "drgrpo", s)] = {**_cell(**{"after/pass@1": 0.2}), "correct": {"after": [1, 0], "n": 4}}
+        cells[("cd-low", "gapo", s)] = {**_cell(**{"after/pass@1": 0.3 + s}), "correct": {"after": [s, 1], "n": 4}}
+        # seeds 0 and 1: the same sample-for-sample final evaluation as GAPO; seed 2 differs
+        same = [s, 1] if s < 2 else [0, 0]
+        cells[("cd-low", "gapo_log", s)] = {**_cell(**{"after/pass@1": 0.3 + s}), "correct": {"after": same, "n": 4}}
+    assert identical_runs(cells, "cd-low", "gapo_log", "gapo", [0, 1, 2]) == (2, 3)
+    # without stored counts, every after/* value must agree
+    bare = {k: {"summary": v["summary"], "G": 4} for k, v in cells.items()}
+    assert identical_runs(bare, "cd-low", "gapo_log", "gapo", [0, 1, 2]) == (3, 3)
+    grid = {"seeds": [0, 1, 2], "regimes": ["cd-low"], "methods": ["drgrpo", "gapo", "gapo_log"],
+            "roles": {"low": "cd-low"}}
+    rows = claim_rows(grid, cells)
+    logs = [r for r in rows if r["method"] == "gapo_log"]
+    assert logs and all(r["variant_of"] == "gapo" and r["identical"] == [2, 3] for r in logs)
+    indep = independent_between(rows)
+    assert indep and not [r for r in indep if r["method"] == "gapo_log"]
+    assert [r for r in indep if r["method"] == "gapo" and r["vs"] == "drgrpo"]
+    # trained identically in at most half the seeds: counted
+    rows2 = [{**r, "identical": [1, 3]} if r["method"] == "gapo_log" else r for r in rows]
+    assert [r for r in independent_between(rows2) if r["method"] == "gapo_log"]

@@ -13,7 +13,14 @@ import math
 from gapo.experiments.grid import BASELINE_OF
 from gapo.experiments.stats import mean_ci, paired_diffs
 
-__all__ = ["ROLES", "CLAIM_TESTS", "claim_rows", "verdict"]
+__all__ = ["ROLES", "CLAIM_TESTS", "VARIANT_OF", "claim_rows", "verdict", "identical_runs", "independent_between"]
+
+# Methods reported as a variant of another: GAPO-log's schedule differs from GAPO-linear's by at
+# most 0.0007 in ε at G = 8, and where no token's clip decision falls between the two bounds the
+# two train identically (RESULTS.md: 4 of 5 seeds in `low` and `three`). Their rows carry
+# ``variant_of`` and ``identical`` ("k of n seeds"), and are not counted as independent intervals
+# where the variant trained identically in most seeds (``independent_between``).
+VARIANT_OF = {"gapo_log": "gapo"}
 
 # The claims of issue 4 item 5 as paired (same seed) comparisons: (claim, role, method, against, key).
 # A role names the regime a claim is about: "low" and "low2" (two low-pass-rate regimes), "high",
@@ -60,7 +67,40 @@ def claim_rows(grid: dict, cells: dict) -> list[dict]:
         out += _rl_vs_base(grid, cells, reg)
     for reg in grid["regimes"]:
         out += _learns(grid, cells, reg)
+    for row in out:
+        if row["method"] in VARIANT_OF and VARIANT_OF[row["method"]] in grid["methods"]:
+            k, n = identical_runs(cells, row["regime"], row["method"], VARIANT_OF[row["method"]], seeds)
+            row.update(variant_of=VARIANT_OF[row["method"]], identical=[k, n])
     return out
+
+
+def _final_eval(cell: dict) -> object:
+    """What a cell's final evaluation was, sample for sample as far as stored: its per-problem
+    success counts where stored, else every ``after/*`` value of its summary."""
+    c = cell.get("correct")
+    if c and c.get("after") is not None:
+        return ("correct", tuple(c["after"]))
+    return ("after", tuple(sorted((k, v) for k, v in cell["summary"].items() if k.startswith("after/"))))
+
+
+def identical_runs(cells: dict, regime: str, a: str, b: str, seeds: list[int]) -> tuple[int, int]:
+    """``(k, n)``: of the ``n`` seeds where both cells finished, ``k`` whose final evaluations of
+    ``a`` and ``b`` are identical (per-problem success counts; every ``after/*`` value where the
+    counts are not stored) -- the runs trained the same."""
+    pairs = [(cells[(regime, a, s)], cells[(regime, b, s)]) for s in seeds if (regime, a, s) in cells
+             and (regime, b, s) in cells]
+    return sum(_final_eval(x) == _final_eval(y) for x, y in pairs), len(pairs)
+
+
+def independent_between(rows: list[dict]) -> list[dict]:
+    """The between-method rows (``vs`` another method) that count as independent intervals: a
+    variant's rows (``variant_of``) are left out where it trained identically to its parent in
+    more than half of the seeds."""
+    def dup(r):
+        k, n = r.get("identical", (0, 0))
+        return "variant_of" in r and n > 0 and 2 * k > n
+
+    return [r for r in rows if r["vs"] not in ("", "base") and not dup(r)]
 
 
 def _summary_by_c(cell: dict, stat: str) -> dict[int, float]:

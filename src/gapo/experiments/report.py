@@ -26,7 +26,7 @@ import os
 import re
 from pathlib import Path
 
-from gapo.experiments.claims import claim_rows, verdict
+from gapo.experiments.claims import claim_rows, independent_between, verdict
 from gapo.experiments.figures import grid_figures, run_figures
 from gapo.experiments.grid import BASELINE_OF, cell_dir, grid_cells, write_json
 from gapo.experiments.stats import load_cell, mean_ci, paired_diffs, run_summary
@@ -219,7 +219,10 @@ def _tables_md(summary: dict) -> str:
     for r, by_m in summary["aggregate"].items():
         lines += _regime_md(r, by_m, summary["paired"].get(r))
     if summary.get("claims"):
-        lines += _claims_md(summary["claims"])
+        shown = {c[0] for c in _MAIN_COLS[:7]}  # the paired tables' columns (_regime_md)
+        n_paired = sum(1 for v in summary["paired"].values() for by_k in v.values() for k, d in by_k.items()
+                       if k in shown and d.get("n", 0) >= 2)
+        lines += _claims_md(summary["claims"], n_paired)
     if summary["failed"]:
         lines += ["## failed cells", ""] + [f"- {f['cell']}: {f.get('error', '')}" for f in summary["failed"]] + [""]
     return "\n".join(lines)
@@ -274,16 +277,23 @@ def _by_c_md(by_m: dict) -> list[str]:
     return lines
 
 
-def _claims_md(claims: list[dict]) -> list[str]:
+def _claims_md(claims: list[dict], n_paired: int = 0) -> list[str]:
     lines = ["## Claims (issue 4 item 5): paired differences, mean ± 95% t-interval; sign by the CI", "",
              "| claim | regime | method | vs | measure | Δ | 95% CI | n | sign |",
              "|---|---|---|---|---|---|---|---|---|"]
     for c in claims:
         lo, hi = c["mean"] - c["ci"], c["mean"] + c["ci"]
         n = f"{c['k']} of {c['n']} rose" if "k" in c else c["n"]
-        lines.append(f"| {c['claim']} | {c['regime']} | {c['method']} | {c['vs']} | {c['key']} | {c['mean']:.4f} | "
+        m = c["method"]
+        if "variant_of" in c:  # e.g. GAPO-log: say how often it trained exactly as its parent
+            m += f" (variant of {c['variant_of']}; identical in {c['identical'][0]} of {c['identical'][1]})"
+        lines.append(f"| {c['claim']} | {c['regime']} | {m} | {c['vs']} | {c['key']} | {c['mean']:.4f} | "
                      f"[{lo:.4f}, {hi:.4f}] | {n} | {verdict(c)} |")
     between = [c for c in claims if c["vs"] not in ("", "base")]
-    lines += [f"{len(between)} between-method intervals above; at 95% about {len(between) / 20:.1f} of them "
+    indep = independent_between(claims)
+    total = len(indep) + n_paired
+    lines += [f"{len(between)} between-method intervals above ({len(between) - len(indep)} of them a variant's that "
+              f"trained as its parent in most seeds, not counted), plus {n_paired} in the paired tables of the "
+              f"regimes: {total} independent intervals in this report; at 95% about {total / 20:.1f} of them "
               "would exclude zero by chance alone, so a lone '+' or '−' is a lead, not a finding.", ""]
     return lines
