@@ -8,7 +8,10 @@
 A grid YAML names ``methods`` (keys of ``METHODS``, or new ones under ``method_defs``),
 ``regimes`` (keys of ``REGIMES``, or new ones under ``regime_defs``), ``seeds`` and ``common``
 overrides (``section.key: value``) applied identically to every cell, so every method gets the
-same compute: rollout batches, prompts × group size, mini-batches, epochs, evaluation.
+same compute: rollout batches, prompts × group size, mini-batches, epochs, evaluation. A regime
+may list a subset of the grid's ``methods``; ``order: regime`` runs every seed of a regime
+before the next one (default ``seed``: seed k of every cell before seed k+1); a ``dose`` block
+adds the dose-response report (:mod:`gapo.experiments.dose`, ``configs/dose-response.yaml``).
 
 Cells live in ``<out>/<regime>/<method>/seed<k>`` and run in child processes
 (:mod:`gapo.experiments.cell`, ``workers`` at a time, one torch thread each). A cell with
