@@ -228,17 +228,25 @@ def context_length(model) -> int | None:
                  if isinstance(getattr(mc, k, None), int)), None)
 
 
-def check_context(model, prompt_lengths: list[int], max_new_tokens: int, *, key: str, where: str) -> None:
+def check_context(model, prompt_lengths: list[int], max_new_tokens: int, *, key: str, where: str,
+                  longest: str | None = None) -> None:
     """``max_new_tokens`` after the longest prompt (in tokens) fits the model's context: an error
-    naming ``key`` before a sampler allocates for a length the model cannot take."""
+    naming ``key`` (and ``longest``, where that prompt came from) before a sampler allocates for a
+    length the model cannot take. The advice is ``task.max_prompt_tokens`` (drop the long
+    prompts), and a smaller ``sampling.max_new_tokens`` only where one would fit."""
     ctx = context_length(model)
     if ctx is None or not prompt_lengths:
         return
-    longest = max(prompt_lengths)
-    if longest + max_new_tokens > ctx:
-        raise ValueError(f"{key}: {max_new_tokens} new tokens after a prompt of up to {longest} tokens exceed the "
-                         f"model's context of {ctx} tokens ({where!r}); set sampling.max_new_tokens to at most "
-                         f"{ctx - longest}")
+    n = max(prompt_lengths)
+    if n + max_new_tokens > ctx:
+        at = f" ({longest})" if longest else ""
+        fix = [f"set task.max_prompt_tokens={ctx - max_new_tokens} to drop longer prompts"] if ctx > max_new_tokens else []
+        if ctx - n >= 1:
+            fix.append(f"set sampling.max_new_tokens to at most {ctx - n}")
+        if not fix:
+            fix = [f"lower sampling.max_new_tokens below {ctx} and set task.max_prompt_tokens"]
+        raise ValueError(f"{key}: {max_new_tokens} new tokens after the longest prompt, {n} tokens{at}, exceed the "
+                         f"model's context of {ctx} tokens ({where!r}); " + ", or ".join(fix))
 
 
 def kv_cache_bytes(model, rows: int, length: int) -> int:

@@ -37,12 +37,21 @@ __all__ = ["Config", "load_config", "apply_overrides", "to_dict", "from_dict", "
 
 @dataclass
 class TaskConfig:
-    name: str = "countdown"  # a gapo.tasks name: countdown, arithmetic, math, rg, humaneval, mbpp
+    name: str = "countdown"  # a gapo.tasks name: countdown, arithmetic, math, data, rg, humaneval, mbpp
     params: dict = field(default_factory=dict)  # passed to gapo.tasks.get(name, **params)
     train_size: int = 20000  # at most this many distinct training problems (pool = min(this, prompts × steps))
     scoring_workers: int = 0  # >0: score in a process pool (slow verifiers)
     chat: bool | str = "auto"  # prompts through the tokenizer's chat template: auto (if it has one) | true | false
     system_prompt: str | None = None  # a system turn before the task's prompt (chat templates only)
+    max_prompt_tokens: int | None = None  # drop prompts longer than this (tokens, after the chat template)
+
+
+@dataclass
+class RewardConfig:
+    # rewards of your own (gapo.tasks.custom): module.path:function | path/to/file.py:function | task
+    # (the task's own verifier); empty: the task's verifier. --reward (repeatable) sets this list.
+    funcs: list[str] = field(default_factory=list)
+    weights: list[float] | None = None  # one per function (default 1 each); R = weighted sum
 
 
 @dataclass
@@ -120,11 +129,13 @@ class LogConfig:
     wandb: bool = False
     wandb_project: str = "gapo"
     samples: int = 4  # rows of each rollout batch kept in samples.jsonl (prompt text, completion, reward); 0: none
+    samples_every: int = 10  # steps; those rows also go to TensorBoard (text) / W&B (a table); 0: never
 
 
 @dataclass
 class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -146,6 +157,8 @@ class Config:
             if problem:
                 raise ValueError(f"{where(key)}: {problem}")
         a, t = self.algo, self.train
+        from gapo.tasks.custom import check_reward_config  # torch-free: the syntax of reward.funcs/weights
+        check_reward_config(self.reward.funcs, self.reward.weights)
         if self.task.name not in tasks.names():
             raise ValueError(f"{where('task.name')}: {unknown('task', self.task.name, tasks.names())}")
         for key, kind, name, known in (
@@ -275,7 +288,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         data, lines = read_yaml(path)
         if not isinstance(data, dict):
-            raise ValueError(f"config file {str(path)!r}: must be a mapping of sections (task, model, sampling, "
+            raise ValueError(f"config file {str(path)!r}: must be a mapping of sections (task, reward, model, sampling, "
                              f"algo, optim, train, eval, log), got {type(data).__name__}")
         fresh = Config() if base is None else cfg
         for sec, body in data.items():

@@ -78,7 +78,11 @@ def _score_and_summarise(task, problems: list, texts: list[list[str]], n: int) -
     """pass@k, first-move diversity and coverage of ``texts[j]`` (problem j's n samples), and the
     number of correct samples per problem. Each sample is scored once; a task that raises or returns a non-finite reward is a
     ValueError naming the task and the problem (gapo.tasks.scoring), not a bare traceback."""
-    ok = [[score_checked(task, problems, j, t) > 0 for t in ts] for j, ts in enumerate(texts)]
+    # correct: reward > 0 (the built-in verifiers' 0/1), or, for rewards of your own
+    # (gapo.tasks.custom), a reward reaching the task's success_reward (R_max of algo.reward_range)
+    top = getattr(task, "success_reward", None)
+    ok = [[(r >= top) if top is not None else r > 0 for r in (score_checked(task, problems, j, t) for t in ts)]
+          for j, ts in enumerate(texts)]
     correct = [sum(o) for o in ok]
     out: dict = {f"eval/pass@{k}": v for k, v in pass_at_k_curve(n, correct).items()}
     moves = [[task.first_move(t) for t in ts] for ts in texts]

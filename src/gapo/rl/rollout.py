@@ -18,7 +18,8 @@ from gapo.core.advantages import zero_std_groups
 from gapo.policy.sampling import Rollout
 from gapo.tasks.scoring import score_batch, submit_batch
 
-__all__ = ["Batch", "concat", "collect", "check_rewards", "probe_reward", "score", "merge_stats", "sample_records"]
+__all__ = ["Batch", "concat", "collect", "check_rewards", "probe_reward", "score", "merge_stats", "sample_records",
+           "filter_prompts", "problem_name"]
 
 
 @dataclass
@@ -74,13 +75,23 @@ def merge_stats(parts: list[tuple[int, dict]]) -> dict:
         return dict(parts[0][1])
     n = sum(k for k, _ in parts)
     out: dict = {}
+    per_term: dict = {}  # reward/<term> (gapo.tasks.custom): a mean over reward/n_<term> completions
+
+    def term_count(st, key):
+        return st.get(key.replace("reward/", "reward/n_", 1)) if key.startswith("reward/") else None
+
     for k, st in parts:
         for key, v in st.items():
             if isinstance(v, (int, float)):
-                w = k if key.endswith(("_frac", "/mean")) else 1
+                m = term_count(st, key)
+                w = m if m is not None else k if key.endswith(("_frac", "/mean")) else 1
                 out[key] = out.get(key, 0.0) + w * v
+                if m is not None:
+                    per_term[key] = per_term.get(key, 0.0) + m
     for key in out:
-        if key.endswith(("_frac", "/mean")):
+        if key in per_term:
+            out[key] /= max(per_term[key], 1)
+        elif key.endswith(("_frac", "/mean")):
             out[key] /= max(n, 1)
     return out
 
@@ -193,3 +204,37 @@ def sample_records(batch: Batch, step: int, n: int, render: Callable[[str], str]
     return [{"step": step, "group": i // G, "prompt": render(batch.problems[i // G].prompt),
              "completion": batch.texts[i], "reward": float(batch.rewards[i])}
             for i in range(min(n, len(batch.texts)))]
+
+
+def problem_name(problem) -> str:
+    """Where a problem came from, for messages: ``file:line`` (JSONL), ``file row N``, its
+    ``task_id``, or the start of its prompt."""
+    meta = getattr(problem, "meta", None) or {}
+    if meta.get("source") is not None and meta.get("line") is not None:
+        src = str(meta["source"])
+        jsonl = src.lower().removesuffix(".gz").endswith((".jsonl", ".ndjson"))
+        return f"{src}:{meta['line']}" if jsonl else f"{src} row {meta['line']}"
+    if meta.get("task_id") is not None:
+        return f"problem {meta['task_id']!r}"
+    return f"the problem {problem.prompt[:60]!r}"
+
+
+def filter_prompts(encoder, train: list, evals: list, max_tokens: int | None, *, key: str = "task.max_prompt_tokens"):
+    """``(train, evals, info)`` without the problems whose prompt (``encoder.ids``: after the
+    chat template) is longer than ``max_tokens`` tokens; ``info`` counts what was dropped (distinct
+    prompts) and is None when ``max_tokens`` is None. Dropping every training prompt, or every
+    evaluation prompt of a run that evaluates, is an error naming ``key``."""
+    if max_tokens is None:
+        return train, evals, None
+    info: dict = {"max_prompt_tokens": max_tokens}
+    kept = {}
+    for name, probs in (("train", train), ("eval", evals)):
+        lengths = {p.prompt: len(encoder.ids(p.prompt)) for p in probs}
+        long = {q for q, n in lengths.items() if n > max_tokens}
+        kept[name] = [p for p in probs if p.prompt not in long]
+        info[f"{name}_dropped"], info[f"{name}_prompts"] = len(long), len(lengths)
+        if probs and not kept[name]:
+            what = "training" if name == "train" else "evaluation (set eval.problems=0 to skip evaluation)"
+            raise ValueError(f"{key}: {max_tokens} drops every {what} prompt (the shortest has "
+                             f"{min(lengths.values())} tokens after the chat template); raise it")
+    return kept["train"], kept["eval"], info

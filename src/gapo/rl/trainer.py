@@ -30,6 +30,7 @@ from gapo import tasks
 from gapo.core.advantages import compute as compute_advantages
 from gapo.core.advantages import group_success_count
 from gapo.core.aggregation import agg_loss
+from gapo.tasks.custom import with_rewards
 from gapo.core.clipping import eps_high_for
 from gapo.core.losses import LOSSES, RATIO_LEVEL, kl_estimate, log_ratio
 from gapo.core.metrics import (RATIO_ADV_WINDOW, clip_counts_by_c, clip_stats_from_counts, merge_counts,
@@ -73,7 +74,8 @@ class Trainer:
         if state is not None and state["step"] >= cfg.train.steps:
             raise ValueError(f"run {str(self.run_dir)!r} is finished (step {state['step']} of train.steps="
                              f"{cfg.train.steps}); nothing to resume. To train it further: --resume --allow-change "
-                             f"train.steps={state['step'] * 2 or 1}")
+                             f"train.steps={state['step'] * 2 or 1}; for a model out of it: gapo export "
+                             f"{str(self.run_dir)}")
         # a resumed run keeps the thread count it ran with: floats depend on it in the last bits
         self._build(cfg, threads=state.get("threads") if state is not None else None)
         if state is not None:
@@ -117,13 +119,22 @@ class Trainer:
         # never more than prompts × steps (passes over it are reshuffled; dynamic sampling wraps)
         self.pool = self.task.generate("train", max(1, min(cfg.task.train_size, t.prompts * t.steps)), t.seed)
         self.eval_problems = self.task.generate("eval", cfg.eval.problems, cfg.eval.seed) if cfg.eval.problems else []
+        # task.max_prompt_tokens: over-long prompts leave both pools before anything is sampled
+        self.pool, self.eval_problems, self.filtered = rollout.filter_prompts(
+            self.encoder, self.pool, self.eval_problems, cfg.task.max_prompt_tokens, key=cfg._where("task.max_prompt_tokens"))
+        # --reward: the task scored by the user's functions (imported and checked here, probed below)
+        self.task = with_rewards(self.task, cfg.reward.funcs, cfg.reward.weights, probe=self.pool[0],
+                                 reward_range=cfg.algo.reward_range)
         # (gapo's decoder fast path turns itself off for adapters and gradient checkpointing)
-        train_lengths = [len(self.encoder.ids(p.prompt)) for p in self.pool[:2000]]
-        eval_lengths = [len(self.encoder.ids(p.prompt)) for p in self.eval_problems[:2000]]
-        check_context(self.model, train_lengths + eval_lengths, self.max_new_tokens,
-                      key=cfg._where("sampling.max_new_tokens"), where=str(self.policy_path))
+        lengths = {"train": [len(self.encoder.ids(p.prompt)) for p in self.pool[:2000]],
+                   "eval": [len(self.encoder.ids(p.prompt)) for p in self.eval_problems[:2000]]}
+        longest = max(((n, s, i) for s, ls in lengths.items() for i, n in enumerate(ls)), default=None)
+        check_context(self.model, lengths["train"] + lengths["eval"], self.max_new_tokens,
+                      key=cfg._where("sampling.max_new_tokens"), where=str(self.policy_path),
+                      longest=None if longest is None else rollout.problem_name(
+                          (self.pool if longest[1] == "train" else self.eval_problems)[longest[2]]))
         check_memory(self.model, self.device, t.prompts * t.group_size,
-                     max(train_lengths, default=0) + self.max_new_tokens, where=str(self.policy_path))
+                     max(lengths["train"], default=0) + self.max_new_tokens, where=str(self.policy_path))
         rollout.probe_reward(self.task, self.pool[:1] + self.eval_problems[:1], cfg.algo.reward_range)
         self.trackers = Trackers(cfg, self.run_dir)
         self.trackers.check()
@@ -142,17 +153,29 @@ class Trainer:
             self.folder.open(overwrite=overwrite)
             try:
                 self.folder.write_config(to_dict(self.cfg))
+                self._log_filtered()
             except BaseException:
                 self.folder.abort()
                 raise
             return
         self.folder.truncate_logs(self.step)
+        self._log_filtered()
         if changes:
             self.folder.write_config(to_dict(self.cfg))
             self.folder.log_event({"event": "resume", "step": self.step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                    "changed": {k: {"old": a, "new": b} for k, (a, b) in changes.items()}})
             print(f"[gapo] resumed {str(self.run_dir)!r} at step {self.step} with changes: "
                   + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()), file=sys.stderr)
+
+    def _log_filtered(self) -> None:
+        """task.max_prompt_tokens: what was dropped, said once and kept in events.jsonl."""
+        f = self.filtered
+        if f is None:
+            return
+        print(f"[gapo] task.max_prompt_tokens={f['max_prompt_tokens']}: dropped {f['train_dropped']} of "
+              f"{f['train_prompts']} training prompts and {f['eval_dropped']} of {f['eval_prompts']} evaluation "
+              "prompts (longer after the chat template)", file=sys.stderr)
+        self.folder.log_event({"event": "filter_prompts", "step": self.step, **f})
 
     def _shuffled(self) -> list[int]:
         order = list(range(len(self.pool)))
@@ -434,11 +457,12 @@ class Trainer:
         tmp = self.run_dir / f".policy.{os.getpid()}.tmp"
         old = self.run_dir / f".policy.{os.getpid()}.old"
         try:
+            extra = {"step": self.step}  # which step this is (gapo export / eval --step)
             if lora.is_lora(self.model):  # the merged model, loadable anywhere, and the adapter beside it
-                save_policy(lora.merged(self.model), self.tok, tmp)
+                save_policy(lora.merged(self.model), self.tok, tmp, extra=extra)
                 lora.save_adapter(self.model, tmp / "adapter")
             else:
-                save_policy(self.model, self.tok, tmp)
+                save_policy(self.model, self.tok, tmp, extra=extra)
             if final.exists():
                 os.rename(final, old)
             os.rename(tmp, final)

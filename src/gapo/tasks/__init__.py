@@ -20,6 +20,7 @@ _REGISTRY: dict[str, str] = {
     "rg": "gapo.tasks.rg:ReasoningGymTask",
     "humaneval": "gapo.tasks.code:HumanEvalTask",
     "mbpp": "gapo.tasks.code:MBPPTask",
+    "data": "gapo.tasks.data:DataTask",  # any dataset, scored by --reward (gapo.tasks.custom)
 }
 
 

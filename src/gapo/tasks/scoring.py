@@ -158,7 +158,7 @@ def score_checked(task, problems, i, completion) -> float:
     return check_reward(task, problems, i, r)
 
 
-def _finish(task, problems, rewards, statuses, t0) -> tuple[list[float], dict]:
+def _finish(task, problems, rewards, statuses, t0, parts=None) -> tuple[list[float], dict]:
     for i, r in enumerate(rewards):
         check_reward(task, problems, i, r)
     n = len(rewards)
@@ -168,6 +168,13 @@ def _finish(task, problems, rewards, statuses, t0) -> tuple[list[float], dict]:
         c = sum(s == status for s in statuses)
         stats[f"reward/n_{key}"] = float(c)
         stats[f"reward/{key}_frac"] = c / n if n else 0.0
+    # several rewards (gapo.tasks.custom): reward/<term> is the term's mean over the completions it
+    # scored (not skipped, not timed out), reward/n_<term> how many those were
+    for name in getattr(task, "reward_names", None) or []:
+        vals = [p[name] for p in parts or [] if p is not None and p.get(name) is not None]
+        stats[f"reward/n_{name}"] = float(len(vals))
+        if vals:
+            stats[f"reward/{name}"] = sum(vals) / len(vals)
     stats["time/score_s"] = time.perf_counter() - t0
     return rewards, stats
 
@@ -220,17 +227,18 @@ class ScoringPool:
         jobs = [("score", p, c, soft) for p, c in zip(problems, completions)]
         with self._lock:
             outs = self._workers.run(jobs, hard, ("task:" + key, ("task", blob)))
-        rewards, statuses = [], []
+        rewards, statuses, parts = [], [], []
         for i, (status, value) in enumerate(outs):
             if status == "ok":
-                r, s = value
+                r, s, *part = value
             elif status == "raised":
                 _raise_from_task(task, problems, i, value)
             else:  # timeout (hard kill) or error (worker died)
-                r, s = 0.0, status
+                r, s, part = 0.0, status, []
             rewards.append(check_reward(task, problems, i, r))
             statuses.append(s)
-        return _finish(task, problems, rewards, statuses, t0)
+            parts.append(part[0] if part else None)
+        return _finish(task, problems, rewards, statuses, t0, parts)
 
     def submit(self, task, problems, completions, *, timeout_s: float | None | str = "default") -> cf.Future:
         return self._executor.submit(self.score, task, list(problems), list(completions), timeout_s=timeout_s)
@@ -271,16 +279,17 @@ def score_batch(task, problems, completions, *, workers: int = 0, timeout_s: flo
         return _shared_pool(workers).score(task, problems, completions, timeout_s=timeout_s)
     _check_inputs(task, problems, completions)
     t0 = time.perf_counter()
-    rewards, statuses = [], []
+    rewards, statuses, parts = [], [], []
     soft, _ = _deadlines(task, timeout_s)
     for i, (p, c) in enumerate(zip(problems, completions)):
         try:
-            r, s = _score_guarded(task, p, c, soft)
+            r, s, *part = _score_guarded(task, p, c, soft)
         except Exception as e:  # noqa: BLE001
             _raise_from_task(task, problems, i, e)
         rewards.append(check_reward(task, problems, i, r))
         statuses.append(s)
-    return _finish(task, problems, rewards, statuses, t0)
+        parts.append(part[0] if part else None)
+    return _finish(task, problems, rewards, statuses, t0, parts)
 
 
 def submit_batch(task, problems, completions, *, workers: int = 0, timeout_s: float | None = 10.0) -> cf.Future:

@@ -127,11 +127,15 @@ def _call_with_alarm(fn: Callable, args: tuple, timeout_s: float):
 # ----------------------------------------------------------------------------- one completion
 
 
-def score_one(task, problem, completion: str) -> tuple[float, str]:
-    """(reward, status) for one completion, using ``score_detailed`` where the task has it."""
+def score_one(task, problem, completion: str) -> tuple:
+    """(reward, status) for one completion, using ``score_detailed`` where the task has it;
+    (reward, status, {term: value}) for a task scored by several rewards (``gapo.tasks.custom``)."""
     detailed = getattr(task, "score_detailed", None)
     if detailed is not None:
-        reward, status = detailed(problem, completion)
+        out = detailed(problem, completion)
+        if len(out) == 3:  # several rewards (gapo.tasks.custom): each term's value rides along
+            return float(out[0]), out[1], out[2]
+        reward, status = out
         return float(reward), status
     reward = float(task.score(problem, completion))
     parse_ok = getattr(task, "parse_ok", None)

@@ -1,0 +1,200 @@
+"""A model out of any run: ``gapo export RUN [--step N] [--out DIR] [--dtype keep|float32|bfloat16] [--merge-lora]``.
+
+A run folder holds at most two models (docs/real-models.md):
+
+- ``policy/``: the final policy, written when the run reached ``train.steps`` (its step is in
+  ``policy/gapo_policy.json``);
+- ``checkpoint.pt``: the last checkpoint (periodic ones overwrite it; a run stopped by Ctrl-C or
+  SIGTERM writes it before exiting). It holds float32 master weights whatever ``model.dtype`` was
+  (``model.dtype`` is the autocast compute dtype; the optimiser steps float32 weights), or, with
+  LoRA, only the adapters, the base model staying where ``model.path`` points.
+
+``export`` writes a plain Hugging Face folder (``save_pretrained``: weights, ``config.json``,
+``generation_config.json``, the tokenizer with its chat template) from the latest of the two, or
+from the one at ``--step N`` (an error naming the steps there are: gapo keeps no other
+snapshots). ``--dtype keep`` (the default) saves in the base model's dtype (a bfloat16 checkpoint
+in, bfloat16 out, not the float32 of the master weights); ``float32`` / ``bfloat16`` / ``float16``
+as asked. A LoRA run exports its adapter (a peft folder whose ``base_model_name_or_path`` is the
+base model) unless ``--merge-lora`` asks for the merged model. The same loader gives
+``gapo eval RUN`` its model (:func:`load_run_model`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from gapo.policy import lora
+from gapo.policy.model import load_policy, read_marker, save_policy
+from gapo.rl.run_dir import RunFolder
+
+__all__ = ["RunModels", "load_run_model", "export", "EXPORT_DTYPES"]
+
+EXPORT_DTYPES = ("keep", "float32", "bfloat16", "float16")
+
+
+class RunModels:
+    """What a run folder holds: ``policy_step`` (None: no ``policy/``), ``ckpt_step`` (None: no
+    checkpoint) and the run's saved config."""
+
+    def __init__(self, run: str | Path):
+        self.folder = RunFolder(run)
+        p = self.folder.path
+        if not p.is_dir():
+            raise ValueError(f"{str(p)!r}: no such run folder")
+        if not self.folder.is_run():
+            raise ValueError(f"{str(p)!r} is not a gapo run folder (no .gapo-run, nor config.yaml + metrics.jsonl); "
+                             "give the --out folder of a gapo train run")
+        self.config = self.folder.saved_config()
+        self.policy = p / "policy"
+        self.policy_step = None
+        self.has_policy = (self.policy / "config.json").is_file()
+        if self.has_policy:
+            step = ((read_marker(self.policy) or {}).get("extra") or {}).get("step")
+            self.policy_step = step if isinstance(step, int) else (self.config.get("train") or {}).get("steps")
+        self._state = None
+        self.ckpt_step = None
+        if self.folder.checkpoint.is_file():
+            self.ckpt_step = self.state()["step"]
+        if not self.has_policy and self.ckpt_step is None:
+            raise ValueError(f"run {str(p)!r} has no model yet: neither policy/ nor checkpoint.pt (it stopped "
+                             "before its first checkpoint)")
+
+    def state(self) -> dict:
+        if self._state is None:
+            try:
+                self._state = self.folder.load_checkpoint("cpu")
+            except ValueError as e:
+                raise ValueError(str(e).replace("cannot resume: ", "cannot read the run's model: ")) from None
+        return self._state
+
+    def steps(self) -> list[int]:
+        return sorted({s for s in (self.policy_step, self.ckpt_step) if s is not None})
+
+    def pick(self, step: int | None) -> str:
+        """``"policy"`` or ``"checkpoint"``: the latest (a tie goes to ``policy/``), or the one at ``step``."""
+        if step is None:
+            if self.ckpt_step is None or (self.has_policy and (self.policy_step or 0) >= self.ckpt_step):
+                return "policy"
+            return "checkpoint"
+        if self.has_policy and step == self.policy_step:
+            return "policy"
+        if step == self.ckpt_step:
+            return "checkpoint"
+        have = ", ".join(([f"the final policy (step {self.policy_step})"] if self.has_policy else [])
+                         + ([f"the last checkpoint (step {self.ckpt_step})"] if self.ckpt_step is not None else []))
+        raise ValueError(f"run {str(self.folder.path)!r} has no model at step {step}: it holds {have}. gapo keeps "
+                         "only the last checkpoint (periodic checkpoints overwrite it, train.checkpoint_every)")
+
+    @property
+    def is_lora(self) -> bool:
+        return bool((self.config.get("model") or {}).get("lora"))
+
+    def base_path(self) -> str:
+        """The model the run started from (the checkpoint's record, else the saved config's)."""
+        if self.ckpt_step is not None and self.state().get("policy_path"):
+            return str(self.state()["policy_path"])
+        path = (self.config.get("model") or {}).get("path")
+        if path is None:
+            from gapo.policy.base_policy import get_base_policy
+            return str(get_base_policy((self.config.get("model") or {}).get("base_preset", "low"), progress=False))
+        return str(path)
+
+
+def _base_dtype(path: str) -> torch.dtype:
+    """The dtype a model folder's ``config.json`` declares (``dtype`` / ``torch_dtype``), else float32."""
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return torch.float32
+    name = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+    return getattr(torch, str(name).replace("torch.", ""), torch.float32) if isinstance(name, str) else torch.float32
+
+
+def load_run_model(run: str | Path, step: int | None = None, device: str = "cpu", *, keep_lora: bool = False):
+    """``(model, tokenizer, info)`` of a run's final policy or checkpoint (see the module docstring);
+    float32 weights. ``keep_lora``: a LoRA run's model stays a peft model (adapters unmerged);
+    otherwise it is the merged plain model. ``info``: ``source``, ``step``, ``base``, ``config``,
+    ``lora``."""
+    rm = RunModels(run)
+    source = rm.pick(step)
+    base = rm.base_path()
+    info = {"source": source, "base": base, "config": rm.config, "lora": rm.is_lora,
+            "step": rm.policy_step if source == "policy" else rm.ckpt_step}
+    if source == "policy":
+        adapter = rm.policy / "adapter"
+        if keep_lora and rm.is_lora and adapter.is_dir():
+            from peft import PeftModel  # lazy: the optional [lora] extra
+            model, tok = load_policy(base, device, dtype=torch.float32)
+            model = PeftModel.from_pretrained(model, str(adapter))
+            _, tok = load_policy(rm.policy, device, dtype=torch.float32)  # the tokenizer the run saved
+            return model.eval(), tok, info
+        model, tok = load_policy(rm.policy, device, dtype=torch.float32)
+        return model, tok, info
+    state = rm.state()
+    try:
+        model, tok = load_policy(base, device, dtype=torch.float32)
+    except ValueError as e:
+        raise ValueError(f"the checkpoint of {str(rm.folder.path)!r} needs its base model at {base!r}: {e}") from None
+    where = f"checkpoint {str(rm.folder.checkpoint)!r} (step {rm.ckpt_step})"
+    try:
+        if rm.is_lora:
+            model = lora.apply_lora(model, (rm.config.get("model") or {}).get("lora") or {})
+            res = model.load_state_dict(state["model"], strict=False)
+            if res.unexpected_keys or set(lora.adapter_state(model)) - set(state["model"]):
+                raise ValueError("its adapters do not match the run's model.lora")
+            if not keep_lora:
+                model = model.merge_and_unload()
+        else:
+            model.load_state_dict(state["model"])
+    except (RuntimeError, KeyError) as e:
+        raise ValueError(f"{where} does not fit the base model at {base!r} ({str(e).splitlines()[0]})") from None
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    return model.to(device).eval(), tok, info
+
+
+def export(run: str | Path, out: str | Path | None = None, *, step: int | None = None, dtype: str = "keep",
+           merge_lora: bool = False) -> tuple[Path, dict]:
+    """Write the run's model to ``out`` (default ``RUN/export-step<N>``) as a plain Hugging Face
+    folder; returns ``(out, info)``. Nothing is written when anything is wrong (an existing
+    non-empty ``out``, a step the run does not hold, an unknown dtype)."""
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"--dtype: must be one of {list(EXPORT_DTYPES)}, got {dtype!r}")
+    rm = RunModels(run)
+    if merge_lora and not rm.is_lora:
+        raise ValueError(f"--merge-lora: run {str(rm.folder.path)!r} did not train LoRA adapters (model.lora is "
+                         "empty); its export is the full model already")
+    chosen = rm.policy_step if rm.pick(step) == "policy" else rm.ckpt_step
+    out = Path(out) if out is not None else rm.folder.path / f"export-step{chosen}"
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"--out {str(out)!r} exists and is not empty; choose another folder or remove it")
+    keep_lora = rm.is_lora and not merge_lora
+    model, tok, info = load_run_model(run, step, "cpu", keep_lora=keep_lora)
+    target = _base_dtype(info["base"]) if dtype == "keep" else getattr(torch, dtype)
+    model = model.to(target)
+    info.update(dtype=str(target).replace("torch.", ""), adapter=keep_lora)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        extra = {"run": str(rm.folder.path), "step": info["step"], "source": info["source"]}
+        if keep_lora:  # a peft adapter folder (adapter_config.json names the base) and the tokenizer
+            tmp.mkdir(parents=True)
+            model.save_pretrained(str(tmp))
+            tok.save_pretrained(str(tmp))
+            (tmp / "gapo_export.json").write_text(json.dumps(extra, indent=2))
+        else:
+            save_policy(model, tok, tmp, extra=extra)
+        if out.exists():
+            out.rmdir()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(tmp, out)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write the export to {str(out)!r}: {e.strerror or e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out, info

@@ -1,0 +1,356 @@
+"""Rewards of your own: ``--reward module.path:function`` or ``--reward my_rewards.py:function``.
+
+A reward function is called once per completion::
+
+    def my_reward(prompt: str, completion: str, **fields) -> float | None: ...
+
+- ``prompt``: the task's prompt text (the user turn, before any chat template);
+- ``completion``: the decoded completion;
+- ``fields``: the problem's fields. For ``data:PATH`` the dataset row's prompt column and its
+  ``answer_fields`` columns, under their column names; for any other task ``answer`` (the task's
+  reference answer, e.g. the gold of ``math:PATH``) and the problem's details (``math``:
+  ``question``, ``solution``; ``countdown``: ``numbers``, ``target``, ...). A function may take
+  ``**fields`` or name only the fields it uses (``def f(prompt, completion, answer)``); naming a
+  field the task does not have is an error before the run.
+
+It returns a number (``int``/``float``, numpy or 0-d tensor scalars; not a ``bool`` and not a
+string such as ``"1"``), or ``None`` when it does not apply to this completion ("skip").
+
+Several rewards (``--reward a:f --reward b:g reward.weights=[1, 0.5]``; default weight 1 each)
+combine, per completion, with ``S`` the terms that did not return ``None`` and ``W = Σ_k w_k``::
+
+    R = W · Σ_{k∈S} w_k r_k / Σ_{k∈S} w_k
+
+the weighted sum when no term skips (``S`` = all); a skipped term is left out and the others'
+weights renormalised, so R keeps the same scale (a skipped format term neither lowers nor raises
+the ceiling a completion can reach, which matters for GAPO's success count ``c``, computed from
+R on ``algo.reward_range``: ``c = round(Σ_group (R − R_min)/(R_max − R_min))``, docs/design.md
+§2.7). When every term skips (or only zero-weight terms answer) R = 0 and the completion counts
+as ``unparsable``. The name ``task`` (``--reward task``) is the task's own verifier as one term;
+without it, ``--reward`` replaces the task's verifier. Each term is logged as ``reward/<name>``
+(its mean over the completions it scored, ``reward/n_<name>`` of them); ``<name>`` is the
+function's name.
+
+The functions run where the built-in verifiers run (in the scoring pool's workers with
+``task.scoring_workers > 0``), under the same timeouts: what travels to a worker is the spec
+(module path or the file's absolute path, and the function's name), never the function object,
+so each worker imports it itself. A module path is looked up on ``sys.path`` and then in the
+directory the run started in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import numbers
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["RewardTerm", "RewardTask", "parse_spec", "absolute_spec", "check_reward_config", "with_rewards",
+           "BUILTIN", "problem_fields"]
+
+BUILTIN = "task"  # --reward task: the task's own verifier as one term
+# stats gapo.tasks.scoring already writes under reward/: a term may not take one of these names
+_RESERVED = {"mean", "n", "unparsable", "timeout", "error", "n_unparsable", "n_timeout", "n_error"}
+_DETAIL_KEYS = ("source", "line", "split")  # where a problem came from: not a field of the problem
+
+
+def parse_spec(spec: str) -> tuple[str, str | None, bool]:
+    """``(target, function, is_file)`` of ``module.path:function`` / ``path/to/file.py:function``;
+    ``("task", None, False)`` for the built-in verifier. A malformed spec is a ``ValueError``."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"reward {spec!r}: expected module.path:function or path/to/file.py:function")
+    spec = spec.strip()
+    if spec == BUILTIN:
+        return BUILTIN, None, False
+    target, sep, fn = spec.rpartition(":")
+    if not sep or not target or not fn.isidentifier():
+        raise ValueError(f"reward {spec!r}: expected module.path:function or path/to/file.py:function "
+                         f"(or {BUILTIN!r} for the task's own verifier)")
+    is_file = target.endswith(".py") or "/" in target or os.sep in target
+    if not is_file and not all(part.isidentifier() for part in target.split(".")):
+        raise ValueError(f"reward {spec!r}: {target!r} is neither a module path (a.b.c) nor a .py file")
+    return target, fn, is_file
+
+
+def absolute_spec(spec: str) -> str:
+    """``spec`` with a file path made absolute (against the current directory), so that the saved
+    config and the pool's workers name the same file wherever they run."""
+    target, fn, is_file = parse_spec(spec)
+    return f"{os.path.abspath(os.path.expanduser(target))}:{fn}" if is_file else spec.strip()
+
+
+def _load_file(path: str):
+    name = "gapo_reward_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path!r} as a Python file")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return mod
+
+
+class RewardTerm:
+    """One reward function, by spec; the function itself is imported on first use in each process
+    (it is not pickled)."""
+
+    def __init__(self, spec: str, weight: float = 1.0, *, start_dir: str | None = None):
+        self.target, self.fn_name, self.is_file = parse_spec(spec)
+        if self.is_file:
+            self.target = os.path.abspath(os.path.expanduser(self.target))
+        self.spec = f"{self.target}:{self.fn_name}" if self.fn_name else BUILTIN
+        self.name = BUILTIN if self.fn_name is None else self.fn_name
+        self.weight = float(weight)
+        self.start_dir = start_dir or os.getcwd()
+        self._fn = None
+        self._kwargs: tuple[bool, frozenset] | None = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_fn"] = None
+        return state
+
+    @property
+    def builtin(self) -> bool:
+        return self.fn_name is None
+
+    def resolve(self):
+        """The function, imported now; every failure is a ``ValueError`` naming the file or module
+        and the function."""
+        if self._fn is not None or self.builtin:
+            return self._fn
+        what = f"reward {self.spec!r}"
+        try:
+            if self.is_file:
+                if not os.path.isfile(self.target):
+                    raise ValueError(f"{what}: no such file {self.target!r}")
+                mod = _load_file(self.target)
+            else:
+                try:
+                    mod = importlib.import_module(self.target)
+                except ModuleNotFoundError as e:
+                    if e.name != self.target.split(".")[0] or self.start_dir in sys.path:
+                        raise
+                    sys.path.append(self.start_dir)  # `gapo` (a console script) does not put the cwd on sys.path
+                    mod = importlib.import_module(self.target)
+        except ValueError:
+            raise
+        except ModuleNotFoundError as e:
+            if not self.is_file and e.name is not None and self.target.startswith(e.name):
+                raise ValueError(f"{what}: cannot import module {self.target!r} ({e}; looked on sys.path and in "
+                                 f"{self.start_dir!r})") from None
+            where = "file" if self.is_file else "module"
+            raise ValueError(f"{what}: importing {where} {self.target!r} raised ModuleNotFoundError: {e}") from None
+        except BaseException as e:  # noqa: BLE001 - the user's module failed while importing
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            where = "file" if self.is_file else "module"
+            raise ValueError(f"{what}: importing {where} {self.target!r} raised {type(e).__name__}: {e}") from None
+        fn = getattr(mod, self.fn_name, None)
+        if fn is None:
+            public = sorted(n for n, v in vars(mod).items() if callable(v) and not n.startswith("_"))
+            raise ValueError(f"{what}: {'file' if self.is_file else 'module'} {self.target!r} has no function "
+                             f"{self.fn_name!r} (callables there: {public[:20]})")
+        if not callable(fn):
+            raise ValueError(f"{what}: {self.fn_name!r} in {self.target!r} is a {type(fn).__name__}, not a function")
+        self._fn = fn
+        return fn
+
+    def _signature(self, fn) -> tuple[bool, frozenset, list[str]]:
+        """(takes **fields, the field names it takes, the required ones besides prompt/completion)."""
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):  # a builtin or C callable: pass everything
+            return True, frozenset(), []
+        var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in params):
+            raise ValueError(f"reward {self.spec!r}: the function must take (prompt, completion, **fields); "
+                             f"its signature is {inspect.signature(fn)}")
+        rest = [p for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        required = [p.name for p in rest if p.default is p.empty]
+        return var_kw, frozenset(p.name for p in rest), required
+
+    def check_fields(self, fields: dict) -> None:
+        """The function's named parameters are fields of the problem (a ``ValueError`` otherwise)."""
+        if self.builtin:
+            return
+        var_kw, names, required = self._signature(self.resolve())
+        missing = [n for n in required if n not in fields]
+        if missing:
+            raise ValueError(f"reward {self.spec!r}: the function needs field(s) {missing} but the problems have "
+                             f"{sorted(fields)}; name only these, or take **fields")
+
+    def __call__(self, task, problem, completion: str):
+        """``(value or None, status)``: the built-in verifier's (reward, status), or the function's value."""
+        if self.builtin:
+            from gapo.tasks.scoring_pool import score_one
+            out = score_one(task, problem, completion)
+            return out[0], out[1]
+        fn = self.resolve()
+        if self._kwargs is None:
+            var_kw, names, _ = self._signature(fn)
+            self._kwargs = (var_kw, names)
+        var_kw, names = self._kwargs
+        fields = problem_fields(problem)
+        if not var_kw:
+            fields = {k: v for k, v in fields.items() if k in names}
+        try:
+            value = fn(problem.prompt, completion, **fields)
+        except Exception as e:  # noqa: BLE001 - named here; gapo.tasks.scoring stops the run with it
+            raise ValueError(f"reward {self.spec!r} raised {type(e).__name__}: {e}") from e
+        return check_value(self.spec, value), "ok"
+
+
+def check_value(spec: str, value) -> float | None:
+    """A reward function's return value as a float (or None: skip); anything else is a ``ValueError``
+    naming the function: a bool, a string (even ``"1"``), NaN, ±inf, a list."""
+    if value is None:
+        return None
+    kind = type(value).__name__
+    if isinstance(value, bool) or kind in ("bool_", "bool"):
+        raise ValueError(f"reward {spec!r} returned {value!r} (a bool); return a number such as 1.0 or 0.0")
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"reward {spec!r} returned {value!r} (a {kind}, not a number); return a float or None")
+    if isinstance(value, numbers.Real):
+        out = float(value)
+    elif hasattr(type(value), "__float__") and getattr(value, "ndim", 0) == 0:  # numpy / torch 0-d scalars
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"reward {spec!r} returned {value!r} (a {kind}); return a float or None") from None
+    else:
+        raise ValueError(f"reward {spec!r} returned {value!r} (a {kind}, not a number); return a float or None")
+    if not math.isfinite(out):
+        raise ValueError(f"reward {spec!r} returned {out}; rewards must be finite")
+    return out
+
+
+def problem_fields(problem) -> dict:
+    """The fields a reward function sees for ``problem`` (see the module docstring)."""
+    meta = getattr(problem, "meta", None) or {}
+    if isinstance(meta.get("fields"), dict):  # data:PATH keeps the row's columns
+        return dict(meta["fields"])
+    out = {k: v for k, v in meta.items() if k not in _DETAIL_KEYS}
+    out.setdefault("answer", problem.answer)
+    return out
+
+
+class RewardTask:
+    """A task whose reward is the combination of ``terms`` (see the module docstring); everything
+    else (problems, splits, first moves, lengths) is the wrapped task's."""
+
+    def __init__(self, task, terms: list[RewardTerm], success_reward: float | None = None):
+        self.task = task
+        self.terms = terms
+        self.success_reward = success_reward  # evaluation counts a sample correct at R >= this (None: R > 0)
+        self.name = task.name
+        self.total_weight = sum(t.weight for t in terms)
+
+    def __getattr__(self, attr):
+        if attr in ("task", "__setstate__") or attr.startswith("__"):
+            raise AttributeError(attr)
+        return getattr(self.task, attr)
+
+    @property
+    def reward_names(self) -> list[str]:
+        return [t.name for t in self.terms]
+
+    def warmup(self) -> None:
+        """In a scoring worker, before any timed job: import the functions, warm the task up."""
+        for t in self.terms:
+            t.resolve()
+        warm = getattr(self.task, "warmup", None)
+        if warm is not None:
+            warm()
+
+    def score_detailed(self, problem, completion: str):
+        """``(R, status, {name: value or None})``; status is the task term's, else ``ok``
+        (``unparsable`` when every term skipped)."""
+        parts: dict[str, float | None] = {}
+        status = "ok"
+        num = den = 0.0
+        for t in self.terms:
+            value, st = t(self.task, problem, completion)
+            parts[t.name] = value
+            if t.builtin:
+                status = st
+            if value is not None:
+                num += t.weight * value
+                den += t.weight
+        if den == 0:
+            return 0.0, "unparsable", parts
+        return self.total_weight * num / den, status, parts
+
+    def score(self, problem, completion: str) -> float:
+        return self.score_detailed(problem, completion)[0]
+
+    def parse_ok(self, completion: str) -> bool:
+        inner = getattr(self.task, "parse_ok", None)
+        return True if inner is None else inner(completion)
+
+
+def check_reward_config(funcs, weights, *, key: str = "reward") -> None:
+    """Syntax of ``reward.funcs`` / ``reward.weights`` (nothing imported here)."""
+    if not isinstance(funcs, (list, tuple)):
+        raise ValueError(f"{key}.funcs: expected a list of module.path:function specs, got {funcs!r}")
+    names = []
+    for s in funcs:
+        target, fn, _ = parse_spec(s)
+        name = BUILTIN if fn is None else fn
+        if name in _RESERVED:
+            raise ValueError(f"{key}.funcs: a reward function named {name!r} would be logged as reward/{name}, "
+                             "which gapo's scoring statistics use; rename the function")
+        if name in names:
+            raise ValueError(f"{key}.funcs: two rewards named {name!r} ({funcs}); each is logged as "
+                             "reward/<function name>, so give them different names")
+        names.append(name)
+    if weights is None:
+        return
+    if not isinstance(weights, (list, tuple)):
+        raise ValueError(f"{key}.weights: expected a list of numbers, one per reward, got {weights!r}")
+    if not funcs:
+        raise ValueError(f"{key}.weights: set but there are no rewards (--reward module:function, reward.funcs)")
+    if len(weights) != len(funcs):
+        raise ValueError(f"{key}.weights: {len(weights)} weight(s) for {len(funcs)} reward(s) {list(funcs)}; "
+                         "give one weight per reward")
+    for w in weights:
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+            raise ValueError(f"{key}.weights: each weight must be a finite number >= 0, got {w!r}")
+    if not sum(weights) > 0:
+        raise ValueError(f"{key}.weights: at least one weight must be > 0, got {list(weights)}")
+
+
+def with_rewards(task, funcs, weights=None, *, probe=None, reward_range=None):
+    """``task`` scored by ``funcs`` (``reward.funcs``) with ``weights``; ``task`` itself when
+    ``funcs`` is empty. Every function is imported now and its parameters checked against the
+    fields of ``probe`` (a problem of the task), so a bad spec fails before the run. With a fixed
+    ``reward_range`` (R_min, R_max), evaluation counts a sample correct when R >= R_max (the rule
+    of ``rollout/pass_rate``); otherwise when R > 0."""
+    if not funcs:
+        if getattr(task, "needs_reward", False):
+            raise ValueError(f"task {task.name!r} has no verifier of its own; give one with --reward "
+                             "module.path:function or --reward my_rewards.py:function (reward.funcs)")
+        return task
+    check_reward_config(funcs, weights)
+    ws = list(weights) if weights is not None else [1.0] * len(funcs)
+    terms = [RewardTerm(s, w) for s, w in zip(funcs, ws)]
+    for t in terms:
+        if t.builtin and getattr(task, "needs_reward", False):
+            raise ValueError(f"reward {BUILTIN!r}: task {task.name!r} has no verifier of its own to include")
+        t.resolve()
+        if probe is not None:
+            t.check_fields(problem_fields(probe))
+    top = None if reward_range is None or isinstance(reward_range, str) else float(reward_range[1])
+    return RewardTask(task, terms, success_reward=top)

@@ -1,0 +1,165 @@
+"""``data:PATH``: prompts from any local dataset, scored by rewards of your own (``--reward``).
+
+    gapo train --task data:./my_data.jsonl task.params.prompt_field=instruction \\
+        task.params.answer_fields=[reference,tests] --reward my_rewards.py:score ...
+
+One problem per row of the dataset (every format of :mod:`gapo.tasks.datasets_io`: JSONL, JSON,
+Parquet, CSV/TSV, Arrow, a ``save_to_disk`` folder, a folder of data files; ``split`` picks a
+split). ``prompt_field`` names the prompt column (default: the first of ``prompt``, ``question``,
+``problem``, ``instruction`` present; a chat-format column gives its first user turn);
+``answer_fields`` the columns handed to the reward functions beside the prompt (default: every
+column). ``template`` wraps the prompt (``{prompt}`` is replaced by it).
+
+The task has no verifier of its own: it needs ``--reward`` (``reward.funcs``,
+:mod:`gapo.tasks.custom`), which receives ``prompt``, ``completion`` and the row's prompt and
+answer columns as keyword fields. Splits follow ``math:PATH``: ``eval_path`` or ``eval_split``
+name the held-out data (training rows whose prompt also appears there are dropped), else a stable
+hash of the prompt puts ``eval_frac`` of the rows in eval (:func:`gapo.tasks.base.split_of`).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from gapo.tasks.base import Problem, split_of
+from gapo.tasks.datasets_io import read_records
+
+__all__ = ["DataTask"]
+
+_PROMPT_FIELDS = ("prompt", "question", "problem", "instruction")
+
+
+def _turn(value):
+    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
+        turns = [m.get("content") for m in value if m.get("role") == "user"]
+        return turns[0] if turns else None
+    return value
+
+
+def _qkey(prompt: str) -> str:
+    return " ".join(prompt.split()).lower()
+
+
+class DataTask:
+    """Rows of a local dataset as prompts (see the module docstring)."""
+
+    alphabet = None  # a real tokenizer
+    needs_reward = True  # no verifier of its own: gapo.tasks.custom.with_rewards requires --reward
+
+    def __init__(self, path: str | Path, *, split: str | None = None, eval_split: str | None = None,
+                 eval_path: str | Path | None = None, prompt_field: str | None = None,
+                 answer_fields: list | None = None, template: str = "{prompt}", eval_frac: float = 0.1,
+                 max_completion_len: int = 1024, name: str = "data"):
+        if "{prompt}" not in template:
+            raise ValueError(f"template must contain '{{prompt}}', got {template!r}")
+        if not 0.0 <= eval_frac < 1.0:
+            raise ValueError(f"eval_frac must be in [0, 1), got {eval_frac}")
+        if answer_fields is not None and (not isinstance(answer_fields, (list, tuple))
+                                          or not all(isinstance(f, str) for f in answer_fields)):
+            raise ValueError(f"answer_fields must be a list of column names, got {answer_fields!r}")
+        self.name, self.path, self.template = name, Path(path), template
+        self.eval_frac, self.max_completion_len = eval_frac, max_completion_len
+        self.prompt_field, self.answer_fields = prompt_field, list(answer_fields) if answer_fields else None
+        src, train = self._load(self.path, split)
+        if eval_path is not None or eval_split is not None:
+            if eval_path is None and eval_split == (split or "train"):
+                raise ValueError(f"{self.path}: eval_split={eval_split!r} is the training split too; "
+                                 "name another split of the dataset (e.g. test)")
+            ev_src, ev = self._load(Path(eval_path) if eval_path is not None else self.path, eval_split)
+            seen = {_qkey(r[1]) for r in ev}
+            pools = {"train": (src, [r for r in train if _qkey(r[1]) not in seen]), "eval": (ev_src, ev)}
+        else:
+            def is_eval(p: str) -> bool:
+                return split_of(_qkey(p), eval_frac) == "eval"
+            pools = {"train": (src, [r for r in train if not is_eval(r[1])]),
+                     "eval": (src, [r for r in train if is_eval(r[1])])}
+        self._pools = {s: [self._problem(src_, s, *r) for r in rows] for s, (src_, rows) in pools.items()}
+
+    def _load(self, path: Path, split: str | None):
+        pf, af = self.prompt_field, self.answer_fields
+
+        def wanted(columns: list[str]) -> list[str]:
+            p = pf or next((k for k in _PROMPT_FIELDS + ("messages",) if k in columns), "")
+            return [p] + (af if af is not None else list(columns))
+
+        recs = read_records(path, split=split, columns=wanted)
+        if pf is None:
+            pf = next((k for k in _PROMPT_FIELDS + ("messages",) if k in recs.columns), None)
+            if pf is None:
+                raise ValueError(f"{recs.where()}: no prompt {recs.noun} (tried {list(_PROMPT_FIELDS) + ['messages']}; "
+                                 f"{recs.noun}s present: {recs.columns}); pass task.params.prompt_field=")
+            self.prompt_field = pf
+        for fld in [pf] + (af or []):
+            if recs.tabular and fld not in recs.columns:
+                raise ValueError(f"{recs.where()}: missing column {fld!r} (columns present: {recs.columns})")
+        rows = []
+        for pos, rec in recs.rows:
+            for fld in [pf] + (af or []):
+                if fld not in rec:
+                    raise ValueError(f"{recs.where(pos)}: missing field {fld!r} (fields present: {sorted(rec)})")
+            prompt = _turn(rec[pf])
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise ValueError(f"{recs.where(pos)}: {recs.noun} {pf!r} must be a non-empty string")
+            keep = af if af is not None else list(rec)
+            fields = {k: rec[k] for k in dict.fromkeys([pf] + keep)}
+            rows.append((pos, prompt, fields))
+        return recs.source, rows
+
+    def _problem(self, src: str, split: str, pos: int, prompt: str, fields: dict) -> Problem:
+        answer = fields.get(self.answer_fields[0]) if self.answer_fields else None
+        return Problem(prompt=self.template.replace("{prompt}", prompt), answer=_hashable(answer),
+                       meta={"source": str(src), "line": pos, "split": split, "fields": fields})
+
+    def __getstate__(self):  # the pool pickles the task once per batch: leave the data behind
+        state = dict(self.__dict__)
+        state["_pools"] = None
+        return state
+
+    def split_size(self, split: str) -> int:
+        return len(self._split(split))
+
+    def _split(self, split: str) -> list[Problem]:
+        if self._pools is None:
+            raise RuntimeError("this DataTask was unpickled without its data; it can score but not generate")
+        if split not in self._pools:
+            raise ValueError(f"split must be 'train' or 'eval', not {split!r}")
+        return self._pools[split]
+
+    def generate(self, split: str, n: int, seed: int) -> list[Problem]:
+        """``n`` problems of ``split`` in a seeded order (as ``math:PATH``: train cycles through
+        reshuffled passes, eval refuses more than it has)."""
+        pool = self._split(split)
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        if not pool:
+            raise ValueError(f"{self.path}: the {split} split is empty (eval_frac={self.eval_frac})")
+        if split == "eval" and n > len(pool):
+            raise ValueError(f"asked for {n} eval problems but the eval split has {len(pool)}")
+        rng = random.Random(f"{split}:{seed}")
+        out: list[Problem] = []
+        while len(out) < n:
+            order = list(range(len(pool)))
+            rng.shuffle(order)
+            out.extend(pool[i] for i in order[: n - len(out)])
+        return out
+
+    def score(self, problem: Problem, completion: str) -> float:
+        raise ValueError("task 'data' has no verifier of its own; give one with --reward module.path:function")
+
+    def parse_ok(self, completion: str) -> bool:
+        return True
+
+    def first_move(self, completion: str):
+        return None
+
+    def demonstration(self, problem: Problem, rng: random.Random | None = None) -> str:
+        raise ValueError("task 'data' has no reference completions")
+
+
+def _hashable(v):
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return str(v)
