@@ -397,3 +397,61 @@ def test_verl_extra_installs_what_the_default_trainer_imports():
     for name in list(extra) + ["pyzmq", "msgspec", "starlette"]:
         assert name in lock, name
         assert extra.get(name) is None or extra[name].specifier.contains(lock[name]), (name, lock[name])
+
+
+@pytest.mark.parametrize("extra, match", [
+    # ε_high_max below clip_ratio_low: explicit, and through clip_ratio_high when eps_high_max is unset
+    ([f"+{PL}.eps_high_max=0.1", "actor_rollout_ref.actor.clip_ratio_low=0.2",
+      "actor_rollout_ref.actor.clip_ratio_high=0.2"],
+     r"eps_high_max \(0.1, from policy_loss.eps_high_max\) >= clip_ratio_low \(0.2, actor.clip_ratio_low\)"),
+    (["actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.1"],
+     r"eps_high_max \(0.1, from actor.clip_ratio_high .*\) >= clip_ratio_low \(0.2, "),
+    # a clip_ratio_high that is neither clip_ratio_low nor eps_high_max
+    ([f"+{PL}.eps_high_max=0.28", "actor_rollout_ref.actor.clip_ratio_low=0.2",
+      "actor_rollout_ref.actor.clip_ratio_high=0.25"], "ambiguous GAPO clip range"),
+    # a group of one: no group success to adapt to
+    (["actor_rollout_ref.rollout.n=1"], r"rollout_n \(the group size G\) >= 2, got 1"),
+])
+@pytest.mark.parametrize("mode", ["gapo", "gapo_seq"])
+def test_invalid_actor_combinations_fail_in_validate_config(mode, extra, match):
+    """The three settings only the whole actor config can judge stop verl's validate_config (the
+    driver, before Ray and the rollout engine start), not the first loss call; the message names
+    the loss mode and the verl keys."""
+    cfg = _compose(BASE + [f"{PL}.loss_mode={mode}"] + extra)
+    with pytest.raises(ValueError, match=match) as info:
+        validate_config(cfg, use_reference_policy=False, use_critic=False)
+    assert f"policy_loss.loss_mode={mode}" in str(info.value)
+
+
+def test_actor_validation_leaves_other_loss_modes_and_valid_gapo_alone():
+    # vanilla PPO with an asymmetric clip range and n=1 is verl's business, not gapo's
+    vanilla = _compose(BASE + ["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.clip_ratio_low=0.2",
+                               "actor_rollout_ref.actor.clip_ratio_high=0.1"])
+    validate_config(vanilla, use_reference_policy=False, use_critic=False)
+    for extra in ([f"+{PL}.eps_high_max=0.28"],  # clip_ratio_high (= clip_ratio 0.2) = clip_ratio_low
+                  ["actor_rollout_ref.actor.clip_ratio_high=0.28"]):  # eps_high_max unset: clip_ratio_high
+        ok = _compose(BASE + [f"{PL}.loss_mode=gapo"] + extra)
+        validate_config(ok, use_reference_policy=False, use_critic=False)
+
+
+def test_actor_validation_install_is_idempotent():
+    from verl.workers.config import ActorConfig
+
+    before = ActorConfig.__dict__["validate"]
+    gv._install_actor_validation()
+    assert ActorConfig.__dict__["validate"] is before is gv._actor_validate
+    assert gv._actor_validate.verl.__qualname__ == "ActorConfig.validate"  # verl's own, not a wrapper of it
+
+
+@pytest.mark.parametrize("G", [4, 8])
+def test_documented_per_c_key_count_is_what_a_loss_call_logs(G):
+    """docs/scale-out.md states the number of per-``c`` keys a step logs; a real loss call logs that many."""
+    from test_verl import actor, call, group_batch
+
+    text = DOCS.read_text()
+    n_doc = int(re.search(r"key count at\s+`(\d+) · \(G − 1\)`", text).group(1))
+    old, logp, adv, mask, _ = group_batch(3, G=G)
+    _, _, m = call("gapo", old, logp, adv, mask, actor(G=G, policy_loss=GAPOPolicyLossConfig(eps_high_max=0.28)))
+    by_c = sorted(k for k in m if re.fullmatch(r"actor/gapo_\w+_by_c/\d+", k))
+    assert len(by_c) == n_doc * (G - 1), by_c
+    assert {int(k.rsplit("/", 1)[1]) for k in by_c} == set(range(1, G))

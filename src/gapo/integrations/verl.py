@@ -165,7 +165,7 @@ def _announce_failure(exc: BaseException) -> None:
 try:
     VERL_VERSION = _require_supported_verl()
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
-    from verl.workers.config import PolicyLossConfig
+    from verl.workers.config import ActorConfig, PolicyLossConfig
 
     from gapo.core.clipping import eps_high_from_weight
     from gapo.core.losses import log_ratio, policy_loss
@@ -276,6 +276,35 @@ def _install_config_dispatch() -> None:
     if current is not None and getattr(current, "__func__", current).__module__ != __name__:
         _log.warning("verl's PolicyLossConfig already has a __new__ (%r); gapo replaces it", current)
     PolicyLossConfig.__new__ = staticmethod(_policy_loss_config_new)
+
+
+def _actor_validate(self, n_gpus: int, train_batch_size: int, model_config: dict = None):
+    """``ActorConfig.validate`` while this module is loaded: verl's own checks, then, for
+    ``loss_mode=gapo|gapo_seq``, GAPO's checks that need the whole actor config (``_params``):
+    ``eps_high_max`` >= ``clip_ratio_low``, an unambiguous ``clip_ratio_high``, ``rollout_n`` >= 2.
+
+    verl's ``validate_config`` calls this in the driver before Ray, the rollout engine or a rollout
+    start, so a bad combination stops the run in seconds instead of at the first loss call. The
+    loss still checks again on every call (a config built by hand skips ``validate``).
+    """
+    _actor_validate.verl(self, n_gpus, train_batch_size, model_config)
+    pl = self.get("policy_loss", None)
+    mode = pl.get("loss_mode", None) if pl is not None else None
+    if mode in LOSS_MODES:
+        try:
+            _params(self)
+        except ValueError as exc:
+            raise ValueError(f"actor_rollout_ref.actor with policy_loss.loss_mode={mode}: {exc}") from None
+
+
+def _install_actor_validation() -> None:
+    """Wrap ``ActorConfig.validate`` with :func:`_actor_validate` (idempotent; verl's subclasses
+    call ``super().validate``, so FSDP and Megatron actors get it too)."""
+    current = ActorConfig.__dict__["validate"]
+    if current is _actor_validate:
+        return
+    _actor_validate.verl = current
+    ActorConfig.validate = _actor_validate
 
 
 # --------------------------------------------------------------------------------------------
@@ -518,3 +547,4 @@ def _register() -> None:
 
 _register()
 _install_config_dispatch()
+_install_actor_validation()

@@ -108,8 +108,9 @@ def _params(config) -> _Params:
     clip_high = config.get("clip_ratio_high", None)
     clip_high = float(clip if clip_high is None else clip_high)
     eps_high_max = pl.get("eps_high_max", None)
+    source = "policy_loss.eps_high_max"
     if eps_high_max is None:
-        eps_high_max = clip_high
+        eps_high_max, source = clip_high, "actor.clip_ratio_high (eps_high_max unset)"
     elif clip_high not in (eps_low, float(eps_high_max)):
         raise ValueError(
             f"ambiguous GAPO clip range: actor.clip_ratio_high={clip_high} but policy_loss.eps_high_max="
@@ -118,7 +119,8 @@ def _params(config) -> _Params:
             "or to eps_high_max")
     eps_high_max = float(eps_high_max)
     if eps_high_max < eps_low:
-        raise ValueError(f"GAPO needs eps_high_max ({eps_high_max}) >= clip_ratio_low ({eps_low})")
+        raise ValueError(f"GAPO needs eps_high_max ({eps_high_max}, from {source}) >= clip_ratio_low "
+                         f"({eps_low}, actor.clip_ratio_low): GAPO's upper width runs from clip_ratio_low to eps_high_max")
     group_size = config.get("rollout_n", None)
     if not isinstance(group_size, int) or group_size < 2:
         raise ValueError(f"GAPO needs actor.rollout_n (the group size G) >= 2, got {group_size!r}; "
