@@ -975,3 +975,27 @@ def test_pool_workers_and_their_sandboxes_die_with_the_trainer(tmp_path):
     sandbox.reap_orphans()
     tmp = tempfile.gettempdir()
     assert not [n for n in os.listdir(tmp) if any(n.startswith(f"gapo-sbx-{w}-") for w in workers)]
+
+
+def test_a_worker_started_from_a_thread_outlives_that_thread():
+    """``PR_SET_PDEATHSIG`` fires when the parent *thread* exits: a worker started from a thread
+    that then ends (the helper of ``run_with_timeout``, a replacement started by the scoring
+    thread) must live on, and still serve calls."""
+    from gapo.tasks.scoring_pool import _Workers
+    box = []
+
+    def start():  # start it, and end only once it runs (and has set what it sets)
+        box.append(_Workers(1))
+        box.append(box[0].call(os.getpid, (), 120.0))
+
+    th = threading.Thread(target=start)
+    th.start()
+    th.join()
+    workers = box[0]
+    try:
+        pid = workers._workers[0].proc.pid
+        assert box[1] == ("ok", pid)
+        assert workers.call(os.getppid, (), 120.0) == ("ok", os.getpid())
+        assert _alive(pid) and workers.n_replaced == 0
+    finally:
+        workers.close()
