@@ -19,7 +19,7 @@ from gapo.policy.sampling import Rollout
 from gapo.tasks.scoring import score_batch, submit_batch
 
 __all__ = ["Batch", "concat", "collect", "check_rewards", "probe_reward", "score", "merge_stats", "sample_records",
-           "filter_prompts", "problem_name"]
+           "draw_problems", "problem_name"]
 
 
 @dataclass
@@ -219,22 +219,28 @@ def problem_name(problem) -> str:
     return f"the problem {problem.prompt[:60]!r}"
 
 
-def filter_prompts(encoder, train: list, evals: list, max_tokens: int | None, *, key: str = "task.max_prompt_tokens"):
-    """``(train, evals, info)`` without the problems whose prompt (``encoder.ids``: after the
-    chat template) is longer than ``max_tokens`` tokens; ``info`` counts what was dropped (distinct
-    prompts) and is None when ``max_tokens`` is None. Dropping every training prompt, or every
-    evaluation prompt of a run that evaluates, is an error naming ``key``."""
-    if max_tokens is None:
-        return train, evals, None
-    info: dict = {"max_prompt_tokens": max_tokens}
-    kept = {}
-    for name, probs in (("train", train), ("eval", evals)):
-        lengths = {p.prompt: len(encoder.ids(p.prompt)) for p in probs}
-        long = {q for q, n in lengths.items() if n > max_tokens}
-        kept[name] = [p for p in probs if p.prompt not in long]
-        info[f"{name}_dropped"], info[f"{name}_prompts"] = len(long), len(lengths)
-        if probs and not kept[name]:
-            what = "training" if name == "train" else "evaluation (set eval.problems=0 to skip evaluation)"
-            raise ValueError(f"{key}: {max_tokens} drops every {what} prompt (the shortest has "
-                             f"{min(lengths.values())} tokens after the chat template); raise it")
-    return kept["train"], kept["eval"], info
+def draw_problems(task, encoder, split: str, n: int, seed: int, max_tokens: int | None, *,
+                  key: str = "task.max_prompt_tokens") -> tuple[list, dict | None]:
+    """``(problems, info)``: ``task.generate(split, n, seed)`` without the prompts longer than
+    ``max_tokens`` tokens (``encoder.ids``: after the chat template). A dataset task (one with
+    ``split_size``) is filtered whole, so the run still gets ``n`` problems where the split has
+    them (training cycles through the kept ones, as ``generate`` does; with nothing dropped the
+    problems are exactly ``generate``'s); a generated task has its ``n`` problems filtered.
+    ``info``: ``{split}_dropped`` and ``{split}_prompts`` (distinct prompts), None without a limit.
+    A split left empty is an error naming ``key``."""
+    if max_tokens is None or n == 0:
+        return (task.generate(split, n, seed) if n else []), None
+    whole = getattr(task, "split_size", None)
+    drawn = task.generate(split, whole(split), seed) if whole is not None else task.generate(split, n, seed)
+    lengths = {p.prompt: len(encoder.ids(p.prompt)) for p in drawn}
+    long = {q for q, k in lengths.items() if k > max_tokens}
+    kept = [p for p in drawn if p.prompt not in long]
+    if not kept:
+        what = "training" if split == "train" else f"{split!r} (set eval.problems=0 to skip evaluation)"
+        raise ValueError(f"{key}: {max_tokens} drops every {what} prompt (the shortest has "
+                         f"{min(lengths.values())} tokens after the chat template); raise it")
+    if split == "train":
+        kept = (kept * -(-n // len(kept)))[:n]
+    else:
+        kept = kept[:n]
+    return kept, {f"{split}_dropped": len(long), f"{split}_prompts": len(lengths)}

@@ -117,11 +117,11 @@ class Trainer:
         self.max_new_tokens = cfg.sampling.max_new_tokens or self.task.max_completion_len + 1  # + EOS
         # the pool is what the run will visit: generating (and solving) instances is not free, so
         # never more than prompts × steps (passes over it are reshuffled; dynamic sampling wraps)
-        self.pool = self.task.generate("train", max(1, min(cfg.task.train_size, t.prompts * t.steps)), t.seed)
-        self.eval_problems = self.task.generate("eval", cfg.eval.problems, cfg.eval.seed) if cfg.eval.problems else []
-        # task.max_prompt_tokens: over-long prompts leave both pools before anything is sampled
-        self.pool, self.eval_problems, self.filtered = rollout.filter_prompts(
-            self.encoder, self.pool, self.eval_problems, cfg.task.max_prompt_tokens, key=cfg._where("task.max_prompt_tokens"))
+        # (task.max_prompt_tokens: over-long prompts leave both pools before anything is sampled)
+        self.pool, dropped = self._draw("train", max(1, min(cfg.task.train_size, t.prompts * t.steps)), t.seed)
+        self.eval_problems, eval_dropped = self._draw("eval", cfg.eval.problems, cfg.eval.seed)
+        self.filtered = None if dropped is None else {"max_prompt_tokens": cfg.task.max_prompt_tokens, **dropped,
+                                                      "eval_dropped": 0, "eval_prompts": 0, **(eval_dropped or {})}
         # --reward: the task scored by the user's functions (imported and checked here, probed below)
         self.task = with_rewards(self.task, cfg.reward.funcs, cfg.reward.weights, probe=self.pool[0],
                                  reward_range=cfg.algo.reward_range)
@@ -166,6 +166,10 @@ class Trainer:
                                    "changed": {k: {"old": a, "new": b} for k, (a, b) in changes.items()}})
             print(f"[gapo] resumed {str(self.run_dir)!r} at step {self.step} with changes: "
                   + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()), file=sys.stderr)
+
+    def _draw(self, split: str, n: int, seed: int) -> tuple[list, dict | None]:
+        return rollout.draw_problems(self.task, self.encoder, split, n, seed, self.cfg.task.max_prompt_tokens,
+                                     key=self.cfg._where("task.max_prompt_tokens"))
 
     def _log_filtered(self) -> None:
         """task.max_prompt_tokens: what was dropped, said once and kept in events.jsonl."""
@@ -442,7 +446,7 @@ class Trainer:
         self.step, self.pos, self.order = state["step"], state["pos"], state["order"]
         self.ratio_adv_window.extend(state.get("ratio_adv_window", []))
         if state.get("pool_size", len(self.pool)) != len(self.pool):  # resumed with other train.steps
-            self.pool = self.task.generate("train", state["pool_size"], self.cfg.train.seed)
+            self.pool = self._draw("train", state["pool_size"], self.cfg.train.seed)[0]
         if any(k.startswith("optim.") for k in changes):  # the optimiser state holds the old values
             o = self.cfg.optim
             self.sched.base_lrs = [o.lr for _ in self.opt.param_groups]
