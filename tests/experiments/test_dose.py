@@ -165,3 +165,41 @@ def test_pack_and_unpack_keep_only_the_raw_records(tmp_path):
     assert not (tmp_path / "evil.txt").exists()
     with pytest.raises(ValueError, match="does not exist"):
         unpack(tmp_path / "nope.tar.xz", tmp_path / "x")
+
+
+def _write_cell(d, pass1, clip, correct):
+    d.mkdir(parents=True)
+    train = [{"step": i, "kind": "train", "rollout/pass_rate": 0.1 * i, "clip/frac_high_pos": clip,
+              "clip/frac_high_by_c/1": clip, "clip/tokens_pos_by_c/1": 10.0, "time/step_s": 1.0} for i in (1, 2)]
+    evals = [{"kind": "eval", "step": 0, "eval/pass@1": 0.05, "eval/pass@4": 0.1, "eval/n": 4, "eval/correct": [0, 0, 1, 0]},
+             {"kind": "eval", "step": 2, "eval/pass@1": pass1, "eval/pass@4": min(1, 2 * pass1), "eval/n": 4,
+              "eval/correct": correct}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [evals[0], *train, evals[1]]))
+    (d / "config.yaml").write_text("train: {group_size: 8}\neval: {samples: 4}\n")
+    (d / "done.json").write_text(json.dumps({"step": 2, "correct": correct}))
+
+
+def test_compare_report_only_writes_the_dose_report_from_run_folders(tmp_path):
+    """`gapo compare --report-only` on a dose grid's folders: the grid tables plus dose.md, dose.json,
+    the figure and every cell's per-problem counts; resumable in the sense that it reads whatever
+    cells have finished (here u32 only)."""
+    from gapo.experiments.report import grid_report
+
+    g = _grid()
+    out = tmp_path / "runs"
+    for s in g["seeds"]:
+        _write_cell(out / "u32" / "drgrpo" / f"seed{s}", 0.10 + 0.01 * s, 0.08, [1, 0, 0, 0])
+        _write_cell(out / "u32" / "dapo" / f"seed{s}", 0.11, 0.05, [1, 0, 0, 0])
+        _write_cell(out / "u32" / "gapo" / f"seed{s}", 0.14 + 0.01 * s, 0.06, [1, 1, 0, 0])
+    grid_report(g, out, tmp_path / "rep", tmp_path / "rep" / "fig", say=lambda s: None)
+    md = (tmp_path / "rep" / "dose.md").read_text()
+    assert "| `u32` | 32 (16 × 2) | 5e-05 | 3 / 3 / 3 | 8.0 ± 0.0 |" in md
+    assert "| `u4` | 4 (2 × 2) | 2e-05 | 0 / 0 / 0 | – |" in md  # planned, not run: shown as such
+    assert (tmp_path / "rep" / "fig" / "dose_response.png").is_file()
+    assert "dose.md" in (tmp_path / "rep" / "tables.md").read_text()
+    pp = json.loads((tmp_path / "rep" / "per_problem.json").read_text())
+    assert pp["u32/gapo/seed0"] == {"before": [0, 0, 1, 0], "after": [1, 1, 0, 0], "n": 4} and len(pp) == 9
+    res = json.loads((tmp_path / "rep" / "dose.json").read_text())
+    row = next(p for p in res["primary"] if p["a"] == ["u32", "gapo"] and p["b"] == ["u32", "drgrpo"]
+               and p["key"] == "after/pass@1")
+    assert row["mean"] == pytest.approx(0.04) and row["boot_lo"] == pytest.approx(0.0)
