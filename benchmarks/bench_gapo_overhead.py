@@ -16,7 +16,9 @@ advantages, the adaptive bound, behaviour log-probs, update), of ``time/update_s
 after the rollout) and of the update time per response token (the two policies' completions
 differ in length after the first step, and the update's work is proportional to the tokens);
 then the GAPO/fixed ratios of those medians, and the median of the per-step-pair ratios of
-update time per token. The last line is ``ratio step=<r> update=<r> update_per_token=<r>``.
+update time per token, and the process CPU time per step (``time.process_time``; it moves less
+with the machine's load than wall time). The last line is ``ratio step=<r> update=<r>
+update_per_token=<r> step_cpu=<r>``.
 """
 
 from __future__ import annotations
@@ -67,24 +69,28 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(a.warmup + a.steps):
             order = ("drgrpo", "gapo") if i % 2 == 0 else ("gapo", "drgrpo")
             for m in order:
+                c0 = time.process_time()
                 rec = trainers[m].train_step()
+                cpu = time.process_time() - c0
                 if i >= a.warmup:
                     toks = float(rec.get("rollout/response_len", float("nan"))) * 64
-                    rows[m].append({"step_s": rec["time/step_s"], "update_s": rec["time/update_s"], "tokens": toks})
+                    rows[m].append({"step_s": rec["time/step_s"], "update_s": rec["time/update_s"], "tokens": toks,
+                                    "cpu_s": cpu})
         wall = time.time() - t0
-    med = {m: {k: statistics.median(r[k] for r in rs) for k in ("step_s", "update_s")} for m, rs in rows.items()}
+    med = {m: {k: statistics.median(r[k] for r in rs) for k in ("step_s", "update_s", "cpu_s")} for m, rs in rows.items()}
     for m, rs in rows.items():
         med[m]["update_ms_per_token"] = statistics.median(1e3 * r["update_s"] / r["tokens"] for r in rs)
     pair = statistics.median((g_["update_s"] / g_["tokens"]) / (f["update_s"] / f["tokens"])
                              for g_, f in zip(rows["gapo"], rows["drgrpo"]))
-    ratio = {k: med["gapo"][k] / med["drgrpo"][k] for k in ("step_s", "update_s", "update_ms_per_token")}
+    ratio = {k: med["gapo"][k] / med["drgrpo"][k] for k in ("step_s", "update_s", "update_ms_per_token", "cpu_s")}
     print(f"setting: low base, 8 x 8 rollouts, {a.mini_batches} x {a.epochs} updates per batch, {a.threads} thread(s), "
           f"{a.warmup} warm-up + {a.steps} measured steps per method, interleaved; wall {wall:.0f}s")
     for m in ("drgrpo", "gapo"):
-        print(f"{m:7s} median step {med[m]['step_s']:.3f}s  update {med[m]['update_s']:.3f}s  "
+        print(f"{m:7s} median step {med[m]['step_s']:.3f}s (CPU {med[m]['cpu_s']:.3f}s)  update {med[m]['update_s']:.3f}s  "
               f"update/token {med[m]['update_ms_per_token']:.4f} ms")
     print(f"median per-step-pair ratio of update time per token (gapo/fixed): {pair:.3f}")
-    print(f"ratio step={ratio['step_s']:.3f} update={ratio['update_s']:.3f} update_per_token={ratio['update_ms_per_token']:.3f}")
+    print(f"ratio step={ratio['step_s']:.3f} update={ratio['update_s']:.3f} "
+          f"update_per_token={ratio['update_ms_per_token']:.3f} step_cpu={ratio['cpu_s']:.3f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"medians": med, "ratio": ratio, "pair_ratio_update_per_token": pair,
                                             "args": vars(a), "wall_s": wall}, indent=1))
