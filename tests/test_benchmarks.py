@@ -6,18 +6,18 @@ GEMM rate and the limit fraction, the memory paths), not the figures, which are 
 import math
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import timing  # tests/timing.py: timeouts that say they are timeouts
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _last_line(*args: str) -> str:
-    out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = timing.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=1800, quiet_s=120,
+                     what=" ".join(args), env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import timing  # tests/timing.py: timeouts that say they are timeouts
 
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
@@ -41,9 +41,10 @@ def ranks(tmp_path_factory):
         pytest.skip("torchrun not found")
     out = tmp_path_factory.mktemp("ddp")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                           "--master_port", str(_free_port()), str(WORKER), str(out)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = timing.run([torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                       "--master_port", str(_free_port()), str(WORKER), str(out)],
+                      env=env, capture_output=True, text=True, timeout=1200, quiet_s=90,
+                      what="two TRL ranks under torchrun")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     recs = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
     assert [r["rank"] for r in recs] == [0, 1] and all(r["world"] == 2 for r in recs)

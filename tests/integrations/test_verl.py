@@ -14,6 +14,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import timing  # tests/timing.py: timeouts that say they are timeouts
 import torch
 
 pytest.importorskip("verl")
@@ -152,7 +153,8 @@ def test_loading_in_fresh_processes():
         # the core cannot be imported: verl's loader alone would hide that at DEBUG level
         "broken": _fresh({}, pre="sys.modules['gapo.core.losses'] = None", post=broken_post),
     }
-    out = {k: p.communicate(timeout=300) for k, p in procs.items()}
+    out = {k: timing.communicate(p, timeout=900, quiet_s=60, what=f"a fresh `import verl` ({k})")
+           for k, p in procs.items()}
     ok = "REGISTERED ['gapo', 'gapo_seq'] gapo.integrations.verl"
     for how in ("entry_point", "env_var"):
         stdout = out[how][0]

@@ -20,6 +20,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import timing  # tests/timing.py: timeouts that say they are timeouts
 
 pytest.importorskip("verl")
 
@@ -191,7 +192,7 @@ def test_docs_scripts_start_main_ppo(tmp_path):
         procs[mode] = subprocess.Popen(["bash", "launch.sh", "trainer.logger=[console]"], cwd=run_dir, env=env,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for mode, p in procs.items():
-        stdout, stderr = p.communicate(timeout=600)
+        stdout, stderr = timing.communicate(p, timeout=1800, quiet_s=120, what=f"verl's main_ppo start-up ({mode})")
         assert p.returncode == 0, (mode, stderr[-4000:])
         line = [ln for ln in stdout.splitlines() if ln.startswith("GAPO_CAPTURE ")]
         assert len(line) == 1, (stdout[-2000:], stderr[-4000:])

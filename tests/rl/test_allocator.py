@@ -43,7 +43,7 @@ glibc = pytest.mark.skipif(allocator._libc() is None, reason="mallopt tuning is 
 
 def _faults(tuning: str) -> int:
     out = subprocess.run([sys.executable, "-c", PROBE, tuning], capture_output=True, text=True, check=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"}, timeout=120)
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"}, timeout=900)
     return json.loads(out.stdout.strip().splitlines()[-1])["faults"]
 
 
@@ -93,7 +93,7 @@ print(json.dumps([{k: v for k, v in r.items() if not k.startswith("time/")} for 
 def test_tuning_changes_no_value():
     # memory that comes back from the heap instead of fresh (zeroed) pages must not leak into a
     # result: two trainer steps give the same records, bit for bit, with and without the tuning
-    runs = [subprocess.run([sys.executable, "-c", STEPS, t], capture_output=True, text=True, check=True, timeout=120,
+    runs = [subprocess.run([sys.executable, "-c", STEPS, t], capture_output=True, text=True, check=True, timeout=900,
                            env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"}).stdout
             for t in ("true", "false")]
     a, b = (json.loads(r.strip().splitlines()[-1]) for r in runs)

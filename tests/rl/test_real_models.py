@@ -5,6 +5,7 @@ chat template, all built here (no hub)."""
 import json
 
 import pytest
+import timing  # tests/timing.py: timeouts that say they are timeouts
 import torch
 
 from checkpoints import CHAT_TEMPLATE, build_instruct_checkpoint  # tests/checkpoints.py (tests/ is on sys.path)
@@ -197,14 +198,13 @@ def test_gpu_check_script_runs_on_cpu_at_a_tiny_shape():
     model from config values, bf16 + gradient checkpointing, with and without LoRA) must work
     before a GPU session spends device time on it."""
     import os
-    import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_check.py"), "--shape", "tiny", "--device", "cpu",
-                          "--steps", "1"], capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"},
-                         timeout=300)
+    out = timing.run([sys.executable, str(root / "benchmarks" / "gpu_check.py"), "--shape", "tiny", "--device", "cpu",
+                      "--steps", "1"], capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"},
+                     timeout=900, quiet_s=60, what="benchmarks/gpu_check.py --shape tiny --device cpu")
     assert out.returncode == 0, out.stderr[-2000:]
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("gpu_check ") and "full_step_s=" in last and "lora_step_s=" in last

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import timing  # tests/timing.py: timeouts that say they are timeouts
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 
@@ -26,7 +27,7 @@ def _train(tmp_path, policy, task, *extra):
     cmd = [sys.executable, "-m", "gapo.cli", "train", "--task", task, "--model", policy, "--out", str(run),
            "train.steps=1", "train.prompts=2", "train.group_size=2", "train.mini_batches=1",
            "sampling.max_new_tokens=24", "eval.problems=2", "eval.samples=2", "train.progress=false", *extra]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    p = timing.run(cmd, capture_output=True, text=True, timeout=1200, quiet_s=60, what=f"one gapo train step on {task}")
     assert p.returncode == 0, p.stdout + p.stderr
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [r for r in recs if r["kind"] == "train"], [r for r in recs if r["kind"] == "eval"]
@@ -55,12 +56,12 @@ def test_reasoning_gym_task(tmp_path, ascii_policy):
 
 def test_unknown_task_is_a_clear_cli_error(tmp_path, ascii_policy):
     p = subprocess.run([sys.executable, "-m", "gapo.cli", "train", "--task", "countdwn", "--model", ascii_policy,
-                        "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+                        "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=600)
     assert p.returncode == 2
     assert "unknown task 'countdwn'" in p.stderr and "countdown" in p.stderr
 
 
 def test_unknown_config_key_is_a_clear_cli_error(tmp_path):
     p = subprocess.run([sys.executable, "-m", "gapo.cli", "train", "--out", str(tmp_path / "r"), "algo.eps_hihg=0.3"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 2 and "algo.eps_hihg" in p.stderr and "algo.eps_high" in p.stderr

@@ -5,9 +5,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+import timing  # tests/timing.py: timeouts that say they are timeouts
 import torch
 
 from gapo.rl.config import load_config
@@ -171,12 +171,15 @@ def test_sigterm_checkpoints_and_exits_cleanly(easy_policy, tmp_path):
            "train.group_size=4", "train.mini_batches=2", "train.steps=100000", "eval.problems=0",
            "train.checkpoint_every=0", "train.progress=false"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ | {"OMP_NUM_THREADS": "1"})
-    deadline = time.time() + 120
-    while time.time() < deadline and not (run / "metrics.jsonl").is_file():
-        time.sleep(0.2)
-    assert (run / "metrics.jsonl").is_file(), p.communicate(timeout=5)[0]
+    try:
+        timing.wait_for(lambda: (run / "metrics.jsonl").is_file() or p.poll() is not None, timeout=600, quiet_s=15,
+                        what="the first training step of a gapo train run", poll_s=0.2)
+    finally:
+        if p.poll() is None and not (run / "metrics.jsonl").is_file():
+            p.kill()
+    assert (run / "metrics.jsonl").is_file(), p.communicate(timeout=60)[0]
     p.send_signal(signal.SIGTERM)
-    out, _ = p.communicate(timeout=120)
+    out, _ = timing.communicate(p, timeout=600, quiet_s=10, what="gapo train checkpointing after SIGTERM")
     assert p.returncode == 130, out
     state = torch.load(run / "checkpoint.pt", weights_only=False)
     assert state["step"] >= 1
