@@ -21,6 +21,13 @@ cached, and reported per run in ``SandboxResult.isolation``; see docs/sandbox.md
   does not.
 - rlimits: address space (``memory_mb``), CPU seconds, file size, open files, no core files, and
   ``RLIMIT_NPROC = 0`` (no fork, no threads).
+- Kernel keyrings (per uid, not per namespace: a key left in uid 65534's user keyring would be
+  read by the next run): a private session keyring, and a seccomp filter that denies
+  ``add_key``, ``request_key`` and ``keyctl`` (Linux x86_64/aarch64/riscv64).
+- Only the interpreter's own directories (stdlib, site-packages: :func:`_python_paths`) are
+  re-exposed where the mount namespace hides their ancestors; never other ``sys.path`` entries.
+- The sandbox dies with the thread that started it (``PR_SET_PDEATHSIG``), and scoring pool
+  workers with the trainer (:mod:`gapo.tasks.scoring_pool`).
 - Without a network namespace: a socket guard (``socket.socket`` and friends raise). This only
   stops well-behaved code (``ctypes`` gets around it) and is reported as ``socket-guard``.
 - Always: an environment with nothing but ``PATH``/``LANG``/``HOME``/``TMPDIR``; ``python -I``;

@@ -7,10 +7,11 @@ PID 1 of the new PID namespace with its own ``/proc``, bound the fresh IPC names
 limits, make the mount tree read-only, cover ``/tmp``, ``/var/tmp``, ``/run`` (``/var/run``) and
 ``/dev/shm`` with private tmpfs, replace ``/dev`` by a minimal read-only one (null, zero, full,
 random, urandom), cover the host's other listening Unix socket files, re-expose the interpreter
-when needed, fork the peer, set rlimits and ``no_new_privs``, drop to ``nobody``, report the
-applied layers on a pipe and ``exec`` the program in-process (no ``execve`` after the uid
-switch: ``RLIMIT_NPROC=0`` would refuse it, which is intended). Kept in its own module because
-it is source text for another interpreter, not code of this one.
+when needed (the stdlib and site-packages only), fork the peer, set rlimits and
+``no_new_privs``, join a private session keyring and deny the keyring syscalls (seccomp), drop
+to ``nobody``, report the applied layers on a pipe and ``exec`` the program in-process (no
+``execve`` after the uid switch: ``RLIMIT_NPROC=0`` would refuse it, which is intended). Kept
+in its own module because it is source text for another interpreter, not code of this one.
 """
 
 # flake8: noqa
