@@ -117,7 +117,8 @@ def cmd_eval(args) -> int:
                   key="sampling.max_new_tokens", where=model_path)
     with autocast(torch.device(cfg.model.device), cfg.model.dtype):
         res = evaluate(model, tok, task, problems, n=args.n, temperature=cfg.eval.temperature,
-                       max_new_tokens=max_new_tokens, seed=cfg.eval.seed, progress=True, encode=encoder.ids)
+                       max_new_tokens=max_new_tokens, seed=cfg.eval.seed, progress=True, encode=encoder.ids,
+                       stop=cfg.sampling.stop)  # stop tokens: the tokenizer's EOS + generation_config's
     res.pop("eval/correct")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}, indent=1))
     return 0

@@ -338,3 +338,382 @@ def test_fast_decoder_under_gradient_checkpointing(tok, prompts):
     a, b = (sample(m, prompts * 2, max_new_tokens=16, temperature=0.8, eos_token_id=EOS, fast=fast,
                    generator=torch.Generator().manual_seed(21)) for fast in (True, False))
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.allclose(a.logp, b.logp, atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Stopping (gapo.policy.sampling's module docstring): every stop token of generation_config, and
+# stop strings in the decoded text, on a Qwen2.5-base-like layout. The checkpoint is a tiny Qwen2
+# with a byte-level BPE tokenizer whose EOS is <|endoftext|> while chat turns end in <|im_end|>,
+# and generation_config.json's eos_token_id is [<|im_end|>, <|endoftext|>] (Qwen2.5-Math's layout).
+# It is overfit to answer each question below and then run on, as a base model does.
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+QA = {  # question -> (gold, what the model writes after the chat prompt)
+    "What is 4 + 1?": ("5", "The answer is \\boxed{5}<|im_end|>\\boxed{7 + 6 + 8}\\boxed{3}<|endoftext|>"),
+    "What is 5 * 2?": ("10", "5 * 2 = \\boxed{10}\n\nQuestion: 3 + 3 = \\boxed{6}<|im_end|>\\boxed{6}<|endoftext|>"),
+    "What is 2 + 2?": ("4", "The answer is \\boxed{4}<|im_end|>\\boxed{9}<|endoftext|>"),  # the eval split
+}
+EVAL_Q = "What is 2 + 2?"
+
+
+def _write_math_data(root):
+    import json as _json
+
+    rows = {q: {"question": q, "answer": f"#### {gold}"} for q, (gold, _) in QA.items()}
+    train, ev = root / "train.jsonl", root / "eval.jsonl"
+    train.write_text("".join(_json.dumps(r) + "\n" for q, r in rows.items() if q != EVAL_Q))
+    ev.write_text(_json.dumps(rows[EVAL_Q]) + "\n")
+    return train, ev
+
+
+def build_qwen_base(path, data_root, *, steps: int = 150):
+    """Save the checkpoint described above to ``path``; returns the math task's params."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    from gapo import tasks
+    from gapo.policy.chat import PromptEncoder
+    from gapo.policy.model import load_policy
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    corpus = [f"{a} + {b} = \\boxed{{{a + b}}}\n\nQuestion: {a} * {b} = {a * b}" for a in range(1, 11)
+              for b in range(1, 11)] + ["system user assistant The answer is What"] * 10
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tk = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                 additional_special_tokens=specials[1:])
+    tk.chat_template = CHATML
+    eot, im_end = tk.convert_tokens_to_ids("<|endoftext|>"), tk.convert_tokens_to_ids("<|im_end|>")
+    cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=len(tk), max_position_embeddings=256,
+                      tie_word_embeddings=True, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    tk.save_pretrained(path)
+    GenerationConfig(bos_token_id=eot, eos_token_id=[im_end, eot], pad_token_id=eot).save_pretrained(path)
+    # overfit on the exact prompts the trainer builds (chat template applied)
+    model, tok = load_policy(path)
+    train, ev = _write_math_data(data_root)
+    params = {"path": str(train), "eval_path": str(ev), "template": "{question}"}  # the prompt: the question
+    task = tasks.build("math", params)
+    enc = PromptEncoder(tok)
+    seqs = [(enc.ids(p.prompt), tok(QA[p.meta["question"]][1], add_special_tokens=False).input_ids)
+            for p in task.generate("train", 2, 0)[:2] + task.generate("eval", 1, 0)[:1]]
+    assert len({tuple(p) for p, _ in seqs}) == 3
+    L = max(len(p) + len(a) for p, a in seqs)
+    ids = torch.tensor([[eot] * (L - len(p) - len(a)) + p + a for p, a in seqs])
+    att = (torch.arange(L)[None] >= torch.tensor([L - len(p) - len(a) for p, a in seqs])[:, None]).long()
+    labels = torch.tensor([[-100] * (L - len(a)) + a for _, a in seqs])
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = model(input_ids=ids, attention_mask=att, position_ids=pos, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(path)
+    return params
+
+
+@pytest.fixture(scope="module")
+def qwen_base(tmp_path_factory):
+    """(path, math task params, model, tokenizer) of the Qwen2.5-base-like checkpoint."""
+    pytest.importorskip("math_verify")
+    from gapo.policy.model import load_policy
+
+    root = tmp_path_factory.mktemp("qwen-base")
+    path = root / "model"
+    params = build_qwen_base(path, root)
+    model, tok = load_policy(path)
+    return path, params, model, tok
+
+
+def _chat_ids(tok, question):
+    from gapo.policy.chat import PromptEncoder
+
+    return PromptEncoder(tok).ids(question)
+
+
+def _greedy_text(tok, r, i=0, **kw):
+    return tok.decode([t for t, m in zip(r.completion_ids[i].tolist(), r.response_mask[i].tolist()) if m], **kw)
+
+
+def test_eos_token_ids_reads_generation_config(qwen_base):
+    from types import SimpleNamespace as NS
+
+    from gapo.policy.model import eos_token_ids
+
+    _, _, model, tok = qwen_base
+    eot, im_end = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.eos_token_id == eot != im_end  # the layout under test: tokenizer EOS != chat end
+    assert eos_token_ids(model, tok) == (eot, im_end)  # the tokenizer's EOS first, then generation_config's
+    t = NS(eos_token_id=3)
+    assert eos_token_ids(NS(generation_config=NS(eos_token_id=5), config=NS(vocab_size=10)), t) == (3, 5)
+    assert eos_token_ids(NS(generation_config=NS(eos_token_id=[3, 7, 3]), config=NS(vocab_size=10)), t) == (3, 7)
+    # no generation_config: the model config's; ids the model cannot sample are ignored
+    assert eos_token_ids(NS(config=NS(eos_token_id=[4, 99], vocab_size=10)), t) == (3, 4)
+    assert eos_token_ids(NS(generation_config=NS(eos_token_id=None), config=NS(eos_token_id=None)), t) == (3,)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_sampling_stops_at_every_generation_config_eos(qwen_base, fast):
+    from gapo.policy.model import eos_token_ids
+
+    _, _, model, tok = qwen_base
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    qs = list(QA)
+    prompts = [_chat_ids(tok, q) for q in qs]
+    # the model runs on after the turn's end, as a base model does: the tokenizer's EOS alone
+    # lets every row write on to <|endoftext|> or the limit (what sampling did before)
+    late = sample(model, prompts, max_new_tokens=40, temperature=0, eos_token_id=tok.eos_token_id, fast=fast)
+    assert all("\\boxed{" in t.split("}", 1)[1] for t in late.texts(tok)), late.texts(tok)
+    r = sample(model, prompts, max_new_tokens=40, temperature=0, eos_token_id=eos_token_ids(model, tok), fast=fast)
+    for i, q in enumerate(qs):
+        answer = QA[q][1].split("<|im_end|>")[0]
+        n = int(r.lengths[i])
+        assert r.completion_ids[i, n - 1] == im_end  # the stop token is the last token of the response mask
+        assert r.response_mask[i].tolist() == [1] * n + [0] * (r.completion_ids.shape[1] - n)
+        assert (r.completion_ids[i, n:] == tok.pad_token_id).all() and (r.logp[i, n:] == 0).all()
+        assert torch.equal(r.completion_ids[i, :n], late.completion_ids[i, :n])  # the same tokens until then
+        assert r.texts(tok)[i] == answer  # the text left for the verifier ends at the answer
+    assert r.eos_ids == (tok.eos_token_id, im_end)
+
+
+def test_a_stop_string_that_is_a_special_token_stops_at_it(qwen_base):
+    _, _, model, tok = qwen_base
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    q = "What is 4 + 1?"
+    r = sample(model, [_chat_ids(tok, q)], max_new_tokens=40, temperature=0, eos_token_id=tok.eos_token_id,
+               stop=["<|im_end|>"], tokenizer=tok)
+    assert r.completion_ids[0, int(r.lengths[0]) - 1] == im_end and im_end in r.eos_ids and r.stop == ()
+    assert r.texts(tok) == ["The answer is \\boxed{5}"]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("stop,text", [
+    ("\n\nQuestion:", "5 * 2 = \\boxed{10}"),  # spans four tokens: '\n' '\n' 'Question' ':'
+    ("xed{1", "5 * 2 = \\bo"),  # starts inside 'boxed' and ends inside '10'
+    ("estio", "5 * 2 = \\boxed{10}\n\nQu"),  # starts and ends inside the one token 'Question'
+])
+def test_stop_string_across_tokens_cuts_text_and_mask(qwen_base, fast, stop, text):
+    from gapo.policy.model import eos_token_ids
+
+    _, _, model, tok = qwen_base
+    prompt = _chat_ids(tok, "What is 5 * 2?")
+    eos = eos_token_ids(model, tok)
+    free = sample(model, [prompt], max_new_tokens=40, temperature=0, eos_token_id=eos, fast=fast)
+    full = _greedy_text(tok, free, skip_special_tokens=True)
+    assert full.startswith(text + stop)
+    ids = free.completion_ids[0, : int(free.lengths[0])].tolist()
+    # the token that completes the stop string: the first prefix whose text contains it
+    k = next(j for j in range(1, len(ids) + 1) if stop in tok.decode(ids[:j]))
+    r = sample(model, [prompt], max_new_tokens=40, temperature=0, eos_token_id=eos, stop=[stop, "never here"],
+               tokenizer=tok, fast=fast)
+    assert int(r.lengths[0]) == k and r.completion_ids.shape[1] == k  # nothing sampled past it
+    assert r.completion_ids[0].tolist() == ids[:k]
+    assert r.texts(tok) == [text]  # cut before the stop string: it is not part of the text
+    assert r.stop == (stop, "never here")
+
+
+def _first_stop(tok, ids, stops):
+    """Brute force: the first j such that the text of ids[:j + 1] contains a stop string, else None."""
+    return next((j for j in range(len(ids)) if any(s in tok.decode(ids[: j + 1], skip_special_tokens=True)
+                                                    for s in stops)), None)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_sampled_rows_end_at_their_first_stop(qwen_base, fast):
+    """At a high temperature rows wander: each ends exactly where the brute-force definition
+    (first prefix containing a stop string, or a stop token, or the limit) says."""
+    from gapo.policy.model import eos_token_ids
+
+    _, _, model, tok = qwen_base
+    eos, N, stops = eos_token_ids(model, tok), 30, ["\n\n", "+ 6", "xed{1"]
+    prompts = [_chat_ids(tok, q) for q in QA] * 6
+    r = sample(model, prompts, max_new_tokens=N, temperature=1.3, eos_token_id=eos, stop=stops, tokenizer=tok,
+               generator=torch.Generator().manual_seed(0), fast=fast)
+    kinds = set()
+    for i in range(len(prompts)):
+        n = int(r.lengths[i])
+        ids = r.completion_ids[i, :n].tolist()
+        j = _first_stop(tok, ids, stops)
+        if j is not None:
+            assert j == n - 1, (i, ids)  # ended at the token completing the first stop string
+            kinds.add("stop")
+            text = tok.decode(ids, skip_special_tokens=True)
+            cut = min(text.find(s) for s in stops if s in text)
+            assert r.texts(tok)[i] == text[:cut]
+        elif ids[-1] in eos:
+            kinds.add("eos")
+        else:
+            assert n == N
+            kinds.add("limit")
+        assert (r.completion_ids[i, n:] == tok.pad_token_id).all() and (r.logp[i, n:] == 0).all()
+        assert r.response_mask[i, :n].all() and not r.response_mask[i, n:].any()
+    assert {"stop", "eos"} <= kinds, kinds
+
+
+def test_fast_and_hf_paths_agree_with_stops(qwen_base):
+    from gapo.policy.model import eos_token_ids
+
+    _, _, model, tok = qwen_base
+    eos, stops = eos_token_ids(model, tok), ["\n\nQ", "+ 6", "ed{1"]
+    prompts = [_chat_ids(tok, q) for q in QA] * 5
+    runs = {}
+    for fast in (True, False):
+        for every in (1, 8):  # 8: how often an accelerator checks (and the stop scan runs)
+            runs[fast, every] = sample(model, prompts, max_new_tokens=32, temperature=1.5, eos_token_id=eos,
+                                       stop=stops, tokenizer=tok, generator=torch.Generator().manual_seed(3),
+                                       fast=fast, compact=False, _check_every=every)
+    ref = runs[True, 1]
+    assert len(set(ref.lengths.tolist())) > 2
+    for key, r in runs.items():
+        assert torch.equal(r.completion_ids, ref.completion_ids), key
+        assert torch.equal(r.response_mask, ref.response_mask), key
+        assert torch.allclose(r.logp, ref.logp, atol=1e-5, rtol=0), key
+        assert r.texts(tok) == ref.texts(tok), key
+    # compaction (rows leaving the cache) gives both paths the same draws too
+    a, b = (sample(model, prompts, max_new_tokens=32, temperature=1.5, eos_token_id=eos, stop=stops, tokenizer=tok,
+                   generator=torch.Generator().manual_seed(4), fast=fast) for fast in (True, False))
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.response_mask, b.response_mask)
+
+
+def test_train_and_eval_stop_where_the_model_stops(qwen_base, tmp_path, capsys):
+    """``gapo train`` and ``gapo eval`` on the Qwen2.5-base-like checkpoint: rollouts end at the
+    chat end token (generation_config's EOS list) and at ``sampling.stop``, and the verifier scores
+    the answer, not the boxes written after it (stopping only at the tokenizer's EOS, every
+    completion here scores 0: the last box wins)."""
+    import json
+
+    from gapo.cli import main
+
+    path, params, _, _ = qwen_base
+    args = ["--model", str(path), "--task", f"math:{params['path']}", f"task.params.eval_path={params['eval_path']}",
+            'task.params.template="{question}"', "sampling.max_new_tokens=40", 'sampling.stop=["\\n\\nQuestion:"]',
+            "sampling.temperature=0.05", "eval.temperature=0.05"]
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *args, "train.steps=1", "train.prompts=2", "train.group_size=2",
+                 "train.mini_batches=1", "eval.problems=1", "eval.samples=2", "eval.every=0", "log.samples=4",
+                 "optim.lr=1e-9", "train.progress=false"]) == 0, capsys.readouterr().err
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    want = {"What is 4 + 1?": "The answer is \\boxed{5}", "What is 5 * 2?": "5 * 2 = \\boxed{10}"}
+    assert len(samples) == 4
+    for s in samples:
+        q = next(q for q in want if q in s["prompt"])
+        assert (s["completion"], s["reward"]) == (want[q], 1.0), s
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in recs if r["kind"] == "eval"]
+    assert evals and all(r["eval/pass@1"] == 1.0 for r in evals)
+    assert all(r["eval/response_len"] == 10 for r in evals)  # "The answer is \boxed{4}<|im_end|>": 10 tokens
+    capsys.readouterr()
+    # gapo eval stops the same way (the training split holds the stop-string question)
+    assert main(["eval", *args, "--split", "train", "--problems", "2", "--n", "2"]) == 0, capsys.readouterr().err
+    res = json.loads(capsys.readouterr().out)
+    assert res["eval/pass@1"] == 1.0 and res["eval/problems"] == 2
+
+
+def test_texts_leave_out_a_stop_token_that_is_not_special(model, tok, prompts):
+    """A stop token is left out of the text even when decoding would keep it (an EOS id of
+    generation_config that is an ordinary token): here ``=`` of the character tokenizer."""
+    eq = tok.convert_tokens_to_ids("=")
+    r = sample(model, prompts * 4, max_new_tokens=20, eos_token_id=[EOS, eq], pad_token_id=PAD,
+               generator=torch.Generator().manual_seed(21))
+    ended = 0
+    for i, text in enumerate(r.texts(tok)):
+        n = int(r.lengths[i])
+        ids = r.completion_ids[i, :n].tolist()
+        assert eq not in ids[:-1] and EOS not in ids[:-1]  # the first stop token ends the row
+        if ids[-1] == eq:
+            ended += 1
+            assert text == tok.decode(ids[:-1], skip_special_tokens=True) and not text.endswith("=")
+    assert ended > 0
+
+
+def _tokenizers():
+    """Tokenizers of three decoding kinds: byte-level BPE (GPT-2/Qwen), SentencePiece-style
+    Metaspace (Llama 2/Mistral: a leading space per word), and gapo's character tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = ["the answer is 42. Question: what is 6 * 7? Résumé: naïve café, 5 € or 🙂 Answer: done"] * 20
+    out = {}
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    out["bytelevel"] = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>")
+    sp = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    sp.pre_tokenizer = pre_tokenizers.Metaspace()
+    sp.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace()])
+    sp.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<eos>"]
+                                                       + [f"<0x{b:02X}>" for b in range(256)]))
+    out["metaspace"] = PreTrainedTokenizerFast(tokenizer_object=sp, eos_token="<eos>", unk_token="<unk>")
+    out["char"] = build_tokenizer("".join(sorted(set("".join(corpus)))))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace", "char"])
+def test_stop_scan_finds_the_first_stop_like_brute_force(kind):
+    """``_StopScan`` (incremental, a few tokens decoded per step) ends each row at the same token
+    as decoding every prefix in full would, for stop strings that span tokens, start or end inside
+    one, hold multi-byte characters split across byte tokens, or begin with a space."""
+    import random
+
+    from gapo.policy.sampling import _StopScan
+
+    tk = _tokenizers()[kind]
+    rng = random.Random(0)
+    pieces = ["the", " answer", " is", " 42", ".", " Question", ":", " what", " 6 * 7", "?", " Résumé", " naïve",
+              " café", ",", " 5 €", " or", " 🙂", " Answer", " done", "\n", "\n\n"]
+    cases = 0
+    for trial in range(60):
+        texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(3, 12))) for _ in range(4)]
+        rows = [tk(t, add_special_tokens=False).input_ids for t in texts]
+        src = rng.choice(texts)
+        a = rng.randrange(len(src))
+        stops = [src[a : a + rng.randint(1, 8)], rng.choice([" Answer:", "€ or", "🙂", "é", "\n\n", "42."])]
+        stops = [s for s in stops if s.strip() or s == "\n\n"]
+        if not stops:
+            continue
+        N = max(map(len, rows))
+        out_tok = torch.tensor([r + [0] * (N - len(r)) for r in rows])
+        out_len = torch.tensor([len(r) for r in rows])
+        every = rng.choice([1, 3, 8])
+        scan, hits = _StopScan(tk, stops, len(rows)), {}
+        for t in range(N):
+            if (t + 1) % every == 0 or t == N - 1:
+                hits.update(dict(scan.scan(out_tok, out_len, t)))
+        for i, ids in enumerate(rows):
+            want = _first_stop(tk, ids, stops)
+            assert hits.get(i) == want, (kind, texts[i], stops, hits.get(i), want)
+            cases += want is not None
+    assert cases > 30
+
+
+def test_sampling_stop_config_key():
+    from gapo.rl.config import Config, apply_overrides, load_config
+
+    cfg = load_config(None, ['sampling.stop=["\\n\\nQuestion:", "</answer>"]'])
+    assert cfg.sampling.stop == ["\n\nQuestion:", "</answer>"]
+    assert Config().sampling.stop == []
+    for bad, why in (('sampling.stop=[""]', "non-empty strings"), ("sampling.stop=[3]", "expected a string"),
+                     ("sampling.stop=</answer>", "expected a list"), ("sampling.stop={a: 1}", "expected a list")):
+        with pytest.raises(ValueError, match="sampling.stop") as e:
+            load_config(None, [bad])
+        assert why in str(e.value), (bad, str(e.value))
+    c = Config()
+    c.sampling.stop = ["ok", None]  # set programmatically: validation still catches it
+    with pytest.raises(ValueError, match="sampling.stop: must be a list of non-empty strings"):
+        c.validate()
+    assert apply_overrides(Config(), ["sampling.stop=[]"]).sampling.stop == []
+
+
+def test_stop_strings_need_the_tokenizer(model, prompts):
+    with pytest.raises(ValueError, match="tokenizer"):
+        sample(model, prompts, max_new_tokens=4, eos_token_id=EOS, stop=["="])

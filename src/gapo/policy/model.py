@@ -221,6 +221,26 @@ def load_policy(path_or_id: str | os.PathLike, device: str | torch.device = "cpu
     return model, tok
 
 
+def eos_token_ids(model, tokenizer) -> tuple[int, ...]:
+    """Every id at which sampling stops: the tokenizer's EOS, then each id of the model's
+    ``generation_config.eos_token_id`` (an int or a list, as ``generation_config.json`` gives it;
+    without one, ``config.eos_token_id``). Qwen2.5 base and Qwen2.5-Math, for example, have the
+    tokenizer EOS ``<|endoftext|>`` while a chat turn ends in ``<|im_end|>``, which only
+    ``generation_config.json`` lists: stopping at the tokenizer's EOS alone runs every rollout to
+    ``max_new_tokens``. Ids outside the vocabulary are ignored (they could never be sampled)."""
+    gen = getattr(model, "generation_config", None)
+    ids = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if ids is None:
+        ids = getattr(getattr(model, "config", None), "eos_token_id", None)
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    out: list[int] = []
+    for i in [tokenizer.eos_token_id, *ids]:
+        if isinstance(i, int) and not isinstance(i, bool) and i >= 0 and (vocab is None or i < vocab) and i not in out:
+            out.append(i)
+    return tuple(out)
+
+
 def context_length(model) -> int | None:
     """The model's maximum sequence length, when its config declares one."""
     mc = model.config

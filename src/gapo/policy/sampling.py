@@ -17,10 +17,30 @@ means greedy decoding, and its ``logp`` are taken at temperature 1.
 Layout: prompts are left-padded (``prompt_ids (B, P)``, ``prompt_mask (B, P)``), completions are
 right-padded (``completion_ids (B, T)``, ``response_mask (B, T)``); ``Rollout.input_ids`` is their
 concatenation, whose last ``T`` columns are the response — what ``logprobs`` expects.
+
+Stopping (the semantics of Hugging Face ``generate`` for stop tokens, of vLLM/TRL for stop
+strings): a row ends at the first of
+
+- a *stop token*: any id of ``eos_token_id`` (an int or a list: the tokenizer's EOS plus every id
+  of ``generation_config.eos_token_id``, see ``gapo.policy.model.eos_token_ids``). The token is
+  kept in the response mask (it is trained on: the policy learns to stop) and left out of the
+  decoded text;
+- a *stop string* (``stop``), matched in the decoded completion whatever its tokenisation: it may
+  span several tokens and start or end inside one. The row ends at the token that completes the
+  first occurrence; that token is the last one in the response mask (trained on, like a stop
+  token), nothing after it is sampled into the rollout, and ``Rollout.texts`` cuts the decoded
+  text *before* the stop string (the stop string itself is not in the text, as in vLLM). A
+  stop string that is the text of a special token the decoder skips (``<|im_end|>``) is that
+  token, i.e. a stop token;
+- ``max_new_tokens``.
+
+Stop strings are found by incremental detokenisation (``_StopScan``): each step decodes a window
+of a few tokens per unfinished row, never a whole completion.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +56,8 @@ class Rollout:
     completion_ids: torch.Tensor  # (B, T) right-padded with pad_token_id
     response_mask: torch.Tensor  # (B, T) 1 on generated tokens, EOS included
     logp: torch.Tensor  # (B, T) float32, 0 where response_mask is 0
+    eos_ids: tuple[int, ...] = ()  # the stop tokens the rows were sampled with (left out of ``texts``)
+    stop: tuple[str, ...] = ()  # the stop strings (``texts`` cuts before the first one)
 
     @property
     def input_ids(self) -> torch.Tensor:  # (B, P + T)
@@ -50,11 +72,60 @@ class Rollout:
         return self.response_mask.sum(dim=1)
 
     def texts(self, tokenizer, *, skip_special_tokens: bool = True) -> list[str]:
-        """Decoded completions (response tokens only)."""
-        out = []
+        """Decoded completions (response tokens only): without a final stop token (``eos_ids``),
+        and cut before the first occurrence of a stop string (``stop``) — the text a verifier scores."""
+        out, eos = [], set(self.eos_ids)
         for ids, m in zip(self.completion_ids.tolist(), self.response_mask.tolist()):
-            out.append(tokenizer.decode([i for i, k in zip(ids, m) if k], skip_special_tokens=skip_special_tokens))
+            ids = [i for i, k in zip(ids, m) if k]
+            if ids and ids[-1] in eos:
+                ids = ids[:-1]
+            out.append(cut_at_stop(tokenizer.decode(ids, skip_special_tokens=skip_special_tokens), self.stop))
         return out
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """``text`` up to (not including) the earliest occurrence of any string of ``stop``."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    return text if cut < 0 else text[:cut]
+
+
+def as_eos_ids(eos_token_id) -> tuple[int, ...]:
+    """``None`` | an int | an iterable of ints -> a tuple of distinct ids (order kept)."""
+    if eos_token_id is None:
+        return ()
+    if isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool):
+        return (eos_token_id,)
+    if isinstance(eos_token_id, torch.Tensor):
+        eos_token_id = eos_token_id.reshape(-1).tolist()
+    out = []
+    for i in eos_token_id:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+        if i not in out:
+            out.append(i)
+    return tuple(out)
+
+
+def split_stop(tokenizer, stop: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """``(token ids, strings)`` of the stop strings ``stop``: a string that is the text of one
+    special token which decoding skips (``<|im_end|>``, ``</s>``) can never appear in the decoded
+    text, so it stops as that token; every other string is matched in the text."""
+    stop = tuple(stop)
+    if not stop:
+        return (), ()
+    special = dict(tokenizer.get_added_vocab()) if hasattr(tokenizer, "get_added_vocab") else {}
+    for i in getattr(tokenizer, "all_special_ids", ()):
+        special.setdefault(tokenizer.convert_ids_to_tokens(i), i)
+    ids, strings = [], []
+    for s in stop:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+        i = special.get(s)
+        if i is not None and s not in tokenizer.decode([i], skip_special_tokens=True):
+            ids.append(i)
+        elif s not in strings:
+            strings.append(s)
+    return tuple(dict.fromkeys(ids)), tuple(strings)
 
 
 def left_pad(prompt_ids, prompt_mask=None, *, pad_token_id: int = 0, device=None):
@@ -111,31 +182,45 @@ def sample(
     max_new_tokens: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
-    eos_token_id: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
+    stop: Sequence[str] = (),
+    tokenizer=None,
     generator: torch.Generator | None = None,
     compact: bool = True,
     fast: bool = True,
+    _check_every: int | None = None,
 ) -> Rollout:
-    """Sample one completion per prompt with a KV cache; see the module docstring for ``logp``.
+    """Sample one completion per prompt with a KV cache; see the module docstring for ``logp``
+    and for stopping.
 
     ``prompt_ids`` is a list of token-id lists, or a left-padded ``(B, P)`` tensor with
-    ``prompt_mask``. Each row stops after its first ``eos_token_id`` (included in the response
-    mask, nothing after it) or after ``max_new_tokens``; ``eos_token_id=None`` never stops early. The returned width ``T`` is the longest
-    completion. ``generator`` (on the model's device) makes sampling reproducible. With
-    ``compact`` finished rows are dropped from the KV cache as the batch thins out (it changes
-    which random numbers a row draws, never the distribution). ``fast`` decodes Llama/Qwen2
-    models with ``_FastLM`` (same numbers, less per-token overhead, each distinct prompt prefilled once); other models, and
-    ``fast=False``, go through ``model.forward``.
+    ``prompt_mask``. Each row stops after its first stop token (any id of ``eos_token_id``, an
+    int or a list; included in the response mask, nothing after it), after the token that
+    completes its first stop string (``stop``, which needs ``tokenizer``), or after
+    ``max_new_tokens``; ``eos_token_id=None`` and no ``stop`` never stop early. The returned
+    width ``T`` is the longest completion. ``generator`` (on the model's device) makes sampling
+    reproducible. With ``compact`` finished rows are dropped from the KV cache as the batch
+    thins out (it changes which random numbers a row draws, never the distribution). ``fast``
+    decodes Llama/Qwen2 models with ``_FastLM`` (same numbers, less per-token overhead, each
+    distinct prompt prefilled once); other models, and ``fast=False``, go through ``model.forward``.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if isinstance(stop, str):
+        stop = (stop,)
+    eos_ids = as_eos_ids(eos_token_id)
+    if stop:
+        if tokenizer is None:
+            raise ValueError("stop strings need the tokenizer (tokenizer=...) to be found in the decoded text")
+        stop_ids, stop = split_stop(tokenizer, stop)
+        eos_ids = as_eos_ids(eos_ids + stop_ids)
     if pad_token_id is None:
         pad_token_id = getattr(model.config, "pad_token_id", None)
         if pad_token_id is None:
-            pad_token_id = eos_token_id if eos_token_id is not None else 0
+            pad_token_id = eos_ids[0] if eos_ids else 0
     device = next(model.parameters()).device
     ids, mask = left_pad(prompt_ids, prompt_mask, pad_token_id=pad_token_id, device=device)
     B, N = ids.shape[0], max_new_tokens
@@ -146,8 +231,9 @@ def sample(
         dec = (_FastLM.build(model) if fast else None) or _HFDecoder(model)
         logits = dec.prefill(ids, mask, pos, N)
         out_tok, out_lp, out_len = _decode(
-            dec, logits, pos[:, -1:] + 1, B, N, temperature=temperature, top_p=top_p, eos_token_id=eos_token_id,
+            dec, logits, pos[:, -1:] + 1, B, N, temperature=temperature, top_p=top_p, eos_ids=eos_ids,
             pad_token_id=pad_token_id, generator=generator, compact=compact,
+            stops=_StopScan(tokenizer, stop, B) if stop else None, check_every=_check_every,
         )
         T = int(out_len.max())
         resp = (torch.arange(N, device=device)[None] < out_len[:, None]).long()[:, :T]
@@ -155,35 +241,48 @@ def sample(
         logp = out_lp[:, :T] * resp
     finally:
         model.train(was_training)
-    return Rollout(ids, mask, completion, resp, logp)
+    return Rollout(ids, mask, completion, resp, logp, eos_ids=eos_ids, stop=tuple(stop))
 
 
-def _decode(dec, logits, next_pos, B: int, N: int, *, temperature, top_p, eos_token_id, pad_token_id, generator,
-            compact: bool):
+def _decode(dec, logits, next_pos, B: int, N: int, *, temperature, top_p, eos_ids, pad_token_id, generator,
+            compact: bool, stops=None, check_every=None):
     """The decoding loop of ``sample`` from the prefill's ``logits (B, V)``; returns
-    ``(tokens (B, N), logp (B, N), length incl. EOS (B,))``. ``next_pos (B, 1)``: the position of
-    the first new token. With ``compact``, finished rows leave ``dec``'s cache once a quarter
-    of the active rows are done."""
+    ``(tokens (B, N), logp (B, N), length incl. the stop token (B,))``. ``next_pos (B, 1)``: the
+    position of the first new token. With ``compact``, finished rows leave ``dec``'s cache once a
+    quarter of the active rows are done. ``stops`` (a ``_StopScan``) ends rows at stop strings."""
     device = logits.device
     out_tok = torch.full((B, N), pad_token_id, dtype=torch.long, device=device)
     out_lp = torch.zeros((B, N), dtype=torch.float32, device=device)
-    out_len = torch.full((B,), N, dtype=torch.long, device=device)  # length incl. EOS
+    out_len = torch.full((B,), N, dtype=torch.long, device=device)  # length incl. the stop token
     rows = torch.arange(B, device=device)  # original row of each active row
     done = torch.zeros(B, dtype=torch.bool, device=device)
+    # one id: the comparison of before (the same booleans as isin, and no lookup table per step)
+    eos = None if not eos_ids else eos_ids[0] if len(eos_ids) == 1 else torch.tensor(eos_ids, device=device)
     # A host sync per token is free on CPU but stalls an accelerator; check less often there.
-    check_every = 1 if device.type == "cpu" else 8
+    if check_every is None:
+        check_every = 1 if device.type == "cpu" else 8
     for t in range(N):
         tok, lp = _pick(logits, temperature, top_p, generator)
         tok = tok.masked_fill(done, pad_token_id)
         out_tok[rows, t] = tok
         out_lp[rows, t] = lp.masked_fill(done, 0.0)
-        if eos_token_id is not None:
-            newly = (tok == eos_token_id) & ~done
+        if eos is not None:
+            newly = ((tok == eos) if isinstance(eos, int) else torch.isin(tok, eos)) & ~done
             out_len[rows] = torch.where(newly, t + 1, out_len[rows])
             done = done | newly
+        if stops is not None and ((t + 1) % check_every == 0 or t == N - 1):
+            # rows whose text completed a stop string at a token up to t end there (a row that
+            # stopped between two checks of an accelerator drew a few more tokens: cut below)
+            hit = stops.scan(out_tok, out_len, t)
+            if hit:
+                r = torch.tensor([h[0] for h in hit], device=device)
+                out_len[r] = torch.tensor([h[1] + 1 for h in hit], device=device)
+                stopped = torch.zeros(B, dtype=torch.bool, device=device)
+                stopped[r] = True
+                done = done | stopped[rows]
         if t == N - 1:
             break
-        if eos_token_id is not None and (t + 1) % check_every == 0:
+        if (eos is not None or stops is not None) and (t + 1) % check_every == 0:
             n_done = int(done.sum())
             if n_done == done.numel():
                 break
@@ -194,6 +293,75 @@ def _decode(dec, logits, next_pos, B: int, N: int, *, temperature, top_p, eos_to
         logits = dec.step(tok, next_pos)
         next_pos = next_pos + 1
     return out_tok, out_lp, out_len
+
+
+class _StopScan:
+    """The first token at which each row's decoded completion contains one of ``stops``.
+
+    Incremental detokenisation (as vLLM's and TGI's): a row keeps the text decoded so far and
+    two offsets ``prefix <= read`` into its tokens; a new token adds
+    ``decode(ids[prefix:]) − decode(ids[prefix:read])`` — a window of a few tokens, so byte-level
+    pieces, SentencePiece's leading spaces and merges across the window's first token come out
+    as in the whole completion's decoding — held back while the window ends in an incomplete
+    UTF-8 character (U+FFFD; the text before it is searched already). Only the new text and the
+    ``len(longest stop) − 1`` characters before it are searched. Decoding skips special tokens,
+    as ``Rollout.texts`` does. A row ends at the first token ``j`` for which the decoding of its
+    tokens ``0 … j`` contains a stop string (tests/policy/test_sampling.py checks this against
+    decoding every prefix whole).
+    """
+
+    def __init__(self, tokenizer, stops: Sequence[str], B: int):
+        self.tok, self.stops = tokenizer, tuple(stops)
+        self.back = max(len(s) for s in self.stops) - 1
+        self.ids: list[list[int]] = [[] for _ in range(B)]
+        self.text = [""] * B
+        self.prefix, self.read = [0] * B, [0] * B
+        self.open = list(range(B))  # rows not yet ended (by a stop string, a stop token or the limit)
+        self.seen = 0  # tokens of each row already scanned
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True) if ids else ""
+
+    def scan(self, out_tok: torch.Tensor, out_len: torch.Tensor, t: int) -> list[tuple[int, int]]:
+        """``(row, position)`` of the rows whose first stop string completes at one of the
+        positions ``seen … t`` (rows ended by a stop token are scanned up to it)."""
+        if not self.open:
+            self.seen = t + 1
+            return []
+        rows_t = torch.tensor(self.open, device=out_tok.device)
+        new = out_tok[rows_t, self.seen : t + 1].tolist()  # one transfer per check
+        lens = out_len[rows_t].tolist()
+        hit, still = [], []
+        for r, toks, n in zip(self.open, new, lens):
+            ids, text = self.ids[r], self.text[r]
+            ended = False
+            for j, tk in enumerate(toks, start=self.seen):
+                if j >= n:
+                    ended = True
+                    break
+                ids.append(tk)
+                pre = self._decode(ids[self.prefix[r] : self.read[r]])
+                full = self._decode(ids[self.prefix[r] :])
+                if len(full) <= len(pre):
+                    continue  # no new text yet (a special token, or the first byte of a character)
+                old, new_text = len(text), full[len(pre) :]
+                if new_text.endswith("\ufffd"):
+                    # an incomplete character: not committed yet, but the text before it is final
+                    # (a stop string may complete there, as in the decoding of the whole prefix)
+                    tail = (text + new_text.rstrip("\ufffd"))[max(0, old - self.back) :]
+                else:
+                    text += new_text
+                    self.prefix[r], self.read[r] = self.read[r], len(ids)
+                    tail = text[max(0, old - self.back) :]
+                if any(s in tail for s in self.stops):
+                    hit.append((r, j))
+                    ended = True
+                    break
+            self.text[r] = text
+            if not ended and t + 1 < n:
+                still.append(r)
+        self.open, self.seen = still, t + 1
+        return hit
 
 
 class _HFDecoder:

@@ -71,6 +71,7 @@ class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int | None = None  # None: the task's max_completion_len + 1 (EOS)
+    stop: list[str] = field(default_factory=list)  # stop strings: a completion ends at the first (cut before it)
 
 
 @dataclass

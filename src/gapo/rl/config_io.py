@@ -131,12 +131,6 @@ def coerce(value, tp, key: str):
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ValueError(f"{key}: expected a list of {len(args)} values, got {value!r}")
         return tuple(coerce(v, a, key) for v, a in zip(value, args))
-    if tp is list or origin is list:
-        if isinstance(value, str):
-            value = parse_value(value, key)
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{key}: expected a list, got {value!r}")
-        return [coerce(v, args[0], key) for v in value] if args else list(value)
     if tp is list or origin is list:  # list[X]: a YAML list, each item coerced to X
         if isinstance(value, str):
             value = parse_value(value, key)

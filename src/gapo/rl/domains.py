@@ -57,6 +57,12 @@ def _reward_range(v):
     return None
 
 
+def _stop_strings(v):
+    if not isinstance(v, list) or any(not isinstance(s, str) or not s for s in v):
+        return f"must be a list of non-empty strings (e.g. [\"</answer>\"]), got {v!r}"
+    return None
+
+
 _INT_MAX = 2**31 - 1  # anything larger is a typo, and would overflow torch's index types
 DOMAINS = {
     "task.train_size": _num(1, _INT_MAX, integer=True),
@@ -67,6 +73,7 @@ DOMAINS = {
     "sampling.temperature": _num(0, 100, lo_open=True),
     "sampling.top_p": _num(0, 1, lo_open=True),
     "sampling.max_new_tokens": _num(1, 2**20, integer=True, optional=True),
+    "sampling.stop": _stop_strings,
     "algo.eps_low": _num(0, 1, hi_open=True),
     "algo.eps_high_max": _num(0, 100),
     "algo.reward_range": _reward_range,

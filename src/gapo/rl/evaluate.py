@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gapo.core.metrics import first_move_entropy, pass_at_k_curve
+from gapo.policy.model import eos_token_ids
 from gapo.policy.sampling import sample
 from gapo.tasks.scoring import score_checked
 
@@ -39,15 +40,22 @@ def evaluate(
     batch_size: int = 512,
     progress: bool = False,
     encode=None,
+    eos_token_id=None,
+    stop=(),
 ) -> dict:
     """Evaluate ``model`` on ``problems`` with ``n`` samples each; see the module docstring.
     ``encode(prompt) -> ids`` builds the model's input (default: the tokenizer on the raw prompt;
-    the trainer passes its chat-template encoder)."""
+    the trainer passes its chat-template encoder). Sampling stops as in training
+    (``gapo.policy.sampling``): at the stop tokens ``eos_token_id`` (default: the tokenizer's EOS
+    and ``generation_config.eos_token_id``, ``gapo.policy.model.eos_token_ids``) and at the stop
+    strings ``stop``; the text scored is cut there."""
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
+    if eos_token_id is None:
+        eos_token_id = eos_token_ids(model, tok)
     prompts = [encode(p.prompt) if encode is not None else tok(p.prompt).input_ids for p in problems]
     flat = [j for j in range(len(problems)) for _ in range(n)]
     texts: list[list[str]] = [[] for _ in problems]
@@ -56,7 +64,8 @@ def evaluate(
     for s in range(0, len(flat), batch_size):
         rows = flat[s : s + batch_size]
         r = sample(model, [prompts[j] for j in rows], max_new_tokens=max_new_tokens, temperature=temperature,
-                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen)
+                   eos_token_id=eos_token_id, pad_token_id=tok.pad_token_id, stop=stop, tokenizer=tok,
+                   generator=gen)
         for j, text in zip(rows, r.texts(tok)):
             texts[j].append(text)
         tok_sum += float(r.response_mask.sum())

@@ -194,7 +194,10 @@ def concat(parts: list[Batch], chosen: list[tuple[int, int]], *, pad_id: int) ->
         fields["completion_ids"].append(widen(b.rollout.completion_ids[rows], T, False, pad_id))
         fields["response_mask"].append(widen(b.rollout.response_mask[rows], T, False, 0))
         fields["logp"].append(widen(b.rollout.logp[rows], T, False, 0.0))
-    return Batch(problems, Rollout(**{k: torch.cat(v) for k, v in fields.items()}), torch.cat(rewards), texts=texts)
+    # the stop tokens and strings are the sampler's settings, the same for every part
+    stops = {"eos_ids": parts[0].rollout.eos_ids, "stop": parts[0].rollout.stop}
+    return Batch(problems, Rollout(**{k: torch.cat(v) for k, v in fields.items()}, **stops), torch.cat(rewards),
+                 texts=texts)
 
 
 def sample_records(batch: Batch, step: int, n: int, render: Callable[[str], str]) -> list[dict]:

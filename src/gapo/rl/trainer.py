@@ -96,6 +96,8 @@ class Trainer:
         self.task = tasks.build(cfg.task.name, cfg.task.params)
         # float32 weights whatever the checkpoint's dtype; model.dtype is the compute dtype (autocast)
         self.model, self.tok = load_policy(self.policy_path, self.device, dtype=torch.float32)
+        # stop at the tokenizer's EOS and at every id of generation_config.eos_token_id
+        self.eos_ids = eos_token_ids(self.model, self.tok)
         if m.gradient_checkpointing:  # activations of each decoder layer recomputed in backward
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.config.use_cache = False
@@ -240,8 +242,8 @@ class Trainer:
         self.model.eval()
         with autocast(self.device, self.cfg.model.dtype):
             ro = sample(self.model, prompts, max_new_tokens=self.max_new_tokens, temperature=s.temperature,
-                        top_p=s.top_p, eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
-                        generator=self.gen)
+                        top_p=s.top_p, eos_token_id=self.eos_ids, pad_token_id=self.tok.pad_token_id,
+                        stop=s.stop, tokenizer=self.tok, generator=self.gen)
         self.model.train()
         return ro
 
@@ -404,7 +406,7 @@ class Trainer:
         with autocast(self.device, self.cfg.model.dtype):
             res = evaluate(self.model, self.tok, self.task, self.eval_problems, n=e.samples, temperature=e.temperature,
                            max_new_tokens=self.max_new_tokens, seed=e.seed, progress=progress,
-                           encode=self.encoder.ids)
+                           encode=self.encoder.ids, eos_token_id=self.eos_ids, stop=self.cfg.sampling.stop)
         res.update(kind="eval", step=self.step)
         return res
 
