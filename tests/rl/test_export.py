@@ -1,0 +1,173 @@
+"""gapo export and gapo eval RUN on a locally built Qwen2 checkpoint (ChatML template): runs
+stopped early (only checkpoint.pt), finished runs, LoRA runs; reloaded in plain transformers/peft."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from checkpoints import build_instruct_checkpoint  # tests/checkpoints.py (tests/ is on sys.path)
+from gapo.cli import main
+from gapo.rl.config import load_config
+from gapo.rl.export import export, load_run_model
+from gapo.rl.trainer import Trainer
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def instruct(tmp_path_factory):
+    return str(build_instruct_checkpoint(tmp_path_factory.mktemp("qwen2-instruct")))
+
+
+@pytest.fixture(scope="module")
+def instruct_bf16(instruct, tmp_path_factory):
+    """The same checkpoint saved in bfloat16 (config.json says so), as real instruct models ship."""
+    out = tmp_path_factory.mktemp("qwen2-bf16")
+    m = transformers.AutoModelForCausalLM.from_pretrained(instruct)
+    m.to(torch.bfloat16).save_pretrained(out)
+    transformers.AutoTokenizer.from_pretrained(instruct).save_pretrained(out)
+    return str(out)
+
+
+def _cfg(model, *extra):
+    return load_config(None, [f"model.path={model}", "task.params.n_numbers=2", "task.params.num_range=[1,10]",
+                              "task.train_size=64", "train.prompts=2", "train.group_size=4", "train.mini_batches=2",
+                              "train.progress=false", "eval.problems=0", "sampling.max_new_tokens=8",
+                              "train.checkpoint_every=0", "optim.lr=1e-2", "train.steps=5", *extra])
+
+
+def _varied_reward(where):
+    """A reward that differs between rollouts (so the weights move; the random model's Countdown
+    reward is all 0)."""
+    f = where.parent / f"{where.name}_rewards.py"
+    f.write_text("def varied(prompt, completion, **fields):\n    return min(len(completion), 16) / 16\n")
+    return f"reward.funcs=[{f}:varied]"
+
+
+def _stopped_run(model, path, *extra):
+    """A run stopped after 2 of 5 steps (as by Ctrl-C): checkpoint.pt, no policy/."""
+    tr = Trainer(_cfg(model, _varied_reward(path), *extra), path)
+    tr.fit(stop_after=2)
+    assert (path / "checkpoint.pt").is_file() and not (path / "policy").exists()
+    return tr
+
+
+def test_export_of_an_early_stopped_full_run_reloads_in_plain_transformers(instruct_bf16, tmp_path):
+    tr = _stopped_run(instruct_bf16, tmp_path / "run")
+    trained = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
+    base = transformers.AutoModelForCausalLM.from_pretrained(instruct_bf16).state_dict()
+    assert any(not torch.equal(v.to(torch.bfloat16), base[k]) for k, v in trained.items())  # it trained
+    out, info = export(tmp_path / "run")
+    assert out == tmp_path / "run" / "export-step2" and info["source"] == "checkpoint" and info["step"] == 2
+    m = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert m.dtype == torch.bfloat16  # the base model's dtype, not the float32 master weights
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, trained[k].to(torch.bfloat16)), k
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert "<|im_start|>" in tok.chat_template and (out / "generation_config.json").is_file()
+    # the checkpoint holds float32 master weights (by design: model.dtype is autocast); the export
+    # is half its size
+    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    f32, _ = export(tmp_path / "run", tmp_path / "f32", dtype="float32")
+    assert transformers.AutoModelForCausalLM.from_pretrained(f32).dtype == torch.float32
+    assert sum(f.stat().st_size for f in f32.glob("*.safetensors")) > 1.8 * size
+
+
+def test_export_step_choice_and_clear_errors(instruct, tmp_path, capsys):
+    _stopped_run(instruct, tmp_path / "run")
+    assert main(["export", str(tmp_path / "run"), "--step", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "no model at step 3" in err and "last checkpoint (step 2)" in err
+    assert main(["export", str(tmp_path / "run"), "--merge-lora"]) == 2
+    assert "did not train LoRA adapters" in capsys.readouterr().err
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("keep me")
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "busy")]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err and (tmp_path / "busy" / "x").is_file()
+    assert main(["export", instruct]) == 2
+    assert "not a gapo run folder" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "run"), "--step", "2", "--out", str(tmp_path / "e")]) == 0
+    assert "at step 2 (from its checkpoint)" in capsys.readouterr().out
+
+
+def test_finished_run_exports_its_policy_and_step(instruct, tmp_path):
+    tr = Trainer(_cfg(instruct, _varied_reward(tmp_path / "run")), tmp_path / "run")
+    tr.fit()
+    out, info = export(tmp_path / "run", tmp_path / "out")
+    assert info["source"] == "policy" and info["step"] == 5
+    m = transformers.AutoModelForCausalLM.from_pretrained(out)
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, tr.model.state_dict()[k]), k
+    _, info = export(tmp_path / "run", tmp_path / "out2", step=5)  # the checkpoint has step 5 too: the policy
+    assert info["source"] == "policy"
+
+
+def test_lora_run_exports_adapter_or_merged_model(instruct, tmp_path):
+    peft = pytest.importorskip("peft")
+    tr = _stopped_run(instruct, tmp_path / "run", "model.lora={r: 4, alpha: 8}")
+    x = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        want = tr.model(x).logits
+    adapter, info = export(tmp_path / "run", tmp_path / "adapter")
+    assert info["adapter"] and (adapter / "adapter_config.json").is_file()
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == instruct
+    base = transformers.AutoModelForCausalLM.from_pretrained(instruct)
+    with torch.no_grad():
+        got = peft.PeftModel.from_pretrained(base, adapter)(x).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    merged, info = export(tmp_path / "run", tmp_path / "merged", merge_lora=True)
+    assert not info["adapter"] and not (merged / "adapter_config.json").exists()
+    with torch.no_grad():
+        got = transformers.AutoModelForCausalLM.from_pretrained(merged)(x).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_missing_base_model_is_named(instruct, tmp_path):
+    base = tmp_path / "base"
+    shutil.copytree(instruct, base)
+    _stopped_run(str(base), tmp_path / "run")
+    shutil.rmtree(base)
+    with pytest.raises(ValueError, match="needs its base model at"):
+        export(tmp_path / "run", tmp_path / "out")
+
+
+def test_eval_from_a_run_folder_reuses_its_prompt_settings(instruct, tmp_path, capsys, monkeypatch):
+    system = "Answer tersely."
+    _stopped_run(instruct, tmp_path / "run", f"task.system_prompt={system}")
+    seen = []
+    import gapo.rl.evaluate as ev
+    real = ev.evaluate
+
+    def spy(model, tok, task, problems, **kw):
+        seen.append([kw["encode"](p.prompt) for p in problems[:1]][0])
+        return real(model, tok, task, problems, **kw)
+    monkeypatch.setattr(ev, "evaluate", spy)
+    assert main(["eval", str(tmp_path / "run"), "--problems", "2", "--n", "2"]) == 0, capsys.readouterr().err
+    res = json.loads(capsys.readouterr().out)
+    assert res["eval/problems"] == 2
+    tok = transformers.AutoTokenizer.from_pretrained(instruct)
+    assert system in tok.decode(seen[0])  # the run's system prompt and chat template, not given again
+    # an override changes them
+    assert main(["eval", str(tmp_path / "run"), "--problems", "2", "--n", "2", "task.system_prompt=Be brief."]) == 0
+    assert "Be brief." in tok.decode(seen[1]) and system not in tok.decode(seen[1])
+    # --step names the checkpoint; the model evaluated is the run's, not its base
+    model, _, info = load_run_model(tmp_path / "run", 2)
+    base = transformers.AutoModelForCausalLM.from_pretrained(instruct)
+    assert info["source"] == "checkpoint" and any(
+        not torch.equal(a, b) for a, b in zip(model.state_dict().values(), base.state_dict().values()))
+    assert main(["eval", str(tmp_path / "run"), "--step", "4", "--problems", "2"]) == 2
+    assert "no model at step 4" in capsys.readouterr().err
+
+
+def test_eval_names_what_it_expects(instruct, tmp_path, capsys):
+    (tmp_path / "notarun").mkdir()
+    assert main(["eval", str(tmp_path / "notarun")]) == 2
+    err = capsys.readouterr().err
+    assert "not a gapo run folder" in err and "--model" in err
+    assert main(["eval", "--model", str(tmp_path / "notarun")]) == 2
+    err = capsys.readouterr().err
+    assert "has no config.json and is not a gapo run folder" in err
+    assert main(["eval", "--step", "3"]) == 2
+    assert "--step N needs a run folder" in capsys.readouterr().err
