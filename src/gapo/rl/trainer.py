@@ -38,7 +38,7 @@ from gapo.core.metrics import (RATIO_ADV_WINDOW, clip_counts_by_c, clip_stats_fr
 from gapo.policy import lora
 from gapo.policy.base_policy import resolve_policy
 from gapo.policy.chat import PromptEncoder
-from gapo.policy.model import check_context, check_memory, load_policy, save_policy
+from gapo.policy.model import check_context, check_memory, eos_token_ids, load_policy, save_policy
 from gapo.policy.precision import autocast, grad_scaler
 from gapo.policy.sampling import logprobs, sample
 from gapo.rl import rollout
