@@ -88,10 +88,51 @@ def cmd_train(args) -> int:
     out = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
     tr = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite, allow_change=args.allow_change)
     res = tr.fit()
-    print(f"run folder: {out}  (step {res['step']}{', stopped early' if res['stopped'] else ''})")
-    if res["eval"]:
-        print("  ".join(f"{k[5:]}={v:.3f}" for k, v in res["eval"].items() if k.startswith("eval/pass@")))
+    _say_train_result(out, res, cfg.train.steps)
     return 130 if res["stopped"] else 0
+
+
+def _last_eval_record(out) -> dict | None:
+    """The run's last ``kind: eval`` record in metrics.jsonl (this session's or an earlier one's)."""
+    import json
+
+    last = None
+    try:
+        lines = (Path(out) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for ln in lines:
+        try:
+            rec = json.loads(ln)
+        except ValueError:  # a partial last line of a killed run
+            continue
+        if isinstance(rec, dict) and rec.get("kind") == "eval":
+            last = rec
+    return last
+
+
+def _say_train_result(out, res: dict, steps: int) -> None:
+    """What ``gapo train`` ends with: where the run is, how far it got, which evaluation the pass@k
+    figures are (after an interruption the last one may be the step-0 one, before any training),
+    and the exact command that resumes it."""
+    import shlex
+
+    ev = res["eval"] or _last_eval_record(out)
+    if res["stopped"]:
+        print(f"stopped at step {res['step']} of {steps}; checkpoint saved in {out}")
+    else:
+        print(f"run folder: {out}  (finished: step {res['step']} of {steps})")
+    if ev:
+        m = ev.get("step", "?")
+        when = " (before training)" if m == 0 else ""
+        lead = "last evaluation" if res["stopped"] or m != res["step"] else "evaluation"
+        print(f"{lead} at step {m}{when}: "
+              + "  ".join(f"{k[5:]}={v:.3f}" for k, v in ev.items() if k.startswith("eval/pass@")))
+    elif res["stopped"]:
+        print("no evaluation yet (eval.problems=0, or none was due)")
+    if res["stopped"]:
+        print(f"resume with: gapo train --out {shlex.quote(str(out))} --resume")
+
 
 
 def cmd_eval(args) -> int:
