@@ -283,6 +283,23 @@ class Trackers:
         if "wandb" in self._open:
             self._open["wandb"].log(scalars, step=record["step"])
 
+    def log_samples(self, step: int, records: list[dict]) -> None:
+        """The completions of ``samples.jsonl``'s rows of this step (``log.samples`` of them) as
+        TensorBoard text (tag ``samples``, markdown) and a W&B table (key ``samples``: step, group,
+        reward, prompt, completion), every ``log.samples_every`` steps (TRL's ``log_completions``)."""
+        every = self.cfg.log.samples_every
+        if not records or not every or step % every or not (self.cfg.log.tensorboard or self.cfg.log.wandb):
+            return
+        if self._open is None:
+            self._open = self._start()
+        if "tb" in self._open:
+            self._open["tb"].add_text("samples", samples_markdown(records), step)
+        if "wandb" in self._open:
+            wandb = self._open["wandb"]
+            cols = ["step", "group", "reward", "prompt", "completion"]
+            table = wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in records])
+            wandb.log({"samples": table}, step=step)
+
     def _start(self) -> dict:
         self.check()
         out = {}
@@ -299,6 +316,18 @@ class Trackers:
         for name, w in (self._open or {}).items():
             w.close() if name == "tb" else w.finish()
         self._open = None
+
+
+def samples_markdown(records: list[dict]) -> str:
+    """Rows of ``samples.jsonl`` as markdown for TensorBoard's text tab: a heading per row (group,
+    reward) and the prompt and completion as indented code blocks (their text verbatim: no
+    markdown inside them is rendered)."""
+    def block(text: str) -> str:
+        return "\n".join("    " + ln for ln in str(text).split("\n"))
+
+    parts = [f"**group {r.get('group')}, reward {r.get('reward')}**\n\nprompt:\n\n{block(r.get('prompt', ''))}"
+             f"\n\ncompletion:\n\n{block(r.get('completion', ''))}" for r in records]
+    return "\n\n---\n\n".join(parts)
 
 
 def load_run(run_dir: str | Path) -> dict:

@@ -504,6 +504,7 @@ class Trainer:
                     self.folder.append_samples(self.last_samples)
                     self.folder.settle()  # the new run is under way: the run it replaces can go
                     bar.update(1)
+                    self.trackers.log_samples(self.step, self.last_samples)  # TB text / W&B table
                     bar.set_postfix(reward=f"{rec['rollout/reward']:.3f}", clip=f"{rec.get('loss/clipfrac', 0):.3f}",
                                     kl=f"{rec.get('loss/approx_kl', 0):.1e}", ent=f"{rec['policy/entropy']:.2f}")
                     done = self.step >= t.steps
