@@ -999,3 +999,36 @@ def test_a_worker_started_from_a_thread_outlives_that_thread():
         assert _alive(pid) and workers.n_replaced == 0
     finally:
         workers.close()
+
+
+def _alarm_while_main_blocks_it():
+    """(handled while the main thread blocks SIGALRM, handled after it unblocks it)."""
+    got = []
+    old = signal.signal(signal.SIGALRM, lambda *a: got.append(1))
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        deadline = time.monotonic() + 10  # a poll: the alarm is due in 50 ms
+        while signal.SIGALRM not in signal.sigpending() and not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while_blocked = len(got)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGALRM])  # a pending one runs now
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    signal.signal(signal.SIGALRM, old)
+    return while_blocked, len(got)
+
+
+def test_the_parent_watchdog_of_a_worker_takes_no_signal():
+    """A worker's parent watchdog is a thread: a process-directed SIGALRM (the soft timeout)
+    that the main thread blocks must stay pending for the main thread, not be taken by the
+    watchdog (whose handler run would then interrupt the main thread's Python code anyway)."""
+    from gapo.tasks.scoring_pool import _Workers
+    workers = _Workers(1)
+    try:
+        assert workers.call(_alarm_while_main_blocks_it, (), 120.0) == ("ok", (0, 1))
+    finally:
+        workers.close()

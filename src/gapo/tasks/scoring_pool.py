@@ -202,7 +202,13 @@ def _die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
         os._exit(1)
 
     if os.name == "posix":
-        threading.Thread(target=watch, name="gapo-parent-watch", daemon=True).start()
+        # Born with every signal blocked: the kernel must keep delivering SIGALRM (the soft
+        # timeout) to the main thread, never to this one.
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        try:
+            threading.Thread(target=watch, name="gapo-parent-watch", daemon=True).start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _worker_main(conn, parent_pid: int | None = None, pdeathsig: bool = False) -> None:
