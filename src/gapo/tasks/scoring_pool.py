@@ -7,7 +7,8 @@
   under the soft timeout;
 - ``_Workers``: N spawn-started processes, one job each at a time, killed and replaced when a job
   runs past its hard deadline (the pool of :class:`gapo.tasks.scoring.ScoringPool` and the helper
-  process of :func:`gapo.tasks.scoring.run_with_timeout`).
+  process of :func:`gapo.tasks.scoring.run_with_timeout`); each dies with the process that
+  started it, ``kill -9`` included (``_die_with_parent``), taking its sandboxes along.
 
 The policy (which deadlines, what a batch's statistics are, which errors stop a run) is in
 :mod:`gapo.tasks.scoring`; the module docstring there says why processes and not threads.
