@@ -80,14 +80,19 @@ def cmd_train(args) -> int:
     if args.allow_change and not args.resume:
         raise ValueError("--allow-change only applies with --resume")
     base = None
-    if args.resume:  # a resumed run starts from its own saved config; changes must be asked for
-        folder = RunFolder(args.out)
-        folder.check(resume=True, overwrite=False)
-        base = folder.saved_config()
-    cfg = _load(args, base)
     out = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
-    tr = Trainer(cfg, out, resume=args.resume, overwrite=args.overwrite, allow_change=args.allow_change)
-    res = tr.fit()
+    # the run folder is resolved (a symlinked --out: where it points) and, if it exists, locked
+    # before anything of it is read; the lock is held until the run ends (run_dir.RunLock)
+    folder = RunFolder(out)
+    try:
+        if args.resume:  # a resumed run starts from its own saved config; changes must be asked for
+            folder.check(resume=True, overwrite=False)
+            base = folder.saved_config()
+        cfg = _load(args, base)
+        tr = Trainer(cfg, folder, resume=args.resume, overwrite=args.overwrite, allow_change=args.allow_change)
+        res = tr.fit()
+    finally:
+        folder.release()
     _say_train_result(out, res, cfg.train.steps)
     return 130 if res["stopped"] else 0
 

@@ -7,7 +7,8 @@
 ``--prepare`` builds (or fetches from the cache) a regime's base policy and evaluates it once
 (``<out>/<regime>/base_eval.json``); ``--cell`` trains one cell from its spec
 (``seed<k>.json`` next to the run folder) and writes ``done.json`` or ``failed.json``. Exit
-codes: 0 done, 1 failed (recorded), 130 stopped by SIGTERM (checkpointed; resumes next time).
+codes: 0 done, 1 failed (recorded), 75 busy (another process holds the cell's run-folder lock;
+nothing written), 130 stopped by SIGTERM (checkpointed; resumes next time).
 This module imports torch and the trainer at the top: only the child imports it.
 """
 
@@ -28,7 +29,10 @@ from gapo.policy.base_policy import get_base_policy
 from gapo.policy.model import load_policy
 from gapo.rl.config import from_dict
 from gapo.rl.evaluate import evaluate
+from gapo.rl.run_dir import RunFolder, RunLocked
 from gapo.rl.trainer import Trainer
+
+BUSY = 75  # EX_TEMPFAIL: the cell's folder is locked by another process; nothing was written
 
 
 def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> int:
@@ -74,13 +78,27 @@ def _check_finite(cdir: Path) -> None:
 def _run_cell(cdir: Path) -> int:
     """Train one cell from its spec; ``done.json`` on success, ``failed.json`` on error."""
     cdir = Path(cdir)
+    folder = RunFolder(cdir)
+    try:  # one writer: held until done.json is written and the checkpoint removed
+        folder.lock.acquire()
+    except RunLocked as e:  # not this cell's failure: another process is writing it
+        print(f"cell {str(cdir)!r}: {e}", file=sys.stderr, flush=True)
+        return BUSY
+    try:
+        return _run_locked_cell(cdir, folder)
+    finally:
+        folder.release()
+
+
+def _run_locked_cell(cdir: Path, folder: RunFolder) -> int:
     spec = json.loads(cell_file(cdir, "json").read_text())
     torch.set_num_threads(1)
     t0 = time.time()
     try:
         cfg = from_dict(spec["config"]).validate()
+        folder.check(resume=False, overwrite=True)  # puts back a run an interrupted --overwrite moved aside
         resume = (cdir / "checkpoint.pt").is_file()
-        tr = _CellTrainer(cfg, cdir, resume=resume, overwrite=not resume,  # no checkpoint: start over
+        tr = _CellTrainer(cfg, folder, resume=resume, overwrite=not resume,  # no checkpoint: start over
                           base_eval=spec.get("base_eval"))
         res = tr.fit()
         if res["stopped"]:

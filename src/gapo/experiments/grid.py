@@ -46,7 +46,7 @@ from gapo.policy.base_policy import PRESETS, resolve
 from gapo.policy.pretrain import PretrainConfig
 from gapo.rl.config import Config, set_key, to_dict
 from gapo.rl.config_io import diff
-from gapo.rl.run_dir import atomic_write
+from gapo.rl.run_dir import RunLock, atomic_write
 
 __all__ = ["METHODS", "BASELINE_OF", "REGIMES", "QUICK_GRID", "load_grid", "methods_of", "grid_cells",
            "regime_task", "pretrain_config", "cell_config", "cell_dir", "cell_file", "write_json", "run_grid"]
@@ -313,13 +313,22 @@ def run_grid(grid: dict, out: str | Path, *, retry_failed: bool = False, say=pri
 
 
 def _run_grid(grid: dict, out: Path, retry_failed: bool, say) -> dict:
-    _check_finished_cells(grid, out)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    bases = _prepare_regimes(grid, out, t0, say)
-    stats = _run_cells(grid, out, bases, t0, retry_failed, say)
-    stats["wall_s"] = time.time() - t0
-    return stats
+    # one `gapo compare` per grid folder (its lock beside it, as a run folder's); each cell's own
+    # run folder is locked by its child process too
+    lock = RunLock(out, what="grid folder")
+    if out.is_dir():
+        lock.acquire()
+    try:
+        _check_finished_cells(grid, out)
+        out.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+        t0 = time.time()
+        bases = _prepare_regimes(grid, out, t0, say)
+        stats = _run_cells(grid, out, bases, t0, retry_failed, say)
+        stats["wall_s"] = time.time() - t0
+        return stats
+    finally:
+        lock.release()
 
 
 def _prepare_regimes(grid: dict, out: Path, t0: float, say) -> dict[str, dict]:
@@ -418,6 +427,9 @@ def _on_cell_exit(d: Path, name: str, stats: dict, t0: float) -> Callable[[int, 
             return f"[{time.time() - t0:6.0f}s] {name}: done ({dt:.0f}s)"
         if rc == 130:
             return f"[{time.time() - t0:6.0f}s] {name}: interrupted (resumes next time)"
+        if rc == 75:  # cell.BUSY: another process holds its run folder; it wrote nothing
+            stats["skipped"] += 1
+            return f"[{time.time() - t0:6.0f}s] {name}: skipped, its folder is in use by another process (see {cell_file(d, 'log')})"
         stats["failed"] += 1
         if not (d / "failed.json").is_file():  # killed before it could say why
             log = cell_file(d, "log")

@@ -1,51 +1,227 @@
 """Run folders: what gapo writes, and the rules that keep a user's run from being lost.
 
 A run folder holds ``.gapo-run`` (the marker), ``config.yaml`` (the run's configuration, kept
-current), ``metrics.jsonl`` (one JSON record a line), ``checkpoint.pt``, ``policy/`` (the final
-policy) and ``events.jsonl`` (configuration changes made on resume). The rules:
+current), ``metrics.jsonl`` (one JSON record a line), ``checkpoint.pt`` (which also carries the
+configuration it was trained with), ``policy/`` (the final policy) and ``events.jsonl``
+(configuration changes made on resume). The rules:
 
+- **One writer.** A run folder is written by one process at a time: an exclusive ``flock`` on
+  ``<parent>/.<name>.gapo-lock`` (beside the folder, not in it, so that the lock survives the
+  folder being moved aside by ``--overwrite``), held for the run's whole life; the file holds the
+  holder's PID, which a second writer's error names (:class:`RunLocked`). The kernel drops a
+  ``flock`` when its process dies, so the file of a killed run is an unlocked file and the next
+  run simply takes it; taking it checks that the locked file is still the one at that path
+  (a holder removes the file when it lets go), so two processes can never both hold it. An
+  existing folder is locked when it is checked, before anything of it is read; a folder that does
+  not exist yet is locked when it is created, after validation, and checked again under the lock.
 - Nothing is written before the whole run has validated (config, model, data, task, device,
-  reward function): :meth:`RunFolder.check` only reads.
+  reward function, free space for a checkpoint): :meth:`RunFolder.check` only reads (the lock
+  file and the restore of an interrupted ``--overwrite``, below, aside).
 - ``--overwrite`` only replaces a folder that is a gapo run (marker, or the ``config.yaml`` +
-  ``metrics.jsonl`` of runs made before the marker existed). The old run is moved aside, and is
-  deleted only once the new run has completed its first step; if the new run fails before that,
-  the old run is put back (:meth:`RunFolder.open`, :meth:`RunFolder.settle`, :meth:`RunFolder.abort`).
+  ``metrics.jsonl`` of runs made before the marker existed). The old run is moved aside to
+  ``.<name>.replaced-<pid>-<ns>`` (the name is printed) and deleted only once the new run's first
+  checkpoint is on disk (with ``train.checkpoint_every=0`` that is the checkpoint at the end, or
+  at a stop by signal); if the new run fails before that, the old run is put back. If the process
+  is killed in between, the next command that checks this folder (``gapo train`` in any mode, a
+  grid cell) puts the old run back, or, if the new run had checkpointed, deletes the leftover.
+- A symlinked ``--out`` is resolved: the run goes where the link points, and the link stays. A
+  symlink (at ``--out`` or above it) whose target does not exist is an error before any work.
 - Every file gapo replaces is written to a temporary file and renamed into place, and a failed
-  write (full disk, read-only folder) removes the temporary file and raises one clear error.
-- On resume, a partial last line of ``metrics.jsonl`` (a run killed while writing) is dropped,
-  and records after the checkpoint are dropped too: those steps are redone.
+  write (full disk, read-only folder) removes the temporary file and raises one clear error; a
+  checkpoint's error names the folder, the space a checkpoint needs and the space that is free.
+- On resume, the requested config is compared with the one in the checkpoint (not with
+  ``config.yaml``, which a user may have edited: an edit is a change like an override), a partial
+  last line of ``metrics.jsonl`` (a run killed while writing) is dropped, and records after the
+  checkpoint are dropped too: those steps are redone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import math
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 import yaml
+
+# torch is imported where a checkpoint is read or written, not here: a resumed run's config is
+# read and checked before torch loads (a config error costs well under a second of CPU)
 
 from gapo.rl.config import Config, diff, from_dict, to_dict
 
-__all__ = ["RunFolder", "RunExists", "MARKER", "atomic_write", "resume_changes", "Trackers", "load_run",
-           "RESUME_FIXED", "stop_on_signals"]
+__all__ = ["RunFolder", "RunExists", "RunLocked", "RunLock", "MARKER", "atomic_write", "resume_changes", "Trackers",
+           "load_run", "RESUME_FIXED", "stop_on_signals", "checkpoint_bytes", "space_note"]
 
 # Keys a resumed run cannot take a new value for: they define its data, its model and its random
 # streams (restored from the checkpoint), so a new value would be silently ignored.
 RESUME_FIXED = ("task.", "model.path", "model.base_preset", "train.seed")
 
 MARKER = ".gapo-run"
+LOCK_SUFFIX = ".gapo-lock"
+ASIDE_TAG = ".replaced-"  # .<name>.replaced-<pid>-<ns>: a run that --overwrite moved aside
+TRASH_TAG = ".discarded-"  # .<name>.discarded-<pid>-<ns>: a replaced run being deleted
 
 
 class RunExists(ValueError):
     """The run folder exists and neither ``--resume`` nor ``--overwrite`` was given."""
+
+
+class RunLocked(ValueError):
+    """Another process holds the folder's lock (it is writing the run)."""
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.1f} MB" if n < 2**30 else f"{n / 2**30:.2f} GB"
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Free bytes on the filesystem of ``path`` (or of its nearest existing ancestor)."""
+    for a in (path, *path.parents):
+        if a.exists():
+            try:
+                du = shutil.disk_usage(a)
+            except OSError:
+                return None
+            return du.free if du.total else None  # a pseudo filesystem (/proc): unknown
+    return None
+
+
+def space_note(folder: Path, need: int) -> str:
+    """'a checkpoint needs about N MB; M MB free in FOLDER' (for the errors of a full disk)."""
+    free = _free_bytes(Path(folder))
+    return (f"a checkpoint needs about {_mb(need)}; {_mb(free) if free is not None else 'an unknown amount'} "
+            f"free in {str(folder)!r}")
+
+
+def checkpoint_bytes(model_state: dict, trainable: list) -> int:
+    """The size of a checkpoint, estimated: the saved weights at their dtype, plus AdamW's two
+    moments (float32, like the trained weights) per trainable parameter, plus 5% and 1 MB for
+    the RNG states, the data order and pickling."""
+    import torch
+
+    weights = sum(t.numel() * t.element_size() for t in model_state.values() if isinstance(t, torch.Tensor))
+    moments = sum(2 * p.numel() * 4 for p in trainable)
+    return int((weights + moments) * 1.05) + 2**20
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<parent>/.<name>.gapo-lock``, the lock of the folder ``<name>``.
+
+    ``flock`` locks are per open file and dropped by the kernel when the holder dies, so a lock
+    file left by a killed run is simply unlocked and the next :meth:`acquire` takes it. The holder
+    deletes the file when it lets go; a process that locked the file just before it was deleted
+    sees that the path no longer names its file and starts again, so only one process can hold the
+    lock of a path at a time. The file carries the holder's PID, for the error of a second writer."""
+
+    def __init__(self, folder: Path, what: str = "run folder"):
+        self.folder, self.what = Path(folder), what
+        self.path = self.folder.parent / f".{self.folder.name}{LOCK_SUFFIX}"
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise :class:`RunLocked` naming the holder. Creates no folder."""
+        if self._fd is not None:
+            return
+        for _ in range(100):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as e:
+                raise OSError(e.errno, f"cannot lock {self.what} {str(self.folder)!r}: cannot create "
+                                       f"{str(self.path)!r}: {e.strerror or e}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd)
+                os.close(fd)
+                raise RunLocked(self._busy(holder)) from None
+            except OSError as e:
+                os.close(fd)
+                raise OSError(e.errno, f"cannot lock {self.what} {str(self.folder)!r}: {e.strerror or e}") from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:  # its holder deleted it as it let go: try the new one
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.write(fd, (json.dumps({"pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                      "argv": sys.argv[:8]}) + "\n").encode())
+            self._fd = fd
+            return
+        raise OSError(errno.EAGAIN, f"cannot lock {self.what} {str(self.folder)!r}: {str(self.path)!r} keeps changing")
+
+    def _busy(self, holder: dict) -> str:
+        pid = holder.get("pid")
+        who = f"pid {pid}" if pid else "a process that has not written its pid yet"
+        if isinstance(pid, int) and not _alive(pid):  # the lock is inherited by a child that outlived it
+            who = f"a child process of pid {pid} (which has exited)"
+        since = f", since {holder['since']}" if holder.get("since") else ""
+        return (f"{self.what} {str(self.folder)!r} is in use by another gapo process ({who}{since}; lock file "
+                f"{str(self.path)!r}). Two writers would corrupt it: wait for that process to finish or stop it"
+                + (f" (kill {pid})" if pid else "") + ", or choose another folder")
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:  # delete the file only while it is still ours (see the class docstring)
+            if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(fd)
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.release()
+
+
+def _holder(fd: int) -> dict:
+    """The holder's record in the lock file; it writes it right after locking, so wait briefly."""
+    for _ in range(50):
+        try:
+            data = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "null")
+            if isinstance(data, dict):
+                return data
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    return {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _resolve_out(given: Path) -> Path:
+    """``given`` with every symlink resolved (the run goes where a link points); a symlink at or
+    above it whose target does not exist is an error."""
+    p = Path(os.path.abspath(given))
+    for a in (p, *p.parents):
+        if os.path.islink(a) and not os.path.exists(a):
+            raise ValueError(f"run folder {str(given)!r}: {str(a)!r} is a symlink to {os.readlink(a)!r}, which does "
+                             "not exist; create its target or choose another --out")
+    return Path(os.path.realpath(p))
 
 
 def atomic_write(path: Path, write) -> None:
@@ -70,11 +246,84 @@ class RunFolder:
     """One run folder: read-only checks first, writes only after :meth:`open`."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.given = Path(path)
+        self.path = _resolve_out(self.given)
         self.metrics = self.path / "metrics.jsonl"
         self.checkpoint = self.path / "checkpoint.pt"
         self.config = self.path / "config.yaml"
+        self.lock = RunLock(self.path)
         self._aside: Path | None = None  # the run being replaced, until the new one is settled
+        self._released_sig = None
+
+    # ------------------------------------------------------------------ the lock
+    def release(self) -> None:
+        """Let go of the lock (remembering the folder's state, see :meth:`reacquire`)."""
+        if self.lock.held:
+            self._released_sig = self._signature()
+            self.lock.release()
+
+    def reacquire(self) -> None:
+        """Take the lock again for an object that let go of it; an error if another process wrote
+        the run meanwhile (this object's state would be stale)."""
+        if self.lock.held:
+            return
+        self.lock.acquire()
+        if self._released_sig is not None and self._signature() != self._released_sig:
+            self.lock.release()
+            raise ValueError(f"run folder {str(self.path)!r} was written by another process since this trainer "
+                             "let go of it; start a new one with resume=True")
+
+    def _signature(self):
+        out = []
+        for f in (self.checkpoint, self.metrics):
+            try:
+                st = f.stat()
+                out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append(None)
+        return out
+
+    def asides(self, tag: str = ASIDE_TAG) -> list[Path]:
+        """Runs that an ``--overwrite`` of this folder moved aside and that are still there, oldest
+        first (with ``tag=TRASH_TAG``: replaced runs whose deletion was cut short)."""
+        parent, prefix = self.path.parent, f".{self.path.name}{tag}"
+        try:
+            found = [q for q in parent.iterdir() if q.name.startswith(prefix) and q.is_dir()]
+        except OSError:
+            return []
+
+        def ns(q: Path) -> int:
+            tail = q.name[len(prefix):].rsplit("-", 1)[-1]
+            return int(tail) if tail.isdigit() else 0
+        return sorted(found, key=ns)
+
+    def _recover(self) -> None:
+        """Under the lock: finish an ``--overwrite`` that a killed process left half done. If the
+        new run had written a checkpoint, it had settled: the old run's leftover goes; otherwise the
+        old run is put back (the new run, which has no checkpoint, cannot be resumed anyway)."""
+        for q in self.asides(TRASH_TAG):  # a deletion that a kill cut short
+            shutil.rmtree(q, ignore_errors=True)
+        asides = self.asides()
+        if not asides:
+            return
+        p, say = self.path, lambda m: print(f"[gapo] {m}", file=sys.stderr, flush=True)
+        if self.checkpoint.is_file() or (p / "policy").is_dir():
+            for a in asides:
+                shutil.rmtree(a, ignore_errors=True)
+            say(f"{str(p)!r}: removed {', '.join(repr(str(a)) for a in asides)}, the run that an --overwrite "
+                "replaced (the new run had written its first checkpoint)")
+            return
+        *older, last = asides
+        if p.exists() and not self.is_empty() and not self.is_run():
+            raise ValueError(f"{str(p)!r} holds files that are not a gapo run, and the run an interrupted --overwrite "
+                             f"moved aside is at {str(last)!r}; to restore it: mv {str(last)!r} {str(p)!r}")
+        if p.exists() or p.is_symlink():
+            shutil.rmtree(p)
+        os.rename(last, p)
+        for a in older:
+            shutil.rmtree(a, ignore_errors=True)
+        say(f"{str(p)!r}: an --overwrite was interrupted before its new run's first checkpoint; the run it "
+            f"replaced is back in place (it had been moved to {str(last)!r})")
 
     # ------------------------------------------------------------------ read-only
     def is_run(self) -> bool:
@@ -85,7 +334,11 @@ class RunFolder:
         return not self.path.exists() or (self.path.is_dir() and not any(self.path.iterdir()))
 
     def check(self, *, resume: bool, overwrite: bool) -> None:
-        """Raise a clear ``ValueError`` if this folder may not be used as asked. Writes nothing."""
+        """Raise a clear ``ValueError`` if this folder may not be used as asked.
+
+        An existing folder (or one with a run moved aside) is locked first, so that what is read
+        here stays true; the lock is kept. Writes no user data: only the lock file, and the restore
+        of an ``--overwrite`` that a killed process left half done (:meth:`_recover`)."""
         p = self.path
         if p.exists() and not p.is_dir():
             raise ValueError(f"run folder {str(p)!r} is a file, not a folder; choose another --out")
@@ -93,6 +346,10 @@ class RunFolder:
             parent = next((a for a in p.absolute().parents if a.exists()), None)
             if parent is not None and not parent.is_dir():
                 raise ValueError(f"run folder {str(p)!r}: {str(parent)!r} is a file, not a folder")
+        if not self.lock.held and (p.exists() or self.asides() or self.asides(TRASH_TAG)):
+            self.lock.acquire()
+        if self.lock.held:
+            self._recover()
         if resume:
             if not p.exists():
                 raise ValueError(f"cannot resume: there is no run folder at {str(p)!r}")
@@ -123,6 +380,8 @@ class RunFolder:
 
     def load_checkpoint(self, map_location) -> dict:
         """The checkpoint's state dict; a truncated or foreign file is a clear error."""
+        import torch
+
         try:
             state = torch.load(self.checkpoint, map_location=map_location, weights_only=False)
         except Exception as e:  # zip/pickle errors of a truncated or foreign file
@@ -158,14 +417,38 @@ class RunFolder:
         return keep
 
     # ------------------------------------------------------------------ writes
+    def check_space(self, need: int) -> None:
+        """An ``OSError`` (ENOSPC) before anything is written if the folder's filesystem has less
+        free space than one checkpoint of ``need`` bytes (an ``--overwrite`` keeps the old run
+        until then, and a checkpoint is written beside the previous one, then renamed)."""
+        free = _free_bytes(self.path)
+        if free is not None and free < need:
+            raise OSError(errno.ENOSPC, f"not enough free space for run folder {str(self.path)!r}: a checkpoint needs "
+                                        f"about {_mb(need)}, {_mb(free)} are free there. Free some space or choose "
+                                        "another --out; nothing was changed")
+
     def open(self, *, overwrite: bool) -> None:
-        """Create the folder (moving an old run aside when overwriting) and write the marker."""
+        """Create the folder (moving an old run aside when overwriting) and write the marker.
+
+        A folder that did not exist at :meth:`check` is locked here, and checked again under the
+        lock (another process may have made it in between)."""
         p = self.path
+        if not self.lock.held:
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise OSError(e.errno, f"cannot create the run folder {str(p)!r}: {e.strerror or e}") from None
+            self.lock.acquire()
+            self.check(resume=False, overwrite=overwrite)
         try:
             if overwrite and p.exists() and not self.is_empty():
-                aside = p.with_name(f".{p.name}.replaced-{os.getpid()}-{time.time_ns()}")
+                aside = p.with_name(f".{p.name}{ASIDE_TAG}{os.getpid()}-{time.time_ns()}")
                 os.rename(p, aside)
                 self._aside = aside
+                print(f"[gapo] --overwrite: the old run is kept at {str(aside)!r} until the new run's first checkpoint "
+                      f"is written. If this process is killed before then, the next `gapo train --out {str(p)}` puts "
+                      f"it back (by hand: rm -r {str(p)!r} && mv {str(aside)!r} {str(p)!r})", file=sys.stderr,
+                      flush=True)
             p.mkdir(parents=True, exist_ok=True)
             self.write_text(MARKER, json.dumps({"format": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
         except OSError as e:
@@ -173,10 +456,51 @@ class RunFolder:
             raise OSError(e.errno, f"cannot create the run folder {str(p)!r}: {e.strerror or e}") from None
 
     def settle(self) -> None:
-        """The new run is under way: delete the run it replaces."""
+        """The new run's first checkpoint is on disk: delete the run it replaces (renamed first to
+        a name that marks it as garbage, so that a kill during the deletion leaves nothing that
+        :meth:`_recover` could mistake for a run to put back)."""
         if self._aside is not None:
-            shutil.rmtree(self._aside, ignore_errors=True)
-            self._aside = None
+            aside, self._aside = self._aside, None
+            trash = aside.with_name(f".{self.path.name}{TRASH_TAG}{os.getpid()}-{time.time_ns()}")
+            try:
+                os.rename(aside, trash)
+            except OSError:
+                trash = aside
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def save_checkpoint(self, state: dict, need: int) -> None:
+        """``state`` to ``checkpoint.pt``, atomically and synced; then the replaced run (if any)
+        is deleted. A failed write (a full disk: torch reports it as a ``RuntimeError`` of its zip
+        writer, or an ``OSError``) is one ``OSError`` naming the folder, the space a checkpoint
+        needs (``need`` bytes) and the space free; the previous checkpoint is intact."""
+        import torch
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+
+        try:
+            atomic_write(self.checkpoint, write)
+        except (OSError, RuntimeError) as e:
+            cause = e.__cause__ if isinstance(e, OSError) and e.__cause__ is not None else e
+            free = _free_bytes(self.path)
+            full = (getattr(cause, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+                    or (free is not None and free < need))
+            why = (os.strerror(errno.ENOSPC) if full else
+                   (cause.strerror if isinstance(cause, OSError) and cause.strerror else f"{type(cause).__name__}: {cause}"))
+            raise OSError(errno.ENOSPC if full else getattr(cause, "errno", None) or errno.EIO,
+                          f"cannot write the checkpoint {str(self.checkpoint)!r}: {why}; {space_note(self.path, need)}. "
+                          "The previous checkpoint (if any) is intact: free some space, then continue with --resume"
+                          ) from None
+        with contextlib.suppress(OSError):  # the rename itself survives a power cut
+            dfd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        self.settle()
 
     def abort(self) -> None:
         """The new run failed before it settled: put the replaced run back."""
@@ -225,33 +549,58 @@ class RunFolder:
 
 
 def _jsonable(v):
-    if isinstance(v, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor can only exist once torch is loaded
+    if torch is not None and isinstance(v, torch.Tensor):
         return v.item() if v.numel() == 1 else v.tolist()
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return v
 
 
-def resume_changes(folder: RunFolder, cfg: Config, *, allow_change: bool) -> dict[str, tuple]:
-    """The keys in which ``cfg`` differs from the run's saved config, ``key -> (old, new)``.
-
-    A key in ``RESUME_FIXED`` is always an error; any other difference is an error unless
-    ``allow_change`` (the caller then applies and logs it)."""
-    try:  # normalised: keys added since the run was made compare at their defaults
-        saved = to_dict(from_dict(folder.saved_config(), migrate=True))
+def _normalised(data: dict, where: str) -> dict:
+    try:  # keys added since the run was made compare at their defaults
+        return to_dict(from_dict(data, migrate=True))
     except ValueError as e:
-        raise ValueError(f"cannot resume: {str(folder.config)!r}: {e}") from None
+        raise ValueError(f"cannot resume: {where}: {e}") from None
+
+
+def resume_changes(folder: RunFolder, cfg: Config, *, allow_change: bool, state: dict | None = None) -> dict[str, tuple]:
+    """The keys in which ``cfg`` differs from the config the run was trained with, ``key -> (old, new)``.
+
+    That config is the one inside the checkpoint (``state["config"]``), so a hand-edited
+    ``config.yaml`` (the base of a resumed run's config) shows up here like an override; a
+    checkpoint made before checkpoints carried their config falls back to ``config.yaml``, with a
+    note. A key in ``RESUME_FIXED`` is always an error; any other difference is an error unless
+    ``allow_change`` (the caller then applies and logs it)."""
+    ck = state.get("config") if isinstance(state, dict) else None
+    if isinstance(ck, dict):
+        saved = _normalised(ck, f"the config inside {str(folder.checkpoint)!r}")
+        try:
+            on_disk = _normalised(folder.saved_config(), repr(str(folder.config)))
+        except ValueError:
+            on_disk = None  # unreadable: the checkpoint's config is the reference anyway
+        edited = set(diff(saved, on_disk)) if on_disk is not None else set()
+    else:
+        if state is not None:
+            print(f"[gapo] note: {str(folder.checkpoint)!r} does not carry its config (made by an older gapo); "
+                  f"comparing with {str(folder.config)!r} instead", file=sys.stderr)
+        saved, edited = _normalised(folder.saved_config(), repr(str(folder.config))), set()
     changes = diff(saved, to_dict(cfg))
+    by_hand = [k for k in changes if k in edited]
+    hand_note = (f" ({', '.join(by_hand)}: {str(folder.config)!r} says so, but the checkpoint was trained with the "
+                 "'run' value; config.yaml was edited after the run started)") if by_hand else ""
     fixed = [k for k in changes if k.startswith(RESUME_FIXED)]
     if fixed:
         raise ValueError(f"cannot resume {str(folder.path)!r} with a different " + ", ".join(
-            f"{k} (run: {changes[k][0]!r}, now: {changes[k][1]!r})" for k in fixed)
-            + ": these define the run's data, model and random streams. Start a new run instead")
+            f"{k} (run: {changes[k][0]!r}, now: {changes[k][1]!r})" for k in fixed) + hand_note
+            + ": these define the run's data, model and random streams. Start a new run instead"
+            + (", or put the run's values back in config.yaml" if any(k in edited for k in fixed) else ""))
     if changes and not allow_change:
-        raise ValueError(f"the config differs from the one saved in {str(folder.config)!r}: " + ", ".join(
-            f"{k} (run: {a!r}, now: {b!r})" for k, (a, b) in changes.items())
-            + ". Resume without --config/overrides to continue as it was, or pass --allow-change to apply "
-            "these changes (they are written to config.yaml and events.jsonl)")
+        raise ValueError(f"the config differs from the one the run in {str(folder.path)!r} was trained with: "
+                         + ", ".join(f"{k} (run: {a!r}, now: {b!r})" for k, (a, b) in changes.items()) + hand_note
+                         + ". Resume without --config/overrides (and with config.yaml as the run wrote it) to continue "
+                         "as it was, or pass --allow-change to apply these changes (they are written to config.yaml "
+                         "and events.jsonl)")
     return changes
 
 
@@ -336,7 +685,10 @@ def load_run(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        raise ValueError(f"{str(run_dir)!r} is not a gapo run folder (no metrics.jsonl)")
+        aside = RunFolder(run_dir).asides() if run_dir.parent.is_dir() else []
+        hint = (f"; an interrupted --overwrite left the run it replaced at {str(aside[-1])!r}: `gapo train --out "
+                f"{str(run_dir)} --resume` puts it back" if aside else "")
+        raise ValueError(f"{str(run_dir)!r} is not a gapo run folder (no metrics.jsonl){hint}")
     train, evals = [], []
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import errno
 import os
 import random
 import shutil
@@ -44,7 +45,8 @@ from gapo.policy.sampling import logprobs, sample
 from gapo.rl import rollout
 from gapo.rl.config import Config, to_dict
 from gapo.rl.evaluate import evaluate
-from gapo.rl.run_dir import RunExists, RunFolder, Trackers, atomic_write, resume_changes, stop_on_signals
+from gapo.rl.run_dir import (RunExists, RunFolder, Trackers, checkpoint_bytes, resume_changes, space_note,
+                             stop_on_signals)
 from gapo.rl.allocator import tune_malloc
 from gapo.rl.threads import default_threads
 
@@ -60,17 +62,29 @@ class Trainer:
     differing keys are applied, written to ``config.yaml`` and logged to ``events.jsonl``.
     """
 
-    def __init__(self, cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+    def __init__(self, cfg: Config, run_dir: str | Path | RunFolder, *, resume: bool = False, overwrite: bool = False,
                  allow_change: bool = False):
         if resume and overwrite:
             raise ValueError("resume and overwrite exclude each other")
-        self.folder = RunFolder(run_dir)
+        # the folder's lock (run_dir.RunLock) is held from the check to the end of fit(); a
+        # RunFolder passed in already locked stays the caller's to release
+        self.folder = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
+        self._own_lock = not self.folder.lock.held
         self.run_dir, self.ckpt_path = self.folder.path, self.folder.checkpoint
-        self.folder.check(resume=resume, overwrite=overwrite)
+        try:
+            self._setup(cfg, resume, overwrite, allow_change)
+        except BaseException:
+            if self._own_lock:
+                self.folder.release()
+            raise
+
+    def _setup(self, cfg: Config, resume: bool, overwrite: bool, allow_change: bool) -> None:
+        self.folder.check(resume=resume, overwrite=overwrite)  # locks an existing folder before reading it
         self.cfg, self.policy_path = resolve_policy(cfg.validate(), progress=cfg.train.progress)
         cfg = self.cfg
-        changes = resume_changes(self.folder, cfg, allow_change=allow_change) if resume else {}
         state = self.folder.load_checkpoint(torch.device(cfg.model.device)) if resume else None
+        # against the config inside the checkpoint: a hand-edited config.yaml counts as a change
+        changes = resume_changes(self.folder, cfg, allow_change=allow_change, state=state) if resume else {}
         if state is not None and state["step"] >= cfg.train.steps:
             raise ValueError(f"run {str(self.run_dir)!r} is finished (step {state['step']} of train.steps="
                              f"{cfg.train.steps}); nothing to resume. To train it further: --resume --allow-change "
@@ -150,7 +164,14 @@ class Trainer:
         # the last steps' per-c (|ρ−1|, A) of positive-advantage tokens: clip/ratio_adv_corr's window
         self.ratio_adv_window: collections.deque = collections.deque(maxlen=RATIO_ADV_WINDOW)
 
+    def _checkpoint_bytes(self) -> int:
+        state = lora.adapter_state(self.model) if lora.is_lora(self.model) else self.model.state_dict()
+        return checkpoint_bytes(state, [p for p in self.model.parameters() if p.requires_grad])
+
     def _open_folder(self, resume: bool, overwrite: bool, changes: dict) -> None:
+        # room for one checkpoint before anything is written (an --overwrite keeps the old run until then)
+        self._ckpt_bytes = self._checkpoint_bytes()
+        self.folder.check_space(self._ckpt_bytes)
         if not resume:
             self.folder.open(overwrite=overwrite)
             try:
@@ -425,8 +446,9 @@ class Trainer:
             "config": to_dict(self.cfg), "policy_path": self.policy_path, "threads": torch.get_num_threads(),
             "ratio_adv_window": list(self.ratio_adv_window),
         }
-        # atomic: a crash or a full disk leaves the previous checkpoint intact and no temporary file
-        atomic_write(self.ckpt_path, lambda tmp: torch.save(state, tmp))
+        # atomic: a crash or a full disk leaves the previous checkpoint intact and no temporary file;
+        # the first one settles an --overwrite (the run it replaces is deleted only now)
+        self.folder.save_checkpoint(state, self._ckpt_bytes)
 
     def _restore(self, state: dict, changes: dict) -> None:
         """Load a checkpoint's state; config keys changed on resume are applied on top of it."""
@@ -472,10 +494,14 @@ class Trainer:
             if final.exists():
                 os.rename(final, old)
             os.rename(tmp, final)
-        except OSError as e:
+        except Exception as e:  # a full disk: OSError, or safetensors'/torch's own error types
             if old.exists() and not final.exists():
                 os.rename(old, final)
-            raise OSError(e.errno, f"cannot write the policy to {str(final)!r}: {e.strerror or e}") from None
+            if not isinstance(e, (OSError, RuntimeError)) and type(e).__name__ != "SafetensorError":
+                raise
+            raise OSError(getattr(e, "errno", None) or errno.EIO, f"cannot write the policy to {str(final)!r}: "
+                          f"{getattr(e, 'strerror', None) or e}; {space_note(self.run_dir, self._ckpt_bytes)}. The "
+                          f"checkpoint of step {self.step} is intact ({str(self.ckpt_path)!r})") from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.rmtree(old, ignore_errors=True)
@@ -489,6 +515,7 @@ class Trainer:
         """Train to ``train.steps`` (or ``stop_after`` more steps, then checkpoint and return)."""
         t, e_every = self.cfg.train, self.cfg.eval.every
         bar, last_eval = None, None
+        self.folder.reacquire()  # a second fit() of this trainer: the lock again, if the run is as it left it
         try:
             with stop_on_signals(self._request_stop):
                 if self.step == 0 and self.eval_problems:
@@ -502,7 +529,6 @@ class Trainer:
                     rec = self.train_step()
                     self.log(rec)
                     self.folder.append_samples(self.last_samples)
-                    self.folder.settle()  # the new run is under way: the run it replaces can go
                     bar.update(1)
                     self.trackers.log_samples(self.step, self.last_samples)  # TB text / W&B table
                     bar.set_postfix(reward=f"{rec['rollout/reward']:.3f}", clip=f"{rec.get('loss/clipfrac', 0):.3f}",
@@ -523,10 +549,12 @@ class Trainer:
                     self.save_policy()
                 self.folder.settle()
         except BaseException:
-            self.folder.abort()  # failed before its first step: put back the run it was replacing
+            self.folder.abort()  # failed before its first checkpoint: put back the run it was replacing
             raise
         finally:
             if bar is not None:
                 bar.close()
             self.trackers.close()
+            if self._own_lock:
+                self.folder.release()
         return {"step": self.step, "eval": last_eval, "stopped": self._stop}
