@@ -54,6 +54,26 @@ def _ks(rec: dict) -> list[int]:
     return sorted(int(m.group(1)) for k in rec if (m := re.fullmatch(r"eval/pass@(\d+)", k)))
 
 
+# one-line captions of the single-run report's figures (report.md puts each under its figure)
+RUN_CAPTIONS = {
+    "passk.png": "Held-out pass@k (unbiased, from n samples per problem) of the base policy (gray, dashed: the "
+                 "first evaluation, before RL) and of each run after RL (solid); k on a log scale.",
+    "reward.png": "Mean reward of each step's training rollouts (running mean over 10 steps).",
+    "entropy.png": "Mean token entropy of the sampled completions, in nats (running mean over 10 steps); "
+                   "a fast fall is the policy collapsing onto few answers.",
+    "clipfrac.png": "Share of positive-advantage tokens whose ratio ρ lay above 1 + ε_high and so was clipped "
+                    "(running mean over 10 steps).",
+    "ratio_adv_corr.png": "r(|ρ−1|, A), windowed: Pearson's r, over every (step, c) pair of the last 8 steps, "
+                          "between the mean |ρ−1| of positive-advantage tokens of groups with c correct "
+                          "rollouts and their mean advantage (the paper's diagnostic, docs/design.md §2.11); "
+                          "r > 0: the rare successes of hard groups moved further from the behaviour policy.",
+    "eval_curve.png": "Held-out pass@1 (solid) and pass@(largest k) (dashed) at each evaluation during training.",
+    "clip_by_c.png": "Per group-success count c (correct rollouts in the group): the clipped share of "
+                     "positive-advantage tokens (left) and their ε_high (right), over the whole run. Fixed "
+                     "clipping has one ε_high for every c; GAPO's grows as c falls.",
+}
+
+
 def run_figures(runs: list[dict], out: Path) -> list[str]:
     """The single-run report's figures of ``runs`` (``load_run`` records) into ``out``; their names."""
     names = [_run_passk(runs, out)]

@@ -27,11 +27,12 @@ import re
 from pathlib import Path
 
 from gapo.experiments.claims import claim_rows, independent_between, verdict
-from gapo.experiments.figures import grid_figures, run_figures
+from gapo.experiments.figures import RUN_CAPTIONS, grid_figures, run_figures
 from gapo.experiments.grid import BASELINE_OF, cell_dir, grid_cells, write_json
 from gapo.experiments.stats import load_cell, mean_ci, paired_diffs, run_summary
 
-__all__ = ["summarise", "write_report", "format_table", "format_samples", "grid_report"]
+__all__ = ["summarise", "write_report", "format_table", "format_samples", "grid_report", "default_report_dir",
+           "below_base"]
 
 # the training diagnostics of the single-run table (``train/<key>``, NaN when never logged)
 _RUN_TRAIN_KEYS = ("loss/clipfrac", "clip/frac_high_pos", "loss/approx_kl", "policy/entropy", "time/step_s")
@@ -74,34 +75,104 @@ def format_table(summaries: list[dict], keys: list[str] | None = None) -> str:
     return "\n".join([head, sep, *rows])
 
 
+def default_report_dir(run_dirs: list[str | Path]) -> Path:
+    """Where ``gapo report`` writes without ``--out``: one run's own ``RUN/report/``; for several
+    runs ``report-<name>-<name>…`` in their common parent folder (so reports of different sets of
+    runs do not overwrite each other), the names shortened past 80 characters."""
+    dirs = [Path(d).resolve() for d in run_dirs]
+    if len(dirs) == 1:
+        return dirs[0] / "report"
+    parent = Path(os.path.commonpath([str(d.parent) for d in dirs]))
+    names = "-".join(re.sub(r"[^\w.-]+", "_", d.name) for d in dirs)
+    if len(names) > 80:
+        import hashlib
+
+        names = names[:70] + "-" + hashlib.sha1(names.encode()).hexdigest()[:8]
+    return parent / f"report-{names}"
+
+
+def below_base(summary: dict, tol: float = 0.0) -> list[tuple[int, float, float]]:
+    """``(k, after, before)`` for every k where the run's last held-out pass@k is below its first
+    (the base policy's, when the run started at step 0) by more than ``tol``."""
+    out = []
+    for key, after in summary.items():
+        m = re.fullmatch(r"after/pass@(\d+)", key)
+        before = summary.get(f"before/pass@{m.group(1)}") if m else None
+        if m and isinstance(after, float) and isinstance(before, float) and after < before - tol:
+            out.append((int(m.group(1)), after, before))
+    return sorted(out)
+
+
+def _below_base_md(runs: list[dict], summaries: list[dict]) -> list[str]:
+    lines = []
+    for run, s in zip(runs, summaries):
+        worse = below_base(s)
+        if worse and run["eval"] and run["eval"][0].get("step") == 0:
+            ks = ", ".join(f"pass@{k} {a:.3f} < {b:.3f}" for k, a, b in worse)
+            lines.append(f"- **{run['name']} ends below the base policy** at k = {', '.join(str(k) for k, _, _ in worse)} "
+                         f"(after RL vs before: {ks}).")
+    if lines:
+        lines.append("- Falling below the base at large k while pass@1 rises is RL narrowing the policy onto fewer "
+                     "answers; with one seed and few problems, differences of a few points are also noise.")
+    return lines
+
+
 def write_report(runs: list[dict], out_dir: str | Path, *, title: str = "gapo report", notes: str = "") -> Path:
-    """Write PNG figures and ``report.md`` comparing ``runs`` into ``out_dir``; returns the md path."""
+    """Write PNG figures and ``report.md`` comparing ``runs`` into ``out_dir``; returns the md path.
+
+    ``report.md``: the summary table, a note for every run whose final held-out pass@k is below
+    the base policy's at some k, each figure with a one-line caption (``figures.RUN_CAPTIONS``),
+    and per run the best and the worst rollout of one group (``format_samples``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figs = run_figures(runs, out)
     summaries = [summarise(r) for r in runs]
     lines = [f"# {title}", "", *([notes, ""] if notes else []), format_table(summaries), ""]
+    below = _below_base_md(runs, summaries)
+    if below:
+        lines += ["## Below the base policy", "", *below, ""]
     for name in figs:
-        lines += [f"![{name[:-4]}]({name})", ""]
+        lines += [f"![{name[:-4]}]({name})", "", f"*{name}: {RUN_CAPTIONS[name]}*" if name in RUN_CAPTIONS else "", ""]
     shown = [format_samples(r) for r in runs if r.get("samples")]
     if shown:
-        lines += ["## What the model wrote (last step, first rollouts; samples.jsonl)", "", *shown]
+        lines += ["## What the model wrote (samples.jsonl: the best and the worst rollout of one group)", "", *shown]
     md = out / "report.md"
     md.write_text("\n".join(lines))
     return md
 
 
-def format_samples(run: dict, n: int = 3, width: int = 160) -> str:
-    """The last logged step's first ``n`` rollouts of ``run``: the prompt's end as the model read
-    it (after any chat template), the completion and its reward, as a markdown block."""
+def _pick_group(rows: list[dict]) -> tuple[int, int, list[dict]]:
+    """``(step, group, rows)``: the latest step's group whose rewards differ (best ≠ worst), else
+    the last step's first group."""
+    by: dict[tuple[int, int], list[dict]] = {}
+    for r in rows:
+        by.setdefault((r["step"], r.get("group", 0)), []).append(r)
+    mixed = [k for k, g in by.items() if len({x["reward"] for x in g}) > 1]
+    last = max(r["step"] for r in rows)
+    key = max(mixed, key=lambda k: (k[0], -k[1])) if mixed else min(k for k in by if k[0] == last)
+    return key[0], key[1], by[key]
+
+
+def format_samples(run: dict, n: int = 2, width: int = 160) -> str:
+    """The best and the worst rollout of one group of ``run`` (``n`` = 2; more shows the next best
+    ones too): the latest logged step's group whose rewards differ, else the last step's first
+    group. Each with the prompt's end as the model read it (after any chat template), the
+    completion and its reward, as a markdown block."""
     rows = run.get("samples") or []
     if not rows:
         return ""
-    last = max(r["step"] for r in rows)
-    out = [f"{run['name']}, step {last}:", "", "```"]
-    for r in [r for r in rows if r["step"] == last][:n]:
-        prompt = r["prompt"] if len(r["prompt"]) <= width else "…" + r["prompt"][-width:]
-        out += [f"[reward {r['reward']:g}] prompt: {prompt!r}", f"  completion: {r['completion'][:width]!r}"]
+    step, group, g = _pick_group(rows)
+    ranked = sorted(g, key=lambda r: -r["reward"])  # stable: the first logged of equal rewards
+    worst = min(g, key=lambda r: r["reward"])  # the first logged of the lowest reward
+    rest = [r for r in ranked if r is not worst]
+    pick = rest[:max(n - 1, 1)] + [worst] if len(ranked) > 1 and n > 1 else ranked[:1]
+    same = len({r["reward"] for r in g}) == 1
+    what = (f"all {len(g)} logged rollouts of this group have reward {g[0]['reward']:g}" if same else
+            f"best and worst of the {len(g)} logged rollouts of group {group}")
+    prompt = pick[0]["prompt"] if len(pick[0]["prompt"]) <= width else "…" + pick[0]["prompt"][-width:]
+    out = [f"{run['name']}, step {step} ({what}):", "", "```", f"prompt: {prompt!r}"]
+    for label, r in zip(["best", *["next"] * (len(pick) - 2), "worst"] if len(pick) > 1 else ["shown"], pick):
+        out += [f"[{label}, reward {r['reward']:g}] completion: {r['completion'][:width]!r}"]
     return "\n".join(out + ["```", ""])
 
 
