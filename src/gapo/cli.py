@@ -192,16 +192,18 @@ def cmd_pretrain(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from gapo.experiments.report import format_samples, format_table, summarise, write_report
+    from gapo.experiments.report import default_report_dir, format_samples, format_table, summarise, write_report
     from gapo.rl.run_dir import load_run
 
     runs = [load_run(d) for d in args.runs]
-    md = write_report(runs, args.out or Path(args.runs[0]).parent / "report")
+    # default: one run's own RUN/report/; several runs: report-<names>/ in their common parent
+    out = Path(args.out) if args.out else default_report_dir(args.runs)
+    md = write_report(runs, out)
     print(format_table([summarise(r) for r in runs]))
     for r in runs:
         if r["samples"]:
             print(format_samples(r, n=2))
-    print(f"report: {md}")
+    print(f"report written to {out} ({md.name} and {len(list(out.glob('*.png')))} figures)")
     return 0
 
 
