@@ -203,3 +203,22 @@ def test_compare_report_only_writes_the_dose_report_from_run_folders(tmp_path):
     row = next(p for p in res["primary"] if p["a"] == ["u32", "gapo"] and p["b"] == ["u32", "drgrpo"]
                and p["key"] == "after/pass@1")
     assert row["mean"] == pytest.approx(0.04) and row["boot_lo"] == pytest.approx(0.0)
+
+
+def test_a_rerun_reuses_every_regimes_base_evaluation(tmp_path, monkeypatch):
+    """A rerun of a grid (resuming it) must not re-evaluate the base of every regime: the recorded
+    eval_cfg is compared as JSON (the task's num_range tuple comes back from the file as a list).
+    Before the fix every invocation re-ran one 64 x 64-sample evaluation per regime."""
+    from gapo.experiments import grid as gridmod
+
+    g = _grid()
+    for r in g["regimes"]:
+        spec = g["_regimes"][r]
+        ev = {**gridmod._eval_cfg(g, r), "base_key": gridmod.pretrain_config(spec).cache_key(),
+              "task": gridmod.regime_task(spec)}
+        assert isinstance(ev["task"]["params"]["num_range"], tuple)  # what made the old comparison fail
+        gridmod.write_json(tmp_path / r / "base_eval.json", {"policy": "p", "eval_cfg": ev, "eval": {"eval/pass@1": 0.1}})
+    jobs = []
+    monkeypatch.setattr(gridmod, "_pool", lambda prep, workers, say: jobs.extend(prep))
+    bases = gridmod._prepare_regimes(g, tmp_path, 0.0, lambda s: None)
+    assert jobs == [] and set(bases) == set(g["regimes"])
