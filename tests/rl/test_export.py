@@ -171,3 +171,19 @@ def test_eval_names_what_it_expects(instruct, tmp_path, capsys):
     assert "has no config.json and is not a gapo run folder" in err
     assert main(["eval", "--step", "3"]) == 2
     assert "--step N needs a run folder" in capsys.readouterr().err
+
+
+def test_a_stopped_run_extended_to_its_own_step_writes_its_policy(instruct, tmp_path, capsys):
+    tr = _stopped_run(instruct, tmp_path / "run")
+    want = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    assert main(["train", "--out", str(tmp_path / "run"), "--resume", "--allow-change", "train.steps=2"]) == 0, \
+        capsys.readouterr().err
+    m = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "policy")
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in metrics if r["kind"] == "train"] == [1, 2]  # no step taken
+    # now it is finished: a second resume says so and points to gapo export
+    assert main(["train", "--out", str(tmp_path / "run"), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "is finished (step 2 of train.steps=2)" in err and "gapo export" in err

@@ -85,7 +85,7 @@ class Trainer:
         state = self.folder.load_checkpoint(torch.device(cfg.model.device)) if resume else None
         # against the config inside the checkpoint: a hand-edited config.yaml counts as a change
         changes = resume_changes(self.folder, cfg, allow_change=allow_change, state=state) if resume else {}
-        if state is not None and state["step"] >= cfg.train.steps:
+        if state is not None and state["step"] >= cfg.train.steps and self._policy_written(state["step"]):
             raise ValueError(f"run {str(self.run_dir)!r} is finished (step {state['step']} of train.steps="
                              f"{cfg.train.steps}); nothing to resume. To train it further: --resume --allow-change "
                              f"train.steps={state['step'] * 2 or 1}; for a model out of it: gapo export "
@@ -193,6 +193,17 @@ class Trainer:
     def _draw(self, split: str, n: int, seed: int) -> tuple[list, dict | None]:
         return rollout.draw_problems(self.task, self.encoder, split, n, seed, self.cfg.task.max_prompt_tokens,
                                      key=self.cfg._where("task.max_prompt_tokens"))
+
+    def _policy_written(self, step: int) -> bool:
+        """Whether ``policy/`` holds the model of ``step`` (a run stopped early and resumed with
+        ``train.steps`` at its own step has none yet: fit() then writes it, taking no step)."""
+        from gapo.policy.model import read_marker
+
+        policy = self.run_dir / "policy"
+        if not (policy / "config.json").is_file():
+            return False
+        written = ((read_marker(policy) or {}).get("extra") or {}).get("step")
+        return not isinstance(written, int) or written == step
 
     def _log_filtered(self) -> None:
         """task.max_prompt_tokens: what was dropped, said once and kept in events.jsonl."""
@@ -546,6 +557,8 @@ class Trainer:
                         say(f"stopped at step {self.step}; checkpoint saved. Resume with --resume.")
                         break
                 if self.step >= t.steps:
+                    if self.step == start:  # extended to its own step: no step taken, the config changed
+                        self.save_checkpoint()
                     self.save_policy()
                 self.folder.settle()
         except BaseException:
