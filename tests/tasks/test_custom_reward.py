@@ -232,3 +232,16 @@ def test_reward_task_pickles_without_the_function(data, rw):
     back = pickle.loads(pickle.dumps(t))
     assert isinstance(back, RewardTask) and back.terms[0]._fn is None
     assert back.score(t.generate("train", 1, 0)[0], t.generate("train", 1, 0)[0].meta["fields"]["ref"]) == 1.0
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_slow_reward_times_out_like_a_verifier(data, tmp_path, workers):
+    """The verifiers' timeouts apply: serially the soft alarm, in the pool the worker's alarm (and
+    the parent's hard kill behind it); the completion gets reward 0, status timeout."""
+    (tmp_path / "slow.py").write_text("import time\ndef slow(prompt, completion, **f):\n"
+                                      "    if completion == 'hang':\n        time.sleep(60)\n    return 1.0\n")
+    t = with_rewards(_task(data), [f"{tmp_path}/slow.py:slow"])
+    p = t.generate("train", 1, 0)[0]
+    rewards, stats = score_batch(t, [p, p], ["hang", "ok"], workers=workers, timeout_s=1.0)
+    assert rewards == [0.0, 1.0] and stats["reward/n_timeout"] == 1
+    assert stats["reward/n_slow"] == 1 and stats["reward/slow"] == 1.0
