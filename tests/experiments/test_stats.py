@@ -237,3 +237,24 @@ def test_gapo_log_is_reported_as_a_variant_and_not_counted_where_identical():
     # trained identically in at most half the seeds: counted
     rows2 = [{**r, "identical": [1, 3]} if r["method"] == "gapo_log" else r for r in rows]
     assert [r for r in independent_between(rows2) if r["method"] == "gapo_log"]
+
+
+def test_claim_rows_carry_a_seed_problem_interval_where_counts_are_stored():
+    cells = {}
+    for s in (0, 1, 2):
+        cells[("cd-low", "drgrpo", s)] = {**_cell(**{"after/pass@1": 0.25}), "correct": {"after": [1, 1, 0, 0], "n": 4}}
+        cells[("cd-low", "gapo", s)] = {**_cell(**{"after/pass@1": 0.5}), "correct": {"after": [4, 1, 0, 0], "n": 4}}
+    grid = {"seeds": [0, 1, 2], "regimes": ["cd-low"], "methods": ["drgrpo", "gapo"], "roles": {"low": "cd-low"}}
+    row = next(r for r in claim_rows(grid, cells) if r["key"] == "after/pass@1" and r["vs"] == "drgrpo")
+    # every seed the same: the t interval is a point, the problems (one of four differs by 0.75) are not
+    assert row["ci"] == 0.0 and row["boot_lo"] == 0.0 and row["boot_hi"] > 0.25
+    bare = {k: {"summary": v["summary"], "G": 4} for k, v in cells.items()}
+    assert "boot_lo" not in next(r for r in claim_rows(grid, bare) if r["key"] == "after/pass@1")
+
+
+def test_paired_problem_diffs_skip_undefined_pass_at_k():
+    from gapo.experiments.stats import paired_problem_diffs
+
+    cells = {("r", "a", 0): {"correct": {"after": [1, 0], "n": 4}}, ("r", "b", 0): {"correct": {"after": [0, 0], "n": 4}}}
+    assert paired_problem_diffs(cells, ("r", "a"), ("r", "b"), [0], 8) == []  # 4 samples: no pass@8
+    assert paired_problem_diffs(cells, ("r", "a"), ("r", "b"), [0], 4) == [[1.0, 0.0]]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from gapo.experiments.grid import BASELINE_OF
-from gapo.experiments.stats import mean_ci, paired_diffs
+from gapo.experiments.stats import mean_ci, paired_diffs, paired_problem_diffs, seed_problem_bootstrap
 
 __all__ = ["ROLES", "CLAIM_TESTS", "VARIANT_OF", "claim_rows", "verdict", "identical_runs", "independent_between"]
 
@@ -58,7 +58,8 @@ def claim_rows(grid: dict, cells: dict) -> list[dict]:
         for reg in (grid["regimes"] if r == "*" else [roles[r]]):
             d = paired_diffs(cells, reg, a, b, key, seeds)
             if d:
-                out.append({"claim": claim, "regime": reg, "method": a, "vs": b, "key": key, **mean_ci(d)})
+                out.append({"claim": claim, "regime": reg, "method": a, "vs": b, "key": key, **mean_ci(d),
+                            **_problem_interval(cells, reg, a, b, key, seeds)})
     for reg in grid["regimes"]:
         out += _mechanism(grid, cells, reg)
     for reg in grid["regimes"]:
@@ -101,6 +102,20 @@ def independent_between(rows: list[dict]) -> list[dict]:
         return "variant_of" in r and n > 0 and 2 * k > n
 
     return [r for r in rows if r["vs"] not in ("", "base") and not dup(r)]
+
+
+def _problem_interval(cells: dict, reg: str, a: str, b: str, key: str, seeds: list[int]) -> dict:
+    """``boot_lo``/``boot_hi``: the seed × problem bootstrap interval of a pass@k difference
+    (``stats.seed_problem_bootstrap``, 2000 resamples) where the cells store per-problem counts;
+    empty otherwise (older run folders, other keys)."""
+    head, _, k = key.rpartition("pass@")
+    if head != "after/" or not k.isdigit():
+        return {}
+    rows = paired_problem_diffs(cells, (reg, a), (reg, b), seeds, int(k))
+    if not rows:
+        return {}
+    bs = seed_problem_bootstrap(rows, resamples=2000, seed=0)
+    return {"boot_lo": bs["lo"], "boot_hi": bs["hi"]}
 
 
 def _summary_by_c(cell: dict, stat: str) -> dict[int, float]:

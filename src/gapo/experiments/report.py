@@ -350,7 +350,7 @@ def _by_c_md(by_m: dict) -> list[str]:
 
 def _claims_md(claims: list[dict], n_paired: int = 0) -> list[str]:
     lines = ["## Claims (issue 4 item 5): paired differences, mean ± 95% t-interval; sign by the CI", "",
-             "| claim | regime | method | vs | measure | Δ | 95% CI | n | sign |",
+             "| claim | regime | method | vs | measure | Δ | 95% CI (t; seed×problem bootstrap where counts are stored) | n | sign |",
              "|---|---|---|---|---|---|---|---|---|"]
     for c in claims:
         lo, hi = c["mean"] - c["ci"], c["mean"] + c["ci"]
@@ -358,8 +358,9 @@ def _claims_md(claims: list[dict], n_paired: int = 0) -> list[str]:
         m = c["method"]
         if "variant_of" in c:  # e.g. GAPO-log: say how often it trained exactly as its parent
             m += f" (variant of {c['variant_of']}; identical in {c['identical'][0]} of {c['identical'][1]})"
+        boot = f" (seed×problem [{c['boot_lo']:.4f}, {c['boot_hi']:.4f}])" if "boot_lo" in c else ""
         lines.append(f"| {c['claim']} | {c['regime']} | {m} | {c['vs']} | {c['key']} | {c['mean']:.4f} | "
-                     f"[{lo:.4f}, {hi:.4f}] | {n} | {verdict(c)} |")
+                     f"[{lo:.4f}, {hi:.4f}]{boot} | {n} | {verdict(c)} |")
     between = [c for c in claims if c["vs"] not in ("", "base")]
     indep = independent_between(claims)
     total = len(indep) + n_paired

@@ -232,7 +232,8 @@ def paired_problem_diffs(cells: dict, a: tuple[str, str], b: tuple[str, str], se
                          when: str = "after") -> list[list[float]]:
     """Rows (one per seed where both cells have per-problem counts) of per-problem pass@k of
     ``a − b``; ``a`` and ``b`` are ``(regime, method)`` (regimes may differ when they evaluate the
-    same problems, e.g. two regimes with the same base and task). Raises ValueError when the two
+    same problems, e.g. two regimes with the same base and task). Seeds whose evaluation drew
+    fewer than k samples (pass@k undefined) are left out. Raises ValueError when the two
     evaluations do not have the same problems or samples."""
     rows = []
     for s in seeds:
@@ -240,6 +241,8 @@ def paired_problem_diffs(cells: dict, a: tuple[str, str], b: tuple[str, str], se
         if not ca or not cb or not ca.get("correct") or not cb.get("correct"):
             continue
         xa, xb = ca["correct"], cb["correct"]
+        if xa.get(when) is None or xb.get(when) is None or min(xa["n"], xb["n"]) < k:
+            continue
         if len(xa[when]) != len(xb[when]) or xa["n"] != xb["n"]:
             raise ValueError(f"seed {s}: {a} and {b} were evaluated on different problems or samples "
                              f"({len(xa[when])}x{xa['n']} against {len(xb[when])}x{xb['n']})")
