@@ -163,3 +163,90 @@ def test_focal_under_group_range():
     torch.testing.assert_close(a, 10 * compute("focal", R, 4, gamma=2.0))
     with pytest.raises(ValueError, match="reward_range"):
         compute("focal", R, 4, reward_range="per-group")
+
+
+# --- arguments: one signature, nothing accepted silently --------------------------------------------
+@pytest.mark.parametrize("name, kwargs, bad, accepted", [
+    ("drgrpo", {"eps": 0.0}, "eps", "none"),
+    ("rloo", {"k": 2}, "k", "none"),
+    ("grpo", {"k": 2}, "k", "['eps', 'std']"),
+    ("grpo", {"stdd": "population"}, "stdd", "Did you mean 'std'"),
+    ("passk", {"kk": 2}, "kk", "['k']"),
+    ("focal", {"gama": 2.0}, "gama", "Did you mean 'gamma'"),
+    ("focal", {"k": 2}, "k", "['base', 'gamma']"),  # drgrpo, the default base, takes no k
+    ("focal", {"base": "grpo", "k": 2}, "k", "['base', 'eps', 'gamma', 'std']"),
+])
+def test_unknown_arguments_are_errors_naming_estimator_argument_and_accepted(name, kwargs, bad, accepted):
+    with pytest.raises(ValueError) as err:
+        compute(name, R, 4, **kwargs)
+    msg = str(err.value)
+    assert repr(name) in msg or f"{name} (base" in msg
+    assert f"argument {bad!r}" in msg and accepted in msg
+    assert isinstance(err.value, TypeError)  # Python's kind for an unexpected keyword, too
+
+
+def test_estimator_functions_themselves_reject_unknown_keywords():
+    for name in ("drgrpo", "grpo", "rloo", "passk"):
+        with pytest.raises(TypeError):
+            ADVANTAGES[name](R, 4, unknown_param=1)
+    with pytest.raises(TypeError, match="focal"):
+        ADVANTAGES["focal"](R, 4, unknown_param=1)
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGES))
+def test_reward_range_is_taken_by_every_estimator_and_read_only_by_focal(name):
+    # one call for every estimator (the trainer's): the non-focal ones ignore reward_range ...
+    r = R * 10
+    params = {"k": 2} if name == "passk" else {}
+    if name == "passk":
+        r = R
+    a = compute(name, r, 4, reward_range=(0, 10), **params)
+    torch.testing.assert_close(a, compute(name, r, 4, reward_range="group", **params))
+    if name != "focal":
+        torch.testing.assert_close(a, compute(name, r, 4, **params))
+    else:  # ... focal's p̂ is read on it: (0, 10) → p̂ = 1/4, 1/2; (0, 100) → p̂ = 1/40, 1/20
+        torch.testing.assert_close(a, torch.tensor([7.5 * 0.75] + [-2.5 * 0.75] * 3 + [2.5, 2.5, -2.5, -2.5]))
+        b = compute(name, r, 4, reward_range=(0, 100))
+        assert b[0].item() == pytest.approx(7.5 * (1 - 1 / 40))
+    # and it is checked for every estimator
+    with pytest.raises(ValueError, match="reward_range"):
+        compute(name, r, 4, reward_range=(1, 0), **params)
+
+
+def test_an_estimator_registered_at_run_time_gets_the_same_checks(monkeypatch):
+    def mine(rewards, group_size, *, beta=1.0):
+        return beta * compute("drgrpo", rewards, group_size)
+
+    def mine_range(rewards, group_size, *, reward_range=(0.0, 1.0)):
+        return torch.full_like(rewards, float(reward_range[1]))
+
+    monkeypatch.setitem(ADVANTAGES, "mine", mine)
+    monkeypatch.setitem(ADVANTAGES, "mine_range", mine_range)
+    assert compute("mine", R, 4, beta=2.0, reward_range=(0, 5))[0].item() == pytest.approx(1.5)
+    with pytest.raises(ValueError, match=r"'mine' takes no argument 'gamma'; it accepts \['beta'\]"):
+        compute("mine", R, 4, gamma=2.0)
+    assert compute("mine_range", R, 4, reward_range=(0, 5)).tolist() == [5.0] * 8
+
+
+@pytest.mark.parametrize("name, params", [
+    ("drgrpo", {}), ("drgrpo", {"eps": 0.0}), ("grpo", {"eps": 0.0, "std": "population"}), ("grpo", {"k": 2}),
+    ("rloo", {"gamma": 1.0}), ("passk", {"k": 2}), ("passk", {"eps": 0.0}), ("focal", {"gamma": 2.0}),
+    ("focal", {"k": 2}), ("focal", {"base": "passk", "k": 2}), ("focal", {"base": "grpo", "std": "population"}),
+    ("focal", {"base": "rloo", "eps": 0.0}),
+])
+def test_config_validation_accepts_exactly_what_the_estimator_accepts(name, params):
+    # a config the trainer would fail on at its first step must fail at load, before any run folder
+    from gapo.rl.config import load_config
+
+    try:
+        compute(name, R, 4, reward_range=(0, 1), **params)
+        ok = True
+    except ValueError:
+        ok = False
+    flat = "{" + ", ".join(f"{k}: {v}" for k, v in params.items()) + "}"
+    overrides = [f"algo.advantage={name}", f"algo.advantage_params={flat}", "train.group_size=4"]
+    if ok:
+        load_config(None, overrides)
+    else:
+        with pytest.raises(ValueError, match="algo.advantage_params"):
+            load_config(None, overrides)

@@ -1,7 +1,8 @@
 """Group-relative advantage estimators (one scalar per rollout, broadcast over its tokens).
 
 Rewards are ``(B,)`` with ``B = prompts × G`` and each group's rows contiguous. Every entry of
-``ADVANTAGES`` has the signature ``fn(rewards (B,), group_size, **params) -> (B,)``::
+``ADVANTAGES`` has the signature ``fn(rewards (B,), group_size, *, <its own keyword parameters>)
+-> (B,)``; :func:`compute` is the one entry point::
 
     drgrpo  A_i = R_i − mean_j R_j                                   (Dr.GRPO, arXiv 2503.20783)
     grpo    A_i = (R_i − mean_j R_j) / (std_j R_j + eps)             (GRPO, arXiv 2402.03300)
@@ -14,20 +15,32 @@ Rewards are ``(B,)`` with ``B = prompts × G`` and each group's rows contiguous.
             p̂ = the group's mean reward rescaled to [0, 1] (= c/G for binary rewards)
 
 ``reward_range`` (focal's p̂ and ``group_success_count``'s c) is ``(lo, hi)``, ``"group"`` or
-``"batch"``, as in :mod:`gapo.core.clipping`: see :func:`rescaled_rewards`.
+``"batch"``, as in :mod:`gapo.core.clipping`: see :func:`rescaled_rewards`. Callers pass it to
+:func:`compute` for every estimator alike; it reaches the estimators that declare a
+``reward_range`` parameter (of the built-in ones focal) and is ignored by the rest. Any other
+argument an estimator does not declare is an error naming the estimator, the argument and the
+accepted ones (``grpo`` with ``k=4`` is a mistake, not a no-op).
 
 A group whose rewards are all equal gets zero advantage under every estimator.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 
 import torch
 
 from gapo.core.checks import check_reward_range, check_rewards, reward_bounds, unknown
 
-__all__ = ["compute", "ADVANTAGES", "zero_std_groups", "group_success_count", "rescaled_rewards"]
+__all__ = ["compute", "ADVANTAGES", "UnknownArgument", "estimator_params", "zero_std_groups", "group_success_count",
+           "rescaled_rewards"]
+
+
+class UnknownArgument(TypeError, ValueError):
+    """An argument an estimator does not take: a TypeError, as Python raises for an unexpected
+    keyword, and a ValueError, as every other bad input of the core (the CLI reports those)."""
 
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # (P, G) float64
@@ -39,13 +52,13 @@ def _out(a: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
     return a.reshape(-1).to(torch.float32 if not rewards.is_floating_point() else rewards.dtype)
 
 
-def drgrpo(rewards, group_size, **_unused) -> torch.Tensor:
+def drgrpo(rewards, group_size) -> torch.Tensor:
     """``A_i = R_i − mean_group R`` (Dr.GRPO, arXiv 2503.20783)."""
     r = _groups(rewards, group_size)
     return _out(r - r.mean(1, keepdim=True), rewards)
 
 
-def grpo(rewards, group_size, *, eps: float = 1e-6, std: str = "unbiased", **_unused) -> torch.Tensor:
+def grpo(rewards, group_size, *, eps: float = 1e-6, std: str = "unbiased") -> torch.Tensor:
     """``A_i = (R_i − mean) / (std + eps)`` (GRPO, arXiv 2402.03300); ``std`` unbiased or population."""
     if std not in ("unbiased", "population"):
         raise unknown("std", std, ("unbiased", "population"))
@@ -58,13 +71,13 @@ def grpo(rewards, group_size, *, eps: float = 1e-6, std: str = "unbiased", **_un
     return _out(torch.where(centred == 0, torch.zeros_like(centred), centred / (sd + eps)), rewards)
 
 
-def rloo(rewards, group_size, **_unused) -> torch.Tensor:
+def rloo(rewards, group_size) -> torch.Tensor:
     """Leave-one-out baseline: ``A_i = R_i − mean_{j≠i} R_j`` (arXiv 2402.14740)."""
     r = _groups(rewards, group_size)
     return _out((r - r.mean(1, keepdim=True)) * group_size / (group_size - 1), rewards)
 
 
-def passk(rewards, group_size, *, k: int = 4, **_unused) -> torch.Tensor:
+def passk(rewards, group_size, *, k: int = 4) -> torch.Tensor:
     """Pass@k advantage shaping for binary rewards (Chen et al. 2025, arXiv 2508.10751).
 
     ``R̄ = 1 − C(G−c, k)/C(G, k)`` is the group's pass@k; its per-rollout contribution gives
@@ -95,13 +108,19 @@ def passk(rewards, group_size, *, k: int = 4, **_unused) -> torch.Tensor:
 def focal(rewards, group_size, *, gamma: float = 1.0, base: str = "drgrpo",
           reward_range: tuple[float, float] | str = (0.0, 1.0), **params) -> torch.Tensor:
     """``Ã_i = (1 − p̂)^γ · A_i`` (F-GRPO, arXiv 2602.06717): down-weights easy groups.
-    ``p̂`` = the group's mean of :func:`rescaled_rewards` under ``reward_range``."""
+    ``p̂`` = the group's mean of :func:`rescaled_rewards` under ``reward_range``; ``params`` are
+    the base estimator's own (anything else is an :class:`UnknownArgument` naming focal)."""
     if not gamma >= 0:
         raise ValueError(f"gamma must be >= 0, got {gamma!r}")
     if base == "focal":
         raise ValueError("focal cannot be its own base estimator")
+    if base not in ADVANTAGES:
+        raise unknown("base advantage estimator of focal", base, [n for n in ADVANTAGES if n != "focal"])
+    own, _, open_ = estimator_params(ADVANTAGES[base])
+    if not open_:
+        _reject_unknown(f"focal (base {base!r})", params, ("gamma", "base", *own))
     rr = check_reward_range(reward_range)
-    a = compute(base, rewards, group_size, **params).double().view(-1, group_size)
+    a = compute(base, rewards, group_size, reward_range=rr, **params).double().view(-1, group_size)
     if isinstance(rr, tuple):
         lo, hi = rr
         u = (rewards.double().view(-1, group_size) - lo) / (hi - lo)
@@ -114,11 +133,43 @@ def focal(rewards, group_size, *, gamma: float = 1.0, base: str = "drgrpo",
 ADVANTAGES = {"drgrpo": drgrpo, "grpo": grpo, "rloo": rloo, "passk": passk, "focal": focal}
 
 
-def compute(name: str, rewards: torch.Tensor, group_size: int, **params) -> torch.Tensor:  # (B,)
-    """Advantages by estimator ``name`` (see the module docstring); unknown names raise."""
+def estimator_params(fn) -> tuple[tuple[str, ...], bool, bool]:
+    """``(own, reads_reward_range, open)`` of an estimator function: the keyword parameters it
+    declares beyond ``(rewards, group_size)`` and ``reward_range``; whether it declares
+    ``reward_range``; whether it takes ``**kwargs`` (then it checks its own, as focal does)."""
+    ps = list(inspect.signature(fn).parameters.values())
+    named = [p.name for p in ps[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return (tuple(n for n in named if n != "reward_range"), "reward_range" in named,
+            any(p.kind is p.VAR_KEYWORD for p in ps))
+
+
+def _reject_unknown(who: str, params: dict, accepted) -> None:
+    accepted = sorted(accepted)
+    for k in params:
+        if k not in accepted:
+            close = difflib.get_close_matches(str(k), accepted, n=2)
+            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise UnknownArgument(f"advantage estimator {who} takes no argument {k!r}; it accepts "
+                                  f"{accepted or 'none'} (and reward_range, ignored unless it reads it).{hint}")
+
+
+def compute(name: str, rewards: torch.Tensor, group_size: int, *,
+            reward_range: tuple[float, float] | str | None = None, **params) -> torch.Tensor:  # (B,)
+    """Advantages by estimator ``name`` (see the module docstring); unknown names raise.
+
+    ``reward_range`` (checked whenever given) is passed on only to an estimator that declares it
+    (focal); ``params`` must be parameters the estimator declares, else :class:`UnknownArgument`."""
     if name not in ADVANTAGES:
         raise unknown("advantage estimator", name, ADVANTAGES)
-    return ADVANTAGES[name](rewards, group_size, **params)
+    fn = ADVANTAGES[name]
+    own, reads_range, open_ = estimator_params(fn)
+    if not open_:
+        _reject_unknown(repr(name), params, own)
+    if reward_range is not None:
+        rr = check_reward_range(reward_range)
+        if reads_range:
+            params = {**params, "reward_range": rr}
+    return fn(rewards, group_size, **params)
 
 
 def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # (P,) bool

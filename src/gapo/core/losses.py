@@ -250,9 +250,3 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3
     if estimator == "k3":
         return torch.exp(d) - d - 1.0
     raise unknown("kl estimator", estimator, KL_ESTIMATORS)
-
-
-def get_loss(name: str):
-    if name not in LOSSES:
-        raise unknown("policy loss", name, LOSSES)
-    return LOSSES[name]

@@ -1,20 +1,25 @@
 """The domain of every config value, and the checks of dict-valued params against what the
-component accepts (docs/design.md §8). ``gapo.rl.config.Config.validate`` applies them."""
+component accepts (docs/design.md §8). ``gapo.rl.config.Config.validate`` applies them.
+
+Nothing here imports torch at module level (the names come from ``gapo.rl.names``): a bad value
+is reported before the heavy libraries load. Only a device other than the CPU needs torch.
+"""
 
 from __future__ import annotations
 
 import difflib
 import inspect
 import math
+import re
 import typing
-
-import torch
+from pathlib import Path
 
 from gapo import tasks
-from gapo.core.advantages import ADVANTAGES
+from gapo.rl import names
 from gapo.rl.config_io import coerce
 
-__all__ = ["DOMAINS", "advantage_params", "task_params", "check_params", "check_device"]
+__all__ = ["DOMAINS", "advantage_params", "check_advantage_params", "task_params", "check_params",
+           "check_model_path", "check_task_files", "check_device"]
 
 
 def _num(lo=None, hi=None, *, lo_open=False, hi_open=False, optional=False, integer=False):
@@ -104,14 +109,68 @@ DOMAINS = {
 
 
 def advantage_params(name: str) -> set[str] | None:
-    """The keyword parameters estimator ``name`` accepts (focal: its own plus its base's)."""
-    fn = ADVANTAGES.get(name)
+    """The keyword parameters estimator ``name`` accepts (focal: its own plus its base's): read from
+    the functions' signatures when ``gapo.core.advantages`` is loaded (estimators registered at run
+    time included), else from ``gapo.rl.names.ADVANTAGE_PARAMS`` (tested to agree)."""
+    live = names.registry("ADVANTAGES")
+    if live is None:
+        if name not in names.ADVANTAGE_PARAMS:
+            return None
+        out = set(names.ADVANTAGE_PARAMS[name])
+        if name == "focal":
+            out |= {n for b, ps in names.ADVANTAGE_PARAMS.items() if b != "focal" for n in ps}
+        return out
+    fn = live.get(name)
     if fn is None:
         return None
     out = _keyword_names(fn, keyword_only=True) - {"reward_range"}
     if name == "focal":  # focal passes the rest on to its base estimator
-        out |= {n for b in ADVANTAGES if b != "focal" for n in _keyword_names(ADVANTAGES[b], keyword_only=True)}
+        out |= {n for b in live if b != "focal" for n in _keyword_names(live[b], keyword_only=True)}
     return out
+
+
+def check_advantage_params(key: str, name: str, params: dict, group_size: int) -> None:
+    """The values of ``algo.advantage_params`` for estimator ``name`` (their names are checked by
+    :func:`check_params`), against the rollout group size ``G``: passk's ``k`` is an integer in
+    ``[1, G]`` (its default 4 included: pass@k of a group of G < k is undefined), grpo's ``eps``
+    a finite number >= 0 and ``std`` unbiased | population, focal's ``gamma`` >= 0 and ``base``
+    another estimator (whose own params are checked the same way). Errors here, not at the
+    first step after the run folder was written."""
+    if name == "focal":
+        base = params.get("base", "drgrpo")
+        gamma = params.get("gamma", 1.0)
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not math.isfinite(gamma) or gamma < 0:
+            raise ValueError(f"{key}: focal's gamma must be a finite number >= 0, got {gamma!r}")
+        choices = [n for n in names.known("ADVANTAGES") if n != "focal"]
+        if base not in choices:
+            close = difflib.get_close_matches(str(base), choices, n=2)
+            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise ValueError(f"{key}: focal's base must be another advantage estimator, one of {choices}, "
+                             f"got {base!r}.{hint}")
+        # the rest goes to the base, which takes only its own (gapo.core.advantages rejects others)
+        own = advantage_params(base)
+        extra = sorted(set(params) - {"gamma", "base"} - (own if own is not None else set(params)))
+        if extra:
+            raise ValueError(f"{key}: {extra[0]!r} is not a parameter of focal's base estimator {base!r}; "
+                             f"focal takes gamma, base and {base}'s own: {sorted(own) or 'none'}")
+        name = base
+    if name == "passk":
+        k = params.get("k", names.PASSK_DEFAULT_K)
+        given = "k" in params
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"{key}: passk's k must be an integer >= 1, got {k!r}")
+        if k > group_size:
+            what = f"k={k}" if given else f"default k={k}"
+            raise ValueError(f"{key}: passk's {what} exceeds the group size train.group_size={group_size} "
+                             f"(pass@k needs k <= G rollouts per prompt); set algo.advantage_params={{k: "
+                             f"{min(group_size, names.PASSK_DEFAULT_K)}}} or raise train.group_size to >= {k}")
+    if name == "grpo":
+        eps = params.get("eps", 1e-6)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+            raise ValueError(f"{key}: grpo's eps must be a finite number >= 0, got {eps!r}")
+        std = params.get("std", "unbiased")
+        if std not in ("unbiased", "population"):
+            raise ValueError(f"{key}: grpo's std must be 'unbiased' or 'population', got {std!r}")
 
 
 def task_params(name: str) -> set[str] | None:
@@ -174,8 +233,49 @@ def check_params(key: str, params: dict, accepted: set[str] | None) -> None:
             raise ValueError(f"{key}: unknown entry {k!r}; accepted: {sorted(accepted)}.{hint}")
 
 
+def check_model_path(key: str, path: str | None) -> None:
+    """``model.path`` names a Hugging Face model folder (with ``config.json``) or is shaped like a
+    hub id (``org/name``); the same rule as ``gapo.policy.model.load_policy``, checked before the
+    model (and torch) load. Whether the folder holds a causal LM is checked when it loads."""
+    if path is None:
+        return
+    name = str(path)
+    local = Path(name).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise ValueError(f"{key}: model path {name!r} is not a directory")
+        if not (local / "config.json").is_file():
+            raise ValueError(f"{key}: model path {name!r} has no config.json; it is not a Hugging Face model folder")
+        return
+    if not name or name.count("/") > 1 or name.startswith((".", "/", "~")):
+        raise ValueError(f"{key}: model path {name!r} does not exist")
+
+
+def check_task_files(key: str, name: str, params: dict) -> None:
+    """A dataset path in ``task.params.path`` exists (gapo reads local files only); reading and
+    checking its rows is the task's constructor's job, when the run builds it."""
+    path = params.get("path")
+    if isinstance(path, str) and path and not Path(path).expanduser().exists():
+        raise ValueError(f"{key}: dataset {path!r} not found (no such file or folder) for task {name!r}; "
+                         "gapo reads local files only")
+
+
+# torch's device types (c10 DeviceType names) plus common out-of-tree backends; anything else is
+# a typo, reported without importing torch
+_DEVICE_TYPES = frozenset({"cpu", "cuda", "mps", "xpu", "hip", "hpu", "mtia", "xla", "meta", "npu", "maia", "ipu",
+                           "privateuseone", "ve", "fpga", "lazy", "vulkan", "mkldnn", "opengl", "opencl", "ideep"})
+
+
 def check_device(key: str, device: str) -> None:
-    """The device parses and exists on this machine."""
+    """The device parses and exists on this machine. ``cpu`` is answered without torch; any
+    other device needs torch to ask the backend (so ``Config.validate`` checks it last)."""
+    if isinstance(device, str) and re.fullmatch(r"cpu(:0)?", device):
+        return
+    m = re.fullmatch(r"([a-z_]+)(:\d+)?", device) if isinstance(device, str) else None
+    if m is None or m.group(1) not in _DEVICE_TYPES:  # answered without loading torch
+        raise ValueError(f"{key}: {device!r} is not a device name (cpu, cuda, cuda:1, mps, xpu)")
+    import torch
+
     try:
         d = torch.device(device)
     except (RuntimeError, TypeError) as e:

@@ -49,6 +49,7 @@ from gapo.rl.run_dir import (RunExists, RunFolder, Trackers, checkpoint_bytes, r
                              stop_on_signals)
 from gapo.rl.allocator import tune_malloc
 from gapo.rl.threads import default_threads
+from gapo.tasks.scoring import verifier_failure_warning
 
 __all__ = ["Trainer", "RunExists"]
 
@@ -239,8 +240,7 @@ class Trainer:
         rewards = batch.rewards.to(self.device)
         # 2. advantages from the rewards (any estimator); GAPO's ε_high(i) from the *raw* group
         #    rewards, so it composes with every estimator; c = successes in each rollout's group
-        extra = {"reward_range": a.reward_range} if a.advantage == "focal" else {}  # focal reads p̂ on that range
-        advantages = compute_advantages(a.advantage, rewards, G, **a.advantage_params, **extra)
+        advantages = compute_advantages(a.advantage, rewards, G, reward_range=a.reward_range, **a.advantage_params)
         eps_high_i = eps_high_for(a.eps_schedule, rewards, G, eps_low=a.eps_low, eps_high_max=a.eps_high_max,
                                   reward_range=a.reward_range).to(self.device)
         success = group_success_count(rewards, G, reward_range=a.reward_range)
@@ -255,6 +255,9 @@ class Trainer:
         # 5. diagnostics, and a few rows of what was trained on (samples.jsonl)
         self.last_samples = rollout.sample_records(batch, self.step, self.cfg.log.samples, self.encoder.text)
         metrics = self._step_metrics(batch, advantages, eps_high_i, upd, t_step, t_update)
+        failure = verifier_failure_warning(batch.stats, batch.rewards.tolist())
+        if failure:  # all-zero rewards that are the verifier's failures, not wrong answers
+            print(f"[gapo] warning: step {self.step}: {failure}", file=sys.stderr)
         self.ratio_adv_window.append(ratio_adv_pairs(metrics))  # the paper's diagnostic (§2.11)
         return {**metrics, **ratio_adv_corr(self.ratio_adv_window)}
 
