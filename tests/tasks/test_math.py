@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import threading
 import time
@@ -29,7 +30,7 @@ BOMB = "\\boxed{9^{9^{9^{9}}}}"  # sympy tries to evaluate a number with ~3.7e8 
     [
         ("so the answer is \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),  # nested braces
         ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}"),  # two levels of nesting
-        ("first \\boxed{3}, then corrected: \\boxed{4}", "4"),  # last box wins
+        ("first \\boxed{3}, then corrected: \\boxed{4}", "4"),  # the last box (both must verify)
         ("\\boxed{1} and a truncated \\boxed{\\frac{1}{", "1"),  # unbalanced last box skipped
         ("\\fbox{7}", "7"),
         ("\\boxed 5", "5"),
@@ -39,8 +40,9 @@ BOMB = "\\boxed{9^{9^{9^{9}}}}"  # sympy tries to evaluate a number with ~3.7e8 
         ("<answer>so \\boxed{x+1}</answer> \\boxed{9}", "x+1"),  # tag first, box inside it
         ("He pays 1,234 dollars. #### 1,234", "1234"),  # GSM8K commas
         ("It drops to -7 degrees", "-7"),  # negative
-        ("about 3.25 or 13/4", "13/4"),  # last number, fraction
-        ("The values are 2, 4 and 8", "8"),
+        ("it is 13/4", "13/4"),  # last number, fraction
+        ("about 3.25 or 13/4", "about 3.25 or 13/4"),  # "or": the sentence, which then scores 0
+        ("The values are 2, 4 and 8", "8"),  # the last number; the reward needs 2 = 4 = 8
         ("x = -0.5.", "-0.5"),
         ("no digits here", None),
         ("", None),
@@ -241,3 +243,118 @@ def test_pickle_drops_data_but_scores(comp):
     assert clone.score(p, comp.demonstration(p)) == 1.0
     with pytest.raises(RuntimeError, match="without its data"):
         clone.generate("train", 1, 0)
+
+
+# ----------------------------------------------------------------------------- a verifier that cannot be poisoned
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import gapo.tasks.math as math_mod  # noqa: E402
+from gapo.tasks.base import Problem  # noqa: E402
+
+
+def _fresh_python(code: str) -> str:
+    """stdout of ``code`` in a new interpreter (math-verify and sympy not yet imported)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_timeouts_during_the_cold_start_do_not_poison_the_verifier():
+    # Before: the first timed call imported sympy under the alarm; the alarm cut the import and
+    # every later verification failed: verify_answer('5', '5') == (False, False) for ever.
+    line = _fresh_python(
+        "from gapo.tasks.scoring import run_with_timeout, VerifierTimeout\n"
+        "from gapo.tasks.math import verify_answer\n"
+        "t, n = 0.001, 0\n"
+        "for _ in range(12):\n"
+        "    try:\n"
+        "        run_with_timeout(verify_answer, '5', '5', timeout_s=t, mode='signal')\n"
+        "    except VerifierTimeout:\n"
+        "        n += 1\n"
+        "    t *= 1.6\n"
+        "print(n > 0, verify_answer('5', '5'), verify_answer('\\\\frac{1}{2}', '0.5'))\n")
+    assert line == "True (True, True) (True, True)"
+
+
+@pytest.mark.parametrize("first", ["task", "score_batch"])
+def test_math_task_with_tiny_timeouts_from_a_cold_start_still_scores_exact_answers(first):
+    # In-process scoring from a cold process, through MathTask itself or score_batch(workers=0),
+    # under limits from 1 ms up (before: every status 'timeout', then 0.0 for exact answers).
+    line = _fresh_python(
+        "from gapo.tasks.math import MathTask\n"
+        "from gapo.tasks.base import Problem\n"
+        "from gapo.tasks.scoring import score_batch\n"
+        f"task = MathTask({str(GSM)!r}, eval_frac=0.0)\n"
+        "p = Problem('q', '5')\n"
+        "statuses = set()\n"
+        "for i in range(10):\n"
+        "    task.timeout_s = 0.001 * 1.6 ** i\n"
+        f"    if {first!r} == 'task':\n"
+        "        statuses.add(task.score_detailed(p, '\\\\boxed{5}')[1])\n"
+        "    else:\n"
+        "        _, st = score_batch(task, [p], ['\\\\boxed{5}'], timeout_s=task.timeout_s)\n"
+        "        statuses.add('timeout' if st['reward/n_timeout'] else 'ok')\n"
+        "task.timeout_s = 30.0\n"
+        "after = [task.score(p, c) for c in ('\\\\boxed{5}', '<answer>5</answer>', 'so it is 5')]\n"
+        "rewards, _ = score_batch(task, [p] * 2, ['\\\\boxed{5}'] * 2, timeout_s=30.0)\n"
+        "print(sorted(statuses), after, rewards)\n")
+    statuses, rest = line.split("] ", 1)
+    assert set(statuses.strip("[").replace("'", "").split(", ")) <= {"ok", "timeout"}, line
+    assert rest == "[1.0, 1.0, 1.0] [1.0, 1.0]", line
+
+
+def test_a_verifier_a_timeout_breaks_is_replaced_by_a_fresh_process(comp, monkeypatch, capsys):
+    # A timeout that leaves math-verify answering wrongly (simulated: verify() returns False from
+    # then on) is caught by the canary check; the caches are cleared, and as that does not help
+    # here, this process verifies in a helper process from then on.
+    import math_verify
+
+    monkeypatch.setattr(math_mod, "_BROKEN_PID", None)
+    p = next(q for q in comp.generate("train", 6, 0) if q.answer == "\\frac{1}{2}")
+    assert comp.score_detailed(p, "\\boxed{0.5}") == (1.0, "ok") and math_mod.verifier_healthy()
+    calls = []
+
+    def poisoned(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(60)  # the call the timeout cuts short; wrong answers from then on
+        return False
+
+    monkeypatch.setattr(math_verify, "verify", poisoned)
+    assert comp.score_detailed(p, "\\boxed{0.5}") == (0.0, "timeout")
+    assert not math_mod.verifier_healthy()
+    assert math_mod._BROKEN_PID == os.getpid()
+    assert "verifying in a helper process" in capsys.readouterr().err
+    assert comp.score_detailed(p, "\\boxed{0.5}") == (1.0, "ok")  # in the helper, unpoisoned
+    assert comp.score_detailed(p, "\\boxed{0.25}") == (0.0, "ok")
+
+
+def test_a_timeout_of_a_sound_verifier_changes_nothing(comp, monkeypatch):
+    monkeypatch.setattr(math_mod, "_BROKEN_PID", None)
+    p = next(q for q in comp.generate("train", 6, 0) if q.answer == "\\frac{1}{2}")
+    assert comp.score_detailed(p, BOMB) == (0.0, "timeout")
+    assert math_mod._BROKEN_PID is None  # the canaries passed: still verified in this process
+    assert comp.score_detailed(p, "\\boxed{\\frac{1}{2}}") == (1.0, "ok")
+
+
+def test_warmup_is_never_cut_by_the_guard(monkeypatch):
+    # an alarm due during the warm-up fires after it, as a timeout of the call, not inside it
+    from gapo.tasks.scoring_pool import VerifierTimeout as VT, _call_with_alarm
+
+    monkeypatch.setattr(math_mod, "_WARM_PID", None)
+    seen = []
+    real = math_mod.verify_answer
+
+    def slow(g, p):
+        time.sleep(0.01)
+        seen.append(g)
+        return real(g, p)
+
+    monkeypatch.setattr(math_mod, "verify_answer", slow)
+    with pytest.raises(VT):
+        _call_with_alarm(math_mod.warmup, (), 0.02)
+    assert len(seen) == len(math_mod._WARMUP)  # every warm-up comparison ran to the end
+    assert math_mod._WARM_PID == os.getpid()

@@ -66,12 +66,13 @@ _ANSWER_FIELDS = ("answer", "solution")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 # "\boxed{", "\fbox{" and a bare "boxed{" (a run-on completion's "...}boxed{7}" is a box too)
 _BOX = re.compile(r"(?:\\|(?<![A-Za-z\\]))(?:boxed|fbox)\s*\{")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_SENTENCE_END = re.compile(r"(?<=[^.\s][.!?])\s+")  # not after an ellipsis "5 ... 7"
 _PHRASE = re.compile(r"(?:\b(?:the\s+)?final\s+answer\b|\bthe\s+answer\b)\s*(?:is\b\s*:?|:|=)\s*|####\s*", re.IGNORECASE)
 _BOX_SPACE = re.compile(r"\\boxed +([^\s$]+)")  # "\boxed 5"
 # A number: optional sign, thousands groups, decimals, optional "/denominator".
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?")
-_BARE_NUMBER = re.compile(r"^\s*[-+]?\$?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?\s*[.!]?\s*$")
+# the last-number rule's numbers: a LaTeX fraction of two numbers is one
+_NUM_TOKEN = re.compile(r"-?\\[dt]?frac\s*\{\s*-?\d+(?:\.\d+)?\s*\}\s*\{\s*\d+(?:\.\d+)?\s*\}|" + _NUMBER.pattern)
 
 
 class _DropTimeoutWarning(logging.Filter):
@@ -122,22 +123,38 @@ def _segments(text: str) -> list[str]:
     return [seg for line in text.splitlines() for seg in _SENTENCE_END.split(line) if seg.strip()]
 
 
+def _bare(segment: str) -> bool:
+    """Whether a sentence is just a number (``5``, ``-3.5.``, ``\\frac{1}{2}``, ``$7$``)."""
+    t = segment.strip().rstrip(".!").strip().strip("$").strip()
+    return bool(_NUM_TOKEN.fullmatch(t.removeprefix("\\$")))
+
+
 def _number_answers(text: str) -> list[str]:
-    """The last-number rule: the numbers of the last sentence that holds a number (after its last
-    ``=``, so that ``2 + 3 = 5`` gives 5), plus the bare numbers of the sentences right before it
-    when it is a bare number itself (a list written one number per line). Several numbers mean
-    several answers, which the scorer refuses unless they all verify."""
+    """The last-number rule, on the last sentence that holds a number: its numbers, except those
+    of a calculation left of an ``=`` (``2 + 3 = 5`` gives 5; ``x = 3 = 7``, ``So 7 = 5`` and
+    ``x = 7, y = 5`` give two numbers), and the bare numbers of the sentences right before it when it
+    is a bare number itself (a list written one number per line). A sentence with ``±``, ``or``,
+    a relation or a range is returned whole, for :func:`answer_candidates` to refuse."""
     segs = [seg for seg in _segments(text) if _NUMBER.search(seg)]
     if not segs:
         return []
-    last = segs[-1].rsplit("=", 1)[-1]
-    nums = [re.sub(r"\s+", "", m).replace(",", "") for m in _NUMBER.findall(last)]
-    if _BARE_NUMBER.match(segs[-1]):
-        for seg in reversed(segs[:-1]):
-            if not _BARE_NUMBER.match(seg):
+    seg = segs[-1]
+    if _PROSE_MULTI.search(seg):
+        return [seg.strip()]
+    sides = _EQ.split(seg)
+
+    def nums(part: str) -> list[str]:
+        return [re.sub(r"\s+", "", m).replace(",", "") for m in _NUM_TOKEN.findall(part)]
+
+    if not nums(sides[-1]):
+        return [seg.strip()]  # "5 =", "5 \approx": left open
+    out = [n for side in sides[:-1] if not _CALCULATION.search(side) for n in nums(side)] + nums(sides[-1])
+    if _bare(seg):
+        for prev in reversed(segs[:-1]):
+            if not _bare(prev):
                 break
-            nums.insert(0, re.sub(r"\s+", "", _NUMBER.search(seg).group(0)).replace(",", ""))
-    return nums
+            out = nums(prev) + out
+    return out
 
 
 def _phrase_answers(text: str) -> list[str]:
@@ -194,7 +211,7 @@ def extract_answer(completion: str, *, last_number: bool = True) -> str | None:
 # -- one answer: the values a final answer commits to
 
 _TEXT_WRAP = re.compile(r"\\(?:text|textbf|textit|textrm|texttt|mathrm|mathbf|mathit|mathsf|mbox|operatorname)\s*\{([^{}]*)\}")
-_SPACING = re.compile(r"\\[,;:! ]|~|\\q?quad\b|\\(?:displaystyle|textstyle)\b|\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])")
+_SPACING = re.compile(r"(?<!\\)\\[,;:! ]|~|\\q?quad\b|\\(?:displaystyle|textstyle)\b|\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])")
 _THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:,|\{,\}|\\,)\d{3})+(?![\d])")
 # several values inside one answer, when the gold is one value: lists, ±, sets, relations,
 # ranges, matrices, ellipses
@@ -207,6 +224,12 @@ _MULTI = re.compile(
 _DISJ = re.compile(r"\s*(?:(?<![A-Za-z\\])or(?![A-Za-z])|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|∨)\s*", re.IGNORECASE)
 _CONJ = re.compile(r"\s*(?:(?<![A-Za-z\\])and(?![A-Za-z])|\\land(?![A-Za-z])|\\wedge(?![A-Za-z])|∧)\s*", re.IGNORECASE)
 _EQ = re.compile(r"\s*(?:=|\\approx(?![A-Za-z])|≈|\\equiv(?![A-Za-z])|\\coloneqq(?![A-Za-z]))\s*")
+# in prose (the last-number rule): several values or a relation, whatever the numbers
+_PROSE_MULTI = re.compile(
+    r"\\pm(?![A-Za-z])|±|\\mp(?![A-Za-z])|∓|\\[{}]|\\(?:in|le|leq|ge|geq|lt|gt|ne|neq|lor|vee|sim)(?![A-Za-z])|"
+    r"[<>≤≥≠∈∨–—]|(?<![A-Za-z\\])or(?![A-Za-z])", re.IGNORECASE)
+_CALCULATION = re.compile(r"\d\s*(?:[-+*/×÷^]|\\(?:cdot|times|div|frac)(?![A-Za-z]))\s*[\d(\\]")
+_PM = re.compile(r"\\pm(?![A-Za-z])|±|\\mp(?![A-Za-z])|∓")
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
 # two values side by side with only spaces (and removed words) between: "5 7", "5 to 7", "2 hours 30"
 _JUXTAPOSED = re.compile(r"(?:\d|\})\.?\s+[-+]?(?:\.?\d|\\[dt]?frac)")
@@ -240,7 +263,7 @@ def _is_single(gold: str) -> bool:
     return answer_candidates(gold, single=True) is not None
 
 
-def answer_candidates(answer: str, *, single: bool) -> list[str] | None:
+def answer_candidates(answer: str, *, single: bool, gold: str = "") -> list[str] | None:
     """The values one final answer commits to, or None when it commits to several and ``single``
     (the gold is one value) forbids that.
 
@@ -250,14 +273,16 @@ def answer_candidates(answer: str, *, single: bool) -> list[str] | None:
     - with ``single``: a list (``,`` ``;`` ``and``), ``±``, a set, an interval, a relation
       (``\\ge``, ``\\in``), a range (``5–7``, ``5 to 7``), a matrix or several numbers in words
       (``5 apples 7 pears``) is several values: None. Otherwise (the gold is a set, tuple, interval
-      ...) the answer is compared as one structure, ``and`` reads as a comma, and only ``\\pm``
-      the gold does not have is refused.
+      ...) the answer is compared as one structure, ``and`` reads as a comma, and only a ``\\pm``
+      the gold does not have is refused (and ``or`` splits only when the gold has none).
     """
     s = _normalise(answer)
     if not s:
         return []
+    if not single and _PM.search(s) and not _PM.search(gold):
+        return None
     out: list[str] = []
-    for part in _DISJ.split(s):
+    for part in ([s] if not single and _DISJ.search(_normalise(gold)) else _DISJ.split(s)):
         if not single:
             part = _CONJ.sub(", ", part)
         elif _CONJ.search(part):
@@ -366,7 +391,7 @@ def warmup() -> None:
     with alarm_deferred():
         for gold, pred in _WARMUP:
             verify_answer(gold, pred)
-    _WARM_PID = os.getpid()
+        _WARM_PID = os.getpid()  # before an alarm due meanwhile fires at the section's end
 
 
 def _ensure_warm() -> None:
@@ -589,7 +614,7 @@ class MathTask:
     # -- scoring
 
     def warmup(self) -> None:
-        warmup()
+        _ensure_warm()  # once per process
 
     def after_timeout(self) -> None:
         after_timeout()
@@ -609,7 +634,7 @@ class MathTask:
         single = _is_single(gold)
         candidates: list[str] = []
         for ans in found[1]:
-            cands = answer_candidates(ans, single=single)
+            cands = answer_candidates(ans, single=single, gold=gold)
             if cands is None:
                 return 0.0, "ambiguous"
             candidates += cands

@@ -62,6 +62,7 @@ _RETRY_S = 0.01
 #: An import still running this long after the guard's deadline is interrupted after all.
 _MAX_IMPORT_DEFER_S = 60.0
 _defer_depth = 0  # > 0 inside alarm_deferred()
+_deferred = False  # an alarm came inside alarm_deferred()
 
 
 def _importing(frame) -> bool:
@@ -78,12 +79,16 @@ def alarm_deferred():
     """A section the ``SIGALRM`` guard never interrupts: an alarm due inside it fires (as
     :class:`VerifierTimeout`) once the section is over. For warm-ups and health checks, whose
     interruption would leave the verifier half set up."""
-    global _defer_depth
+    global _defer_depth, _deferred
     _defer_depth += 1
     try:
         yield
     finally:
         _defer_depth -= 1
+    if _defer_depth == 0 and _deferred:
+        _deferred = False
+        if _alarm_deadline is not None:  # the guard's time ran out inside: a timeout of the call
+            raise _Alarm()
 
 
 def _raise_alarm(signum, frame):
@@ -92,8 +97,11 @@ def _raise_alarm(signum, frame):
     # RecursionError in each later parse, which math-verify turns into "no answer" for ever).
     # That was the cold-start poisoning: the first timed verification imports sympy. Retry
     # shortly instead; the pool's hard kill still bounds a worker.
-    if _defer_depth or (_importing(frame) and (_alarm_deadline is None
-                                               or time.monotonic() < _alarm_deadline + _MAX_IMPORT_DEFER_S)):
+    global _deferred
+    if _defer_depth:
+        _deferred = True
+        return
+    if _importing(frame) and (_alarm_deadline is None or time.monotonic() < _alarm_deadline + _MAX_IMPORT_DEFER_S):
         signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
         return
     raise _Alarm()

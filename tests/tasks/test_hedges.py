@@ -1,0 +1,238 @@
+"""One answer, or no reward: hedges built from the gold and a distractor never score (math).
+
+A hedge is a completion whose final answer commits to several values (a list, ``or``, ``±``, a
+chained or false equation, boxes that disagree, a relation, a range, several numbers in words);
+under RL a policy finds such answers by itself if they pay. Each one is tried with the gold first
+and with the gold second, in every answer format (``\\boxed{}``, ``<answer>``, "The answer is",
+the last number), for fixed and for random golds. Correct single answers in each format must
+still score 1.0.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("math_verify")
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from gapo.tasks.base import Problem  # noqa: E402
+from gapo.tasks.math import MathTask, answer_candidates, final_answers  # noqa: E402
+
+FIX = Path(__file__).parents[1] / "fixtures"
+
+# The final answer's text, from the gold {g} and a distractor {d}.
+INNER_HEDGES = [
+    # lists
+    "{g}, {d}", "{d}, {g}", "{g}; {d}", "{g} \\quad {d}", "{g} \\\\ {d}", "{g} & {d}", "\\{{{g}, {d}\\}}",
+    "[{g}, {d}]", "({g}, {d})", "x = {g}, y = {d}", "{g} \\text{{ apples}}, {d} \\text{{ pears}}",
+    "{g} apples, {d} pears", "{g} and {d}", "{g} \\text{{ and }} {d}", "\\langle {g}, {d} \\rangle",
+    # disjunctions
+    "{g} or {d}", "{d} or {g}", "{g} \\text{{ or }} {d}", "{g} \\lor {d}", "{g} \\vee {d}",
+    "\\text{{either }} {g} \\text{{ or }} {d}", "{g} \\textbf{{or}} {d}", "x = {g} \\text{{ or }} x = {d}",
+    "{g} OR {d}",
+    # plus-minus
+    "{g} \\pm {d}", "{d} \\mp {g}", "{g} ± {d}",
+    # chained and false equations, open relations
+    "{g} = {d}", "{d} = {g}", "x = {g} = {d}", "x = {d} = {g}", "{g} \\approx {d}", "{g} \\approx", "{g} =",
+    "{g} \\equiv {d}",
+    # relations, sets, intervals
+    "x \\ge {g}", "x \\geq {g}", "x > {g}", "x < {d}", "{g} \\le x \\le {d}", "x \\in \\{{{g}, {d}\\}}",
+    "x \\in [{g}, {d}]", "{g} \\sim {d}", "\\{{{g}\\}} \\cup \\{{{d}\\}}", "{g} \\neq {d}", "{g} \\to {d}",
+    # ranges and ellipses
+    "{g} to {d}", "from {g} to {d}", "{g}–{d}", "{g} — {d}", "{g} \\text{{ to }} {d}", "between {g} and {d}",
+    "{g}, \\ldots, {d}", "{g} \\dots {d}", "{g} ... {d}",
+    # matrices, juxtaposition
+    "\\begin{{pmatrix}} {g} \\\\ {d} \\end{{pmatrix}}", "{g} {d}", "${g}$ ${d}$", "{g} \\; {d}",
+    "{g} \\text{{ apples }} {d} \\text{{ pears}}",
+]
+WRAPPERS = {
+    "boxed": "Let me think. \\boxed{{{x}}}",
+    "answer": "Let me think. <answer>{x}</answer>",
+    "phrase": "Let me think.\nThe answer is {x}.",
+    "number": "Let me think.\n{x}",
+}
+# Whole completions: several final answers that disagree.
+WHOLE_HEDGES = [
+    "\\boxed{{{g}}}\\boxed{{{d}}}", "\\boxed{{{d}}} then \\boxed{{{g}}}", "\\boxed{{{g}}} or \\boxed{{{d}}}",
+    "\\boxed{{{g}}} ... \\boxed{{{d}}} ... \\boxed{{{g}}}", "4 + 1 = \\boxed{{{g}}}boxed{{{d}}}boxed{{3}}",
+    "\\fbox{{{g}}} \\boxed{{{d}}}", "<answer>{g}</answer><answer>{d}</answer>",
+    "<answer>\\boxed{{{g}}} \\boxed{{{d}}}</answer>", "The answer is {g}. The answer is {d}.",
+    "Final answer: {g}\nFinal answer: {d}", "#### {g}\n#### {d}", "{g}\n{d}", "{g}. {d}.", "{d}\n{g}",
+    "We get x = {g} = {d}.", "So {g} = {d}.", "The answer is {g}, or {d}.",
+]
+# The issue's own examples (gold, completion).
+ISSUE_HEDGES = [
+    ("5", "\\boxed{6 \\text{ apples}, 5 \\text{ pears}}"), ("6", "\\boxed{6 \\text{ apples}, 5 \\text{ pears}}"),
+    ("5", "<answer>6 apples, 5 pears</answer>"), ("6", "<answer>6 apples, 5 pears</answer>"),
+    ("5", "\\boxed{6 = 5}"), ("6", "\\boxed{6 = 5}"), ("7", "\\boxed{\\pm 7}"), ("-7", "\\boxed{\\pm 7}"),
+    ("5", "\\boxed{5 \\text{ or } 7}"), ("7", "\\boxed{5 \\text{ or } 7}"),
+    ("7", "\\boxed{x = 3 = 4 = 5 = 6 = 7}"), ("3", "\\boxed{x = 3 = 4 = 5 = 6 = 7}"),
+    ("20", "\\boxed{" + ", ".join(str(i) for i in range(1, 21)) + "}"),
+    ("20", "The numbers are " + ", ".join(str(i) for i in range(1, 21)) + "."),
+    ("20", "\n".join(str(i) for i in range(1, 21))),
+    ("5", "4 + 1 = \\boxed{5}boxed{7 + 6 + 8}boxed{3}"), ("3", "4 + 1 = \\boxed{5}boxed{7 + 6 + 8}boxed{3}"),
+]
+
+
+def all_hedges(g: str, d: str) -> list[tuple[str, str]]:
+    """(name, completion) for every hedge of the gold ``g`` and the distractor ``d``."""
+    out = []
+    for i, inner in enumerate(INNER_HEDGES):
+        for first, second in ((g, d), (d, g)):
+            x = inner.format(g=first, d=second)
+            out += [(f"inner{i}/{w}", wrap.format(x=x)) for w, wrap in WRAPPERS.items()]
+    for i, whole in enumerate(WHOLE_HEDGES):
+        for first, second in ((g, d), (d, g)):
+            out.append((f"whole{i}", whole.format(g=first, d=second)))
+    out.append(("pm-only", f"\\boxed{{\\pm {g.lstrip('-')}}}"))
+    out.append(("long-list", "\\boxed{" + ", ".join([d] * 5 + [g] + [d] * 14) + "}"))
+    return out
+
+
+def correct_singles(g: str, *, integer: bool) -> list[str]:
+    """Correct single answers of the gold ``g`` in each recognised format."""
+    out = [f"\\boxed{{{g}}}", f"<answer>{g}</answer>", f"<answer>so \\boxed{{{g}}}</answer>", f"The answer is {g}.",
+           f"The answer is ${g}$.", f"**Final answer:** {g}", f"So the total is {g}.", f"We add them: 2 + 3 = {g}",
+           f"\\boxed{{x = {g}}}", f"\\boxed{{{g}}} and to check: \\boxed{{{g}}}", f"$x = \\boxed{{{g}}}$."]
+    if integer:
+        out += [f"\\boxed{{\\text{{{g} apples}}}}", f"\\boxed{{{g} \\text{{ apples}}}}", f"She has {g} apples.",
+                f"<answer>{g} apples</answer>", f"#### {g}"]
+        if not g.startswith("-"):
+            out += [f"\\boxed{{\\${g}}}", f"It costs \\${g}."]
+        n = int(g)
+        if abs(n) >= 1000:
+            out += [f"\\boxed{{{n:,}}}", "\\boxed{" + f"{n:,}".replace(",", "{,}") + "}", f"The total is {n:,} dollars.",
+                    f"#### {n:,}"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def task():
+    t = MathTask(FIX / "math_gsm8k.jsonl", eval_frac=0.0, timeout_s=30.0)
+    t.warmup()
+    return t
+
+
+def _score(task, gold, completion):
+    return task.score_detailed(Problem(prompt="q", answer=gold), completion)
+
+
+def test_the_issues_hedges_score_zero(task):
+    for gold, completion in ISSUE_HEDGES:
+        assert _score(task, gold, completion)[0] == 0.0, (gold, completion)
+
+
+@pytest.mark.parametrize("g, d", [("5", "7"), ("-3", "12"), ("2.5", "4"), ("\\frac{3}{4}", "\\frac{1}{4}"),
+                                  ("1000", "2000")])
+def test_hedge_catalogue_scores_zero(task, g, d):
+    tried = all_hedges(g, d)
+    passed = [(name, c) for name, c in tried if _score(task, g, c)[0] != 0.0]
+    assert not passed, f"{len(passed)} of {len(tried)} hedges scored: {passed[:5]}"
+    # and the same hedges score nothing for the distractor as gold either
+    passed = [(name, c) for name, c in tried if _score(task, d, c)[0] != 0.0]
+    assert not passed, f"{len(passed)} of {len(tried)} hedges scored for the distractor: {passed[:5]}"
+
+
+def test_hedges_are_reported_as_ambiguous(task):
+    assert _score(task, "5", "\\boxed{5, 7}") == (0.0, "ambiguous")
+    assert _score(task, "5", "\\boxed{5}\\boxed{7}") == (0.0, "ambiguous")
+    assert _score(task, "5", "The values are 2, 5 and 8") == (0.0, "ambiguous")
+    assert _score(task, "5", "\\boxed{5 / 7}") == (0.0, "ok")  # a fraction is one (wrong) value
+    assert _score(task, "-2", "\\boxed{5-7}") == (1.0, "ok")  # a difference is one value
+
+
+@pytest.mark.parametrize("gold, completion", [
+    ("1000", "\\boxed{1,000}"), ("1000", "\\boxed{1{,}000}"), ("1000", "\\boxed{1\\,000}"),
+    ("1234567", "The total is 1,234,567 dollars."), ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}}"),
+    ("\\frac{1}{2}", "\\boxed{\\dfrac{1}{2}}"), ("\\frac{1}{2}", "so it is 1/2"), ("-3", "\\boxed{-3}"),
+    ("3.5", "\\boxed{3.5}"), ("3.5", "It is 3.5 meters."), ("5", "\\boxed{x = 5}"), ("5", "\\boxed{\\$5}"),
+    ("5", "\\boxed{5\\%}"), ("5", "\\boxed{\\text{5 apples}}"), ("2\\sqrt{2}", "\\boxed{2\\sqrt{2}}"),
+    ("4", "$x = \\boxed{4}$"), ("72", "In total 48 + 24 = 72."), ("72", "#### 72"),
+    ("5", "x = 2 + 3 = 5, so \\boxed{x = 2 + 3 = 5}"), ("5", "\\boxed{5} (check: \\boxed{5.0})"),
+    ("\\pi", "\\boxed{\\pi}"), ("x + 1", "\\boxed{y = x + 1}"),
+    # structured golds, matched as such
+    ("(1, 2)", "\\boxed{(1, 2)}"), ("(1, 2)", "\\boxed{(x, y) = (1, 2)}"), ("[0, 1)", "\\boxed{[0, 1)}"),
+    ("(-\\infty, 2)", "\\boxed{(-\\infty, 2)}"), ("\\{1, 2\\}", "\\boxed{\\{2, 1\\}}"), ("2, 3", "\\boxed{3, 2}"),
+    ("2, 3", "\\boxed{2 \\text{ and } 3}"), ("\\pm 7", "\\boxed{\\pm 7}"), ("x \\ge 5", "\\boxed{x \\geq 5}"),
+])
+def test_correct_single_answers_still_score(task, gold, completion):
+    assert _score(task, gold, completion) == (1.0, "ok"), (gold, completion)
+
+
+@pytest.mark.parametrize("gold, completion", [
+    ("(1, 2)", "\\boxed{(1, 2) \\text{ or } (2, 1)}"), ("(1, 2)", "\\boxed{(\\pm 1, 2)}"),
+    ("(1, 2)", "\\boxed{(1, 2)}\\boxed{(2, 1)}"), ("[0, 1)", "\\boxed{[0, 1) \\text{ or } (0, 1]}"),
+    ("\\{1, 2\\}", "\\boxed{\\{1, 2, 3\\}}"), ("2, 3", "\\boxed{2, 3, 4}"), ("\\{1, 2\\}", "\\boxed{1}"),
+    ("\\pm 7", "\\boxed{7}"),
+])
+def test_structured_golds_refuse_hedges_of_structures(task, gold, completion):
+    assert _score(task, gold, completion)[0] == 0.0, (gold, completion)
+
+
+def test_candidates_and_final_answers():
+    assert answer_candidates("x = 5", single=True) == ["5"]
+    assert answer_candidates("x = 2+3 = 5", single=True) == ["2+3", "5"]
+    assert answer_candidates("5 or 7", single=True) == ["5", "7"]
+    assert answer_candidates("5, 7", single=True) is None
+    assert answer_candidates("1,000", single=True) == ["1000"]
+    assert answer_candidates("(1, 2) or (2, 1)", single=False) == ["(1, 2)", "(2, 1)"]
+    assert final_answers("\\boxed{1} and \\boxed{2}") == ("boxed", ["1", "2"])
+    assert final_answers("a\n3\n4") == ("number", ["3", "4"])
+    assert final_answers("So 2 + 3 = 5 apples.") == ("number", ["5"])
+    assert final_answers("\\boxed{}") is None
+
+
+def test_fixtures_still_score_one():
+    for name in ("math_gsm8k.jsonl", "math_competition.jsonl"):
+        t = MathTask(FIX / name, eval_frac=0.0)
+        for p in t.generate("train", t.split_size("train"), 0):
+            assert t.score(p, t.demonstration(p)) == 1.0, (name, p.answer)
+            assert t.score(p, f"\\boxed{{{p.answer}}}") == 1.0, (name, p.answer)
+
+
+# ----------------------------------------------------------------------------- random golds
+
+
+def _fmt_decimal(x: Fraction) -> str:
+    return f"{float(x):.2f}".rstrip("0").rstrip(".")
+
+
+@st.composite
+def gold_and_distractor(draw):
+    kind = draw(st.sampled_from(["int", "decimal", "fraction"]))
+    if kind == "int":
+        g, d = draw(st.integers(-3000, 3000)), draw(st.integers(-3000, 3000))
+        assume(g != d)
+        return str(g), str(d), True
+    if kind == "decimal":
+        g = Fraction(draw(st.integers(-9999, 9999)), 100)
+        d = Fraction(draw(st.integers(-9999, 9999)), 100)
+        assume(g != d and g.denominator != 1 and d.denominator != 1)
+        return _fmt_decimal(g), _fmt_decimal(d), False
+    a, b = draw(st.integers(1, 40)), draw(st.integers(2, 12))
+    c, e = draw(st.integers(1, 40)), draw(st.integers(2, 12))
+    assume(Fraction(a, b).denominator != 1 and Fraction(a, b) != Fraction(c, e))
+    return f"\\frac{{{a}}}{{{b}}}", f"\\frac{{{c}}}{{{e}}}", False
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.filter_too_much])
+@given(gold_and_distractor())
+def test_random_golds_no_hedge_scores(task, gd):
+    g, d, _ = gd
+    for name, completion in all_hedges(g, d):
+        assert _score(task, g, completion)[0] == 0.0, (g, d, name, completion)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.filter_too_much])
+@given(gold_and_distractor())
+def test_random_golds_correct_single_answers_score(task, gd):
+    g, _, integer = gd
+    for completion in correct_singles(g, integer=integer):
+        assert _score(task, g, completion) == (1.0, "ok"), (g, completion)
