@@ -1,4 +1,4 @@
-"""``gapo`` command line: demo | train | eval | pretrain | report | compare.
+"""``gapo`` command line: demo | train | eval | export | pretrain | report | compare.
 
 Heavy libraries (torch, transformers) are imported inside the commands so ``gapo --help`` is fast.
 """
@@ -25,11 +25,12 @@ DEMO_METHODS = {
 
 
 def parse_task(spec: str) -> list[str]:
-    """``countdown`` | ``arithmetic`` | ``math:PATH`` | ``rg:NAME`` | ``humaneval`` | ``mbpp:PATH`` → overrides."""
+    """``countdown`` | ``arithmetic`` | ``math:PATH`` | ``data:PATH`` | ``rg:NAME`` | ``humaneval`` | ``mbpp:PATH``
+    → overrides."""
     name, _, arg = spec.partition(":")
     out = [f"task.name={name}"]
     if arg:
-        key = {"math": "path", "mbpp": "path", "rg": "dataset"}.get(name)
+        key = {"math": "path", "mbpp": "path", "rg": "dataset", "data": "path"}.get(name)
         if key is None:
             raise ValueError(f"task {name!r} takes no ':' argument (got {spec!r})")
         out.append(f"task.params.{key}={arg}")
@@ -51,10 +52,17 @@ def _int_at_least(lo: int):
 
 
 def _common_train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML config file (sections: task, model, sampling, algo, optim, train, eval, log)")
-    p.add_argument("--task", help="countdown | arithmetic | math:PATH | rg:NAME | humaneval | mbpp:PATH (PATH: JSONL, JSON, "
-                   "Parquet, CSV, a save_to_disk folder or a dataset folder)")
+    p.add_argument("--config", help="YAML config file (sections: task, reward, model, sampling, algo, optim, train, "
+                   "eval, log)")
+    p.add_argument("--task", help="countdown | arithmetic | math:PATH | data:PATH | rg:NAME | humaneval | mbpp:PATH "
+                   "(PATH: JSONL, JSON, Parquet, CSV, a save_to_disk folder or a dataset folder; data:PATH names "
+                   "its columns with task.params.prompt_field / answer_fields and needs --reward)")
     p.add_argument("--model", help="local Hugging Face checkpoint (default: the embedded base policy)")
+    p.add_argument("--reward", action="append", metavar="MODULE:FN",
+                   help="a reward of your own, module.path:function or my_rewards.py:function, called as "
+                   "fn(prompt, completion, **fields) -> float or None (skip); repeat for several, weighted by "
+                   "reward.weights=[1, 0.5]; 'task' is the task's own verifier as one term (without it --reward "
+                   "replaces the verifier). Sets reward.funcs (default: none, the task's verifier)")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. algo.eps_high_max=0.28")
 
 
@@ -63,11 +71,17 @@ def _load(args, base: dict | None = None) -> "object":
     ``--task``/``--model`` and the overrides."""
     from gapo.rl.config import load_config
 
+    import json
+
+    from gapo.tasks.custom import absolute_spec
+
     overrides = []
     if args.task:
         overrides += parse_task(args.task)
     if getattr(args, "model", None):
         overrides.append(f"model.path={args.model}")
+    if getattr(args, "reward", None):  # file paths made absolute: the saved config works from anywhere
+        overrides.append(f"reward.funcs={json.dumps([absolute_spec(s) for s in args.reward])}")
     return load_config(args.config, overrides + list(args.overrides), base=base)
 
 
@@ -140,8 +154,46 @@ def _say_train_result(out, res: dict, steps: int) -> None:
 
 
 
+def _eval_run(args) -> str | None:
+    """The run folder ``gapo eval`` was given (``gapo eval RUN`` or ``--model RUN``), else None; a
+    folder that is neither a run nor a model folder is an error saying what is expected."""
+    from gapo.rl.run_dir import RunFolder
+
+    given = [o for o in args.overrides if "=" not in o]
+    args.overrides = [o for o in args.overrides if "=" in o]
+    if len(given) > 1:
+        raise ValueError(f"give one run folder, got {given}")
+    if given and args.model:
+        raise ValueError(f"give either a run folder ({given[0]!r}) or --model, not both")
+    path = given[0] if given else args.model
+    if path is None:
+        if args.step is not None:
+            raise ValueError("--step N needs a run folder: gapo eval RUN --step N")
+        return None
+    p = Path(path)
+    if p.is_dir() and RunFolder(p).is_run():
+        args.model = None
+        return str(p)
+    if given or args.step is not None:  # a run was meant
+        what = "a model folder, not a run folder" if (p / "config.json").is_file() else "not a gapo run folder"
+        raise ValueError(f"{str(p)!r} is {what}: gapo eval RUN wants the --out folder of a gapo train run "
+                         "(with .gapo-run and config.yaml; its policy/ or, with --step N, its checkpoint is "
+                         "evaluated); for a Hugging Face model folder use --model PATH")
+    if p.is_dir() and not (p / "config.json").is_file():
+        raise ValueError(f"--model {str(p)!r} has no config.json and is not a gapo run folder: give a Hugging Face "
+                         "model folder (config.json + weights), a run's policy/ folder, or a run folder (gapo eval RUN)")
+    return None
+
+
 def cmd_eval(args) -> int:
     import json
+
+    run = _eval_run(args)
+    saved = None
+    if run is not None:  # the run's own task, reward and prompt settings; --config/overrides change them
+        from gapo.rl.run_dir import RunFolder
+        saved = RunFolder(run).saved_config()
+    cfg = _load(args, saved)  # checked before torch and transformers load
 
     import torch
 
@@ -151,22 +203,46 @@ def cmd_eval(args) -> int:
     from gapo.policy.model import check_context, load_policy
     from gapo.policy.precision import autocast
     from gapo.rl.evaluate import evaluate
+    from gapo.rl.rollout import draw_problems, problem_name
+    from gapo.tasks.custom import with_rewards
 
     torch.set_num_threads(args.threads)
-    cfg, model_path = resolve_policy(_load(args))
+    if run is not None:
+        from gapo.rl.export import load_run_model
+        model, tok, info = load_run_model(run, args.step, cfg.model.device)
+        model_path = f"{run} ({info['source']}, step {info['step']})"
+        print(f"[gapo] evaluating {model_path}", file=sys.stderr)
+    else:
+        cfg, model_path = resolve_policy(cfg)
+        model, tok = load_policy(model_path, cfg.model.device)
     task = tasks.build(cfg.task.name, cfg.task.params)
-    model, tok = load_policy(model_path, cfg.model.device)
-    problems = task.generate(args.split, args.problems, cfg.eval.seed)
     max_new_tokens = cfg.sampling.max_new_tokens or task.max_completion_len + 1
     encoder = PromptEncoder(tok, chat=cfg.task.chat, system_prompt=cfg.task.system_prompt)
-    check_context(model, [len(encoder.ids(p.prompt)) for p in problems], max_new_tokens,
-                  key="sampling.max_new_tokens", where=model_path)
+    problems, dropped = draw_problems(task, encoder, args.split, args.problems, cfg.eval.seed, cfg.task.max_prompt_tokens)
+    if dropped is not None:
+        print(f"[gapo] task.max_prompt_tokens={cfg.task.max_prompt_tokens}: dropped {dropped[args.split + '_dropped']} "
+              f"of {dropped[args.split + '_prompts']} {args.split} prompts", file=sys.stderr)
+    task = with_rewards(task, cfg.reward.funcs, cfg.reward.weights, probe=problems[0] if problems else None,
+                        reward_range=cfg.algo.reward_range)
+    lengths = [len(encoder.ids(p.prompt)) for p in problems]
+    check_context(model, lengths, max_new_tokens, key="sampling.max_new_tokens", where=model_path,
+                  longest=problem_name(problems[lengths.index(max(lengths))]) if lengths else None)
     with autocast(torch.device(cfg.model.device), cfg.model.dtype):
         res = evaluate(model, tok, task, problems, n=args.n, temperature=cfg.eval.temperature,
                        max_new_tokens=max_new_tokens, seed=cfg.eval.seed, progress=True, encode=encoder.ids,
                        stop=cfg.sampling.stop)  # stop tokens: the tokenizer's EOS + generation_config's
     res.pop("eval/correct")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}, indent=1))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from gapo.rl.export import export
+
+    out, info = export(args.run, args.out, step=args.step, dtype=args.dtype, merge_lora=args.merge_lora)
+    kind = "LoRA adapter (peft; base " + repr(info["base"]) + ")" if info["adapter"] else "model"
+    print(f"exported the {kind} of {args.run} at step {info['step']} (from its {info['source']}) as "
+          f"{info['dtype']} to {out}")
     return 0
 
 
@@ -286,13 +362,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --resume: apply config/overrides that differ from the saved config (logged)")
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("eval", help="held-out pass@k (and coverage) of a policy")
+    p = sub.add_parser("eval", help="held-out pass@k (and coverage) of a policy",
+                       usage="gapo eval [RUN] [options] [section.key=value ...]",
+                       description="Evaluate a run folder (gapo eval RUN: its policy/, or --step N; with the "
+                       "run's task, reward and prompt settings), a model folder (--model PATH) or the embedded "
+                       "base policy.")
     _common_train_args(p)
     p.add_argument("--n", type=_int_at_least(1), default=16, help="samples per problem")
     p.add_argument("--problems", type=_int_at_least(1), default=64)
     p.add_argument("--split", default="eval", choices=["train", "eval"])
     p.add_argument("--threads", type=_int_at_least(1), default=1)
+    p.add_argument("--step", type=_int_at_least(0), metavar="N",
+                   help="with a run folder (gapo eval RUN): the model at step N, its policy/ or its last checkpoint "
+                   "(default: the latest); the run's task, reward and prompt settings are reused, overrides change them")
     p.set_defaults(fn=cmd_eval)
+
+    p = sub.add_parser("export", help="a plain Hugging Face model folder from a run (final policy or checkpoint)")
+    p.add_argument("run", help="the run folder (gapo train --out), finished or stopped early")
+    p.add_argument("--step", type=_int_at_least(0), metavar="N",
+                   help="the model at step N: the final policy's or the last checkpoint's step (default: the latest)")
+    p.add_argument("--out", help="the folder to write (default: RUN/export-step<N>); must not exist or be empty")
+    p.add_argument("--dtype", default="keep", choices=["keep", "float32", "bfloat16", "float16"],
+                   help="weights' dtype; keep: the base model's (a bfloat16 base gives bfloat16, not the float32 "
+                   "master weights of the checkpoint)")
+    p.add_argument("--merge-lora", action="store_true",
+                   help="a LoRA run: write the merged model (default: the peft adapter folder)")
+    p.set_defaults(fn=cmd_export)
+
 
     p = sub.add_parser("pretrain", help="build (or rebuild) the embedded base policies")
     p.add_argument("--preset", action="append", help="low | high | medium (default: low and high)")
