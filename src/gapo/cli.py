@@ -295,6 +295,7 @@ def cmd_demo(args) -> int:
     t0 = time.perf_counter()
     torch.set_num_threads(1)
     out = Path(args.out)
+    print(demo_estimate(args.steps, args.eval_every, args.eval_problems, args.eval_samples), flush=True)
     print("[1/3] base policy (cached after the first run; preset 'low')", flush=True)
     get_base_policy("low")
     print(f"      ready after {time.perf_counter() - t0:.0f}s", flush=True)
@@ -318,6 +319,23 @@ def cmd_demo(args) -> int:
     print(format_table([summarise(r) for r in runs], keys))
     print(f"report: {md}   (total {time.perf_counter() - t0:.0f}s)")
     return 0
+
+
+# the default demo (2 runs x 60 steps, 4 evaluations of 64 problems x 16 samples each) measured 99 s
+# on 2 quiet cores (BENCHMARKS.md section 7, f863976); the estimate scales it by the work asked for
+DEMO_MEASURED_S, DEMO_DEFAULT_WORK = 99.0, (60, 4 * 64 * 16)
+
+
+def demo_estimate(steps: int, eval_every: int, problems: int, samples: int) -> str:
+    """The line the demo prints before it starts: the measured default scaled by RL steps and by
+    evaluation samples (each about half of the default demo's time)."""
+    n_evals = 2 + (max(steps - 1, 0) // eval_every if eval_every else 0)  # step 0, every N, the last
+    work = 0.5 * steps / DEMO_DEFAULT_WORK[0] + 0.5 * n_evals * problems * samples / DEMO_DEFAULT_WORK[1]
+    s = 10.0 + (DEMO_MEASURED_S - 10.0) * work  # about 10 s of it is start-up (imports, the base policy)
+    est = f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min"
+    return (f"estimate: about {est} on 2 quiet CPU cores for 2 runs x {steps} steps and {n_evals} evaluations "
+            f"of {problems} x {samples} samples each (the default demo measured {DEMO_MEASURED_S:.0f} s there; "
+            "a busy machine takes 3-5 times longer; the progress bars show the live ETA)")
 
 
 def cmd_compare(args) -> int:
