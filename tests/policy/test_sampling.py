@@ -655,10 +655,13 @@ def _tokenizers():
                                                        + [f"<0x{b:02X}>" for b in range(256)]))
     out["metaspace"] = PreTrainedTokenizerFast(tokenizer_object=sp, eos_token="<eos>", unk_token="<unk>")
     out["char"] = build_tokenizer("".join(sorted(set("".join(corpus)))))
+    # decoding that cleans up spaces (" ." -> "."): the scan decodes through tokenizer.decode
+    out["char-cleanup"] = build_tokenizer("".join(sorted(set("".join(corpus)))))
+    out["char-cleanup"].clean_up_tokenization_spaces = True
     return out
 
 
-@pytest.mark.parametrize("kind", ["bytelevel", "metaspace", "char"])
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace", "char", "char-cleanup"])
 def test_stop_scan_finds_the_first_stop_like_brute_force(kind):
     """``_StopScan`` (incremental, a few tokens decoded per step) ends each row at the same token
     as decoding every prefix in full would, for stop strings that span tokens, start or end inside
@@ -670,7 +673,7 @@ def test_stop_scan_finds_the_first_stop_like_brute_force(kind):
     tk = _tokenizers()[kind]
     rng = random.Random(0)
     pieces = ["the", " answer", " is", " 42", ".", " Question", ":", " what", " 6 * 7", "?", " Résumé", " naïve",
-              " café", ",", " 5 €", " or", " 🙂", " Answer", " done", "\n", "\n\n"]
+              " café", ",", " 5 €", " or", " 🙂", " Answer", " done", "\n", "\n\n", " .", " ,"]
     cases = 0
     for trial in range(60):
         texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(3, 12))) for _ in range(4)]
@@ -686,6 +689,7 @@ def test_stop_scan_finds_the_first_stop_like_brute_force(kind):
         out_len = torch.tensor([len(r) for r in rows])
         every = rng.choice([1, 3, 8])
         scan, hits = _StopScan(tk, stops, len(rows)), {}
+        assert scan.whole == (kind == "char-cleanup")  # incremental unless decoding post-processes
         for t in range(N):
             if (t + 1) % every == 0 or t == N - 1:
                 hits.update(dict(scan.scan(out_tok, out_len, t)))

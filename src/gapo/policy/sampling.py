@@ -304,23 +304,31 @@ class _StopScan:
     pieces, SentencePiece's leading spaces and merges across the window's first token come out
     as in the whole completion's decoding — held back while the window ends in an incomplete
     UTF-8 character (U+FFFD; the text before it is searched already). Only the new text and the
-    ``len(longest stop) − 1`` characters before it are searched. Decoding skips special tokens,
-    as ``Rollout.texts`` does. A row ends at the first token ``j`` for which the decoding of its
-    tokens ``0 … j`` contains a stop string (tests/policy/test_sampling.py checks this against
-    decoding every prefix whole).
+    ``len(longest stop) − 1`` characters before it are searched; a step decodes the windows of
+    all its rows in one call of the ``tokenizers`` backend. A tokenizer whose ``decode`` is not
+    its backend's (one that cleans up spaces, or post-processes otherwise: not concatenative)
+    decodes each row's whole completion so far at each step instead. Decoding skips special
+    tokens, as ``Rollout.texts`` does. A row ends at the first token ``j`` for which the decoding
+    of its tokens ``0 … j`` contains a stop string (tests/policy/test_sampling.py checks this
+    against decoding every prefix whole).
     """
 
     def __init__(self, tokenizer, stops: Sequence[str], B: int):
-        self.tok, self.stops = tokenizer, tuple(stops)
+        self.stops = tuple(stops)
         self.back = max(len(s) for s in self.stops) - 1
         self.ids: list[list[int]] = [[] for _ in range(B)]
         self.text = [""] * B
         self.prefix, self.read = [0] * B, [0] * B
         self.open = list(range(B))  # rows not yet ended (by a stop string, a stop token or the limit)
         self.seen = 0  # tokens of each row already scanned
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True) if ids else ""
+        self.tok = tokenizer
+        backend = _plain_backend(tokenizer)
+        # incremental: one backend call for all windows of a step; without a plain backend (a
+        # decode that post-processes the text, e.g. cleans up spaces: not concatenative) each
+        # step decodes the row's whole completion so far instead (exact, slower)
+        self.whole = backend is None
+        if backend is not None:
+            self.decode = lambda ws: backend.decode_batch(ws, skip_special_tokens=True)
 
     def scan(self, out_tok: torch.Tensor, out_len: torch.Tensor, t: int) -> list[tuple[int, int]]:
         """``(row, position)`` of the rows whose first stop string completes at one of the
@@ -331,37 +339,73 @@ class _StopScan:
         rows_t = torch.tensor(self.open, device=out_tok.device)
         new = out_tok[rows_t, self.seen : t + 1].tolist()  # one transfer per check
         lens = out_len[rows_t].tolist()
-        hit, still = [], []
-        for r, toks, n in zip(self.open, new, lens):
-            ids, text = self.ids[r], self.text[r]
-            ended = False
-            for j, tk in enumerate(toks, start=self.seen):
-                if j >= n:
-                    ended = True
-                    break
-                ids.append(tk)
-                pre = self._decode(ids[self.prefix[r] : self.read[r]])
-                full = self._decode(ids[self.prefix[r] :])
-                if len(full) <= len(pre):
-                    continue  # no new text yet (a special token, or the first byte of a character)
-                old, new_text = len(text), full[len(pre) :]
+        hit, live = [], list(range(len(self.open)))  # live: indices into self.open
+        for c in range(t + 1 - self.seen):
+            j = self.seen + c
+            live = [k for k in live if j < lens[k]]  # rows past their stop token are done
+            if not live:
+                break
+            rows = [self.open[k] for k in live]
+            for k, r in zip(live, rows):
+                self.ids[r].append(new[k][c])
+            if self.whole:
+                still = []
+                for k, r in zip(live, rows):
+                    if self._whole_hit(r):
+                        hit.append((r, j))
+                    else:
+                        still.append(k)
+                live = still
+                continue
+            texts = self.decode([self.ids[r][self.prefix[r] : self.read[r]] for r in rows]
+                                + [self.ids[r][self.prefix[r] :] for r in rows])
+            n, still = len(rows), []
+            for i, (k, r) in enumerate(zip(live, rows)):
+                pre, full = texts[i], texts[n + i]
+                if len(full) <= len(pre):  # no new text yet (a special token, a first byte of a character)
+                    still.append(k)
+                    continue
+                old, new_text = len(self.text[r]), full[len(pre) :]
                 if new_text.endswith("\ufffd"):
                     # an incomplete character: not committed yet, but the text before it is final
                     # (a stop string may complete there, as in the decoding of the whole prefix)
-                    tail = (text + new_text.rstrip("\ufffd"))[max(0, old - self.back) :]
+                    tail = (self.text[r] + new_text.rstrip("\ufffd"))[max(0, old - self.back) :]
                 else:
-                    text += new_text
-                    self.prefix[r], self.read[r] = self.read[r], len(ids)
-                    tail = text[max(0, old - self.back) :]
+                    self.text[r] += new_text
+                    self.prefix[r], self.read[r] = self.read[r], len(self.ids[r])
+                    tail = self.text[r][max(0, old - self.back) :]
                 if any(s in tail for s in self.stops):
                     hit.append((r, j))
-                    ended = True
-                    break
-            self.text[r] = text
-            if not ended and t + 1 < n:
-                still.append(r)
-        self.open, self.seen = still, t + 1
+                else:
+                    still.append(k)
+            live = still
+        self.open = [self.open[k] for k in live if t + 1 < lens[k]]
+        self.seen = t + 1
         return hit
+
+    def _whole_hit(self, r: int) -> bool:
+        text = self.tok.decode(self.ids[r], skip_special_tokens=True)
+        return any(s in text for s in self.stops)
+
+
+def _plain_backend(tokenizer):
+    """The ``tokenizers`` backend of ``tokenizer`` when its ``decode`` is exactly the backend's
+    (checked on a probe text whose decoding a space clean-up would change), else ``None``."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "decode_batch"):
+        return None
+    try:
+        probe = tokenizer.encode("a . b , c ? d ! e 's f n't g 'm h 've i 're j", add_special_tokens=False)
+        same = tokenizer.decode(probe, skip_special_tokens=True) == backend.decode(probe, skip_special_tokens=True)
+    except Exception:  # noqa: BLE001 - an unusual tokenizer: take the exact path
+        return None
+    if not same:
+        return None
+    try:  # a tokenizer class of its own may post-process in its decode
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # pragma: no cover - layout of other transformers versions
+        return None
+    return backend if type(tokenizer)._decode is TokenizersBackend._decode else None
 
 
 class _HFDecoder:
