@@ -89,6 +89,10 @@ def test_analyse_hand_computed():
     assert u32["gapo_clip_c"][1]["mean"] == pytest.approx(-0.05)  # GAPO − Dr.GRPO at c = 1
     assert u32["n_done"] == {"drgrpo": 3, "dapo": 3, "gapo": 3} and u4["n_done"]["dapo"] == 0
     assert u32["rose"] == [3, 3]
+    # the plan's rule: rose in >= 70% of the planned seeds and a held-out gain whose interval is above 0
+    gains = [0.10 - 0.1, 0.12 - 0.1, 0.11 - 0.1]
+    assert mean_ci(gains)["mean"] - mean_ci(gains)["ci"] < 0 and u32["learns"] == "no"
+    assert u4["learns"] == "undetermined (1 of 3 seeds)"
     # the primary family is every planned test: 2 cells x 2 comparisons x 2 keys
     assert res["family_size"] == 8 and len(res["primary"]) == 8
     p = next(x for x in res["primary"] if x["a"] == ["u32", "gapo"] and x["b"] == ["u32", "drgrpo"]
@@ -222,3 +226,13 @@ def test_a_rerun_reuses_every_regimes_base_evaluation(tmp_path, monkeypatch):
     monkeypatch.setattr(gridmod, "_pool", lambda prep, workers, say: jobs.extend(prep))
     bases = gridmod._prepare_regimes(g, tmp_path, 0.0, lambda s: None)
     assert jobs == [] and set(bases) == set(g["regimes"])
+
+
+def test_learns_rule():
+    from gapo.experiments.dose import _learns
+
+    lv = {"rose": [7, 10], "gain_pass@1": {"mean": 0.05, "ci": 0.02, "n": 10}}
+    assert _learns(lv, 10) == "yes"
+    assert _learns({**lv, "rose": [6, 10]}, 10) == "no"  # rose in fewer than 70% of the seeds
+    assert _learns({**lv, "gain_pass@1": {"mean": 0.05, "ci": 0.06, "n": 10}}, 10) == "no"  # gain's interval reaches 0
+    assert _learns({**lv, "rose": [7, 9]}, 10) == "undetermined (9 of 10 seeds)"

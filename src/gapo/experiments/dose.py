@@ -147,6 +147,7 @@ def analyse(grid: dict, cells: dict) -> dict:
                                       for s in seeds if (r, ref, s) in cells]),
               "rose": [sum(cells[(r, ref, s)]["summary"].get("train/pass_rate_rise", 0) > 0
                            for s in seeds if (r, ref, s) in cells), sum((r, ref, s) in cells for s in seeds)]}
+        lv["learns"] = _learns(lv, len(seeds))
         for a, b in spec["comparisons"]:
             if b == ref and a in methods_of(grid, r):
                 lv[f"{a}_clip_c"] = {c: _compare(cells, (r, a), (r, b), f"clip_by_c/{c}", seeds, 0) for c in (1, 2)}
@@ -176,6 +177,18 @@ def analyse(grid: dict, cells: dict) -> dict:
     return {"grid": grid.get("name"), "seeds": seeds, "reference": ref, "levels": levels, "primary": primary,
             "width": width, "family_size": len(primary), "alpha": spec["alpha"], "bootstrap": B,
             "n_secondary_intervals": n_secondary}
+
+
+def _learns(lv: dict, n_planned: int) -> str:
+    """The plan's rule for "the setting learns": the reference's training pass rate rose in >= 70%
+    of the planned seeds and its held-out pass@1 gain over the base has a 95% interval above 0;
+    "undetermined" until every planned seed of the reference has finished."""
+    k, n = lv["rose"]
+    if n < n_planned:
+        return f"undetermined ({n} of {n_planned} seeds)"
+    g = lv["gain_pass@1"]
+    ok = 10 * k >= 7 * n and g["n"] >= 2 and g["mean"] - g["ci"] > 0
+    return "yes" if ok else "no"
 
 
 def _planned(grid: dict) -> set:
@@ -217,13 +230,14 @@ def dose_markdown(res: dict) -> str:
          "## Cells", "",
          f"| cell | updates/batch | lr | seeds done ({', '.join(res['levels'][0]['n_done']) if res['levels'] else ''}) | "
          f"{ref} clip A>0 (%) | {ref} clip A>0 at c = 1 / 2 / 4 / 7 (%) | {ref} held-out pass@1 gain | "
-         f"training pass rate rose | GAPO − {ref} clip at c = 1 (points) |", "|---|---|---|---|---|---|---|---|---|"]
+         f"training pass rate rose | learns (plan's rule) | GAPO − {ref} clip at c = 1 (points) |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
     for lv in res["levels"]:
         byc = " / ".join(_share_txt(lv["clip_by_c"].get(c, {})) for c in (1, 2, 4, 7))
         gc = next((v for k, v in lv.items() if k.endswith("_clip_c")), {}).get(1, {})
         L.append(f"| `{lv['regime']}` | {lv['updates']} ({lv['mini_batches']} × {lv['epochs']}) | {lv['lr']:.0e} | "
                  f"{' / '.join(str(v) for v in lv['n_done'].values())} | {_share_txt(lv['clip'])} | {byc} | "
-                 f"{_pt(lv['gain_pass@1'])} | {lv['rose'][0]} of {lv['rose'][1]} | {_pt(gc)} |")
+                 f"{_pt(lv['gain_pass@1'])} | {lv['rose'][0]} of {lv['rose'][1]} | {lv['learns']} | {_pt(gc)} |")
     L += ["", f"## Primary comparisons (Holm over all {res['family_size']} planned tests, α = {res['alpha']})", "",
           "| cell | comparison | metric | mean [95% t] | seed×problem | n | p | Holm p | verdict |",
           "|---|---|---|---|---|---|---|---|---|"]
