@@ -276,3 +276,81 @@ def test_code_task_declares_its_own_deadline():
     from gapo.tasks.code import HumanEvalTask
     t = HumanEvalTask(timeout_s=3.0)
     assert t.score_timeout_s >= 2 * 3.0
+
+
+# ----------------------------------------------------------------------------- verifier failures
+
+
+class ColdTask:
+    """A verifier whose first use is slow (like sympy's imports) unless warmed up first."""
+
+    name = "cold"
+
+    def __init__(self):
+        self.warm = False
+
+    def warmup(self):
+        time.sleep(0.5)
+        self.warm = True
+
+    def score(self, problem, completion):
+        if not self.warm:
+            time.sleep(0.5)  # the cold start, under the timer unless warmup() ran first
+            self.warm = True
+        return 1.0
+
+
+def test_serial_scoring_warms_up_before_the_first_timed_completion():
+    rewards, stats = score_batch(ColdTask(), [P] * 3, ["a", "b", "c"], timeout_s=0.2)
+    assert rewards == [1.0, 1.0, 1.0] and stats["reward/n_timeout"] == 0
+
+
+def test_ambiguous_answers_are_counted():
+    pytest.importorskip("math_verify")
+    from gapo.tasks.math import MathTask
+
+    task = MathTask(FIX / "math_gsm8k.jsonl", eval_frac=0.0)
+    p = Problem(prompt="q", answer="5")
+    rewards, stats = score_batch(task, [p] * 4, ["\\boxed{5}", "\\boxed{5, 7}", "\\boxed{5 \\text{ or } 7}", "none"])
+    assert rewards == [1.0, 0.0, 0.0, 0.0]
+    assert stats["reward/n_ambiguous"] == 2 and stats["reward/ambiguous_frac"] == 0.5
+    assert stats["reward/n_unparsable"] == 1
+
+
+def test_verifier_failure_warning():
+    from gapo.tasks.scoring import verifier_failure_warning as warn
+
+    def stats(n, timeout=0, error=0, unparsable=0):
+        return {"reward/n": n, "reward/n_timeout": timeout, "reward/n_error": error,
+                "reward/n_unparsable": unparsable}
+
+    assert "8 of 8" in warn(stats(8, timeout=8), [0.0] * 8)
+    assert "timed out" in warn(stats(8, timeout=3, error=1, unparsable=1), [0.0] * 8)  # 4 failed, 3 judged
+    assert warn(stats(8, timeout=1), [0.0] * 8) is None  # 7 wrong answers: the policy's zeros
+    assert warn(stats(8), [0.0] * 8) is None  # no failure
+    assert warn(stats(8, timeout=7), [0.0] * 7 + [1.0]) is None  # a reward: not all zero
+    assert warn(stats(0), []) is None
+
+
+def test_trainer_warns_once_per_step_when_the_verifier_fails(easy_policy, tmp_path, monkeypatch, capfd):
+    import json
+
+    from gapo.rl.config import load_config
+    from gapo.rl.trainer import Trainer
+    from gapo.tasks.countdown import CountdownTask
+
+    monkeypatch.setattr(CountdownTask, "score_detailed", lambda self, p, c: (0.0, "timeout"), raising=False)
+    cfg = load_config(None, [f"model.path={easy_policy}", "task.name=countdown", "task.params.n_numbers=2",
+                             "task.params.num_range=[1,10]", "task.train_size=300", "train.prompts=4",
+                             "train.group_size=2", "train.mini_batches=1", "train.progress=false",
+                             "eval.problems=0", "eval.every=0", "train.checkpoint_every=0", "train.steps=2"])
+    Trainer(cfg, tmp_path / "run").fit()
+    err = capfd.readouterr().err
+    lines = [ln for ln in err.splitlines() if "verifier failed" in ln]
+    assert len(lines) == 2 and "step 1:" in lines[0] and "step 2:" in lines[1], err[-2000:]
+    assert "8 of 8" in lines[0]
+    recs = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in recs if r["kind"] == "train"]
+    assert [r["reward/n_timeout"] for r in train] == [8.0, 8.0]
+    assert all(r["reward/timeout_frac"] == 1.0 and "reward/n_unparsable" in r and "reward/n_ambiguous" in r
+               for r in train)

@@ -11,10 +11,19 @@ Rewards are one float per completion. ``stats`` holds
 - ``reward/unparsable_frac`` and ``reward/n_unparsable``: no answer could be read (reward 0)
 - ``reward/timeout_frac`` and ``reward/n_timeout``: the verifier ran out of time (reward 0)
 - ``reward/error_frac`` and ``reward/n_error``: a pool worker died (crash, OOM kill; reward 0)
+- ``reward/ambiguous_frac`` and ``reward/n_ambiguous``: the answer committed to several values
+  (``6, 5``, ``5 or 7``, two boxes that disagree: reward 0; see :mod:`gapo.tasks.math`)
 - ``time/score_s``: wall-clock time of the batch.
 
+Timeouts and worker errors are the verifier's failures, not the policy's:
+:func:`verifier_failure_warning` says when a step's rewards are all 0 because of them (the
+trainer prints it once per step). A task's ``warmup()`` runs before the first timed completion
+of a process (in each worker when it loads the task; here before a serial batch), and a task's
+``after_timeout()`` after each soft timeout, so that a cold start or an interrupt cannot change
+later results (see ``MathTask``).
+
 Status per completion comes from ``task.score_detailed(problem, completion) -> (reward, status)``
-with status one of ``ok``, ``unparsable``, ``timeout``, ``error`` when the task has it; otherwise
+with status one of ``ok``, ``unparsable``, ``timeout``, ``error``, ``ambiguous`` when the task has it; otherwise
 ``task.score`` gives the reward and ``task.parse_ok`` (if present) the ``unparsable`` count.
 
 Why processes and not threads: verifiers are CPU-bound Python (sympy) and the GIL serialises
@@ -70,10 +79,11 @@ __all__ = [
     "score_checked",
     "check_reward",
     "STATUSES",
+    "verifier_failure_warning",
     "MAX_ABS_REWARD",
 ]
 
-STATUSES = ("ok", "unparsable", "timeout", "error")
+STATUSES = ("ok", "unparsable", "timeout", "error", "ambiguous")
 
 #: Largest accepted |reward|: beyond it the group's variance overflows float32 (see above).
 MAX_ABS_REWARD = 1e6
@@ -164,7 +174,8 @@ def _finish(task, problems, rewards, statuses, t0, parts=None) -> tuple[list[flo
     n = len(rewards)
     stats: dict[str, float] = {"reward/n": float(n)}
     stats["reward/mean"] = sum(rewards) / n if n else 0.0
-    for status, key in (("unparsable", "unparsable"), ("timeout", "timeout"), ("error", "error")):
+    for status, key in (("unparsable", "unparsable"), ("timeout", "timeout"), ("error", "error"),
+                        ("ambiguous", "ambiguous")):
         c = sum(s == status for s in statuses)
         stats[f"reward/n_{key}"] = float(c)
         stats[f"reward/{key}_frac"] = c / n if n else 0.0
@@ -177,6 +188,26 @@ def _finish(task, problems, rewards, statuses, t0, parts=None) -> tuple[list[flo
             stats[f"reward/{name}"] = sum(vals) / len(vals)
     stats["time/score_s"] = time.perf_counter() - t0
     return rewards, stats
+
+
+def verifier_failure_warning(stats: dict, rewards) -> str | None:
+    """A warning when every reward of a batch is 0 and the verifier's failures (timeouts, dead
+    workers) are at least as many as the answers it judged, so the zeros say nothing about the
+    policy; else None. ``stats`` as :func:`score_batch` returns them."""
+    rewards = [float(r) for r in rewards]
+    if not rewards or any(r != 0.0 for r in rewards):
+        return None
+    n_timeout, n_error = int(stats.get("reward/n_timeout", 0)), int(stats.get("reward/n_error", 0))
+    n_unparsable, n_ambiguous = int(stats.get("reward/n_unparsable", 0)), int(stats.get("reward/n_ambiguous", 0))
+    n = int(stats.get("reward/n", len(rewards)))
+    failed = n_timeout + n_error
+    judged = n - failed - n_unparsable
+    if failed == 0 or failed < judged:
+        return None
+    return (f"every reward is 0 and the verifier failed on {failed} of {n} completions ({n_timeout} timed out, "
+            f"{n_error} lost to a dead worker; {n_unparsable} had no answer, {max(judged, 0)} were judged, "
+            f"{n_ambiguous} of them ambiguous): these zeros are the verifier's, not the policy's. Raise the "
+            "verifier's time limit (task.params.timeout_s for math) or use task.scoring_workers")
 
 
 def _raise_from_task(task, problems, i, exc):
@@ -281,6 +312,9 @@ def score_batch(task, problems, completions, *, workers: int = 0, timeout_s: flo
     t0 = time.perf_counter()
     rewards, statuses, parts = [], [], []
     soft, _ = _deadlines(task, timeout_s)
+    warm = getattr(task, "warmup", None)
+    if callable(warm) and completions:
+        warm()  # untimed: heavy imports and first uses must not be cut off by the guard below
     for i, (p, c) in enumerate(zip(problems, completions)):
         try:
             r, s, *part = _score_guarded(task, p, c, soft)
