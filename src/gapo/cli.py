@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from gapo.rl.names import BASE_PRESETS
+
 # The demo: the same base policy and seed, fixed clipping vs GAPO, everything else equal.
 # The update regime is the grid's calibrated one (RESULTS.md): 8 mini-batches × 2 epochs at lr 5e-5,
 # where fixed clipping binds on a few percent of positive-advantage tokens, so the clip bound matters.
@@ -51,19 +53,64 @@ def _int_at_least(lo: int):
     return parse
 
 
-def _common_train_args(p: argparse.ArgumentParser) -> None:
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default: ``(default: X)`` is appended unless the help
+    already says what the default is (a None default must be described in words there, e.g.
+    "default: runs/<timestamp>"); flags read "(default: off)". Examples in the epilog keep their
+    line breaks."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return f"{text} (default: {'off' if isinstance(action, argparse._StoreTrueAction) else 'on'})"
+        if action.default is None:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+# one example per command, each with keys that command reads
+EXAMPLES = {
+    "demo": "examples:\n  gapo demo\n  gapo demo --steps 30 --eval-samples 8 --out runs/demo-short",
+    "train": ("examples:\n  gapo train --out runs/gapo algo.eps_schedule=linear algo.eps_high_max=0.28 train.steps=200\n"
+              "  gapo train --out runs/gapo --resume\n"
+              "  gapo train --out runs/gapo --resume --allow-change train.steps=400\n"
+              "  gapo train --out runs/math --task math:data/gsm8k.jsonl --model ./Qwen2.5-0.5B-Instruct "
+              "model.device=cuda\n"
+              "  gapo train --out runs/mine --task data:my.jsonl task.params.prompt_field=instruction --model ./my-model "
+              "--reward my_rewards.py:score --reward my_rewards.py:brevity reward.weights=[1,0.5] task.max_prompt_tokens=512"),
+    "eval": ("examples:\n  gapo eval --model runs/gapo/policy --n 16 --problems 128\n"
+             "  gapo eval runs/gapo --step 50 eval.temperature=0.6\n"
+             "  gapo eval --model ./Qwen2.5-0.5B-Instruct --task math:data/gsm8k.jsonl eval.temperature=0.6 "
+             "sampling.max_new_tokens=512"),
+    "export": ("examples:\n  gapo export runs/qwen-gsm8k\n  gapo export runs/qwen-gsm8k --step 150 --out qwen-rl "
+               "--dtype bfloat16\n  gapo export runs/qwen-lora --merge-lora --out qwen-lora-merged"),
+    "pretrain": "examples:\n  gapo pretrain\n  gapo pretrain --preset three --preset medium --eval 200",
+    "report": "examples:\n  gapo report runs/demo/fixed runs/demo/gapo --out runs/demo/report",
+    "compare": ("examples:\n  gapo compare --quick\n  gapo compare --config configs/grid.yaml --out runs/full\n"
+                "  gapo compare --config configs/grid.yaml --out runs/full --report-only"),
+}
+# the overrides' example per command: a key that command reads
+OVERRIDE_EXAMPLES = {"train": "algo.eps_high_max=0.28", "eval": "eval.temperature=0.6"}
+
+
+def _common_train_args(p: argparse.ArgumentParser, cmd: str = "train") -> None:
     p.add_argument("--config", help="YAML config file (sections: task, reward, model, sampling, algo, optim, train, "
-                   "eval, log)")
+                   "eval, log; default: none, the defaults of src/gapo/rl/config.py)")
     p.add_argument("--task", help="countdown | arithmetic | math:PATH | data:PATH | rg:NAME | humaneval | mbpp:PATH "
                    "(PATH: JSONL, JSON, Parquet, CSV, a save_to_disk folder or a dataset folder; data:PATH names "
-                   "its columns with task.params.prompt_field / answer_fields and needs --reward)")
-    p.add_argument("--model", help="local Hugging Face checkpoint (default: the embedded base policy)")
+                   "its columns with task.params.prompt_field / answer_fields and needs --reward; default: the config's "
+                   "task.name, countdown)")
+    p.add_argument("--model", help="local Hugging Face checkpoint folder (default: the embedded base policy of "
+                   "model.base_preset, low | high | three | medium)")
     p.add_argument("--reward", action="append", metavar="MODULE:FN",
                    help="a reward of your own, module.path:function or my_rewards.py:function, called as "
                    "fn(prompt, completion, **fields) -> float or None (skip); repeat for several, weighted by "
                    "reward.weights=[1, 0.5]; 'task' is the task's own verifier as one term (without it --reward "
                    "replaces the verifier). Sets reward.funcs (default: none, the task's verifier)")
-    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. algo.eps_high_max=0.28")
+    p.add_argument("overrides", nargs="*", help=f"section.key=value overrides, e.g. {OVERRIDE_EXAMPLES[cmd]} "
+                   "(keys: src/gapo/rl/config.py; applied after --config)")
 
 
 def _load(args, base: dict | None = None) -> "object":
@@ -86,8 +133,7 @@ def _load(args, base: dict | None = None) -> "object":
 
 
 def cmd_train(args) -> int:
-    from gapo.rl.run_dir import RunFolder
-    from gapo.rl.trainer import Trainer
+    from gapo.rl.run_dir import RunFolder  # torch-free: the config is checked before torch loads
 
     if args.resume and not args.out:
         raise ValueError("--resume needs --out RUN_FOLDER (the run to continue)")
@@ -103,6 +149,8 @@ def cmd_train(args) -> int:
             folder.check(resume=True, overwrite=False)
             base = folder.saved_config()
         cfg = _load(args, base)
+        from gapo.rl.trainer import Trainer  # torch, transformers: only once the config has validated
+
         tr = Trainer(cfg, folder, resume=args.resume, overwrite=args.overwrite, allow_change=args.allow_change)
         res = tr.fit()
     finally:
@@ -151,7 +199,6 @@ def _say_train_result(out, res: dict, steps: int) -> None:
         print("no evaluation yet (eval.problems=0, or none was due)")
     if res["stopped"]:
         print(f"resume with: gapo train --out {shlex.quote(str(out))} --resume")
-
 
 
 def _eval_run(args) -> str | None:
@@ -359,18 +406,23 @@ def build_parser() -> argparse.ArgumentParser:
                                  "its baselines for RL with verifiable rewards.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("demo", help="fixed clipping vs GAPO from the embedded base policy, with a report")
-    p.add_argument("--out", default="runs/demo")
-    p.add_argument("--steps", type=_int_at_least(1), default=60)
-    p.add_argument("--eval-every", type=_int_at_least(0), default=20)
-    p.add_argument("--seed", type=_int_at_least(0), default=0)
-    p.add_argument("--eval-problems", type=_int_at_least(1), default=64)
-    p.add_argument("--eval-samples", type=_int_at_least(1), default=16)
+    sub_kw = dict(formatter_class=_Help)
+    p = sub.add_parser("demo", help="fixed clipping vs GAPO from the embedded base policy, with a report",
+                       epilog=EXAMPLES["demo"], **sub_kw)
+    p.add_argument("--out", default="runs/demo", help="folder of the two runs (OUT/fixed, OUT/gapo) and OUT/report")
+    p.add_argument("--steps", type=_int_at_least(1), default=60, help="RL steps of each run")
+    p.add_argument("--eval-every", type=_int_at_least(0), default=20,
+                   help="held-out evaluation every N steps (0: only before and after)")
+    p.add_argument("--seed", type=_int_at_least(0), default=0, help="train.seed of both runs")
+    p.add_argument("--eval-problems", type=_int_at_least(1), default=64, help="held-out problems per evaluation")
+    p.add_argument("--eval-samples", type=_int_at_least(1), default=16,
+                   help="samples per held-out problem (pass@k for k up to this)")
     p.set_defaults(fn=cmd_demo)
 
-    p = sub.add_parser("train", help="train with a config file and/or key=value overrides")
-    _common_train_args(p)
-    p.add_argument("--out", help="run folder (default runs/<timestamp>)")
+    p = sub.add_parser("train", help="train with a config file and/or key=value overrides", epilog=EXAMPLES["train"],
+                       **sub_kw)
+    _common_train_args(p, "train")
+    p.add_argument("--out", help="run folder (default: runs/<timestamp>)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its checkpoint, with its saved config")
@@ -380,22 +432,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --resume: apply config/overrides that differ from the saved config (logged)")
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("eval", help="held-out pass@k (and coverage) of a policy",
+    p = sub.add_parser("eval", help="held-out pass@k (and coverage) of a policy", epilog=EXAMPLES["eval"],
                        usage="gapo eval [RUN] [options] [section.key=value ...]",
-                       description="Evaluate a run folder (gapo eval RUN: its policy/, or --step N; with the "
-                       "run's task, reward and prompt settings), a model folder (--model PATH) or the embedded "
-                       "base policy.")
-    _common_train_args(p)
-    p.add_argument("--n", type=_int_at_least(1), default=16, help="samples per problem")
-    p.add_argument("--problems", type=_int_at_least(1), default=64)
-    p.add_argument("--split", default="eval", choices=["train", "eval"])
-    p.add_argument("--threads", type=_int_at_least(1), default=1)
+                       description="Evaluate a run folder (gapo eval RUN: its policy/, or --step N; with the\n"
+                       "run's task, reward and prompt settings), a model folder (--model PATH) or the\n"
+                       "embedded base policy.", **sub_kw)
+    _common_train_args(p, "eval")
+    p.add_argument("--n", type=_int_at_least(1), default=16, help="samples per problem (pass@k for k up to n)")
+    p.add_argument("--problems", type=_int_at_least(1), default=64, help="problems to evaluate on")
+    p.add_argument("--split", default="eval", choices=["train", "eval"], help="the task's split the problems come from")
+    p.add_argument("--threads", type=_int_at_least(1), default=1, help="torch CPU threads")
     p.add_argument("--step", type=_int_at_least(0), metavar="N",
                    help="with a run folder (gapo eval RUN): the model at step N, its policy/ or its last checkpoint "
                    "(default: the latest); the run's task, reward and prompt settings are reused, overrides change them")
     p.set_defaults(fn=cmd_eval)
 
-    p = sub.add_parser("export", help="a plain Hugging Face model folder from a run (final policy or checkpoint)")
+    p = sub.add_parser("export", help="a plain Hugging Face model folder from a run (final policy or checkpoint)",
+                       epilog=EXAMPLES["export"], **sub_kw)
     p.add_argument("run", help="the run folder (gapo train --out), finished or stopped early")
     p.add_argument("--step", type=_int_at_least(0), metavar="N",
                    help="the model at step N: the final policy's or the last checkpoint's step (default: the latest)")
@@ -407,20 +460,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a LoRA run: write the merged model (default: the peft adapter folder)")
     p.set_defaults(fn=cmd_export)
 
-
-    p = sub.add_parser("pretrain", help="build (or rebuild) the embedded base policies")
-    p.add_argument("--preset", action="append", help="low | high | medium (default: low and high)")
-    p.add_argument("--rebuild", action="store_true")
-    p.add_argument("--eval", type=_int_at_least(0), default=0, metavar="N", help="then report pass@k on N held-out problems")
-    p.add_argument("--threads", type=_int_at_least(1), default=1)
+    p = sub.add_parser("pretrain", help="build (or rebuild) the embedded base policies", epilog=EXAMPLES["pretrain"],
+                       **sub_kw)
+    p.add_argument("--preset", action="append", choices=BASE_PRESETS,
+                   help=f"{' | '.join(BASE_PRESETS)}; repeat for several (default: low and high)")
+    p.add_argument("--rebuild", action="store_true", help="train anew even if a cached copy exists")
+    p.add_argument("--eval", type=_int_at_least(0), default=0, metavar="N",
+                   help="then report pass@k on N held-out problems (0: no evaluation)")
+    p.add_argument("--threads", type=_int_at_least(1), default=1, help="torch CPU threads")
     p.set_defaults(fn=cmd_pretrain)
 
-    p = sub.add_parser("report", help="tables and plots from run folders")
-    p.add_argument("runs", nargs="+")
-    p.add_argument("--out")
+    p = sub.add_parser("report", help="tables and plots from run folders", epilog=EXAMPLES["report"], **sub_kw)
+    p.add_argument("runs", nargs="+", help="one or more run folders (required)")
+    p.add_argument("--out", help="report folder (default: RUN/report/ for one run; for several, report-<names>/ in "
+                   "their common parent)")
     p.set_defaults(fn=cmd_report)
 
-    p = sub.add_parser("compare", help="a grid of methods × regimes × seeds (see gapo.experiments.grid)")
+    p = sub.add_parser("compare", help="a grid of methods × regimes × seeds (see gapo.experiments.grid)",
+                       epilog=EXAMPLES["compare"], **sub_kw)
     p.add_argument("--config", help="grid YAML (default: the --quick grid, configs/grid-quick.yaml)")
     p.add_argument("--quick", action="store_true", help="the CI-sized preset (≤ 15 min on 2 cores)")
     p.add_argument("--out", help="the cells' folder (default: the grid's `out`, else runs/compare)")

@@ -188,3 +188,124 @@ def test_config_diff_lists_changed_keys():
 def test_task_params_have_the_types_the_task_declares(override, match):
     with pytest.raises(ValueError, match=match):
         load_config(None, [override])
+
+
+# ------------------------------------------------------------------ names checked without torch
+def test_the_names_lists_equal_the_registries():
+    """gapo.rl.names mirrors each registry so that validation needs no torch; they must agree."""
+    import inspect
+
+    from gapo.core import advantages, aggregation, clipping, losses
+    from gapo.policy import base_policy, precision
+    from gapo.rl import names
+
+    assert names.ADVANTAGES == tuple(advantages.ADVANTAGES)
+    assert names.LOSSES == tuple(losses.LOSSES)
+    assert names.EPS_SCHEDULES == tuple(clipping.EPS_SCHEDULES)
+    assert names.AGG_MODES == tuple(aggregation.AGG_MODES)
+    assert names.KL_ESTIMATORS == tuple(losses.KL_ESTIMATORS)
+    assert names.DTYPES == tuple(precision.DTYPES)
+    assert names.BASE_PRESETS == tuple(base_policy.PRESETS)
+    for name, fn in advantages.ADVANTAGES.items():
+        own = {p.name for p in inspect.signature(fn).parameters.values()
+               if p.kind is p.KEYWORD_ONLY and p.name != "reward_range"}
+        assert set(names.ADVANTAGE_PARAMS[name]) == own, name
+    assert inspect.signature(advantages.passk).parameters["k"].default == names.PASSK_DEFAULT_K
+
+
+def test_accepted_advantage_params_are_the_same_with_and_without_the_registry(monkeypatch):
+    import sys
+
+    from gapo.rl.domains import advantage_params
+    import gapo.core.advantages  # noqa: F401  (the live registry)
+
+    live = {n: advantage_params(n) for n in ("drgrpo", "grpo", "rloo", "passk", "focal")}
+    monkeypatch.delitem(sys.modules, "gapo.core.advantages")
+    assert {n: advantage_params(n) for n in live} == live
+
+
+def test_an_estimator_registered_at_run_time_is_accepted(monkeypatch):
+    from gapo.core import advantages
+
+    monkeypatch.setitem(advantages.ADVANTAGES, "mine", lambda rewards, group_size, *, scale=1.0: rewards)
+    cfg = load_config(None, ["algo.advantage=mine", "algo.advantage_params={scale: 2}"])
+    assert cfg.algo.advantage == "mine"
+    with pytest.raises(ValueError, match="unknown entry 'scal'"):
+        load_config(None, ["algo.advantage=mine", "algo.advantage_params={scal: 2}"])
+
+
+# ------------------------------------------------------------------ the unknown-key message
+@pytest.mark.parametrize("key, close, section", [
+    ("algo.eps_hgh", "algo.eps_high_max", "algo"),
+    ("train.step", "train.steps", "train"),
+    ("optim.learning_rate", None, "optim"),
+])
+def test_unknown_key_says_did_you_mean_first_then_only_its_section(key, close, section):
+    from gapo.rl.config import _all_keys
+
+    with pytest.raises(ValueError) as e:
+        load_config(None, [f"{key}=1"])
+    msg = str(e.value)
+    if close:
+        assert msg.index("Did you mean") < msg.index(f"The keys of section '{section}'"), msg
+        assert close in msg.split("The keys of")[0]
+    listed = msg.split(f"The keys of section '{section}' are: ")[1].rstrip(".").split(", ")
+    own = [k.split(".", 1)[1] for k in _all_keys() if k.startswith(section + ".")]
+    assert sorted(listed) == sorted(own)
+    others = [k for k in _all_keys() if not k.startswith(section + ".")]
+    assert not any(k in msg for k in others), msg
+    assert len(msg) < 500, len(msg)
+
+
+def test_unknown_section_suggests_the_section_and_lists_the_sections():
+    with pytest.raises(ValueError) as e:
+        load_config(None, ["trian.steps=3"])
+    msg = str(e.value)
+    assert msg.startswith("unknown config key 'trian.steps'. Did you mean train.steps?"), msg
+    assert "the sections are: task, reward, model, sampling, algo, optim, train, eval, log" in msg
+    assert "eps_high_max" not in msg
+
+
+def test_a_section_written_as_a_value_says_so(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("algo: 5\n")
+    with pytest.raises(ValueError, match=r"line 1: section 'algo' must be a mapping of keys"):
+        load_config(f)
+    with pytest.raises(ValueError, match=r"'algo.eps_low' takes a value, not sub-keys"):
+        load_config(None, ["algo.eps_low.x=1"])
+
+
+# ------------------------------------------------------------------ values of advantage params
+@pytest.mark.parametrize("overrides, match", [
+    (["algo.advantage=passk", "algo.advantage_params={k: 9}"],
+     r"passk's k=9 exceeds the group size train.group_size=8"),
+    (["algo.advantage=passk", "train.group_size=3"], r"passk's default k=4 exceeds the group size train.group_size=3"),
+    (["algo.advantage=passk", "algo.advantage_params={k: 0}"], r"passk's k must be an integer >= 1"),
+    (["algo.advantage=passk", "algo.advantage_params={k: 2.5}"], r"passk's k must be an integer >= 1"),
+    (["algo.advantage=focal", "algo.advantage_params={base: passk, k: 16}"], r"passk's k=16 exceeds"),
+    (["algo.advantage=focal", "algo.advantage_params={base: grpp}"], r"focal's base must be another .*'grpo'"),
+    (["algo.advantage=focal", "algo.advantage_params={base: focal}"], r"focal's base must be another"),
+    (["algo.advantage=focal", "algo.advantage_params={gamma: -1}"], r"focal's gamma must be a finite number >= 0"),
+    (["algo.advantage=grpo", "algo.advantage_params={std: sample}"], r"grpo's std must be 'unbiased' or 'population'"),
+    (["algo.advantage=grpo", "algo.advantage_params={eps: -1}"], r"grpo's eps must be a finite number >= 0"),
+])
+def test_advantage_param_values_are_checked_against_the_group(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        load_config(None, overrides)
+
+
+def test_passk_with_k_up_to_g_is_accepted():
+    assert load_config(None, ["algo.advantage=passk", "algo.advantage_params={k: 8}"]).algo.advantage_params == {"k": 8}
+    assert load_config(None, ["algo.advantage=passk", "train.group_size=4", "train.mini_batches=2"]).train.group_size == 4
+
+
+# ------------------------------------------------------------------ files, before the model loads
+def test_missing_files_are_config_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"model.path \(command line\): model path '\./nope' does not exist"):
+        load_config(None, ["model.path=./nope"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="has no config.json"):
+        load_config(None, [f"model.path={tmp_path / 'empty'}"])
+    with pytest.raises(ValueError, match=r"task.params.path \(command line\): dataset 'nope.jsonl' not found"):
+        load_config(None, ["task.name=math", "task.params.path=nope.jsonl", "model.path=org/model"])
+    assert load_config(None, ["model.path=Qwen/Qwen2.5-0.5B", "task.name=arithmetic"]).model.path  # a hub id

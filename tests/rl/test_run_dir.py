@@ -185,7 +185,7 @@ def test_resume_uses_the_runs_own_config(run, easy_policy, capsys):
     assert lr == {1: 5e-05, 2: 5e-05, 3: 1e-4}  # the new learning rate is in force, not ignored
 
 
-@pytest.mark.parametrize("key", ["train.seed=7", "task.params.n_numbers=3", "model.path=/elsewhere"])
+@pytest.mark.parametrize("key", ["train.seed=7", "task.params.n_numbers=3", "model.path=org/elsewhere"])
 def test_resume_cannot_change_what_defines_the_run(run, key, capsys):
     before = snapshot(run)
     assert main(["train", "--out", str(run), "--resume", "--allow-change", "train.steps=3", key]) == 2

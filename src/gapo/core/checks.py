@@ -1,12 +1,13 @@
-"""Input validation shared by the pure math modules: clear ``ValueError``s, never a silent NaN."""
+"""Input validation shared by the pure math modules: clear ``ValueError``s, never a silent NaN.
+
+torch is imported inside the tensor checks, not at the top: ``unknown`` and ``check_reward_range``
+serve config validation, which runs before torch is loaded (docs/design.md §8)."""
 
 from __future__ import annotations
 
 import difflib
 import math
 from collections.abc import Iterable
-
-import torch
 
 
 def unknown(kind: str, name: str, known: Iterable[str]) -> ValueError:
@@ -19,6 +20,8 @@ def unknown(kind: str, name: str, known: Iterable[str]) -> ValueError:
 
 def check_rewards(rewards: torch.Tensor, group_size: int) -> None:
     """Rewards are a finite 1-D tensor whose length is a multiple of ``group_size >= 2``."""
+    import torch
+
     if not isinstance(rewards, torch.Tensor):
         raise ValueError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
     if rewards.ndim != 1:
@@ -71,6 +74,8 @@ def reward_bounds(grouped: torch.Tensor, reward_range) -> tuple:
 
 
 def check_eps(eps_low: float, eps_high) -> None:
+    import torch
+
     if not 0.0 <= float(eps_low) < 1.0:
         raise ValueError(f"eps_low must be in [0, 1), got {eps_low!r}")
     if isinstance(eps_high, torch.Tensor):

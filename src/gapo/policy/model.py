@@ -177,6 +177,38 @@ def _load_tokenizer(path: str, marker: dict | None):
     return tok
 
 
+def _causal_classes() -> set[str]:
+    names: set[str] = set()
+    for v in (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or {}).values():
+        names.update([v] if isinstance(v, str) else v)
+    return names
+
+
+# model types that are encoders first and causal LMs only with is_decoder=true (BERT and its kin)
+try:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES as _MASKED
+    _ENCODER_TYPES = frozenset(_MASKED) & frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or {})
+except ImportError:  # pragma: no cover - layout of older transformers
+    _ENCODER_TYPES = frozenset()
+
+
+def check_causal_lm(config, name: str) -> None:
+    """The checkpoint's ``config.json`` describes a causal LM, checked before any weight loads:
+    its ``model_type`` has a causal-LM class in transformers, and the ``architectures`` it was
+    saved with (when listed) include a causal-LM class. A BERT folder saved from ``BertModel`` or
+    ``BertForMaskedLM`` has a causal class for its type (``BertLMHeadModel``) but is not one, and
+    would fail only mid-run; here it is one error naming the folder and its architecture."""
+    mt = getattr(config, "model_type", None)
+    archs = [a for a in (getattr(config, "architectures", None) or []) if isinstance(a, str)]
+    what = f"a {mt!r} model" + (f" ({', '.join(archs)})" if archs else "")
+    if MODEL_FOR_CAUSAL_LM_MAPPING_NAMES is not None and mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"{name!r} holds {what}, which is not a causal language model")
+    causal = _causal_classes()
+    if archs and not any(a in causal or a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        raise ValueError(f"{name!r} holds {what}, which is not a causal language model (config.json's "
+                         "architectures list no ...ForCausalLM / ...LMHeadModel class); gapo trains causal LMs")
+
+
 def load_policy(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", *, dtype=None):
     """Load ``(model, tokenizer)`` from a gapo policy folder, a local HF checkpoint or a hub id.
 
@@ -200,10 +232,7 @@ def load_policy(path_or_id: str | os.PathLike, device: str | torch.device = "cpu
         config = AutoConfig.from_pretrained(name)
     except Exception as e:  # hub unreachable, bad id, corrupt config
         raise ValueError(f"cannot load a model config from {name!r}: {e}") from e
-    if MODEL_FOR_CAUSAL_LM_MAPPING_NAMES is not None and config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ValueError(
-            f"{name!r} holds a {config.model_type!r} model, which is not a causal language model"
-        )
+    check_causal_lm(config, name)
     marker = read_marker(name) if is_local else None
     kw = {"dtype": dtype} if dtype is not None else {}
     try:
@@ -211,6 +240,11 @@ def load_policy(path_or_id: str | os.PathLike, device: str | torch.device = "cpu
             model = AutoModelForCausalLM.from_pretrained(name, **kw)
     except Exception as e:
         raise ValueError(f"cannot load a causal LM from {name!r}: {e}") from e
+    if config.model_type in _ENCODER_TYPES and not getattr(model.config, "is_decoder", False):
+        # e.g. BertLMHeadModel without is_decoder: it attends to later tokens, so it is no causal LM
+        raise ValueError(f"{name!r} holds a {config.model_type!r} encoder ({type(model).__name__}) without "
+                         "is_decoder=true in its config.json: it attends to later tokens, so it is not a causal "
+                         "language model; gapo trains decoder-only causal LMs")
     try:
         tok = _load_tokenizer(name, marker)
     except ValueError:

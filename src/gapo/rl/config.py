@@ -18,19 +18,17 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Nothing imported here loads torch or transformers (a test checks it): a config error is
+# reported in a fraction of a second, before the heavy libraries and the model load. The
+# registries' names come from gapo.rl.names (tested to equal the registries).
 from gapo import tasks
-from gapo.core.advantages import ADVANTAGES
-from gapo.core.aggregation import AGG_MODES
 from gapo.core.checks import unknown
-from gapo.core.clipping import EPS_SCHEDULES
-from gapo.core.losses import KL_ESTIMATORS, LOSSES
-from gapo.policy.base_policy import PRESETS
 from gapo.policy.chat import CHAT_MODES
 from gapo.policy.lora import check_lora
-from gapo.policy.precision import DTYPES
 from gapo.rl.config_io import coerce, diff, parse_value, read_yaml
-from gapo.rl.domains import (DOMAINS, advantage_params, check_device, check_params, check_task_param_types,
-                              task_params)
+from gapo.rl.names import known
+from gapo.rl.domains import (DOMAINS, advantage_params, check_advantage_params, check_device, check_model_path,
+                              check_params, check_task_files, check_task_param_types, task_params)
 
 __all__ = ["Config", "load_config", "apply_overrides", "to_dict", "from_dict", "diff", "DOMAINS"]
 
@@ -57,7 +55,7 @@ class RewardConfig:
 @dataclass
 class ModelConfig:
     path: str | None = None  # local HF checkpoint or hub id; None: the embedded base policy
-    base_preset: str = "low"  # embedded base policy preset when path is None (low | high)
+    base_preset: str = "low"  # embedded base policy preset when path is None (low | high | three | medium)
     device: str = "cpu"
     threads: int | None = None  # torch threads; None on CPU: measured once per machine (rl/threads.py)
     malloc_tuning: bool = True  # on CPU: keep per-step activations in glibc's heap (rl/allocator.py)
@@ -148,8 +146,12 @@ class Config:
     def validate(self) -> "Config":
         """Reject out-of-domain values and impossible combinations before any work is done.
 
-        Checks that need the model (``sampling.max_new_tokens`` within its context) run when the
-        trainer has loaded it, still before the run folder is touched.
+        Two phases (docs/design.md §8). Here, without torch, transformers or the model: keys,
+        types, domains, names, dict-valued params (passk's k against G), files (``model.path``,
+        a dataset path), cross-field rules; the device last (anything but the CPU asks torch).
+        Checks that need the model (its architecture is a causal LM, the chat template renders
+        the prompt, ``sampling.max_new_tokens`` within its context, a probe of the reward) run
+        when the trainer has loaded it, still before the run folder is touched.
         """
         where = self._where
         for key, check in DOMAINS.items():
@@ -162,18 +164,20 @@ class Config:
         check_reward_config(self.reward.funcs, self.reward.weights)
         if self.task.name not in tasks.names():
             raise ValueError(f"{where('task.name')}: {unknown('task', self.task.name, tasks.names())}")
-        for key, kind, name, known in (
-                ("algo.advantage", "advantage estimator", a.advantage, ADVANTAGES),
-                ("algo.loss", "policy loss", a.loss, LOSSES),
-                ("algo.eps_schedule", "eps schedule", a.eps_schedule, EPS_SCHEDULES),
-                ("algo.agg", "aggregation mode", a.agg, AGG_MODES),
-                ("algo.kl_estimator", "kl estimator", a.kl_estimator, KL_ESTIMATORS),
+        for key, kind, name, accepted in (
+                ("algo.advantage", "advantage estimator", a.advantage, known("ADVANTAGES")),
+                ("algo.loss", "policy loss", a.loss, known("LOSSES")),
+                ("algo.eps_schedule", "eps schedule", a.eps_schedule, known("EPS_SCHEDULES")),
+                ("algo.agg", "aggregation mode", a.agg, known("AGG_MODES")),
+                ("algo.kl_estimator", "kl estimator", a.kl_estimator, known("KL_ESTIMATORS")),
                 ("algo.old_logp", "old_logp source", a.old_logp, ("recompute", "sampler"))):
-            if name not in known:
-                raise ValueError(f"{where(key)}: {unknown(kind, name, known)}")
+            if name not in accepted:
+                raise ValueError(f"{where(key)}: {unknown(kind, name, accepted)}")
         check_params(where("algo.advantage_params"), a.advantage_params, advantage_params(a.advantage))
+        check_advantage_params(where("algo.advantage_params"), a.advantage, a.advantage_params, t.group_size)
         check_params(where("task.params"), self.task.params, task_params(self.task.name))
         check_task_param_types("task.params", self.task.name, self.task.params)
+        check_task_files(where("task.params.path"), self.task.name, self.task.params)
         batch = t.prompts * t.group_size
         if batch % t.mini_batches:
             raise ValueError(f"{where('train.mini_batches')}: {t.mini_batches} does not divide the rollout batch "
@@ -184,18 +188,21 @@ class Config:
         if a.loss == "cispo" and a.clip_ratio_c is not None:
             raise ValueError(f"{where('algo.clip_ratio_c')}: the dual clip is not defined for the cispo loss; "
                              "leave it unset (none)")
-        check_device(where("model.device"), self.model.device)
         if self.task.chat not in CHAT_MODES:
             raise ValueError(f"{where('task.chat')}: must be auto, true or false, got {self.task.chat!r}")
-        if self.model.dtype not in DTYPES:
-            raise ValueError(f"{where('model.dtype')}: {unknown('dtype', self.model.dtype, DTYPES)}")
+        if self.model.dtype not in known("DTYPES"):
+            raise ValueError(f"{where('model.dtype')}: {unknown('dtype', self.model.dtype, known('DTYPES'))}")
         check_lora(where("model.lora"), self.model.lora)
+        check_model_path(where("model.path"), self.model.path)
         if self.model.path is None:
-            if self.model.base_preset not in PRESETS:
-                raise ValueError(f"{where('model.base_preset')}: {unknown('base-policy preset', self.model.base_preset, PRESETS)}")
+            if self.model.base_preset not in known("BASE_PRESETS"):
+                raise ValueError(f"{where('model.base_preset')}: "
+                                 f"{unknown('base-policy preset', self.model.base_preset, known('BASE_PRESETS'))}")
             if self.task.name != "countdown":
                 raise ValueError(f"{where('task.name')}: the embedded base policy is a Countdown model; set "
                                  f"model.path (--model) to a checkpoint for task {self.task.name!r}")
+        # last: a device other than the CPU needs torch to ask its backend
+        check_device(where("model.device"), self.model.device)
         return self
 
     def _where(self, key: str) -> str:
@@ -213,10 +220,41 @@ def _section_types(cls) -> dict:
     return typing.get_type_hints(cls)
 
 
-def _unknown_key(key: str, known) -> ValueError:
+def _unknown_key(key: str, known=None) -> ValueError:
+    """An unknown ``section.key``: the close matches first (over every key, so a misspelt section
+    is caught too), then only the keys of that section, or the sections when it has none."""
+    known = sorted(known if known is not None else _all_keys())
+    sec, _, rest = key.partition(".")
     close = difflib.get_close_matches(key, known, n=3)
+    if sec not in _section_names():  # a misspelt section: match the section, then the key within it
+        near = difflib.get_close_matches(sec, _section_names(), n=1)
+        if near:
+            inside = [k for k in known if k.startswith(near[0] + ".")]
+            close = [k for k in inside if k == f"{near[0]}.{rest}"] or difflib.get_close_matches(
+                f"{near[0]}.{rest}", inside, n=3) or [f"section {near[0]!r}"]
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
-    return ValueError(f"unknown config key {key!r}; accepted: {sorted(known)}.{hint}")
+    own = [k.split(".", 1)[1] for k in known if k.split(".", 1)[0] == sec]
+    if own:
+        listing = f"the keys of section {sec!r} are: {', '.join(own)}"
+    else:
+        listing = f"there is no section {sec!r}; the sections are: {', '.join(_section_names())}"
+    return ValueError(f"unknown config key {key!r}.{hint} {listing[0].upper() + listing[1:]}.")
+
+
+def _section_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(Config)]
+
+
+def _bad_section(sec: str, body) -> ValueError:
+    """A top-level YAML entry that is not a mapping of keys: a known section written as a value,
+    or an unknown name."""
+    if sec in _section_names():
+        example = f"{sec}.{dataclasses.fields(_section_types(Config)[sec])[0].name}"
+        return ValueError(f"section {sec!r} must be a mapping of keys (like {example.split('.')[0]}: "
+                          f"{{{example.split('.')[1]}: ...}}), got {type(body).__name__} {body!r}")
+    close = difflib.get_close_matches(sec, _section_names(), n=2)
+    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    return ValueError(f"unknown config section {sec!r}.{hint} The sections are: {', '.join(_section_names())}.")
 
 
 def _all_keys() -> list[str]:
@@ -237,14 +275,15 @@ def set_key(cfg: Config, key: str, value) -> None:
     parts = key.split(".")
     sections = {f.name: f for f in dataclasses.fields(Config)}
     if parts[0] not in sections or len(parts) < 2:
-        raise _unknown_key(key, _all_keys())
+        raise _unknown_key(key)
     section = getattr(cfg, parts[0])
     hints = _section_types(type(section))
     if parts[1] not in hints:
-        raise _unknown_key(key, _all_keys())
+        raise _unknown_key(key)
     if len(parts) > 2:
         if hints[parts[1]] is not dict and typing.get_origin(hints[parts[1]]) is not dict:
-            raise _unknown_key(key, _all_keys())
+            head = ".".join(parts[:2])
+            raise ValueError(f"config key {head!r} takes a value, not sub-keys ({key!r}); write {head}=VALUE")
         target = getattr(section, parts[1])
         if isinstance(value, str):
             value = parse_value(value, key)
@@ -263,7 +302,7 @@ def from_dict(d: dict, *, migrate: bool = False) -> Config:
         if body is None:
             continue
         if not isinstance(body, dict):
-            raise _unknown_key(str(sec), [f.name for f in dataclasses.fields(Config)])
+            raise _bad_section(str(sec), body)
         for k, v in body.items():
             key = f"{sec}.{k}"
             set_key(cfg, RENAMED.get(key, key) if migrate else key, v)
@@ -297,7 +336,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             if body is None:
                 continue
             if not isinstance(body, dict):
-                raise ValueError(f"{at}: {_unknown_key(str(sec), [f.name for f in dataclasses.fields(Config)])}")
+                raise ValueError(f"{at}: {_bad_section(str(sec), body)}")
             for k, v in body.items():
                 try:
                     set_key(fresh, f"{sec}.{k}", v)

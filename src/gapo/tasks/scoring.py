@@ -67,7 +67,7 @@ import time
 from typing import Callable
 
 from gapo.tasks.scoring_pool import (VerifierTimeout, _call_with_alarm, _score_guarded, _signal_guard_usable,
-                                     _Workers, score_one)
+                                     _Workers, is_real_number, score_one)
 
 __all__ = [
     "VerifierTimeout",
@@ -146,12 +146,12 @@ def _where(task, problems, i) -> str:
 
 def check_reward(task, problems, i, reward) -> float:
     """``reward`` as a float, or ``ValueError`` naming the task and problem when it is not a
-    finite number within ``±MAX_ABS_REWARD``."""
-    try:
-        r = float(reward)
-    except (TypeError, ValueError):
-        raise ValueError(f"{_where(task, problems, i)}: reward {reward!r} is not a number; "
-                         "rewards must be finite floats") from None
+    real number (``scoring_pool.is_real_number``: a string ``"1"``, a bool, a list are errors, not 1.0)
+    or not finite and within ``±MAX_ABS_REWARD``."""
+    if not is_real_number(reward):
+        raise ValueError(f"{_where(task, problems, i)}: reward {reward!r} (a {type(reward).__name__}) is not a "
+                         "number; rewards must be finite real numbers (int or float; not a bool or a string)")
+    r = float(reward)
     if not math.isfinite(r) or abs(r) > MAX_ABS_REWARD:
         raise ValueError(f"{_where(task, problems, i)}: returned reward {r}; rewards must be "
                          f"finite and within ±{MAX_ABS_REWARD:g}")

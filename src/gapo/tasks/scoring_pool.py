@@ -21,6 +21,7 @@ import importlib
 import math
 import multiprocessing as mp
 import multiprocessing.connection as mpc
+import numbers
 import os
 import pickle
 import signal
@@ -136,6 +137,23 @@ def _call_with_alarm(fn: Callable, args: tuple, timeout_s: float):
 # ----------------------------------------------------------------------------- one completion
 
 
+def is_real_number(x) -> bool:
+    """A real number, as a reward must be: ``int``, ``float``, a numpy or 0-d tensor integer or
+    float. Not a ``bool`` (of any library), not a string (``float("1")`` would accept ``"1"``)."""
+    dt = str(getattr(x, "dtype", ""))
+    if isinstance(x, (bool, str, bytes)) or "bool" in dt or type(x).__name__ in ("bool_", "bool"):
+        return False
+    if isinstance(x, numbers.Real):
+        return True
+    return getattr(x, "ndim", None) == 0 and ("int" in dt or "float" in dt)  # numpy / torch 0-d arrays
+
+
+def _as_reward(x):
+    """``float(x)`` for a real number; anything else unchanged, for ``scoring.check_reward`` to
+    reject with the task and problem named (``float`` would turn ``"1"`` and ``True`` into 1.0)."""
+    return float(x) if is_real_number(x) else x
+
+
 def score_one(task, problem, completion: str) -> tuple:
     """(reward, status) for one completion, using ``score_detailed`` where the task has it;
     (reward, status, {term: value}) for a task scored by several rewards (``gapo.tasks.custom``)."""
@@ -143,10 +161,10 @@ def score_one(task, problem, completion: str) -> tuple:
     if detailed is not None:
         out = detailed(problem, completion)
         if len(out) == 3:  # several rewards (gapo.tasks.custom): each term's value rides along
-            return float(out[0]), out[1], out[2]
+            return _as_reward(out[0]), out[1], out[2]
         reward, status = out
-        return float(reward), status
-    reward = float(task.score(problem, completion))
+        return _as_reward(reward), status
+    reward = _as_reward(task.score(problem, completion))
     parse_ok = getattr(task, "parse_ok", None)
     status = "ok" if parse_ok is None or parse_ok(completion) else "unparsable"
     return reward, status
