@@ -78,6 +78,32 @@ ISSUE_HEDGES = [
     ("5", "4 + 1 = \\boxed{5}boxed{7 + 6 + 8}boxed{3}"), ("3", "4 + 1 = \\boxed{5}boxed{7 + 6 + 8}boxed{3}"),
 ]
 
+# More shapes a policy could try (gold, completion): separators, spacing, nesting, other formats.
+EXTRA_HEDGES = [
+    ('5', '\\boxed{5 | 7}'), ('7', '\\boxed{5 | 7}'), ('5', '\\boxed{5 \\vert 7}'),
+    ('5', '\\boxed{\\{5\\} \\{7\\}}'), ('5', '\\boxed{5}\\text{ or }\\boxed{7}'), ('5', '\\boxed{5\\ 7}'),
+    ('5', '\\boxed{5\\qquad 7}'), ('5', '\\boxed{5 \\, 7}'), ('5', '\\boxed{5\\;\\text{or}\\;7}'),
+    ('5', '\\boxed{5\\text{/}7}'), ('5', '\\boxed{\\text{5 or 7}}'), ('5', '\\boxed{5 \\text{ and/or } 7}'),
+    ('7', '\\boxed{\\max(5, 7)}'), ('5', '\\boxed{5 \\text{ if } x>0 \\text{ else } 7}'),
+    ('5', '\\boxed{\\begin{cases}5\\\\7\\end{cases}}'), ('5', '\\boxed{5 \\text{ vs } 7}'),
+    ('5', '\\boxed{5 (7)}'), ('5', '\\boxed{\\text{5}\\text{7}}'), ('5', '\\boxed{x = \\pm 5}'),
+    ('5', '\\boxed{5, }'), ('5', 'The answer is 5 (or possibly 7)'), ('5', 'The answer is between 5 and 7.'),
+    ('5', '5 plus or minus 2'), ('(1, 2)', '\\boxed{(1,2),(2,1)}'),
+    ('(1, 2)', '\\boxed{(1, 2) \\text{ and } (2, 1)}'), ('(1, 2)', '\\boxed{\\{(1,2),(2,1)\\}}'),
+    ('\\{1, 2\\}', '\\boxed{\\{1, 2\\} \\text{ or } \\{3\\}}'), ('2, 3', '\\boxed{2, 3 \\text{ or } 4}'),
+    ('[5, 7]', '\\boxed{[5, 7] \\cup [8, 9]}'), ('5', '\\boxed{5}\\\\boxed{7}'),
+    ('5', '\\boxed{5}, \\boxed{7}'), ('5', '**5** or **7**'), ('5', 'Answer: 5, 7'), ('7', 'Answer: 5, 7'),
+    ('5', '\\boxed{\\dfrac{10}{2} \\text{ or } \\dfrac{14}{2}}'), ('5', '$\\boxed{5}$ $\\boxed{7}$'),
+    ('5', '\\boxed{5\\text{ }7}'), ('5', '\\boxed{5 \\cdot 1 = 7 \\cdot 1}'), ('5', '\\boxed{x^2 = 25}'),
+    ('5', '\\boxed{5~7}'), ('5', '\\boxed{5{,}7}'), ('5', '\\boxed{5,7}'), ('5', '<answer>5\n7</answer>'),
+    ('5', '<answer>5 7</answer>'), ('5', 'The answer is: 5 7'), ('5', 'so x=5 or x=7'), ('5', 'x=5 and x=7'),
+    ('5', '\\boxed{\\text{either}~5~\\text{or}~7}'), ('5', '\\boxed{5 \\text{ (alternatively } 7)}'),
+    ('5', '\\boxed{[5]}\\boxed{[7]}'), ('5', '\\boxed{\\{5, 7\\} \\ni 5}'), ('5', '\\boxed{5 \\leftarrow 7}'),
+    ('5', '\\boxed{5 \\gets 7}'), ('5', '\\boxed{5 \\not= 7}'), ('5', '\\boxed{5 \\lesssim 7}'),
+    ('5', '\\boxed{5 \\neq 7}'), ('5', '\\boxed{5 \\colon 7}'), ('5', '\\boxed{5 : 7}'),
+    ('5', '\\boxed{5 \\div 7}'),
+]
+
 
 def all_hedges(g: str, d: str) -> list[tuple[str, str]]:
     """(name, completion) for every hedge of the gold ``g`` and the distractor ``d``."""
@@ -123,7 +149,7 @@ def _score(task, gold, completion):
 
 
 def test_the_issues_hedges_score_zero(task):
-    for gold, completion in ISSUE_HEDGES:
+    for gold, completion in ISSUE_HEDGES + EXTRA_HEDGES:
         assert _score(task, gold, completion)[0] == 0.0, (gold, completion)
 
 

@@ -14,16 +14,33 @@ user turn as the question and its last assistant turn as the answer. The answer 
 - MATH style: a solution containing ``\\boxed{...}`` -> the last box's content (nested braces ok),
 - anything else: the field itself, stripped (numbers are turned into strings).
 
-Extraction from a completion (first rule that applies):
+Extraction from a completion: the first format that applies gives *every* final answer of it,
 
-1. the last ``<answer>...</answer>`` span (inside it, a ``\\boxed{}`` wins if present),
-2. the last ``\\boxed{...}`` / ``\\fbox{...}`` (balanced braces, so ``\\boxed{\\frac{1}{2}}`` works),
-3. the last number in the text (``-1,234.5``, ``3/4``), unless ``last_number=False``.
+1. every ``<answer>...</answer>`` span (inside one, its ``\\boxed{}`` stand for it),
+2. every ``\\boxed{...}`` / ``\\fbox{...}`` / bare ``boxed{...}`` (balanced braces, so
+   ``\\boxed{\\frac{1}{2}}`` works; a truncated box is skipped),
+3. the rest of each "the answer is ...", "final answer: ..." or ``#### ...`` sentence,
+4. the numbers of the last sentence holding one (``-1,234.5``, ``3/4``, ``\\frac{3}{4}``), except
+   those of a calculation left of ``=``, unless ``last_number=False``.
 
-No answer -> reward 0, status ``unparsable``. Otherwise the extracted string and the gold are
-parsed as LaTeX (wrapped in ``$...$``) with ``math_verify.parse`` and compared with
-``math_verify.verify`` (numeric and symbolic equivalence: ``1/2``, ``0.5`` and ``\\frac{1}{2}``
-agree). If that fails and the extracted answer contains letters (``18 dollars``), the plain
+No answer -> reward 0, status ``unparsable``.
+
+One answer, or no reward. The answer is one final expression: the reward is 1 only if every
+final answer, and every value one of them commits to (:func:`answer_candidates`), verifies as the
+gold. When the gold is one value, an answer holding a list (``6, 5``), ``±``, a set, an interval,
+a relation (``\\ge 5``, ``\\in``), a range (``5 to 7``, ``5–7``) or several numbers in words is
+refused outright; ``or`` separates values, and so do the sides of an equation chain (``x = 5`` is
+the value 5; ``6 = 5``, ``x = 3 = 7`` are two values). So ``\\boxed{6 \\text{ apples}, 5
+\\text{ pears}}``, ``\\boxed{5 \\text{ or } 7}``, ``\\boxed{\\pm 7}``, ``\\boxed{5}\\boxed{7}`` and
+"the values are 2, 5 and 8" score 0 (status ``ambiguous``) for gold 5 and for gold 7, while
+``\\boxed{1,000}``, ``\\boxed{x = 5}``, ``\\boxed{\\text{5 apples}}`` and ``\\boxed{5} ... \\boxed{5}``
+score 1. A gold that is itself a set, tuple, interval, list, ``±`` or relation is matched as one
+structure (``\\boxed{(1, 2)}`` for gold ``(1, 2)``); only ``or`` and a ``±`` the gold lacks split
+or refuse it. docs/tasks.md has the full table.
+
+Each value and the gold are parsed as LaTeX (wrapped in ``$...$``) with ``math_verify.parse`` and
+compared with ``math_verify.verify`` (numeric and symbolic equivalence: ``1/2``, ``0.5`` and
+``\\frac{1}{2}`` agree). If that fails and the value contains letters (``18 dollars``), the plain
 text is parsed too and compared again.
 
 Timeouts: math-verify's own timeout uses ``signal.alarm`` and raises ``ValueError`` when called
@@ -32,6 +49,15 @@ parse-and-verify with :func:`gapo.tasks.scoring.run_with_timeout`: a ``SIGALRM``
 thread (sympy's work is Python code, so the alarm interrupts it: ``9^{9^{9^9}}`` stops at the
 limit), and off the main thread a helper process that is killed and replaced on timeout. A
 timeout is reward 0, status ``timeout``.
+
+A timeout never changes a later result. An alarm that cut sympy's first import short left
+half-initialised modules behind, and every later parse of the process failed
+(``verify_answer('5', '5') == (False, False)``). So the guard never interrupts an import
+(:mod:`gapo.tasks.scoring_pool`), :func:`warmup` (untimed, never interrupted) runs before the
+first timed verification of every process (pool workers and helper processes on load, serial
+scoring before its batch, ``MathTask`` before its first timed call), and :func:`after_timeout`
+checks canaries after each in-process timeout: caches cleared and re-warmed if they fail, and a
+helper process verifies from then on if they still fail.
 
 Splits: with ``eval_path`` (any of the formats; ``eval_split`` picks its split) or ``eval_split``
 alone (a split of ``path``, e.g. GSM8K's ``test``) the train split is ``path``'s ``split`` minus
@@ -219,7 +245,8 @@ _MULTI = re.compile(
     r",|;|\\\\|&|\\pm(?![A-Za-z])|±|\\mp(?![A-Za-z])|∓|\\[{}]|\\(?:cup|cap|setminus|in|notin|ni|subset|subseteq|"
     r"supset|supseteq|le|leq|leqslant|ge|geq|geqslant|lt|gt|ne|neq|ll|gg|sim|simeq|propto|to|gets|mapsto|"
     r"implies|impliedby|iff|land|wedge|lor|vee|ldots|cdots|dots|vdots|ddots|begin|mid|parallel|perp)(?![A-Za-z])|"
-    r"[<>≤≥≠∈∉∪∩⊂⊆⊃⊇∧∨…–—→⇒⇔]|\\(?:[lL]ong)?(?:left|right|leftright)(?:arrow|Arrow)|\.\.|--"
+    r"[<>≤≥≠∈∉∪∩⊂⊆⊃⊇∧∨…–—→⇒⇔]|\\(?:[lL]ong)?(?:left|right|leftright)(?:arrow|Arrow)|\.\.|--|"
+    r"(?<=[\w})])\s*\|\s*(?=[\w\\(])"  # "5 | 7" (divides, given, or), not |x|
 )
 _DISJ = re.compile(r"\s*(?:(?<![A-Za-z\\])or(?![A-Za-z])|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|∨)\s*", re.IGNORECASE)
 _CONJ = re.compile(r"\s*(?:(?<![A-Za-z\\])and(?![A-Za-z])|\\land(?![A-Za-z])|\\wedge(?![A-Za-z])|∧)\s*", re.IGNORECASE)
