@@ -83,7 +83,10 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     from gapo.experiments.grid import cell_config, cell_dir
     from gapo.rl.trainer import Trainer
 
-    g = load_grid(_grid(method_defs={"boom": {"model.path": "/nonexistent/model"}}, methods=["drgrpo", "gapo", "boom"]))
+    # a cell that fails in its own process: the folder exists (the grid's validation passes) but holds no model
+    (tmp_path / "not-a-model").mkdir()
+    g = load_grid(_grid(method_defs={"boom": {"model.path": str(tmp_path / "not-a-model")}},
+                        methods=["drgrpo", "gapo", "boom"]))
     out = tmp_path / "grid"
     # an interrupted cell: one of two steps done and checkpointed before the grid starts
     from gapo.policy.base_policy import get_base_policy
@@ -93,8 +96,12 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     Trainer(cell_config(g, "easy", "gapo", 0, base_path=base), d).fit(stop_after=1)
     assert (d / "checkpoint.pt").is_file()
 
-    stats = run_grid(g, out, say=lambda s: None)
+    said = []
+    stats = run_grid(g, out, say=said.append)
     assert stats["done"] == 2 and stats["failed"] == 1, stats
+    # it says what phase 1 does and estimates phase 2 before it starts (no cell finished yet here)
+    assert any(s.startswith("regime easy: base policy") and "is cached" in s for s in said), said
+    assert any(s.startswith("estimate: no cell time known yet") for s in said), said
     for m in ("drgrpo", "gapo"):
         done = json.loads((cell_dir(out, "easy", m, 0) / "done.json").read_text())
         assert done["step"] == 2 and "eval/pass@1" in done["eval"]
@@ -171,3 +178,34 @@ def test_cli_retry_failed_reruns_failed_cells(tmp_path, capsys):
     assert cli_main(args + ["--retry-failed"]) == 2
     assert "grid: 0 cells run, 1 failed, 0 skipped of 1" in capsys.readouterr().out
     assert failed.stat().st_mtime_ns != mtime
+
+
+def test_estimate_from_finished_cells_then_from_cell_s(tmp_path):
+    from gapo.experiments.grid import _cell_seconds, cell_dir, estimate_line
+
+    g = load_grid(_grid(methods=["drgrpo", "gapo"], cell_s=50))
+    assert _cell_seconds(g, tmp_path) == (50.0, "the grid's cell_s")
+    for m, wall in (("drgrpo", 30.0), ("gapo", 90.0)):
+        d = cell_dir(tmp_path, "easy", m, 0)
+        d.mkdir(parents=True)
+        (d / "done.json").write_text(json.dumps({"wall_s": wall}))
+    cell_s, src = _cell_seconds(g, tmp_path)
+    assert cell_s == 60.0 and "2 finished cells" in src
+    assert estimate_line(8, 2, 60.0, src).startswith("estimate: 8 cells x ~60 s / 2 workers = about 4 min")
+    assert "about 30 s" in estimate_line(1, 2, 30.0, "x")  # one cell: one worker busy
+    with pytest.raises(ValueError, match="unknown grid key 'cell_seconds'"):
+        load_grid(_grid(cell_seconds=50))
+
+
+def test_prepare_bar_follows_the_logs(tmp_path):
+    from gapo.experiments.grid import _PrepareBar
+
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_text("pretrain base (x): step 50, 20% done, loss 1.0\npretrain base (x): step 100, 45% done, loss 0.9\n")
+    bar = _PrepareBar([("a", a), ("b", b)])  # b not written yet
+    bar.refresh()
+    assert bar.done == 45 and bar.total == 200
+    b.write_text("pretrain base (y): done, 100% done, 10 steps\n")
+    bar.refresh()
+    assert bar.done == 145
+    bar.close()

@@ -155,3 +155,18 @@ def test_evaluate_counts_correct_samples():
     again.pop("time/eval_s")
     assert r == again  # seeded
     json.dumps(r)
+
+
+def test_pretrain_logs_progress_lines_with_the_schedules_progress():
+    from gapo.policy.pretrain import schedule_progress
+
+    lines = []
+    cfg = dataclasses.replace(TINY, max_steps=6)
+    _, _, stats = pretrain(cfg, progress=True, log_every=2, log=lines.append)
+    assert lines[0] == "pretrain base (test): up to 6 steps of 16 examples"
+    assert [ln.split(",")[1].strip() for ln in lines[1:4]] == ["33% done", "67% done", "100% done"]
+    assert lines[-1].startswith("pretrain base (test): done, 100% done, 6 steps in")
+    # a CPU budget that binds first moves the progress (and the bar) ahead of the step count
+    budget = dataclasses.replace(TINY, max_steps=1000, time_budget_s=10.0)
+    assert schedule_progress(100, 5.0, budget) == 0.5 and schedule_progress(900, 5.0, budget) == 0.9
+    assert schedule_progress(10, 50.0, budget) == 1.0

@@ -40,7 +40,8 @@ def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> i
     torch.set_num_threads(1)
     spec, ev = json.loads(spec_json), json.loads(eval_json)
     rdir = Path(out) / regime
-    path = get_base_policy(pretrain_config(spec), progress=False)
+    # plain progress lines into prepare.log (the parent's bar reads their "N% done")
+    path = get_base_policy(pretrain_config(spec), progress=False, log=lambda line: print(line, flush=True))
     t = regime_task(spec)
     task = tasks.get(t["name"], **t["params"])
     model, tok = load_policy(path)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,10 +40,11 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
+from tqdm import tqdm
 
 from gapo import tasks
 from gapo.core.checks import unknown
-from gapo.policy.base_policy import PRESETS, resolve
+from gapo.policy.base_policy import PRESETS, cache_dir, resolve, shipped_dir
 from gapo.policy.pretrain import PretrainConfig
 from gapo.rl.config import Config, set_key, to_dict
 from gapo.rl.config_io import diff
@@ -110,7 +112,7 @@ def load_grid(path: str | Path | dict) -> dict:
             raise ValueError(f"grid file {str(p)!r} does not exist")
         g = yaml.safe_load(p.read_text()) or {}
     allowed = {"name", "methods", "regimes", "seeds", "common", "method_defs", "regime_defs", "workers",
-               "out", "report_dir", "figures_dir", "baseline", "roles", "scale", "order", "dose"}
+               "out", "report_dir", "figures_dir", "baseline", "roles", "scale", "order", "dose", "cell_s"}
     for k in g:
         if k not in allowed:
             raise ValueError(f"unknown grid key {k!r}; accepted: {sorted(allowed)}")
@@ -267,8 +269,9 @@ def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
     return p
 
 
-def _pool(jobs: list[Job], workers: int, say) -> None:
-    """Run ``(name, argv, log, on_exit(rc, seconds))`` jobs, at most ``workers`` at a time."""
+def _pool(jobs: list[Job], workers: int, say, tick: Callable[[], None] | None = None) -> None:
+    """Run ``(name, argv, log, on_exit(rc, seconds))`` jobs, at most ``workers`` at a time;
+    ``tick()`` runs every 0.2 s while they do (a progress bar's refresh)."""
     pending, running = list(jobs), []
     try:
         while pending or running:
@@ -276,6 +279,8 @@ def _pool(jobs: list[Job], workers: int, say) -> None:
                 name, argv, log, on_exit = pending.pop(0)
                 running.append((name, _spawn(argv, log), on_exit, time.time()))
             time.sleep(0.2)
+            if tick is not None:
+                tick()
             for item in list(running):
                 name, p, on_exit, t0 = item
                 if p.poll() is not None:
@@ -348,7 +353,19 @@ def _prepare_regimes(grid: dict, out: Path, t0: float, say) -> dict[str, dict]:
         prep.append((r, argv, out / r / "prepare.log",
                      lambda rc, dt, r=r: f"[{time.time() - t0:6.0f}s] regime {r}: base policy "
                                          f"{'ready' if rc == 0 else f'FAILED (rc={rc}, see prepare.log)'} ({dt:.0f}s)"))
-    _pool(prep, grid["workers"], say)
+        cfg = pretrain_config(spec)
+        if (cache_dir(cfg) / "config.json").is_file() or shipped_dir(cfg) is not None:
+            say(f"regime {r}: base policy {cfg.name!r} is cached; evaluating it on {ev['problems']} problems")
+        else:
+            budget = f", at most {cfg.time_budget_s / 60:.0f} min of CPU" if cfg.time_budget_s else ""
+            say(f"regime {r}: building base policy {cfg.name!r} (up to {cfg.max_steps} SFT steps{budget}; "
+                f"progress in {out / r / 'prepare.log'})")
+    bar = _PrepareBar([(r, log) for r, _, log, _ in prep]) if prep else None
+    try:
+        _pool(prep, grid["workers"], bar.wrap(say) if bar else say, tick=bar.refresh if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
     bases = {}
     for r in grid["regimes"]:
         be = out / r / "base_eval.json"
@@ -381,8 +398,97 @@ def _run_cells(grid: dict, out: Path, bases: dict[str, dict], t0: float, retry_f
         jobs.append((f"{r}/{m}/{s}", ["--cell", str(d)], cell_file(d, "log"), on_exit))
     say(f"{len(cells)} cells: {len(jobs)} to run, {stats['skipped']} already finished or failed; "
         f"{grid['workers']} workers")
-    _pool(jobs, grid["workers"], say)
+    if jobs:
+        say(estimate_line(len(jobs), grid["workers"], *_cell_seconds(grid, out)))
+    bar = tqdm(total=len(cells), initial=len(cells) - len(jobs), desc="cells", unit="cell", dynamic_ncols=True,
+               disable=None if jobs else True)  # on a terminal; the per-cell lines go to logs either way
+    try:
+        def counted(on_exit):
+            def f(rc, dt):
+                line = on_exit(rc, dt)
+                bar.update(1)
+                return line
+            return f
+        jobs = [(n, a, log, counted(e)) for n, a, log, e in jobs]
+        _pool(jobs, grid["workers"], _above(bar, say))
+    finally:
+        bar.close()
     return stats
+
+
+def _above(bar, say):
+    """``say`` that prints above a live tqdm bar instead of through it."""
+    def f(line):
+        with bar.external_write_mode():
+            say(line)
+    return f
+
+
+def _cell_seconds(grid: dict, out: Path) -> tuple[float | None, str]:
+    """``(seconds, where from)`` of one cell, for the estimate before a grid runs: the mean wall
+    time of this grid folder's finished cells, else the grid's ``cell_s`` (measured on the machine
+    its config file names), else None."""
+    walls = []
+    for r, m, s in grid_cells(grid):
+        f = cell_dir(out, r, m, s) / "done.json"
+        if f.is_file():
+            try:
+                w = json.loads(f.read_text()).get("wall_s")
+            except ValueError:
+                continue
+            if isinstance(w, (int, float)):
+                walls.append(float(w))
+    if walls:
+        return sum(walls) / len(walls), f"the mean of the {len(walls)} finished cells here"
+    if grid.get("cell_s"):
+        return float(grid["cell_s"]), "the grid's cell_s"
+    return None, ""
+
+
+def estimate_line(n_jobs: int, workers: int, cell_s: float | None, source: str) -> str:
+    """The line ``gapo compare`` prints before the cells run: cells × seconds per cell / workers."""
+    if cell_s is None:
+        return (f"estimate: no cell time known yet (no finished cell here, no cell_s in the grid); "
+                f"the progress bar's ETA appears once the first cells finish")
+    total = n_jobs * cell_s / max(1, min(workers, n_jobs))
+    return (f"estimate: {n_jobs} cells x ~{cell_s:.0f} s / {min(workers, n_jobs)} workers = about "
+            f"{_minutes(total)} (from {source}; a busy machine takes longer, the bar's ETA follows the cells)")
+
+
+def _minutes(s: float) -> str:
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
+
+
+class _PrepareBar:
+    """One tqdm bar over the regimes' base-policy builds, moved by the ``N% done`` lines their
+    children write to prepare.log (``gapo.policy.pretrain.pretrain``'s ``log``)."""
+
+    _PCT = re.compile(rb"(\d+)% done")
+
+    def __init__(self, logs: list[tuple[str, Path]]):
+        self.logs, self.done, self.total = logs, 0, 100 * len(logs)  # percent points (a disabled bar counts nothing)
+        self.bar = tqdm(total=100 * len(logs), desc="base policies", unit="%", dynamic_ncols=True, disable=None,
+                        bar_format="{l_bar}{bar}| [{elapsed}<{remaining}]")
+
+    def refresh(self) -> None:
+        done = 0
+        for _, log in self.logs:
+            try:
+                with open(log, "rb") as f:
+                    f.seek(max(0, os.path.getsize(log) - 4096))
+                    hits = self._PCT.findall(f.read())
+            except OSError:
+                hits = []
+            done += int(hits[-1]) if hits else 0
+        if done > self.done:
+            self.bar.update(done - self.done)
+            self.done = done
+
+    def wrap(self, say):
+        return _above(self.bar, say)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def _check_finished_cells(grid: dict, out: Path) -> None:

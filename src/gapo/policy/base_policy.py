@@ -140,10 +140,11 @@ def shipped_dir(preset: str | PretrainConfig) -> Path | None:
 
 
 def get_base_policy(
-    preset: str | PretrainConfig = "low", *, rebuild: bool = False, progress: bool = True
+    preset: str | PretrainConfig = "low", *, rebuild: bool = False, progress: bool = True, log=None
 ) -> Path:
     """Path of the base policy for ``preset``: the user's cache, else the copy shipped with gapo,
-    else trained now and cached.
+    else trained now and cached (``progress``: a progress bar; ``log(line)``: plain progress
+    lines, e.g. into a log file; see ``gapo.policy.pretrain.pretrain``).
 
     Load it with ``gapo.policy.model.load_policy(path)``. ``rebuild=True`` trains anew and replaces
     the cached copy atomically.
@@ -158,7 +159,7 @@ def get_base_policy(
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{time.time_ns()}"
     try:
         t0 = time.perf_counter()
-        model, tok, stats = pretrain(cfg, progress=progress)
+        model, tok, stats = pretrain(cfg, progress=progress, log=log)
         stats["build_s"] = round(time.perf_counter() - t0, 2)
         extra = {"pretrain_config": _jsonable(dataclasses.asdict(cfg)), "cache_key": cfg.cache_key(), "stats": stats}
         save_policy(model, tok, tmp, extra=extra)

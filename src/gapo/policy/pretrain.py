@@ -152,12 +152,17 @@ def _lr_factor(progress: float, step: int, cfg: PretrainConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cos
 
 
-def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50, callback=None):
+def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50, callback=None, log=None):
     """Train a base policy from scratch; returns ``(model, tokenizer, stats)``.
 
     ``stats`` holds the loss curve (every ``log_every`` steps), steps taken, wall and CPU time.
     ``callback(step, model, tok)``, if given, runs every ``log_every`` steps (e.g. to evaluate;
     it must leave the model in train mode and not touch the RNGs it does not own).
+
+    ``progress``: a tqdm bar (on a terminal) whose position is the schedule's progress
+    ``max(step / max_steps, cpu / time_budget_s)``, so its ETA holds when the CPU budget ends
+    the build first. ``log(line)``, if given, gets a plain line at the start, every
+    ``log_every`` steps and at the end (for a log file: ``gapo compare``'s prepare.log).
     """
     if cfg.max_steps < 1 and cfg.time_budget_s is None:
         raise ValueError("pretraining needs max_steps >= 1 or a time budget")
@@ -170,11 +175,18 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50,
     batcher = _Batcher(cfg, tok, cfg.seed)
     t_data = time.perf_counter() - t0
     opt = _optimizer(model, cfg)
-    bar = tqdm(total=cfg.max_steps, desc=f"pretrain base ({cfg.name})", unit="step", leave=False) if progress else None
+    bar = tqdm(total=100, desc=f"pretrain base ({cfg.name})", unit="%", leave=False,
+               bar_format="{l_bar}{bar}| {n:.0f}/100% [{elapsed}<{remaining}{postfix}]") if progress else None
+    if log is not None:
+        budget = f", at most {cfg.time_budget_s:.0f} s of CPU" if cfg.time_budget_s is not None else ""
+        log(f"pretrain base ({cfg.name}): up to {cfg.max_steps} steps of {cfg.batch_size} examples{budget}")
     start, cpu0 = time.perf_counter(), time.process_time()
-    step, ema, curve = _train_loop(model, tok, opt, batcher, cfg, cpu0, log_every, callback, bar)
+    step, ema, curve = _train_loop(model, tok, opt, batcher, cfg, cpu0, log_every, callback, bar, log)
     if bar is not None:
         bar.close()
+    if log is not None:
+        log(f"pretrain base ({cfg.name}): done, 100% done, {step} steps in {time.perf_counter() - start:.0f} s "
+            f"({time.process_time() - cpu0:.0f} s CPU), loss " + ("n/a" if ema is None else f"{ema:.3f}"))
     model.eval()
     stats = {
         "steps": step,
@@ -199,7 +211,17 @@ def _optimizer(model, cfg: PretrainConfig) -> torch.optim.AdamW:
     )
 
 
-def _train_loop(model, tok, opt, batcher: _Batcher, cfg: PretrainConfig, cpu0: float, log_every: int, callback, bar):
+def schedule_progress(step: int, cpu_s: float, cfg: PretrainConfig) -> float:
+    """How far the build is, in [0, 1]: ``max(step / max_steps, cpu_s / time_budget_s)`` (the
+    learning-rate schedule's own progress: whichever limit ends the build first)."""
+    frac = step / cfg.max_steps if cfg.max_steps else 0.0
+    if cfg.time_budget_s:
+        frac = max(frac, cpu_s / cfg.time_budget_s)
+    return min(frac, 1.0)
+
+
+def _train_loop(model, tok, opt, batcher: _Batcher, cfg: PretrainConfig, cpu0: float, log_every: int, callback, bar,
+                log=None):
     """Steps until ``cfg.max_steps`` or the CPU budget (counted from ``cpu0``); returns
     ``(steps, loss EMA, curve)`` with ``curve`` rows ``(step, wall s, loss)``."""
     curve, ema = [], None
@@ -229,8 +251,15 @@ def _train_loop(model, tok, opt, batcher: _Batcher, cfg: PretrainConfig, cpu0: f
             if callback is not None and step % log_every == 0:
                 callback(step, model, tok)
                 model.train()
-        if bar is not None:
-            bar.update(1)
-            if step % 10 == 0:
-                bar.set_postfix(loss=f"{ema:.3f}", lr=f"{opt.param_groups[0]['lr']:.1e}")
+        if bar is not None or (log is not None and step % log_every == 0):
+            done = schedule_progress(step, time.process_time() - cpu0, cfg)
+            if bar is not None:
+                bar.update(100 * done - bar.n)
+                if step % 10 == 0:
+                    bar.set_postfix(step=step, loss=f"{ema:.3f}", lr=f"{opt.param_groups[0]['lr']:.1e}")
+            if log is not None and step % log_every == 0:
+                wall = time.perf_counter() - start
+                left = f", about {wall * (1 - done) / done:.0f} s left" if done > 0 else ""
+                log(f"pretrain base ({cfg.name}): step {step}, {100 * done:.0f}% done, loss {ema:.3f}, "
+                    f"{wall:.0f} s{left}")
     return step, ema, curve
