@@ -64,7 +64,12 @@ _MOVED = {
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """``import gapo.clipping`` gives ``gapo.core.clipping`` itself (one module object, so state
-    and monkeypatches are shared), with a DeprecationWarning naming the new path."""
+    and monkeypatches are shared), with a DeprecationWarning naming the new path, attributed to
+    the line that imported the old one.
+
+    The import system sets ``module.__spec__`` to the old path's spec after ``create_module``
+    returns; ``exec_module`` puts the module's own spec back, so ``importlib.reload`` and anything
+    else reading ``__spec__`` still sees ``gapo.core.clipping`` (tests/test_import_shim.py)."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname in _MOVED:
@@ -73,11 +78,29 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         new = _MOVED[spec.name]
-        warnings.warn(f"{spec.name} moved to {new}; the old path will be removed", DeprecationWarning, stacklevel=2)
-        return importlib.import_module(new)
+        warnings.warn(f"{spec.name} moved to {new}; the old path will be removed", DeprecationWarning,
+                      stacklevel=_importer_stacklevel())
+        module = importlib.import_module(new)
+        spec.loader_state = module.__spec__  # the real spec, restored by exec_module
+        return module
 
     def exec_module(self, module):
-        pass
+        module.__spec__ = module.__spec__.loader_state
+
+
+def _importer_stacklevel() -> int:
+    """The ``stacklevel`` of the code that imported the old path (an ``import`` statement or
+    ``importlib.import_module``), so the default filters show the warning to it. ``warnings``
+    does not count the import system's ``_bootstrap`` frames; the others are counted here."""
+    frame, level = sys._getframe(2), 2  # the caller of create_module
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not ("importlib" in name and "_bootstrap" in name):
+            if name != importlib.__file__:
+                return level
+            level += 1
+        frame = frame.f_back
+    return 2
 
 
 sys.meta_path.append(_MovedModules())

@@ -1,0 +1,101 @@
+"""gapo 0.1's flat module paths (``gapo.clipping``, ``gapo.trainer``, …) still import: each is the
+moved module itself, with a DeprecationWarning naming the new path, and importing an old path
+leaves the new module's ``__spec__`` alone (a copy of the shim overwrote it, so ``importlib.reload``
+of the new module silently did nothing). Each check runs in a fresh interpreter: the shim acts
+only on the first import of a path."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gapo import _MOVED
+
+SCRIPT = textwrap.dedent('''
+    import importlib, json, sys, warnings
+    old, new = sys.argv[1], sys.argv[2]
+    real = importlib.import_module(new)
+    spec, loader = real.__spec__, real.__loader__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mod = importlib.import_module(old)
+    dep = [w for w in caught if issubclass(w.category, DeprecationWarning) and old in str(w.message)]
+    out = {"same": mod is real, "in_sys_modules": sys.modules[old] is real,
+           "warnings": [str(w.message) for w in dep], "filename": [w.filename for w in dep],
+           "spec_is_kept": real.__spec__ is spec, "spec_name": real.__spec__.name,
+           "loader_is_kept": real.__loader__ is loader, "name": real.__name__}
+    # reload goes through __spec__: it must re-execute the real module, under its own name
+    doc, real.__doc__ = real.__doc__, "overwritten"
+    importlib.reload(real)
+    out["reloaded_under"] = real.__spec__.name
+    out["reload_ran_the_module"] = real.__doc__ == doc and real.__spec__.origin == spec.origin
+    with warnings.catch_warnings(record=True) as again:  # a second import is a plain sys.modules hit
+        warnings.simplefilter("always")
+        importlib.import_module(old)
+    out["second_import_warnings"] = len(again)
+    print(json.dumps(out))
+''')
+
+
+def _run(tmp_path, old, new):
+    script = tmp_path / "importer.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), old, new], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1]), str(script)
+
+
+@pytest.mark.parametrize("old", ["gapo.clipping", "gapo.advantages", "gapo._checks"])
+def test_old_path_is_the_new_module_with_a_warning_and_its_spec_untouched(tmp_path, old):
+    new = _MOVED[old]
+    out, script = _run(tmp_path, old, new)
+    assert out["same"] and out["in_sys_modules"]
+    assert out["warnings"] == [f"{old} moved to {new}; the old path will be removed"]
+    # attributed to the importing line, not to the import machinery (so default filters show it)
+    assert out["filename"] == [script]
+    assert out["spec_is_kept"] and out["spec_name"] == new and out["loader_is_kept"] and out["name"] == new
+    assert out["reloaded_under"] == new and out["reload_ran_the_module"]
+    assert out["second_import_warnings"] == 0
+
+
+def test_every_old_path_imports_as_its_new_module():
+    code = textwrap.dedent('''
+        import importlib, json, warnings
+        from gapo import _MOVED
+        warnings.simplefilter("ignore", DeprecationWarning)
+        bad = {}
+        for old, new in _MOVED.items():
+            real = importlib.import_module(new)
+            spec = real.__spec__
+            if importlib.import_module(old) is not real or real.__spec__ is not spec:
+                bad[old] = new
+        print(json.dumps(bad))
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == {}
+
+
+def test_from_gapo_import_old_name_and_unknown_paths():
+    code = textwrap.dedent('''
+        import warnings
+        warnings.simplefilter("error", DeprecationWarning)
+        try:
+            from gapo import clipping
+        except DeprecationWarning as w:
+            print("warned:", w)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from gapo import clipping
+        import gapo.core.clipping
+        assert clipping is gapo.core.clipping
+        try:
+            import gapo.no_such_module
+        except ModuleNotFoundError as e:
+            print("missing:", e.name)
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "warned: gapo.clipping moved to gapo.core.clipping" in proc.stdout
+    assert "missing: gapo.no_such_module" in proc.stdout
