@@ -81,6 +81,9 @@ def alarm_deferred():
     :class:`VerifierTimeout`) once the section is over. For warm-ups and health checks, whose
     interruption would leave the verifier half set up."""
     global _defer_depth, _deferred
+    if threading.current_thread() is not threading.main_thread():
+        yield  # the guard interrupts the main thread only
+        return
     _defer_depth += 1
     try:
         yield
