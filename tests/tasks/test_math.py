@@ -358,3 +358,15 @@ def test_warmup_is_never_cut_by_the_guard(monkeypatch):
         _call_with_alarm(math_mod.warmup, (), 0.02)
     assert len(seen) == len(math_mod._WARMUP)  # every warm-up comparison ran to the end
     assert math_mod._WARM_PID == os.getpid()
+
+
+def test_pool_worker_scores_exact_answers_after_a_timeout(comp):
+    # one worker: the answers after the bomb are scored by the same worker (soft timeout: its
+    # canaries checked) or by its replacement (hard kill: warmed up on load)
+    from gapo.tasks.scoring import ScoringPool
+
+    p = next(q for q in comp.generate("train", 6, 0) if q.answer == "\\frac{1}{2}")
+    with ScoringPool(1, timeout_s=2.0) as pool:
+        rewards, stats = pool.score(comp, [p] * 4, [BOMB, "\\boxed{0.5}", "<answer>1/2</answer>", "\\boxed{0.5, 1}"])
+    assert rewards == [0.0, 1.0, 1.0, 0.0]
+    assert stats["reward/n_timeout"] == 1 and stats["reward/n_ambiguous"] == 1
