@@ -203,9 +203,10 @@ def test_specs_and_values():
             check_value("s", bad)
 
 
-def test_config_keys_are_validated():
-    cfg = load_config(None, ['reward.funcs=["a.b:f", "c.py:g"]', "reward.weights=[1, 0.5]"])
-    assert cfg.reward.funcs == ["a.b:f", "c.py:g"] and cfg.reward.weights == [1.0, 0.5]
+def test_config_keys_are_validated(tmp_path):
+    (tmp_path / "c.py").write_text("def g(prompt, completion):\n    return 0.0\n")
+    cfg = load_config(None, [f'reward.funcs=["a.b:f", "{tmp_path}/c.py:g"]', "reward.weights=[1, 0.5]"])
+    assert cfg.reward.funcs == ["a.b:f", f"{tmp_path}/c.py:g"] and cfg.reward.weights == [1.0, 0.5]
     for over, match in [(["reward.funcs=[a:f]", "reward.weights=[1, 2]"], "2 weight.*for 1 reward"),
                         (["reward.funcs=[a:f]", "reward.weights=[-1]"], "finite number >= 0"),
                         (["reward.funcs=[a:f]", "reward.weights=[0]"], "at least one weight must be > 0"),
@@ -245,3 +246,12 @@ def test_a_slow_reward_times_out_like_a_verifier(data, tmp_path, workers):
     rewards, stats = score_batch(t, [p, p], ["hang", "ok"], workers=workers, timeout_s=1.0)
     assert rewards == [0.0, 1.0] and stats["reward/n_timeout"] == 1
     assert stats["reward/n_slow"] == 1 and stats["reward/slow"] == 1.0
+
+
+def test_config_time_checks_need_no_model(tmp_path):
+    with pytest.raises(ValueError, match=r"reward.funcs: reward '.*nowhere.py:f': no such file"):
+        load_config(None, [f"reward.funcs=[{tmp_path}/nowhere.py:f]"])
+    with pytest.raises(ValueError, match="task 'data' has no verifier of its own"):
+        load_config(None, ["task.name=data", f"task.params.path={tmp_path}"])
+    with pytest.raises(ValueError, match="does not exist for it"):
+        load_config(None, ["task.name=data", "reward.funcs=[task]"])

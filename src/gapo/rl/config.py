@@ -161,7 +161,7 @@ class Config:
                 raise ValueError(f"{where(key)}: {problem}")
         a, t = self.algo, self.train
         from gapo.tasks.custom import check_reward_config  # torch-free: the syntax of reward.funcs/weights
-        check_reward_config(self.reward.funcs, self.reward.weights)
+        check_reward_config(self.reward.funcs, self.reward.weights, task=self.task.name)
         if self.task.name not in tasks.names():
             raise ValueError(f"{where('task.name')}: {unknown('task', self.task.name, tasks.names())}")
         for key, kind, name, accepted in (

@@ -301,13 +301,21 @@ class RewardTask:
         return True if inner is None else inner(completion)
 
 
-def check_reward_config(funcs, weights, *, key: str = "reward") -> None:
-    """Syntax of ``reward.funcs`` / ``reward.weights`` (nothing imported here)."""
+def check_reward_config(funcs, weights, *, key: str = "reward", task: str | None = None) -> None:
+    """``reward.funcs`` / ``reward.weights`` before anything loads: their syntax, that a file named
+    exists, and that a task without a verifier of its own (``data``) has a reward; nothing is
+    imported here (that, and the probe, come when the task is built: :func:`with_rewards`)."""
     if not isinstance(funcs, (list, tuple)):
         raise ValueError(f"{key}.funcs: expected a list of module.path:function specs, got {funcs!r}")
+    if task == "data" and (not funcs or BUILTIN in funcs):
+        raise ValueError(f"{key}.funcs: task 'data' has no verifier of its own; give your reward with --reward "
+                         "module.path:function or --reward my_rewards.py:function" + (
+                             f" ({BUILTIN!r}, the task's verifier, does not exist for it)" if funcs else ""))
     names = []
     for s in funcs:
-        target, fn, _ = parse_spec(s)
+        target, fn, is_file = parse_spec(s)
+        if is_file and not os.path.isfile(os.path.expanduser(target)):
+            raise ValueError(f"{key}.funcs: reward {s!r}: no such file {os.path.abspath(os.path.expanduser(target))!r}")
         name = BUILTIN if fn is None else fn
         if name in _RESERVED:
             raise ValueError(f"{key}.funcs: a reward function named {name!r} would be logged as reward/{name}, "
