@@ -110,7 +110,15 @@ def load_grid(path: str | Path | dict) -> dict:
         p = Path(path)
         if not p.is_file():
             raise ValueError(f"grid file {str(p)!r} does not exist")
-        g = yaml.safe_load(p.read_text()) or {}
+        try:
+            g = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:  # one error line naming the file and the line, not a traceback
+            mark = getattr(e, "problem_mark", None)
+            at = f", line {mark.line + 1}" if mark is not None else ""
+            raise ValueError(f"grid file {str(p)!r}{at}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+        if not isinstance(g, dict):
+            raise ValueError(f"grid file {str(p)!r}: must be a mapping of grid keys (methods, regimes, seeds, "
+                             f"common, ...), got {type(g).__name__}")
     allowed = {"name", "methods", "regimes", "seeds", "common", "method_defs", "regime_defs", "workers",
                "out", "report_dir", "figures_dir", "baseline", "roles", "scale", "order", "dose", "cell_s"}
     for k in g:
@@ -426,14 +434,16 @@ def _above(bar, say):
 
 def _cell_seconds(grid: dict, out: Path) -> tuple[float | None, str]:
     """``(seconds, where from)`` of one cell, for the estimate before a grid runs: the mean wall
-    time of this grid folder's finished cells, else the grid's ``cell_s`` (measured on the machine
-    its config file names), else None."""
+    time of this grid folder's finished cells (``job_s``: start-up included; else the trainer's
+    ``wall_s``), else the grid's ``cell_s`` (measured on the machine its config file names), else
+    None."""
     walls = []
     for r, m, s in grid_cells(grid):
         f = cell_dir(out, r, m, s) / "done.json"
         if f.is_file():
             try:
-                w = json.loads(f.read_text()).get("wall_s")
+                done = json.loads(f.read_text())
+                w = done.get("job_s", done.get("wall_s"))
             except ValueError:
                 continue
             if isinstance(w, (int, float)):
@@ -530,6 +540,11 @@ def _on_cell_exit(d: Path, name: str, stats: dict, t0: float) -> Callable[[int, 
     def on_exit(rc: int, dt: float) -> str:
         if rc == 0:
             stats["done"] += 1
+            try:  # the job's whole wall time (start-up included), for the next estimate (_cell_seconds)
+                done = json.loads((d / "done.json").read_text())
+                write_json(d / "done.json", {**done, "job_s": round(dt, 1)})
+            except (OSError, ValueError):
+                pass
             return f"[{time.time() - t0:6.0f}s] {name}: done ({dt:.0f}s)"
         if rc == 130:
             return f"[{time.time() - t0:6.0f}s] {name}: interrupted (resumes next time)"
