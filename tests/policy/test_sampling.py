@@ -721,3 +721,16 @@ def test_sampling_stop_config_key():
 def test_stop_strings_need_the_tokenizer(model, prompts):
     with pytest.raises(ValueError, match="tokenizer"):
         sample(model, prompts, max_new_tokens=4, eos_token_id=EOS, stop=["="])
+
+
+def test_eos_token_id_forms():
+    import numpy as np
+
+    from gapo.policy.sampling import as_eos_ids
+
+    assert as_eos_ids(None) == () and as_eos_ids(5) == (5,) and as_eos_ids([5, 3, 5]) == (5, 3)
+    assert as_eos_ids(torch.tensor([4, 2])) == (4, 2) and as_eos_ids([np.int64(7)]) == (7,)
+    assert as_eos_ids(np.int64(6)) == (6,) and as_eos_ids(torch.tensor(1)) == (1,)
+    for bad in ([1.5], [True], ["2"], "2", 2.0, True):
+        with pytest.raises(ValueError, match="eos_token_id"):
+            as_eos_ids(bad)

@@ -40,6 +40,7 @@ of a few tokens per unfinished row, never a whole completion.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -90,17 +91,20 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
 
 
 def as_eos_ids(eos_token_id) -> tuple[int, ...]:
-    """``None`` | an int | an iterable of ints -> a tuple of distinct ids (order kept)."""
+    """``None`` | an int | a list (tuple, 1-d tensor) of ints -> a tuple of distinct ids (order kept)."""
     if eos_token_id is None:
         return ()
-    if isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool):
-        return (eos_token_id,)
     if isinstance(eos_token_id, torch.Tensor):
         eos_token_id = eos_token_id.reshape(-1).tolist()
+    items = eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
     out = []
-    for i in eos_token_id:
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+    for i in items:
+        try:  # python and numpy integers, not bools, floats or strings
+            if isinstance(i, bool):
+                raise TypeError
+            i = operator.index(i)
+        except TypeError:
+            raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}") from None
         if i not in out:
             out.append(i)
     return tuple(out)
