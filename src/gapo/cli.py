@@ -221,6 +221,10 @@ def _eval_run(args) -> str | None:
     if p.is_dir() and RunFolder(p).is_run():
         args.model = None
         return str(p)
+    if given and p.name == "policy" and RunFolder(p.parent).is_run():  # gapo eval RUN/policy: the run's
+        if args.step is not None:
+            raise ValueError(f"--step N reads the run folder: gapo eval {str(p.parent)} --step {args.step}")
+        return str(p.parent)
     if given or args.step is not None:  # a run was meant
         what = "a model folder, not a run folder" if (p / "config.json").is_file() else "not a gapo run folder"
         raise ValueError(f"{str(p)!r} is {what}: gapo eval RUN wants the --out folder of a gapo train run "

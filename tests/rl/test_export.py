@@ -187,3 +187,11 @@ def test_a_stopped_run_extended_to_its_own_step_writes_its_policy(instruct, tmp_
     assert main(["train", "--out", str(tmp_path / "run"), "--resume"]) == 2
     err = capsys.readouterr().err
     assert "is finished (step 2 of train.steps=2)" in err and "gapo export" in err
+
+
+def test_eval_of_a_runs_policy_folder_is_the_run(instruct, tmp_path, capsys):
+    Trainer(_cfg(instruct, _varied_reward(tmp_path / "run"), "train.steps=1"), tmp_path / "run").fit()
+    assert main(["eval", str(tmp_path / "run" / "policy"), "--problems", "2", "--n", "1"]) == 0
+    assert "evaluating" in capsys.readouterr().err
+    assert main(["eval", instruct, "--problems", "2"]) == 2  # a model folder given as RUN: says to use --model
+    assert "a model folder, not a run folder" in capsys.readouterr().err
