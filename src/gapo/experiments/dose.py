@@ -272,6 +272,7 @@ def dose_figure(res: dict, fdir: Path, name: str = "dose_response.png") -> str |
     axes = fig.subplots(1, len(keys), squeeze=False)[0]
     comps = list(dict.fromkeys((p["a"][1], p["b"][1]) for p in res["primary"]))
     for ax, key in zip(axes, keys):
+        drawn = False
         for i, (a, b) in enumerate(comps):
             pts = [(clip[p["a"][0]], p) for p in res["primary"]
                    if p["key"] == key and (p["a"][1], p["b"][1]) == (a, b) and p["n"] >= 1 and clip[p["a"][0]]["n"]]
@@ -282,13 +283,18 @@ def dose_figure(res: dict, fdir: Path, name: str = "dose_response.png") -> str |
             ye = [p["ci"] * 100 if math.isfinite(p["ci"]) else 0 for _, p in pts]
             xe = [c["ci"] * 100 if math.isfinite(c["ci"]) else 0 for c, _ in pts]
             ax.errorbar(xs, ys, yerr=ye, xerr=xe, fmt="os"[i % 2], capsize=3, label=f"{a} − {b}")
+            drawn = True
             for x, y, (_, p) in zip(xs, ys, pts):
                 ax.annotate(p["a"][0], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
         ax.axhline(0, color="k", lw=0.6)
         ax.set_xlabel(f"{res['reference']}: clipped share of A>0 tokens (%)")
         ax.set_ylabel(f"difference in {key.split('/')[-1]} (points)")
         ax.set_title(key.split("/")[-1])
-        ax.legend(fontsize=7)
+        if drawn:
+            ax.legend(fontsize=7)
+        else:  # say so rather than draw an empty frame
+            ax.text(0.5, 0.5, "no cell has GAPO and its\ncomparator finished yet", ha="center", va="center",
+                    transform=ax.transAxes)
     fig.suptitle("GAPO's effect (95% t CI over seeds) against how much fixed clipping binds")
     Path(fdir).mkdir(parents=True, exist_ok=True)
     fig.savefig(Path(fdir) / name, dpi=100, bbox_inches="tight")
