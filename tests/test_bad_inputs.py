@@ -60,6 +60,19 @@ def test_bad_arguments_are_clear(argv, match, capsys, tmp_path, monkeypatch):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("text, match", [
+    ("cells: [\n", r"grid file '.*grid.yaml', line 2: not valid YAML"),
+    ("- a\n- b\n", r"grid file '.*grid.yaml': must be a mapping of grid keys"),
+])
+def test_a_malformed_grid_file_is_one_error(tmp_path, capsys, text, match):
+    f = tmp_path / "grid.yaml"
+    f.write_text(text)
+    assert main(["compare", "--config", str(f), "--out", str(tmp_path / "cells")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and re.search(match, err), err
+    assert not (tmp_path / "cells").exists()
+
+
 def test_overrides_may_follow_flags(easy_policy, tmp_path):
     out = tmp_path / "r"
     assert main(["train", "train.steps=1", "--out", str(out), f"model.path={easy_policy}", *BASE[:-1]]) == 0

@@ -69,6 +69,7 @@ CONFIG_ERRORS = [
     (["train", "--out", "run", "--resume"], "run"),  # the folder to resume does not exist
     (["eval", "algo.eps_hgh=0.3"], "Did you mean algo.eps_high_max"),
     (["eval", "--model", "./no/such/model"], "does not exist"),
+    (["report", "no-such-run"], "'no-such-run' is not a gapo run folder"),
 ]
 
 

@@ -319,10 +319,11 @@ def cmd_pretrain(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from gapo.experiments.report import default_report_dir, format_samples, format_table, summarise, write_report
-    from gapo.rl.run_dir import load_run
+    from gapo.rl.run_dir import load_run  # torch-free: a wrong folder is named before the plotting stack loads
 
     runs = [load_run(d) for d in args.runs]
+    from gapo.experiments.report import default_report_dir, format_samples, format_table, summarise, write_report
+
     # default: one run's own RUN/report/; several runs: report-<names>/ in their common parent
     out = Path(args.out) if args.out else default_report_dir(args.runs)
     md = write_report(runs, out)
