@@ -490,10 +490,12 @@ class RunFolder:
                     or (free is not None and free < need))
             why = (os.strerror(errno.ENOSPC) if full else
                    (cause.strerror if isinstance(cause, OSError) and cause.strerror else f"{type(cause).__name__}: {cause}"))
+            then = "free some space, then" if full else "once that is fixed,"
+            after = (f"the previous checkpoint is intact: {then} continue with --resume" if self.checkpoint.is_file()
+                     else f"there is no earlier checkpoint: {then} start the run again")
             raise OSError(errno.ENOSPC if full else getattr(cause, "errno", None) or errno.EIO,
-                          f"cannot write the checkpoint {str(self.checkpoint)!r}: {why}; {space_note(self.path, need)}. "
-                          "The previous checkpoint (if any) is intact: free some space, then continue with --resume"
-                          ) from None
+                          f"cannot write the checkpoint {str(self.checkpoint)!r}: {why}; {space_note(self.path, need)}; "
+                          + after) from None
         with contextlib.suppress(OSError):  # the rename itself survives a power cut
             dfd = os.open(self.path, os.O_RDONLY)
             try:
