@@ -457,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="the run folder (gapo train --out), finished or stopped early")
     p.add_argument("--step", type=_int_at_least(0), metavar="N",
                    help="the model at step N: the final policy's or the last checkpoint's step (default: the latest)")
-    p.add_argument("--out", help="the folder to write (default: RUN/export-step<N>); must not exist or be empty")
+    p.add_argument("--out", help="the folder to write (default: RUN-step<N> beside the run folder, outside it, so that an --overwrite of the run keeps it); must not exist or be empty")
     p.add_argument("--dtype", default="keep", choices=["keep", "float32", "bfloat16", "float16"],
                    help="weights' dtype; keep: the base model's (a bfloat16 base gives bfloat16, not the float32 "
                    "master weights of the checkpoint)")

@@ -60,7 +60,7 @@ def test_export_of_an_early_stopped_full_run_reloads_in_plain_transformers(instr
     base = transformers.AutoModelForCausalLM.from_pretrained(instruct_bf16).state_dict()
     assert any(not torch.equal(v.to(torch.bfloat16), base[k]) for k, v in trained.items())  # it trained
     out, info = export(tmp_path / "run")
-    assert out == tmp_path / "run" / "export-step2" and info["source"] == "checkpoint" and info["step"] == 2
+    assert out == tmp_path / "run-step2" and info["source"] == "checkpoint" and info["step"] == 2
     m = transformers.AutoModelForCausalLM.from_pretrained(out)
     assert m.dtype == torch.bfloat16  # the base model's dtype, not the float32 master weights
     for k, v in m.state_dict().items():

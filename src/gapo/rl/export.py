@@ -160,7 +160,8 @@ def load_run_model(run: str | Path, step: int | None = None, device: str = "cpu"
 
 def export(run: str | Path, out: str | Path | None = None, *, step: int | None = None, dtype: str = "keep",
            merge_lora: bool = False) -> tuple[Path, dict]:
-    """Write the run's model to ``out`` (default ``RUN/export-step<N>``) as a plain Hugging Face
+    """Write the run's model to ``out`` (default ``<RUN>-step<N>`` beside the run folder: outside it, so
+    that ``--overwrite`` of the run does not take it along) as a plain Hugging Face
     folder; returns ``(out, info)``. Nothing is written when anything is wrong (an existing
     non-empty ``out``, a step the run does not hold, an unknown dtype)."""
     if dtype not in EXPORT_DTYPES:
@@ -170,7 +171,7 @@ def export(run: str | Path, out: str | Path | None = None, *, step: int | None =
         raise ValueError(f"--merge-lora: run {str(rm.folder.path)!r} did not train LoRA adapters (model.lora is "
                          "empty); its export is the full model already")
     chosen = rm.policy_step if rm.pick(step) == "policy" else rm.ckpt_step
-    out = Path(out) if out is not None else rm.folder.path / f"export-step{chosen}"
+    out = Path(out) if out is not None else rm.folder.path.with_name(f"{rm.folder.path.name}-step{chosen}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {str(out)!r} exists and is not empty; choose another folder or remove it")
     keep_lora = rm.is_lora and not merge_lora
