@@ -223,7 +223,7 @@ def test_a_rerun_reuses_every_regimes_base_evaluation(tmp_path, monkeypatch):
         assert isinstance(ev["task"]["params"]["num_range"], tuple)  # what made the old comparison fail
         gridmod.write_json(tmp_path / r / "base_eval.json", {"policy": "p", "eval_cfg": ev, "eval": {"eval/pass@1": 0.1}})
     jobs = []
-    monkeypatch.setattr(gridmod, "_pool", lambda prep, workers, say: jobs.extend(prep))
+    monkeypatch.setattr(gridmod, "_pool", lambda prep, workers, say, *a, **kw: jobs.extend(prep))
     bases = gridmod._prepare_regimes(g, tmp_path, 0.0, lambda s: None)
     assert jobs == [] and set(bases) == set(g["regimes"])
 
