@@ -183,6 +183,17 @@ def test_a_reward_that_is_not_a_real_number_is_rejected_before_out(easy_policy, 
     assert not out.exists()
 
 
+def test_the_tasks_reward_as_a_reward_term_must_be_a_number_too(easy_policy, tmp_path, capsys, monkeypatch):
+    from gapo.tasks.countdown import CountdownTask
+
+    monkeypatch.setattr(CountdownTask, "score", lambda self, problem, completion: "1")
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), "--model", easy_policy, "--reward", "task", *BASE]) == 2
+    err = capsys.readouterr().err
+    assert "reward 'task' returned '1' (a str, not a number)" in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("value", [1, 0.5, "np.float32", "np.int64", "np.array", "torch.float"])
 def test_real_number_rewards_of_any_library_are_accepted(value):
     import numpy as np

@@ -197,7 +197,7 @@ class RewardTerm:
         if self.builtin:
             from gapo.tasks.scoring_pool import score_one
             out = score_one(task, problem, completion)
-            return out[0], out[1]
+            return check_value(self.spec, out[0]), out[1]  # the task's reward: a real number too
         fn = self.resolve()
         if self._kwargs is None:
             var_kw, names, _ = self._signature(fn)
