@@ -192,8 +192,9 @@ def test_sigterm_checkpoints_and_exits_cleanly(easy_policy, tmp_path):
     assert state["step"] >= 1
     assert len(_records(run)) == state["step"]
     # it says how far it got and the exact command that continues it (--out included)
-    assert f"stopped at step {state['step']} of 100000" in out
-    assert f"resume with: gapo train --out {run} --resume" in out
+    text = out.decode()
+    assert f"stopped at step {state['step']} of 100000" in text
+    assert f"resume with: gapo train --out {run} --resume" in text
     # and it resumes from there
     resumed = Trainer(load_config(None, cmd[6:] + ["train.steps=" + str(state["step"] + 1)]), run, resume=True,
                       allow_change=True)
