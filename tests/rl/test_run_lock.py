@@ -351,6 +351,23 @@ def test_a_checkpoint_without_its_config_falls_back_to_config_yaml(run, capsys):
     assert "does not carry its config" in capsys.readouterr().err
 
 
+def test_a_lost_config_yaml_falls_back_to_the_checkpoints_config(run, capsys):
+    (run / "config.yaml").unlink()
+    assert main(["train", "--out", str(run), "--resume", "--allow-change", "train.steps=3"]) == 0
+    assert "using the config inside" in capsys.readouterr().err
+    assert max(r["step"] for r in records(run)) == 3
+
+
+def test_a_symlink_planted_at_the_lock_name_is_not_followed(run, tmp_path, capsys):
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("precious")
+    (run.parent / f".{run.name}.gapo-lock").symlink_to(target)
+    before = snapshot(run)
+    assert main(["train", "--out", str(run), "--resume", "--allow-change", "train.steps=3"]) == 2
+    assert "cannot lock" in capsys.readouterr().err
+    assert target.read_text() == "precious" and snapshot(run) == before
+
+
 # ------------------------------------------------------------------ symlinked --out
 def test_a_symlinked_out_is_resolved(run, easy_policy, tmp_path, capsys):
     link = tmp_path / "elsewhere" / "link"

@@ -137,7 +137,8 @@ class RunLock:
             return
         for _ in range(100):
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                # not through a symlink planted at the lock's name; not inherited by exec'd children
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
             except OSError as e:
                 raise OSError(e.errno, f"cannot lock {self.what} {str(self.folder)!r}: cannot create "
                                        f"{str(self.path)!r}: {e.strerror or e}") from None
@@ -368,15 +369,34 @@ class RunFolder:
             raise ValueError(f"refusing to overwrite {str(p)!r}: it is not empty and not a gapo run folder "
                              f"(no {MARKER}); choose another --out or empty it yourself")
 
-    def saved_config(self) -> dict:
-        """The run's own ``config.yaml`` as a dict; a clear error when it is unreadable."""
+    def saved_config(self, *, fallback: bool = True) -> dict:
+        """The run's own ``config.yaml`` as a dict. A missing or unreadable one falls back to the
+        config inside the checkpoint (with a note; not with ``fallback=False``); without that, a
+        clear error."""
         try:
             data = yaml.safe_load(self.config.read_text(encoding="utf-8"))
+            problem = None if isinstance(data, dict) else "is not a gapo config"
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-            raise ValueError(f"cannot resume: {str(self.config)!r} is unreadable ({e})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"cannot resume: {str(self.config)!r} is not a gapo config")
-        return data
+            problem = f"is unreadable ({e})"
+        if problem is None:
+            return data
+        ck = self._checkpoint_config() if fallback else None
+        if ck is None:
+            raise ValueError(f"cannot resume: {str(self.config)!r} {problem}")
+        print(f"[gapo] note: {str(self.config)!r} {problem}; using the config inside {str(self.checkpoint)!r}",
+              file=sys.stderr)
+        return ck
+
+    def _checkpoint_config(self) -> dict | None:
+        if not self.checkpoint.is_file():
+            return None
+        try:
+            import torch
+
+            ck = torch.load(self.checkpoint, map_location="cpu", weights_only=False).get("config")
+        except Exception:  # noqa: BLE001 - a truncated checkpoint is reported by load_checkpoint
+            return None
+        return ck if isinstance(ck, dict) else None
 
     def load_checkpoint(self, map_location) -> dict:
         """The checkpoint's state dict; a truncated or foreign file is a clear error."""
@@ -578,7 +598,7 @@ def resume_changes(folder: RunFolder, cfg: Config, *, allow_change: bool, state:
     if isinstance(ck, dict):
         saved = _normalised(ck, f"the config inside {str(folder.checkpoint)!r}")
         try:
-            on_disk = _normalised(folder.saved_config(), repr(str(folder.config)))
+            on_disk = _normalised(folder.saved_config(fallback=False), repr(str(folder.config)))
         except ValueError:
             on_disk = None  # unreadable: the checkpoint's config is the reference anyway
         edited = set(diff(saved, on_disk)) if on_disk is not None else set()
