@@ -107,16 +107,46 @@ def test_pass_rate_rise_is_last_quarter_minus_first():
     assert "train/pass_rate_rise" not in run_summary(train[:1], [])
 
 
-def test_scale_figure_draws_the_paired_gapo_difference_per_size(tmp_path):
-    from gapo.experiments.figures import _grid_scale
+def test_scale_figure_draws_the_paired_gapo_difference_per_size(tmp_path, monkeypatch):
+    """The points drawn are the hand-computed paired GAPO − Dr.GRPO means (in points) at each
+    regime's size, with the 95% t half-widths as error bars, read back from the figure's axes."""
+    from gapo.experiments import figures
+
+    drawn = []
+    save = figures._save
+    monkeypatch.setattr(figures, "_save", lambda fig, fdir, name, **kw: drawn.append(fig) or save(fig, fdir, name, **kw))
     cells = {}
-    for r in ("small", "big"):
-        for s_ in (0, 1, 2):
-            cells[(r, "gapo", s_)] = _cell(**{"after/pass@1": 0.2 + 0.01 * s_, "after/pass@64": 0.5})
-            cells[(r, "drgrpo", s_)] = _cell(**{"after/pass@1": 0.2, "after/pass@64": 0.5 - 0.01 * s_})
-    grid = {"seeds": [0, 1, 2], "regimes": ["small", "big"], "scale": {"small": 1e6, "big": 5e6}}
-    assert _grid_scale(grid, cells, tmp_path) == "scale.png"
-    assert (tmp_path / "scale.png").stat().st_size > 1000
+    for s_ in (0, 1, 2):
+        # small: pass@1 diffs 0, .03, .06 (mean 3 points); pass@64 diffs 0, 0, 0
+        cells[("small", "gapo", s_)] = _cell(**{"after/pass@1": 0.20 + 0.03 * s_, "after/pass@64": 0.5})
+        cells[("small", "drgrpo", s_)] = _cell(**{"after/pass@1": 0.20, "after/pass@64": 0.5})
+        # big: pass@1 diffs 0, .01, .02 (mean 1 point); pass@64 diffs 0, .02, .04 (mean 2 points)
+        cells[("big", "gapo", s_)] = _cell(**{"after/pass@1": 0.30, "after/pass@64": 0.6 + 0.01 * s_})
+        cells[("big", "drgrpo", s_)] = _cell(**{"after/pass@1": 0.30 - 0.01 * s_, "after/pass@64": 0.6 - 0.01 * s_})
+        cells[("other", "gapo", s_)] = _cell(**{"after/pass@1": 0.9, "after/pass@64": 0.9})  # not in grid["scale"]
+        cells[("other", "drgrpo", s_)] = _cell(**{"after/pass@1": 0.1, "after/pass@64": 0.1})
+    grid = {"seeds": [0, 1, 2], "regimes": ["big", "small", "other"], "scale": {"big": 5e6, "small": 1e6, "gone": 1e9}}
+    assert figures._grid_scale(grid, cells, tmp_path) == "scale.png"
+    assert (tmp_path / "scale.png").is_file() and len(drawn) == 1
+    t2 = 4.303  # t_{0.975} with 2 degrees of freedom, as tabulated (4.3027 exactly)
+    half = lambda sd: 100 * t2 * sd / math.sqrt(3)  # noqa: E731  (points)
+    expected = {"pass@1": [(1e6, 3.0, half(0.03)), (5e6, 1.0, half(0.01))],
+                "pass@64": [(1e6, 0.0, 0.0), (5e6, 2.0, half(0.02))]}
+    axes = drawn[0].axes
+    assert [ax.get_title() for ax in axes] == ["GAPO − Dr.GRPO, pass@1 (points)", "GAPO − Dr.GRPO, pass@64 (points)"]
+    for ax, key in zip(axes, ("pass@1", "pass@64")):
+        got = []
+        for bars in ax.containers:  # one errorbar per regime, in the order drawn (by size)
+            line, _, (vlines,) = bars
+            (x,), (y,) = line.get_xdata(), line.get_ydata()
+            (seg,) = vlines.get_segments()
+            assert seg[0][0] == seg[1][0] == x and (seg[0][1] + seg[1][1]) / 2 == pytest.approx(y)
+            got.append((x, y, abs(seg[1][1] - seg[0][1]) / 2))
+        assert [g[0] for g in got] == [e[0] for e in expected[key]], key
+        for g, e in zip(got, expected[key]):
+            assert g[1:] == pytest.approx(e[1:], abs=1e-9), key
+        assert [t.get_text() for t in ax.texts] == ["small (n=3)", "big (n=3)"]
+        assert ax.get_xscale() == "log"
 
 
 # --------------------------------------------------------------------------------- issue 25: tests, Holm, bootstrap
