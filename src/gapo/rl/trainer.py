@@ -19,6 +19,7 @@ import copy
 import errno
 import os
 import random
+import shlex
 import shutil
 import sys
 import time
@@ -557,7 +558,8 @@ class Trainer:
                     if done or stopping or (t.checkpoint_every and self.step % t.checkpoint_every == 0):
                         self.save_checkpoint()
                     if stopping and not done:
-                        say(f"stopped at step {self.step}; checkpoint saved. Resume with --resume.")
+                        say(f"stopped at step {self.step}; checkpoint saved. Resume: gapo train --out "
+                            f"{shlex.quote(str(self.run_dir))} --resume")
                         break
                 if self.step >= t.steps:
                     if self.step == start:  # extended to its own step: no step taken, the config changed
