@@ -25,6 +25,15 @@ def _grid(**kw):
     return g
 
 
+def _not_a_model(tmp_path) -> str:
+    """A cell that fails in its own process: a model folder the grid's up-front checks accept
+    (it has a config.json) whose weights are missing, so only loading it, in the cell, fails."""
+    d = tmp_path / "not-a-model"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text('{"model_type": "llama"}')
+    return str(d)
+
+
 @pytest.fixture(autouse=True)
 def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GAPO_CACHE", str(tmp_path_factory.getbasetemp() / "compare-cache"))
@@ -83,10 +92,8 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     from gapo.experiments.grid import cell_config, cell_dir
     from gapo.rl.trainer import Trainer
 
-    # a cell that fails in its own process: the folder exists (the grid's validation passes) but holds no model
-    (tmp_path / "not-a-model").mkdir()
-    g = load_grid(_grid(method_defs={"boom": {"model.path": str(tmp_path / "not-a-model")}},
-                        methods=["drgrpo", "gapo", "boom"]))
+    boom = _not_a_model(tmp_path)
+    g = load_grid(_grid(method_defs={"boom": {"model.path": boom}}, methods=["drgrpo", "gapo", "boom"]))
     out = tmp_path / "grid"
     # an interrupted cell: one of two steps done and checkpointed before the grid starts
     from gapo.policy.base_policy import get_base_policy
@@ -122,7 +129,7 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     def snapshot():
         return {str(f): f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()}
     before = snapshot()
-    lr = load_grid(_grid(common={**COMMON, "optim.lr": 2e-3}, method_defs={"boom": {"model.path": "/nonexistent/model"}},
+    lr = load_grid(_grid(common={**COMMON, "optim.lr": 2e-3}, method_defs={"boom": {"model.path": boom}},
                          methods=["drgrpo", "gapo", "boom"]))
     with pytest.raises(ValueError, match=r"easy/drgrpo/seed0 \(optim.lr: 0.001 -> 0.002\)"):
         run_grid(lr, out, say=lambda s: None)
@@ -166,7 +173,7 @@ def test_cli_retry_failed_reruns_failed_cells(tmp_path, capsys):
     from gapo.cli import main as cli_main
 
     p = tmp_path / "g.yaml"
-    p.write_text(yaml.safe_dump(_grid(method_defs={"boom": {"model.path": "/nonexistent/model"}}, methods=["boom"])))
+    p.write_text(yaml.safe_dump(_grid(method_defs={"boom": {"model.path": _not_a_model(tmp_path)}}, methods=["boom"])))
     args = ["compare", "--config", str(p), "--out", str(tmp_path / "grid")]
     assert cli_main(args) == 2  # the only cell fails, so there is nothing to report
     assert "grid: 0 cells run, 1 failed, 0 skipped of 1" in capsys.readouterr().out
