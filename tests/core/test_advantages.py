@@ -136,7 +136,8 @@ def test_success_count_under_group_and_batch_ranges_hand_computed():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from([0.0, 1.0]), min_size=4, max_size=24).filter(lambda x: len(x) % 4 == 0 and 0 < sum(x) < len(x)))
+@given(st.lists(st.sampled_from([0.0, 1.0]), min_size=4, max_size=24)
+       .filter(lambda x: len(x) % 4 == 0 and 0 < sum(x) < len(x)))
 def test_binary_success_count_is_the_same_under_every_range(rewards):
     # 0/1 rewards, a batch holding both values: c is the number of successes under (0,1), "group", "batch"
     r = torch.tensor(rewards)

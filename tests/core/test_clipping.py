@@ -191,7 +191,8 @@ def test_group_range_is_per_group_min_max_and_affine_invariant(rewards, scale, s
     for p in range(2):
         grp = r[4 * p:4 * p + 4]
         if grp.max() > grp.min():
-            torch.testing.assert_close(w[4 * p:4 * p + 4], _reference_weight(grp, 4, grp.min().item(), grp.max().item(), torch.float64),
+            torch.testing.assert_close(w[4 * p:4 * p + 4],
+                                       _reference_weight(grp, 4, grp.min().item(), grp.max().item(), torch.float64),
                                        rtol=1e-4, atol=1e-5)
         else:
             assert (w[4 * p:4 * p + 4] == 0).all()
@@ -221,7 +222,8 @@ def test_batch_range_is_the_tuple_of_the_batch_min_max(rewards):
 def test_every_schedule_takes_a_string_range(name, rr):
     # 10 points for the lone best of [10, 0, 0, 0]: w = 1 under both ("batch" spans 0..10 here)
     out = eps_high_for(name, torch.tensor([10.0, 0.0, 0.0, 0.0]), 4, eps_low=0.2, eps_high_max=0.28, reward_range=rr)
-    assert out[0].item() == pytest.approx(0.28) and torch.allclose(out[1:], torch.tensor(0.2 if name != "fixed" else 0.28))
+    assert out[0].item() == pytest.approx(0.28)
+    assert torch.allclose(out[1:], torch.tensor(0.2 if name != "fixed" else 0.28))
 
 
 @pytest.mark.parametrize("bad, match", [("grup", "Did you mean 'group'"), ("minmax", "one of"), ((0, 1, 2), "R_min"),

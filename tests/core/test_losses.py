@@ -172,7 +172,8 @@ def test_every_loss_has_one_signature(name):
     assert loss.ndim == 0 and loss.requires_grad
     for key, value in metrics.items():
         assert "/" in key
-        assert isinstance(value, float) or (isinstance(value, torch.Tensor) and value.ndim == 0 and not value.requires_grad)
+        assert isinstance(value, float) or (isinstance(value, torch.Tensor) and value.ndim == 0
+                                            and not value.requires_grad)
     for key in ("loss/clipfrac", "loss/clipfrac_high", "loss/clipfrac_low", "loss/approx_kl", "clip/eps_high_mean"):
         assert key in metrics
 

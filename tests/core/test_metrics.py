@@ -6,7 +6,22 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gapo.core.metrics import RATIO_ADV_WINDOW, pearson, ratio_adv_corr, ratio_adv_pairs, clip_counts_by_c, clip_stats_by_c, clip_stats_from_counts, counts_from_tensor, counts_to_tensor, merge_counts, entropy_from_logits, first_move_entropy, pass_at_k, pass_at_k_curve
+from gapo.core.metrics import (
+    RATIO_ADV_WINDOW,
+    clip_counts_by_c,
+    clip_stats_by_c,
+    clip_stats_from_counts,
+    counts_from_tensor,
+    counts_to_tensor,
+    entropy_from_logits,
+    first_move_entropy,
+    merge_counts,
+    pass_at_k,
+    pass_at_k_curve,
+    pearson,
+    ratio_adv_corr,
+    ratio_adv_pairs,
+)
 
 
 def _brute(n, c, k):
@@ -27,7 +42,8 @@ def test_pass_at_k_hand_and_stable():
     assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
     # large n: no overflow, matches the closed form via lgamma
     n, c, k = 10_000, 7, 256
-    exact = 1 - math.exp(math.lgamma(n - c + 1) - math.lgamma(n - c - k + 1) - math.lgamma(n + 1) + math.lgamma(n - k + 1))
+    exact = 1 - math.exp(math.lgamma(n - c + 1) - math.lgamma(n - c - k + 1)
+                         - math.lgamma(n + 1) + math.lgamma(n - k + 1))
     assert pass_at_k(n, c, k) == pytest.approx(exact, rel=1e-9)
 
 
@@ -89,7 +105,8 @@ def test_clip_counts_merge_equals_whole_batch():
     whole = clip_stats_by_c(ratio, adv, mask, c, eps_low=0.2, eps_high=eps)
     total = {}
     for rows in (slice(0, 3), slice(3, 8)):
-        merge_counts(total, clip_counts_by_c(ratio[rows], adv[rows], mask[rows], c[rows], eps_low=0.2, eps_high=eps[rows]))
+        merge_counts(total, clip_counts_by_c(ratio[rows], adv[rows], mask[rows], c[rows], eps_low=0.2,
+                                             eps_high=eps[rows]))
     parts = clip_stats_from_counts(total)
     assert parts.keys() == whole.keys()
     for k in whole:
@@ -167,5 +184,6 @@ def test_ratio_adv_corr_pools_the_window():
     # the value pools every (step, c) pair: equal to Pearson over the concatenation
     steps = [[(0.3, 0.75), (0.1, 0.5)], [(0.2, 0.75), (0.15, 0.25)], [(0.05, 0.5)]]
     flat = [p for st_ in steps for p in st_]
-    assert ratio_adv_corr(steps)["clip/ratio_adv_corr"] == pytest.approx(pearson([p[0] for p in flat], [p[1] for p in flat]))
+    expected = pearson([p[0] for p in flat], [p[1] for p in flat])
+    assert ratio_adv_corr(steps)["clip/ratio_adv_corr"] == pytest.approx(expected)
     assert RATIO_ADV_WINDOW == 8

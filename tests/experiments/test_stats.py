@@ -101,7 +101,8 @@ def test_premise_and_learning_rows_hand_computed():
 
 
 def test_pass_rate_rise_is_last_quarter_minus_first():
-    train = [{"step": i, "kind": "train", "rollout/pass_rate": v} for i, v in enumerate([0.1, 0.2, 0.0, 0.3, 0.4, 0.5, 0.2, 0.6], 1)]
+    rates = [0.1, 0.2, 0.0, 0.3, 0.4, 0.5, 0.2, 0.6]
+    train = [{"step": i, "kind": "train", "rollout/pass_rate": v} for i, v in enumerate(rates, 1)]
     s = run_summary(train, [])
     assert s["train/pass_rate_rise"] == pytest.approx((0.2 + 0.6) / 2 - (0.1 + 0.2) / 2)
     assert "train/pass_rate_rise" not in run_summary(train[:1], [])
@@ -114,7 +115,8 @@ def test_scale_figure_draws_the_paired_gapo_difference_per_size(tmp_path, monkey
 
     drawn = []
     save = figures._save
-    monkeypatch.setattr(figures, "_save", lambda fig, fdir, name, **kw: drawn.append(fig) or save(fig, fdir, name, **kw))
+    monkeypatch.setattr(figures, "_save",
+                        lambda fig, fdir, name, **kw: drawn.append(fig) or save(fig, fdir, name, **kw))
     cells = {}
     for s_ in (0, 1, 2):
         # small: pass@1 diffs 0, .03, .06 (mean 3 points); pass@64 diffs 0, 0, 0
@@ -285,6 +287,7 @@ def test_claim_rows_carry_a_seed_problem_interval_where_counts_are_stored():
 def test_paired_problem_diffs_skip_undefined_pass_at_k():
     from gapo.experiments.stats import paired_problem_diffs
 
-    cells = {("r", "a", 0): {"correct": {"after": [1, 0], "n": 4}}, ("r", "b", 0): {"correct": {"after": [0, 0], "n": 4}}}
+    cells = {("r", "a", 0): {"correct": {"after": [1, 0], "n": 4}},
+             ("r", "b", 0): {"correct": {"after": [0, 0], "n": 4}}}
     assert paired_problem_diffs(cells, ("r", "a"), ("r", "b"), [0], 8) == []  # 4 samples: no pass@8
     assert paired_problem_diffs(cells, ("r", "a"), ("r", "b"), [0], 4) == [[1.0, 0.0]]

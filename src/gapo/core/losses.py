@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import torch
 
-from gapo.core.checks import check_eps, check_same_shape, unknown
 from gapo.core.aggregation import agg_loss
+from gapo.core.checks import check_eps, check_same_shape, unknown
 
 __all__ = ["policy_loss", "cispo_loss", "LOSSES", "LOG_RATIO_CLAMP", "log_ratio"]
 
