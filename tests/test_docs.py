@@ -33,7 +33,7 @@ TOP = ("tests", "src", "configs", "benchmarks", "docs", "results", "requirements
 
 # a path token: starts at a word boundary that is not inside another path or identifier
 # (``gapo/x.py`` is src-relative; ``gapo/eps_high_mean`` is a metric name, so only ``.py`` counts there)
-PATH = re.compile(r"(?<![\w/.~$-])((?:%s)/[\w./*{},<>-]*[\w*}](?:::\w+)?|gapo/[\w/]+\.py)" % "|".join(TOP))
+PATH = re.compile(r"(?<![\w/.~$-])((?:" + "|".join(TOP) + r")/[\w./*{},<>-]*[\w*}](?:::\w+)?|gapo/[\w/]+\.py)")
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 MODULE = re.compile(r"(?<![\w/.-])gapo(?:\.[A-Za-z_]\w*)+")
 FROM_IMPORT = re.compile(r"\bfrom (gapo(?:\.\w+)*) import ([\w, ]+)")
@@ -184,7 +184,8 @@ def test_version_has_one_source():
                                                f"{gapo.__version__}: reinstall (pip install -e .)")
     # the README's latest "Changes in X.Y" heading is this version's
     heads = re.findall(r"^#+ Changes in (\d+\.\d+)", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.M)
-    assert not heads or ".".join(gapo.__version__.split(".")[:2]) == max(heads, key=lambda v: tuple(map(int, v.split("."))))
+    latest = max(heads, key=lambda v: tuple(map(int, v.split(".")))) if heads else None
+    assert latest is None or ".".join(gapo.__version__.split(".")[:2]) == latest
 
 
 def test_the_checks_catch_drift():

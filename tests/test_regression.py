@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 import timing  # tests/timing.py
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+
 import timing
 
 

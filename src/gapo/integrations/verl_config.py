@@ -120,7 +120,8 @@ def _params(config) -> _Params:
     eps_high_max = float(eps_high_max)
     if eps_high_max < eps_low:
         raise ValueError(f"GAPO needs eps_high_max ({eps_high_max}, from {source}) >= clip_ratio_low "
-                         f"({eps_low}, actor.clip_ratio_low): GAPO's upper width runs from clip_ratio_low to eps_high_max")
+                         f"({eps_low}, actor.clip_ratio_low): GAPO's upper width runs from clip_ratio_low to "
+                         "eps_high_max")
     group_size = config.get("rollout_n", None)
     if not isinstance(group_size, int) or group_size < 2:
         raise ValueError(f"GAPO needs actor.rollout_n (the group size G) >= 2, got {group_size!r}; "
