@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 import timing  # tests/timing.py: timeouts that say they are timeouts
 
 ROOT = Path(__file__).resolve().parents[1]

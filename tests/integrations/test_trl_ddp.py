@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 import timing  # tests/timing.py: timeouts that say they are timeouts
 
 pytest.importorskip("trl")

@@ -14,11 +14,13 @@ import textwrap
 
 import numpy as np
 import pytest
-import timing  # tests/timing.py: timeouts that say they are timeouts
 import torch
+
+import timing  # tests/timing.py: timeouts that say they are timeouts
 
 pytest.importorskip("verl")
 
+from tensordict import TensorDict  # noqa: E402
 from verl.trainer.ppo.core_algos import (  # noqa: E402
     POLICY_LOSS_REGISTRY,
     compute_grpo_outcome_advantage,
@@ -27,7 +29,6 @@ from verl.trainer.ppo.core_algos import (  # noqa: E402
     compute_rloo_vectorized_outcome_advantage,
     get_policy_loss_fn,
 )
-from tensordict import TensorDict  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.utils.metric import Metric, reduce_metrics  # noqa: E402
 from verl.utils.py_functional import append_to_dict  # noqa: E402
@@ -37,9 +38,9 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 import gapo.integrations.verl as gv  # noqa: E402
 from gapo.core.advantages import group_success_count  # noqa: E402
 from gapo.core.clipping import gapo_eps_high, success_weight  # noqa: E402
-from gapo.integrations.verl import GAPOPolicyLossConfig, clip_stats_from_verl, success_weight_from_advantages  # noqa: E402
 from gapo.core.losses import log_ratio  # noqa: E402
 from gapo.core.metrics import clip_stats_by_c, ratio_adv_pairs  # noqa: E402
+from gapo.integrations.verl import GAPOPolicyLossConfig, clip_stats_from_verl, success_weight_from_advantages  # noqa: E402
 
 VERL_AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
                   "seq-mean-token-sum-norm"]

@@ -20,6 +20,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 import timing  # tests/timing.py: timeouts that say they are timeouts
 
 pytest.importorskip("verl")
@@ -370,6 +371,7 @@ def _requirement_names(reqs):
 def test_verl_extra_installs_what_the_default_trainer_imports():
     tomllib = pytest.importorskip("tomllib")
     from importlib.metadata import packages_distributions, requires
+
     from packaging.utils import canonicalize_name
 
     extra = _requirement_names(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

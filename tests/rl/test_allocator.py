@@ -3,11 +3,11 @@ remove, and it is off where asked. Each case runs in a fresh interpreter: mallop
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
+import timing  # tests/timing.py: timeouts that say they are timeouts
 from gapo.rl import allocator
 
 # Ten log-prob forward + backward passes of the same (64 x 24) batch through a tiny-benchmark-
@@ -42,8 +42,9 @@ glibc = pytest.mark.skipif(allocator._libc() is None, reason="mallopt tuning is 
 
 
 def _faults(tuning: str) -> int:
-    out = subprocess.run([sys.executable, "-c", PROBE, tuning], capture_output=True, text=True, check=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"}, timeout=900)
+    out = timing.run([sys.executable, "-c", PROBE, tuning], capture_output=True, text=True, check=True,
+                     env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"}, timeout=900, quiet_s=20,
+                     what=f"the page-fault probe (tuning={tuning})")
     return json.loads(out.stdout.strip().splitlines()[-1])["faults"]
 
 
@@ -93,8 +94,9 @@ print(json.dumps([{k: v for k, v in r.items() if not k.startswith("time/")} for 
 def test_tuning_changes_no_value():
     # memory that comes back from the heap instead of fresh (zeroed) pages must not leak into a
     # result: two trainer steps give the same records, bit for bit, with and without the tuning
-    runs = [subprocess.run([sys.executable, "-c", STEPS, t], capture_output=True, text=True, check=True, timeout=900,
-                           env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"}).stdout
+    runs = [timing.run([sys.executable, "-c", STEPS, t], capture_output=True, text=True, check=True, timeout=900,
+                       quiet_s=30, what=f"two trainer steps (tuning={t})",
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"}).stdout
             for t in ("true", "false")]
     a, b = (json.loads(r.strip().splitlines()[-1]) for r in runs)
     assert a == b

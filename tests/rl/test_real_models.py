@@ -5,13 +5,14 @@ chat template, all built here (no hub)."""
 import json
 
 import pytest
-import timing  # tests/timing.py: timeouts that say they are timeouts
 import torch
 
+import timing  # tests/timing.py: timeouts that say they are timeouts
 from checkpoints import CHAT_TEMPLATE, build_instruct_checkpoint  # tests/checkpoints.py (tests/ is on sys.path)
 from gapo.policy.chat import PromptEncoder
 from gapo.rl.config import load_config
 from gapo.rl.trainer import Trainer
+
 
 @pytest.fixture(scope="module")
 def instruct(tmp_path_factory):

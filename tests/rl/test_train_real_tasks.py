@@ -3,11 +3,11 @@ local Hugging Face checkpoint (here: a micro Llama with a printable-ASCII charac
 
 import json
 import string
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
 import timing  # tests/timing.py: timeouts that say they are timeouts
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -55,13 +55,14 @@ def test_reasoning_gym_task(tmp_path, ascii_policy):
 
 
 def test_unknown_task_is_a_clear_cli_error(tmp_path, ascii_policy):
-    p = subprocess.run([sys.executable, "-m", "gapo.cli", "train", "--task", "countdwn", "--model", ascii_policy,
-                        "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=600)
+    p = timing.run([sys.executable, "-m", "gapo.cli", "train", "--task", "countdwn", "--model", ascii_policy,
+                    "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=600, quiet_s=3,
+                   what="a CLI error")
     assert p.returncode == 2
     assert "unknown task 'countdwn'" in p.stderr and "countdown" in p.stderr
 
 
 def test_unknown_config_key_is_a_clear_cli_error(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "gapo.cli", "train", "--out", str(tmp_path / "r"), "algo.eps_hihg=0.3"],
-                       capture_output=True, text=True, timeout=600)
+    p = timing.run([sys.executable, "-m", "gapo.cli", "train", "--out", str(tmp_path / "r"), "algo.eps_hihg=0.3"],
+                   capture_output=True, text=True, timeout=600, quiet_s=3, what="a CLI error")
     assert p.returncode == 2 and "algo.eps_hihg" in p.stderr and "algo.eps_high" in p.stderr

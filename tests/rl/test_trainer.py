@@ -7,11 +7,12 @@ import subprocess
 import sys
 
 import pytest
-import timing  # tests/timing.py: timeouts that say they are timeouts
 import torch
 
+import timing  # tests/timing.py: timeouts that say they are timeouts
 from gapo.rl.config import load_config
 from gapo.rl.trainer import RunExists, Trainer
+
 
 def _cfg(policy, *extra):
     return load_config(None, [f"model.path={policy}", "task.name=countdown", "task.params.n_numbers=2",

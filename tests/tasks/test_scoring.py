@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-import timing  # tests/timing.py: timeouts that say they are timeouts
 
-from gapo.tasks.scoring import ScoringPool, VerifierTimeout, run_with_timeout, score_batch, submit_batch
+import timing  # tests/timing.py: timeouts that say they are timeouts
 from gapo.tasks.base import Problem
+from gapo.tasks.scoring import ScoringPool, VerifierTimeout, run_with_timeout, score_batch, submit_batch
 
 FIX = Path(__file__).parents[1] / "fixtures"
 
