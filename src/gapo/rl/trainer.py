@@ -31,19 +31,17 @@ from tqdm.auto import tqdm
 from gapo import tasks
 from gapo.core.advantages import compute as compute_advantages
 from gapo.core.advantages import group_success_count
-from gapo.core.aggregation import agg_loss
 from gapo.tasks.custom import with_rewards
 from gapo.core.clipping import eps_high_for
-from gapo.core.losses import LOSSES, RATIO_LEVEL, kl_estimate, log_ratio
-from gapo.core.metrics import (RATIO_ADV_WINDOW, clip_counts_by_c, clip_stats_from_counts, merge_counts,
-                               ratio_adv_corr, ratio_adv_pairs)
+from gapo.core.metrics import (RATIO_ADV_WINDOW, clip_stats_from_counts, merge_counts, ratio_adv_corr,
+                               ratio_adv_pairs)
 from gapo.policy import lora
 from gapo.policy.base_policy import resolve_policy
 from gapo.policy.chat import PromptEncoder
 from gapo.policy.model import check_context, check_memory, eos_token_ids, load_policy, save_policy
 from gapo.policy.precision import autocast, grad_scaler
 from gapo.policy.sampling import logprobs, sample
-from gapo.rl import rollout
+from gapo.rl import rollout, update
 from gapo.rl.config import Config, to_dict
 from gapo.rl.evaluate import evaluate
 from gapo.rl.run_dir import (RunExists, RunFolder, Trackers, checkpoint_bytes, resume_changes, space_note,
@@ -242,20 +240,20 @@ class Trainer:
         # 2. advantages from the rewards (any estimator); GAPO's ε_high(i) from the *raw* group
         #    rewards, so it composes with every estimator; c = successes in each rollout's group
         advantages = compute_advantages(a.advantage, rewards, G, reward_range=a.reward_range, **a.advantage_params)
-        eps_high_i = eps_high_for(a.eps_schedule, rewards, G, eps_low=a.eps_low, eps_high_max=a.eps_high_max,
-                                  reward_range=a.reward_range).to(self.device)
-        success = group_success_count(rewards, G, reward_range=a.reward_range)
-        # 3. behaviour log-probs log π_old (epoch 0's mini-batch order is drawn first: see there)
-        perm0 = torch.randperm(rewards.numel(), generator=self.gen, device=self.gen.device).to(self.device)
-        old_logp, entropy_sum = self._behaviour_logprobs(batch, perm0)
-        ref_logp = self._ref_logprobs(batch)
-        # 4. E epochs × M mini-batches of loss → backward → clip → step
-        upd = self._update(batch, advantages, eps_high_i, success, old_logp, ref_logp, perm0, entropy_sum)
+        eps_high = eps_high_for(a.eps_schedule, rewards, G, eps_low=a.eps_low, eps_high_max=a.eps_high_max,
+                                reward_range=a.reward_range).to(self.device)
+        c = group_success_count(rewards, G, reward_range=a.reward_range)
+        # 3. the update batch: + log π_old (epoch 0's mini-batch order is drawn first: see
+        #    _update_batch) and log π_ref
+        perm0 = self._permutation(rewards.numel())
+        ub, old = self._update_batch(batch, advantages, eps_high, c, perm0)
+        # 4. E epochs × M mini-batches × micro-batches of loss → backward, then clip → step
+        upd = self._update(ub, old, perm0)
         self.sched.step()
         self.step += 1
         # 5. diagnostics, and a few rows of what was trained on (samples.jsonl)
         self.last_samples = rollout.sample_records(batch, self.step, self.cfg.log.samples, self.encoder.text)
-        metrics = self._step_metrics(batch, advantages, eps_high_i, upd, t_step, t_update)
+        metrics = self._step_metrics(batch, ub, upd, t_step, t_update)
         failure = verifier_failure_warning(batch.stats, batch.rewards.tolist())
         if failure:  # all-zero rewards that are the verifier's failures, not wrong answers
             print(f"[gapo] warning: step {self.step}: {failure}", file=sys.stderr)
@@ -293,30 +291,29 @@ class Trainer:
                                entropy_grad=bool(self.cfg.algo.entropy_coef))
         return lp.float(), ent.float()
 
-    def _reuse_first_minibatch(self) -> bool:
-        return self.cfg.algo.old_logp == "recompute"
+    def _permutation(self, n: int) -> torch.Tensor:
+        return torch.randperm(n, generator=self.gen, device=self.gen.device).to(self.device)
 
-    @torch.no_grad()
-    def _behaviour_logprobs(self, batch, perm0) -> tuple[torch.Tensor, float]:
-        """``old_logp`` (B, T) and the sum of token entropies under π_old counted so far.
+    def _update_batch(self, batch, advantages, eps_high, c, perm0) -> tuple[update.UpdateBatch, update.OldPolicy]:
+        """The update's data, built before the first epoch, with log π_old and log π_ref.
 
-        ``algo.old_logp=sampler`` reuses the sampler's log-probs. ``recompute`` runs a no-grad
-        forward under π_old, but not for epoch 0's first mini-batch: that one is forwarded
-        under exactly π_old's parameters in ``_update`` (nothing has stepped yet), so its
-        ``logp.detach()`` *is* its old log-prob (as TRL does for num_iterations = 1). Its rows are
-        filled in there; with one mini-batch no extra pass is needed at all.
+        ``algo.old_logp=sampler`` takes the sampler's log-probs. Under ``recompute`` every row's
+        old log-probs are pending until its first forward (``OldPolicy.first_forward``), which is
+        under π_old's parameters: here, without gradient, for every row but epoch 0's first
+        mini-batch (``perm0``'s first ``B // M``), and for those the update's own first forward
+        (nothing has stepped yet) — one forward fewer, none with one mini-batch (docs/design.md §4.3).
         """
-        mask = batch.rollout.response_mask.float()
-        if not self._reuse_first_minibatch():
-            return batch.rollout.logp, 0.0
-        old_logp = torch.zeros(mask.shape, dtype=torch.float32, device=self.device)
-        rest = perm0[mask.shape[0] // self.cfg.train.mini_batches:]
-        entropy_sum = 0.0
+        ro, mask = batch.rollout, batch.rollout.response_mask.float()
+        recompute, first = self.cfg.algo.old_logp == "recompute", mask.shape[0] // self.cfg.train.mini_batches
+        old_logp = torch.zeros(mask.shape, dtype=torch.float32, device=self.device) if recompute else ro.logp
+        ub = update.UpdateBatch(ro, mask, advantages, eps_high, c, old_logp)
+        old = update.OldPolicy(ub, pending=perm0 if recompute else perm0[:0])
+        rest = perm0[first:] if recompute else perm0[:0]
         if rest.numel():
-            lp, ent = self._logprobs(self.model, batch, rest)
-            old_logp[rest] = lp.float()
-            entropy_sum += float((ent * mask[rest]).sum())
-        return old_logp, entropy_sum
+            with torch.no_grad():
+                old.first_forward(rest, *self._logprobs(self.model, ub, rest))
+        ub.ref_logp = self._ref_logprobs(batch)
+        return ub, old
 
     @torch.no_grad()
     def _ref_logprobs(self, batch) -> torch.Tensor | None:
@@ -327,69 +324,36 @@ class Trainer:
                 return self._logprobs(self.model, batch)[0]
         return self._logprobs(self.ref_model, batch)[0]
 
-    def _update(self, batch, advantages, eps_high_i, success, old_logp, ref_logp, perm0, entropy_sum) -> dict:
-        """E epochs × M mini-batch optimiser steps; returns the summed metrics and clip counts."""
-        t = self.cfg.train
-        B = batch.rewards.numel()
+    def _update(self, ub: update.UpdateBatch, old: update.OldPolicy, perm0: torch.Tensor) -> dict:
+        """E epochs × M mini-batch optimiser steps; a mini-batch's gradient is accumulated over its
+        micro-batches (``train.micro_batch_size``), each loss normalised by the whole mini-batch.
+        Returns the metrics summed over mini-batches, the clip counts per c, the gradient norms and
+        π_old's entropy sum."""
+        t, s = self.cfg.train, update.LossSettings.from_algo(self.cfg.algo)
+        B = ub.mask.shape[0]
         mb = B // t.mini_batches
-        sums: dict[str, float] = {}
-        counts: dict = {}
-        grad_norms = []
+        sums, counts, grad_norms = {}, {}, []
         for epoch in range(t.epochs):
-            perm = perm0 if epoch == 0 else torch.randperm(B, generator=self.gen, device=self.gen.device).to(self.device)
-            for i in range(t.mini_batches):
-                rows = perm[i * mb : (i + 1) * mb]
+            perm = perm0 if epoch == 0 else self._permutation(B)
+            for rows in perm[: t.mini_batches * mb].split(mb):
+                subs = update.micro_batches(rows, t.micro_batch_size)
+                norms = update.minibatch_norms(ub.mask[rows], ub.mask.shape[1], split=len(subs) > 1)
+                metrics: dict[str, float] = {}
                 self.opt.zero_grad(set_to_none=True)
-                # the mini-batch's gradient, accumulated over micro-batches (one, unless
-                # train.micro_batch_size splits it): each normalised by the whole mini-batch
-                metrics, entropy_sum = self._backward(batch, rows, advantages, eps_high_i, success, old_logp,
-                                                      ref_logp, entropy_sum, first=epoch == 0, reuse_rows=epoch == 0
-                                                      and i == 0, counts=counts)
+                for sub in subs:
+                    logp, ent = self._logprobs(self.model, ub, sub)
+                    old.first_forward(sub, logp, ent)  # π_old's log-probs / entropy, on a row's first forward
+                    micro = ub.rows(sub)
+                    loss, mets = update.micro_batch_loss(logp, ent, micro, s, norms)
+                    self._backward(loss)
+                    update.accumulate(metrics, mets, update.token_share(micro.mask, ub.mask[rows], norms))
+                    merge_counts(counts, update.clip_counts(logp, micro, s))
                 grad_norms.append(self._optimizer_step())
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
-        return {"sums": sums, "counts": counts, "grad_norms": grad_norms, "entropy_sum": entropy_sum}
+                update.accumulate(sums, metrics)
+        return {"sums": sums, "counts": counts, "grad_norms": grad_norms, "entropy_sum": old.entropy_sum}
 
-    def _backward(self, batch, rows, advantages, eps_high_i, success, old_logp, ref_logp, entropy_sum, *,
-                  first: bool, reuse_rows: bool, counts: dict) -> tuple[dict, float]:
-        """Loss → backward for the mini-batch ``rows`` in micro-batches; returns its metrics (means
-        over the mini-batch) and the running entropy sum of π_old's samples."""
-        a, mask = self.cfg.algo, batch.rollout.response_mask.float()
-        loss_fn, level, reuse = LOSSES[a.loss], RATIO_LEVEL[a.loss], self._reuse_first_minibatch()
-        size = self.cfg.train.micro_batch_size or rows.numel()
-        m_all = mask[rows]
-        # whole-mini-batch normalisers, so the micro-batches' losses add up to the mini-batch loss
-        norms = {} if size >= rows.numel() else dict(
-            num_tokens=m_all.sum(), num_seqs=(m_all.sum(-1) > 0).sum(), horizon=mask.shape[1])
-        metrics: dict[str, float] = {}
-        for s in range(0, rows.numel(), size):
-            sub = rows[s : s + size]
-            m = mask[sub]
-            weight = 1.0 if not norms else float(m.sum()) / max(float(m_all.sum()), 1.0)
-            logp, ent = self._logprobs(self.model, batch, sub)
-            if first and (reuse_rows or not reuse):  # entropy of π_old's samples (see _behaviour_logprobs)
-                if reuse:
-                    old_logp[sub] = logp.detach().float()
-                entropy_sum += float((ent.detach() * m).sum())
-            loss, mets = loss_fn(logp, old_logp[sub], advantages[sub], m, eps_low=a.eps_low,
-                                 eps_high=eps_high_i[sub], agg=a.agg, clip_ratio_c=a.clip_ratio_c, **norms)
-            total = loss
-            if ref_logp is not None:
-                kl_term = agg_loss(kl_estimate(logp, ref_logp[sub], a.kl_estimator), m, a.agg, **norms)
-                total = total + a.kl_coef * kl_term
-                mets["loss/kl_ref"] = kl_term.detach()
-            if a.entropy_coef:
-                total = total - a.entropy_coef * agg_loss(ent, m, a.agg, **norms)
-            (self.scaler.scale(total) if self.scaler is not None else total).backward()
-            mets["loss/policy"], mets["loss/total"] = loss.detach(), total.detach()
-            for k, v in mets.items():  # losses add up over micro-batches; rates are token-weighted
-                share = 1.0 if k in ("loss/policy", "loss/total", "loss/kl_ref") else weight
-                metrics[k] = metrics.get(k, 0.0) + share * float(v)
-            with torch.no_grad():  # clip diagnostics per group success count c (the paper's Fig. 2)
-                ratio = torch.exp(log_ratio(logp.detach(), old_logp[sub], m, level))
-                merge_counts(counts, clip_counts_by_c(ratio, advantages[sub], m, success[sub],
-                                                      eps_low=a.eps_low, eps_high=eps_high_i[sub]))
-        return metrics, entropy_sum
+    def _backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def _optimizer_step(self) -> float:
         """Clip the gradient norm and step; a non-finite norm is an error (with float16's scaler:
@@ -408,8 +372,8 @@ class Trainer:
             self.opt.step()
         return float(grad_norm)
 
-    def _step_metrics(self, batch, advantages, eps_high_i, upd, t_step, t_update) -> dict:
-        a = self.cfg.algo
+    def _step_metrics(self, batch, ub, upd, t_step, t_update) -> dict:
+        a, advantages = self.cfg.algo, ub.advantages
         rewards, mask = batch.rewards, batch.rollout.response_mask.float()
         n_updates, n_tok = len(upd["grad_norms"]), float(mask.sum())
         out = {"kind": "train", "step": self.step}
@@ -423,7 +387,7 @@ class Trainer:
         out["optim/lr"] = self.sched.get_last_lr()[0]
         out["optim/grad_norm"] = sum(upd["grad_norms"]) / n_updates
         if (advantages > 0).any():
-            out["clip/eps_high_pos_mean"] = float(eps_high_i[advantages > 0].mean())
+            out["clip/eps_high_pos_mean"] = float(ub.eps_high[advantages > 0].mean())
         counts = upd["counts"]
         out.update(clip_stats_from_counts(counts))
         pos_tok = sum(f["pos_tokens"] for f in counts.values())

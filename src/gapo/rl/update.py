@@ -1,0 +1,152 @@
+"""The policy update's data and its per-micro-batch loss (docs/design.md §4.2, §4.3).
+
+``UpdateBatch`` is everything one step's update reads, built before the first epoch: the
+sampled rows and their response mask, the advantages ``A_i``, GAPO's ``ε_high(i)`` per rollout,
+the group success count ``c_i``, and the old (π_old) and reference (π_ref) token log-probs.
+``OldPolicy`` keeps the two facts about π_old that the update itself completes: the old
+log-probs of epoch 0's first mini-batch (§4.3) and the token entropy of π_old's samples.
+
+``micro_batch_loss`` is a pure function of one micro-batch's forward (``logp``, ``ent``), its
+slice of the ``UpdateBatch``, the ``LossSettings`` and the whole mini-batch's normalisers::
+
+    total = L_clip(logp, old_logp, A, ε_low, ε_high(i))          (§2.4 / §2.8, LOSSES[loss])
+            + β · agg(KL_est(π ‖ π_ref))                           (β = kl_coef, when π_ref is set)
+            − α · agg(H(π))                                        (α = entropy_coef, when > 0)
+
+With micro-batches every ``agg`` is normalised by the whole mini-batch (``minibatch_norms``), so
+the micro-batches' losses add up to the mini-batch's loss and so do their gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from gapo.core.aggregation import agg_loss
+from gapo.core.losses import LOSSES, RATIO_LEVEL, kl_estimate, log_ratio
+from gapo.core.metrics import clip_counts_by_c
+
+__all__ = ["LossSettings", "UpdateBatch", "OldPolicy", "micro_batches", "minibatch_norms", "token_share",
+           "micro_batch_loss", "clip_counts", "accumulate", "ADDITIVE"]
+
+# metrics that add up over a mini-batch's micro-batches (each is a share of the mini-batch loss);
+# every other metric is a rate, weighted by the micro-batch's share of the response tokens
+ADDITIVE = ("loss/policy", "loss/total", "loss/kl_ref")
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The loss's hyper-parameters (the ``algo`` config keys of the same names)."""
+
+    loss: str = "ppo"  # a key of gapo.core.losses.LOSSES
+    eps_low: float = 0.2
+    agg: str = "token-mean"
+    clip_ratio_c: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+
+    @classmethod
+    def from_algo(cls, algo) -> LossSettings:
+        return cls(**{f.name: getattr(algo, f.name) for f in fields(cls)})
+
+
+@dataclass
+class UpdateBatch:
+    """One step's update data, ``B`` rollouts (rows) of ``T`` response positions."""
+
+    rollout: object  # the sampled rows (input_ids, attention_mask, response_mask), gapo.rl.rollout
+    mask: torch.Tensor  # (B, T) float response mask
+    advantages: torch.Tensor  # (B,) or (B, T)
+    eps_high: torch.Tensor  # (B,) GAPO's upper clip width per rollout
+    c: torch.Tensor  # (B,) successes in each rollout's group
+    old_logp: torch.Tensor  # (B, T) log π_old
+    ref_logp: torch.Tensor | None = None  # (B, T) log π_ref, when kl_coef > 0
+
+    def rows(self, idx: torch.Tensor) -> UpdateBatch:
+        """The rows ``idx`` (a micro-batch), copied."""
+        pick = lambda x: None if x is None else x[idx]  # noqa: E731
+        return replace(self, mask=self.mask[idx], advantages=self.advantages[idx], eps_high=self.eps_high[idx],
+                       c=self.c[idx], old_logp=self.old_logp[idx], ref_logp=pick(self.ref_logp))
+
+
+class OldPolicy:
+    """What the update learns about π_old from each row's *first* forward of the step.
+
+    - ``pending`` rows (``algo.old_logp=recompute``: all) have no old log-prob yet. Each one's
+      first forward is under exactly π_old's parameters (the trainer's no-grad pass, or, for
+      epoch 0's first mini-batch, the update's very first forward, before any step), so its
+      ``logp.detach()`` *is* the row's old log-prob: it is written into ``batch.old_logp``
+      (docs/design.md §4.3; TRL does the same for one iteration).
+    - ``entropy_sum`` sums the token entropy ``Σ m·H`` at each row's first forward, the
+      ``policy/entropy`` diagnostic. Rows first forwarded by the no-grad behaviour pass are
+      measured there; under ``old_logp=sampler`` every row is measured at its epoch-0 forward.
+    """
+
+    def __init__(self, batch: UpdateBatch, pending: torch.Tensor):
+        self.batch = batch
+        B = batch.mask.shape[0]
+        self.pending = torch.zeros(B, dtype=torch.bool, device=batch.mask.device)
+        self.pending[pending] = True
+        self.unmeasured = torch.ones(B, dtype=torch.bool, device=batch.mask.device)
+        self.entropy_sum = 0.0
+
+    def first_forward(self, rows: torch.Tensor, logp: torch.Tensor, ent: torch.Tensor) -> None:
+        """Record a forward of ``rows`` (whole micro-batches: all pending/unmeasured or none)."""
+        if bool(self.pending[rows].all()):
+            self.batch.old_logp[rows] = logp.detach().float()
+            self.pending[rows] = False
+        if bool(self.unmeasured[rows].all()):
+            self.entropy_sum += float((ent.detach() * self.batch.mask[rows]).sum())
+            self.unmeasured[rows] = False
+
+
+def micro_batches(rows: torch.Tensor, size: int | None) -> tuple[torch.Tensor, ...]:
+    """``rows`` in consecutive chunks of ``size`` (``train.micro_batch_size``; None: one chunk)."""
+    return rows.split(size or rows.numel())
+
+
+def minibatch_norms(mask: torch.Tensor, horizon: int, split: bool) -> dict:
+    """``agg_loss``'s whole-mini-batch normalisers for a mini-batch (response ``mask``) cut into
+    micro-batches (``split``); none when the mini-batch is one micro-batch."""
+    if not split:
+        return {}
+    return dict(num_tokens=mask.sum(), num_seqs=(mask.sum(-1) > 0).sum(), horizon=horizon)
+
+
+def token_share(mask: torch.Tensor, minibatch_mask: torch.Tensor, norms: dict) -> float:
+    """A micro-batch's share of its mini-batch's response tokens (1 when it is the whole)."""
+    return float(mask.sum()) / max(float(minibatch_mask.sum()), 1.0) if norms else 1.0
+
+
+def micro_batch_loss(logp: torch.Tensor, ent: torch.Tensor, mb: UpdateBatch, s: LossSettings,
+                     norms: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(total, metrics)`` of one micro-batch (formula in the module docstring); ``logp``/``ent``
+    ``(b, T)`` are the current policy's on ``mb``'s rows. Metrics are detached 0-d tensors:
+    the surrogate's (``gapo.core.losses``), ``loss/kl_ref``, ``loss/policy``, ``loss/total``."""
+    loss, metrics = LOSSES[s.loss](logp, mb.old_logp, mb.advantages, mb.mask, eps_low=s.eps_low,
+                                   eps_high=mb.eps_high, agg=s.agg, clip_ratio_c=s.clip_ratio_c, **norms)
+    total = loss
+    if mb.ref_logp is not None:
+        kl = agg_loss(kl_estimate(logp, mb.ref_logp, s.kl_estimator), mb.mask, s.agg, **norms)
+        total = total + s.kl_coef * kl
+        metrics["loss/kl_ref"] = kl.detach()
+    if s.entropy_coef:
+        total = total - s.entropy_coef * agg_loss(ent, mb.mask, s.agg, **norms)
+    metrics["loss/policy"], metrics["loss/total"] = loss.detach(), total.detach()
+    return total, metrics
+
+
+@torch.no_grad()
+def clip_counts(logp: torch.Tensor, mb: UpdateBatch, s: LossSettings) -> dict:
+    """Clip counts per group success count ``c`` (the paper's Fig. 2), ``gapo.core.metrics``."""
+    ratio = torch.exp(log_ratio(logp.detach(), mb.old_logp, mb.mask, RATIO_LEVEL[s.loss]))
+    return clip_counts_by_c(ratio, mb.advantages, mb.mask, mb.c, eps_low=s.eps_low, eps_high=mb.eps_high)
+
+
+def accumulate(total: dict[str, float], metrics: dict, share: float = 1.0) -> dict[str, float]:
+    """Add ``metrics`` into ``total`` (in place): ``ADDITIVE`` keys whole, the others × ``share``."""
+    for k, v in metrics.items():
+        total[k] = total.get(k, 0.0) + (1.0 if k in ADDITIVE else share) * float(v)
+    return total

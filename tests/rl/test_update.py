@@ -1,0 +1,148 @@
+"""The update's pure per-micro-batch loss and its π_old bookkeeping (gapo.rl.update)."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gapo.rl.config import load_config
+from gapo.rl.update import (LossSettings, OldPolicy, UpdateBatch, accumulate, micro_batch_loss, micro_batches,
+                            minibatch_norms, token_share)
+
+
+def _batch(logp_old, adv, mask, eps_high, ref=None):
+    B = len(adv)
+    return UpdateBatch(rollout=None, mask=torch.tensor(mask, dtype=torch.float32),
+                       advantages=torch.tensor(adv, dtype=torch.float32),
+                       eps_high=torch.tensor(eps_high, dtype=torch.float32), c=torch.zeros(B, dtype=torch.long),
+                       old_logp=torch.tensor(logp_old, dtype=torch.float32),
+                       ref_logp=None if ref is None else torch.tensor(ref, dtype=torch.float32))
+
+
+def test_ppo_clip_above_one_plus_eps_high_with_positive_advantage_gives_the_clipped_value():
+    # one token, ratio e^0.5 ≈ 1.65 > 1 + 0.28, A = 2: L = −A·(1 + ε_high) = −2.56, no gradient
+    logp = torch.tensor([[0.5]], requires_grad=True)
+    mb = _batch([[0.0]], [2.0], [[1.0]], [0.28])
+    total, mets = micro_batch_loss(logp, torch.zeros(1, 1), mb, LossSettings(), {})
+    assert total.item() == pytest.approx(-2.0 * 1.28)
+    assert mets["loss/clipfrac_high"].item() == 1.0 and mets["loss/policy"].item() == pytest.approx(-2.56)
+    total.backward()
+    assert logp.grad.item() == 0.0
+    # inside the band (ratio e^0.1 < 1.28) the unclipped −A·ρ, gradient −A·ρ
+    logp = torch.tensor([[0.1]], requires_grad=True)
+    total, mets = micro_batch_loss(logp, torch.zeros(1, 1), mb, LossSettings(), {})
+    assert total.item() == pytest.approx(-2.0 * math.exp(0.1))
+    total.backward()
+    assert logp.grad.item() == pytest.approx(-2.0 * math.exp(0.1))
+    assert mets["loss/clipfrac"].item() == 0.0
+
+
+def test_kl_and_entropy_terms_by_hand():
+    # token-mean over 3 live tokens (the 4th masked). ratio 1, A = 1: policy loss −1.
+    # k3 with d = ref − logp: exp(d) − d − 1; entropy term −α · mean(H)
+    logp = torch.tensor([[0.0, 0.0], [0.0, 0.0]])
+    ref = [[0.5, -0.5], [1.0, 9.0]]
+    ent = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
+    mb = _batch([[0.0, 0.0], [0.0, 0.0]], [1.0, 1.0], [[1, 1], [1, 0]], [0.2, 0.2], ref=ref)
+    s = LossSettings(kl_coef=0.1, entropy_coef=0.01)
+    total, mets = micro_batch_loss(logp, ent, mb, s, {})
+    k3 = [math.exp(d) - d - 1 for d in (0.5, -0.5, 1.0)]
+    kl = sum(k3) / 3
+    assert mets["loss/kl_ref"].item() == pytest.approx(kl)
+    assert mets["loss/policy"].item() == pytest.approx(-1.0)
+    assert total.item() == pytest.approx(-1.0 + 0.1 * kl - 0.01 * (1 + 2 + 3) / 3)
+    # the terms are off when their settings are
+    total0, mets0 = micro_batch_loss(logp, ent, _batch([[0.0, 0.0]] * 2, [1.0, 1.0], [[1, 1], [1, 0]],
+                                                        [0.2, 0.2]), LossSettings(), {})
+    assert total0.item() == pytest.approx(-1.0) and "loss/kl_ref" not in mets0
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"])
+@pytest.mark.parametrize("loss", ["ppo", "gspo", "cispo"])
+def test_micro_batch_losses_add_up_to_the_mini_batch_loss(agg, loss):
+    g = torch.Generator().manual_seed(0)
+    B, T = 7, 5
+    mask = (torch.rand(B, T, generator=g) > 0.3).float()
+    mask[3] = 0.0  # an empty row: it counts in no normaliser
+    logp = -torch.rand(B, T, generator=g)
+    ub = UpdateBatch(rollout=None, mask=mask, advantages=torch.randn(B, generator=g),
+                     eps_high=0.2 + 0.1 * torch.rand(B, generator=g), c=torch.zeros(B, dtype=torch.long),
+                     old_logp=logp + 0.3 * torch.randn(B, T, generator=g), ref_logp=-torch.rand(B, T, generator=g))
+    ent = torch.rand(B, T, generator=g)
+    s = LossSettings(loss=loss, agg=agg, kl_coef=0.05, entropy_coef=0.01)
+    rows = torch.tensor([6, 0, 3, 2, 5, 1, 4])
+    whole, whole_m = micro_batch_loss(logp[rows], ent[rows], ub.rows(rows), s, {})
+    subs = micro_batches(rows, 3)
+    assert [len(x) for x in subs] == [3, 3, 1]
+    norms = minibatch_norms(mask[rows], T, split=len(subs) > 1)
+    parts, summed = 0.0, {}
+    for sub in subs:
+        mb = ub.rows(sub)
+        part, m = micro_batch_loss(logp[sub], ent[sub], mb, s, norms)
+        parts = parts + part
+        accumulate(summed, m, token_share(mb.mask, mask[rows], norms))
+    assert parts.item() == pytest.approx(whole.item(), abs=1e-6)
+    for k in ("loss/policy", "loss/total", "loss/kl_ref", "loss/approx_kl"):
+        assert summed[k] == pytest.approx(float(whole_m[k]), abs=1e-6), k
+    # without the whole-mini-batch normalisers the micro-batch token means do not add up
+    if agg == "token-mean":
+        naive = sum(micro_batch_loss(logp[x], ent[x], ub.rows(x), s, {})[0].item() for x in subs)
+        assert naive != pytest.approx(whole.item(), abs=1e-3)
+
+
+def test_old_policy_fills_pending_rows_once_and_measures_each_row_once():
+    B, T = 4, 3
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]], dtype=torch.float32)
+    ub = UpdateBatch(None, mask, torch.zeros(B), torch.full((B,), 0.2), torch.zeros(B, dtype=torch.long),
+                     torch.zeros(B, T))
+    old = OldPolicy(ub, pending=torch.tensor([2, 0]))
+    ent = torch.ones(2, T)
+    old.first_forward(torch.tensor([1, 3]), torch.full((2, T), -9.0), ent)  # not pending: old_logp kept
+    assert torch.equal(ub.old_logp[1], torch.zeros(T)) and old.entropy_sum == 1.0
+    old.first_forward(torch.tensor([2, 0]), torch.full((2, T), -1.0, requires_grad=True), 2 * ent)
+    assert torch.equal(ub.old_logp[[0, 2]], torch.full((2, T), -1.0)) and not ub.old_logp.requires_grad
+    assert old.entropy_sum == 1.0 + 2 * 5
+    old.first_forward(torch.tensor([2, 0]), torch.full((2, T), -5.0), 3 * ent)  # later forwards change nothing
+    assert torch.equal(ub.old_logp[[0, 2]], torch.full((2, T), -1.0)) and old.entropy_sum == 11.0
+
+
+def test_loss_settings_are_the_algo_keys():
+    a = load_config(None, ["algo.kl_coef=0.3", "algo.entropy_coef=0.02", "algo.loss=gspo", "algo.agg=seq-mean-token-mean"]).algo
+    s = LossSettings.from_algo(a)
+    assert (s.kl_coef, s.entropy_coef, s.loss, s.agg, s.eps_low) == (0.3, 0.02, "gspo", "seq-mean-token-mean", a.eps_low)
+
+
+def test_recompute_reuse_gives_the_old_logprobs_of_an_explicit_no_grad_forward(easy_policy, tmp_path):
+    """algo.old_logp=recompute with 2 mini-batches: epoch 0's first mini-batch gets its old
+    log-probs from the update's first (training) forward; they equal a no-grad forward of every
+    row under π_old, i.e. the old log-probs that old_logp=recompute means."""
+    from gapo.rl.trainer import Trainer
+    cfg = load_config(None, [f"model.path={easy_policy}", "task.name=countdown", "task.params.n_numbers=2",
+                             "task.params.num_range=[1,10]", "task.train_size=300", "train.prompts=4",
+                             "train.group_size=4", "train.mini_batches=2", "train.progress=false",
+                             "eval.problems=0", "train.checkpoint_every=0", "algo.old_logp=recompute"])
+    tr = Trainer(cfg, tmp_path / "run")
+    seen = {}
+    inner_update = tr._update
+
+    def update(ub, old, perm0):  # just before the loop, and after it
+        first = perm0[: perm0.numel() // 2]
+        with torch.no_grad():
+            seen["explicit_first"] = tr._logprobs(tr.model, ub, first)[0]
+            seen["explicit_all"] = tr._logprobs(tr.model, ub)[0]
+        seen["first"], seen["pending_before"] = first, old.pending.clone()
+        out = inner_update(ub, old, perm0)
+        seen["old_logp"], seen["pending_after"] = ub.old_logp.clone(), old.pending.clone()
+        return out
+
+    tr._update = update
+    tr.train_step()
+    first = seen["first"]
+    assert first.numel() == 8 and seen["pending_before"][first].all() and seen["pending_before"].sum() == 8
+    assert not seen["pending_after"].any()
+    # the reused rows: bit for bit the no-grad forward of the same rows under π_old
+    assert torch.equal(seen["old_logp"][first], seen["explicit_first"])
+    assert seen["old_logp"][first].abs().sum() > 0  # filled by the reuse, not left at zero
+    # every row: the no-grad forward of the whole batch (up to the forward's float rounding)
+    assert torch.allclose(seen["old_logp"], seen["explicit_all"], atol=1e-5, rtol=0)
