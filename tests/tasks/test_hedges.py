@@ -49,6 +49,10 @@ INNER_HEDGES = [
     # matrices, juxtaposition
     "\\begin{{pmatrix}} {g} \\\\ {d} \\end{{pmatrix}}", "{g} {d}", "${g}$ ${d}$", "{g} \\; {d}",
     "{g} \\text{{ apples }} {d} \\text{{ pears}}",
+    # numbers kept apart by decorations, spacing commands, braces, primes, subscripts
+    "{g}_{{{d}}}", "{g}^{{\\prime}}{d}", "{g}{{}}{d}", "{{{g}}}{{{d}}}", "{g}'{d}", "{g} \\vphantom{{{d}}}",
+    "\\lbrace {g} \\rbrace {d}", "{g} \\text{{ resp. }} {d}", "{g} \\enspace {d}", "{g}\\hfill {d}",
+    "\\color{{red}}{{{g}}} {d}", "{g}\\!\\!{d}", "{g} \\hspace{{1em}} {d}", "\\mathbf{{{g}}}\\mathbf{{{d}}}",
 ]
 WRAPPERS = {
     "boxed": "Let me think. \\boxed{{{x}}}",

@@ -92,7 +92,9 @@ _ANSWER_FIELDS = ("answer", "solution")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 # "\boxed{", "\fbox{" and a bare "boxed{" (a run-on completion's "...}boxed{7}" is a box too)
 _BOX = re.compile(r"(?:\\|(?<![A-Za-z\\]))(?:boxed|fbox)\s*\{")
-_SENTENCE_END = re.compile(r"(?<=[^.\s][.!?])\s+")  # not after an ellipsis "5 ... 7"
+# a sentence ends at ". " before a new sentence: not after an ellipsis ("5 ... 7"), not before a
+# digit, a lower-case word or a brace ("5. 7", "5 resp. 7", "\\text{ resp. }")
+_SENTENCE_END = re.compile(r"(?<=[^.\s][.!?])\s+(?=[^\s\da-z{}])")
 _PHRASE = re.compile(r"(?:\b(?:the\s+)?final\s+answer\b|\bthe\s+answer\b)\s*(?:is\b\s*:?|:|=)\s*|####\s*", re.IGNORECASE)
 _BOX_SPACE = re.compile(r"\\boxed +([^\s$]+)")  # "\boxed 5"
 # A number: optional sign, thousands groups, decimals, optional "/denominator".
@@ -245,7 +247,7 @@ _MULTI = re.compile(
     r",|;|\\\\|&|\\pm(?![A-Za-z])|±|\\mp(?![A-Za-z])|∓|\\[{}]|\\(?:cup|cap|setminus|in|notin|ni|subset|subseteq|"
     r"supset|supseteq|le|leq|leqslant|ge|geq|geqslant|lt|gt|ne|neq|ll|gg|sim|simeq|propto|to|gets|mapsto|"
     r"implies|impliedby|iff|land|wedge|lor|vee|ldots|cdots|dots|vdots|ddots|begin|mid|parallel|perp)(?![A-Za-z])|"
-    r"[<>≤≥≠∈∉∪∩⊂⊆⊃⊇∧∨…–—→⇒⇔]|\\(?:[lL]ong)?(?:left|right|leftright)(?:arrow|Arrow)|\.\.|--|"
+    r"lbrace|rbrace|[<>≤≥≠∈∉∪∩⊂⊆⊃⊇∧∨…–—→⇒⇔]|\\(?:[lL]ong)?(?:left|right|leftright)(?:arrow|Arrow)|\.\.|--|"
     r"(?<=[\w})])\s*\|\s*(?=[\w\\(])"  # "5 | 7" (divides, given, or), not |x|
 )
 _DISJ = re.compile(r"\s*(?:(?<![A-Za-z\\])or(?![A-Za-z])|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|∨)\s*", re.IGNORECASE)
@@ -258,8 +260,30 @@ _PROSE_MULTI = re.compile(
 _CALCULATION = re.compile(r"\d\s*(?:[-+*/×÷^]|\\(?:cdot|times|div|frac)(?![A-Za-z]))\s*[\d(\\]")
 _PM = re.compile(r"\\pm(?![A-Za-z])|±|\\mp(?![A-Za-z])|∓")
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
-# two values side by side with only spaces (and removed words) between: "5 7", "5 to 7", "2 hours 30"
-_JUXTAPOSED = re.compile(r"(?:\d|\})\.?\s+[-+]?(?:\.?\d|\\[dt]?frac)")
+# two values side by side with only spaces, braces (and removed words, decorations) between:
+# "5 7", "5 to 7", "2 hours 30", "{5}7", "5{}7", "\\frac{1}{2} 3"
+_JUXTAPOSED = re.compile(r"\d(?:\s|[{}])[\s{}]*[-+]?\.?\d")
+_FRAC = re.compile(r"\\(?:[dtc]?frac|[dt]?binom)\s*\{[^{}]*\}\s*\{[^{}]*\}")
+_PRIME = re.compile(r"\^\s*\{\s*\\prime\s*\}|\^\s*\\prime|\\prime|'+|\"")
+# LaTeX commands that join two numbers into one value; any other (spacing, colour, phantoms,
+# decorations, nested boxes) separates them
+_DECOR = re.compile(r"\\(?!(?:cdot|times|div|ast|over|choose|mod|bmod|pmod|sqrt|log|ln|lg|exp|sin|cos|tan|cot|sec|"
+                    r"csc|arcsin|arccos|arctan|sinh|cosh|tanh|max|min|gcd|lcm)(?![A-Za-z]))[A-Za-z]+\*?")
+_NUM_SUBSCRIPT = re.compile(r"\d\s*_\s*\{?\s*[-+]?\.?\d")  # 5_{7}: a second number, unless the gold has a base
+
+
+def _several_values(value: str, gold: str) -> bool:
+    """Whether one value's text shows several numbers side by side (``5 to 7``, ``5 \\enspace 7``,
+    ``5'7``, ``{5}{7}``, ``5_{7}``) rather than one expression of them (``2 \\sqrt{3}``,
+    ``\\frac{1}{2}``, ``3.5``, ``2 \\times 10^{3}``)."""
+    t = _FRAC.sub(" 1 ", value)  # a fraction or a binomial of two groups is one value
+    t = _PRIME.sub(" ", t)
+    t = _DECOR.sub(" ", t)
+    t = _WORD.sub(" ", t)
+    t = re.sub(r"(?<!\d)\.|\.(?!\d)", " ", t)  # full stops and "resp.", not decimal points
+    if "_" not in gold and _NUM_SUBSCRIPT.search(t):
+        return True
+    return bool(_JUXTAPOSED.search(t))
 _SUBSCRIPT = re.compile(r"_(?:\{[^{}]*\}|\w)|'+")
 
 
@@ -324,7 +348,7 @@ def answer_candidates(answer: str, *, single: bool, gold: str = "") -> list[str]
             return None if single else []
         values = [x for x in sides if not _is_name(x)] or sides[-1:]
         for v in values:
-            if single and _JUXTAPOSED.search(_WORD.sub(" ", v)):
+            if single and _several_values(v, gold):
                 return None
             out.append(v.strip())
     return out
