@@ -251,3 +251,19 @@ def test_config_validation_accepts_exactly_what_the_estimator_accepts(name, para
     else:
         with pytest.raises(ValueError, match="algo.advantage_params"):
             load_config(None, overrides)
+
+
+@pytest.mark.parametrize("name, kwargs, match", [
+    ("grpo", {"eps": None}, "grpo's eps must be a finite number >= 0, got None"),
+    ("grpo", {"eps": float("nan")}, "grpo's eps"),
+    ("grpo", {"eps": "1e-4"}, "grpo's eps"),
+    ("focal", {"gamma": float("inf")}, "focal's gamma"),
+    ("focal", {"gamma": True}, "focal's gamma"),
+    ("passk", {"k": True}, "k must be an int"),
+    ("passk", {"k": 2.0}, "k must be an int"),
+    ("focal", {"base": "gae"}, "base advantage estimator of focal 'gae'"),
+    ("focal", {"base": "focal"}, "its own base"),
+])
+def test_parameter_values_of_the_wrong_kind_are_value_errors(name, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        compute(name, R, 4, **kwargs)

@@ -48,6 +48,10 @@ def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # (P, G) f
     return rewards.double().view(-1, group_size)
 
 
+def _finite_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _out(a: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
     return a.reshape(-1).to(torch.float32 if not rewards.is_floating_point() else rewards.dtype)
 
@@ -62,8 +66,8 @@ def grpo(rewards, group_size, *, eps: float = 1e-6, std: str = "unbiased") -> to
     """``A_i = (R_i − mean) / (std + eps)`` (GRPO, arXiv 2402.03300); ``std`` unbiased or population."""
     if std not in ("unbiased", "population"):
         raise unknown("std", std, ("unbiased", "population"))
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    if not _finite_number(eps) or eps < 0:
+        raise ValueError(f"grpo's eps must be a finite number >= 0, got {eps!r}")
     r = _groups(rewards, group_size)
     centred = r - r.mean(1, keepdim=True)
     sd = r.std(1, keepdim=True, correction=1 if std == "unbiased" else 0)
@@ -85,7 +89,7 @@ def passk(rewards, group_size, *, k: int = 4) -> torch.Tensor:
     ``σ = sqrt(R̄(1−R̄))``. Groups with ``σ = 0`` (no success, or every k-subset holds one)
     carry no pass@k signal and get 0.
     """
-    if not isinstance(k, int) or not 1 <= k <= group_size:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= group_size:
         raise ValueError(f"k must be an int in [1, group_size={group_size}], got {k!r}")
     r = _groups(rewards, group_size)
     if not ((r == 0) | (r == 1)).all():
@@ -110,8 +114,8 @@ def focal(rewards, group_size, *, gamma: float = 1.0, base: str = "drgrpo",
     """``Ã_i = (1 − p̂)^γ · A_i`` (F-GRPO, arXiv 2602.06717): down-weights easy groups.
     ``p̂`` = the group's mean of :func:`rescaled_rewards` under ``reward_range``; ``params`` are
     the base estimator's own (anything else is an :class:`UnknownArgument` naming focal)."""
-    if not gamma >= 0:
-        raise ValueError(f"gamma must be >= 0, got {gamma!r}")
+    if not _finite_number(gamma) or gamma < 0:
+        raise ValueError(f"focal's gamma must be a finite number >= 0, got {gamma!r}")
     if base == "focal":
         raise ValueError("focal cannot be its own base estimator")
     if base not in ADVANTAGES:
