@@ -141,6 +141,8 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     md = grid_report(g, out, tmp_path / "rep", say=lambda s: None)
     text = md.read_text()
     assert "| gapo |" in text and "boom" in text  # the failed cell is listed
+    assert "\n\n*passk.png: Held-out pass@k after RL per method" in text  # figures come with captions
+    assert "*ratio_adv_corr.png: r(|ρ−1|, A), windowed: Pearson's r" in text
     # every table row has its header's number of cells (a '|' inside a name would break one)
     import re
     ncols = None

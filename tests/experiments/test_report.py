@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
-
-import pytest
 
 from gapo.experiments.figures import RUN_CAPTIONS
 from gapo.experiments.report import below_base, default_report_dir, format_samples, summarise, write_report
@@ -72,7 +69,8 @@ def test_gapo_report_writes_into_the_run_and_says_where(tmp_path, capsys):
     run = tmp_path / "runs" / "gapo"
     run.mkdir(parents=True)
     r = _run("gapo", (0.2, 0.35, 0.45))
-    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in r["eval"][:1] + r["train"] + r["eval"][1:]))
+    records = r["eval"][:1] + r["train"] + r["eval"][1:]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
     assert main(["report", str(run)]) == 0
     out = capsys.readouterr().out
     assert (run / "report" / "report.md").is_file()

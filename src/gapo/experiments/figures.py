@@ -74,6 +74,24 @@ RUN_CAPTIONS = {
 }
 
 
+# the grid report's figures (tables.md): one panel per regime, means over seeds
+GRID_CAPTIONS = {
+    "passk.png": "Held-out pass@k after RL per method (mean over seeds, 95% t-interval) and the base policy "
+                 "(black, dashed); k on a log scale.",
+    "clip_by_c.png": "Per group-success count c: the clipped share of positive-advantage tokens, mean over seeds.",
+    "ratio_dev_by_c.png": "Per group-success count c: mean |ρ−1| of all response tokens, mean over seeds.",
+    "ratio_dev_pos_by_c.png": "Per group-success count c: mean |ρ−1| of positive-advantage tokens (before "
+                              "clipping); the paper's premise is that it is largest at small c.",
+    "pass1_curve.png": "Held-out pass@1 at each evaluation, mean over seeds.",
+    "entropy.png": "Mean token entropy of the sampled completions over training, mean over seeds (smoothed).",
+    "clipfrac.png": "Share of positive-advantage tokens clipped at 1 + ε_high over training, mean over seeds.",
+    "ratio_adv_corr.png": RUN_CAPTIONS["ratio_adv_corr.png"].replace("r > 0", "mean over seeds; r > 0"),
+    "train_pass_rate.png": "Pass rate of the training rollouts over training, mean over seeds (smoothed).",
+    "coverage.png": "Share of each held-out problem's distinct solutions found (Countdown), mean over seeds.",
+    "time_per_step.png": "Wall-clock seconds per training step, mean over seeds (one CPU thread per cell).",
+}
+
+
 def run_figures(runs: list[dict], out: Path) -> list[str]:
     """The single-run report's figures of ``runs`` (``load_run`` records) into ``out``; their names."""
     names = [_run_passk(runs, out)]

@@ -458,8 +458,8 @@ def _cell_seconds(grid: dict, out: Path) -> tuple[float | None, str]:
 def estimate_line(n_jobs: int, workers: int, cell_s: float | None, source: str) -> str:
     """The line ``gapo compare`` prints before the cells run: cells × seconds per cell / workers."""
     if cell_s is None:
-        return (f"estimate: no cell time known yet (no finished cell here, no cell_s in the grid); "
-                f"the progress bar's ETA appears once the first cells finish")
+        return ("estimate: no cell time known yet (no finished cell here, no cell_s in the grid); "
+                "the progress bar's ETA appears once the first cells finish")
     total = n_jobs * cell_s / max(1, min(workers, n_jobs))
     return (f"estimate: {n_jobs} cells x ~{cell_s:.0f} s / {min(workers, n_jobs)} workers = about "
             f"{_minutes(total)} (from {source}; a busy machine takes longer, the bar's ETA follows the cells)")

@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 
 from gapo.experiments.claims import claim_rows, independent_between, verdict
-from gapo.experiments.figures import RUN_CAPTIONS, grid_figures, run_figures
+from gapo.experiments.figures import GRID_CAPTIONS, RUN_CAPTIONS, grid_figures, run_figures
 from gapo.experiments.grid import BASELINE_OF, cell_dir, grid_cells, write_json
 from gapo.experiments.stats import load_cell, mean_ci, paired_diffs, run_summary
 
@@ -109,8 +109,8 @@ def _below_base_md(runs: list[dict], summaries: list[dict]) -> list[str]:
         worse = below_base(s)
         if worse and run["eval"] and run["eval"][0].get("step") == 0:
             ks = ", ".join(f"pass@{k} {a:.3f} < {b:.3f}" for k, a, b in worse)
-            lines.append(f"- **{run['name']} ends below the base policy** at k = {', '.join(str(k) for k, _, _ in worse)} "
-                         f"(after RL vs before: {ks}).")
+            at = ", ".join(str(k) for k, _, _ in worse)
+            lines.append(f"- **{run['name']} ends below the base policy** at k = {at} (after RL vs before: {ks}).")
     if lines:
         lines.append("- Falling below the base at large k while pass@1 rises is RL narrowing the policy onto fewer "
                      "answers; with one seed and few problems, differences of a few points are also noise.")
@@ -201,7 +201,9 @@ def grid_report(grid: dict, out: str | Path, report_dir: str | Path | None = Non
     md = _tables_md(summary)
     figs = grid_figures(grid, cells, agg, fdir)
     rel = os.path.relpath(fdir, rdir)
-    md += "\n## Figures\n\n" + "\n".join(f"![{f}]({rel}/{f})" for f in figs) + "\n"
+    captioned = [f"![{f}]({rel}/{f})" + (f"\n\n*{f}: {GRID_CAPTIONS[f]}*\n" if f in GRID_CAPTIONS else "")
+                 for f in figs]
+    md += "\n## Figures\n\n" + "\n".join(captioned) + "\n"
     from gapo.experiments.dose import dose_report, write_per_problem
 
     write_per_problem(cells, rdir / "per_problem.json")  # per-problem success counts of every cell
