@@ -313,7 +313,7 @@ def score_batch(task, problems, completions, *, workers: int = 0, timeout_s: flo
     rewards, statuses, parts = [], [], []
     soft, _ = _deadlines(task, timeout_s)
     warm = getattr(task, "warmup", None)
-    if callable(warm) and completions:
+    if callable(warm) and any(completions):  # (an all-empty batch, e.g. the reward probe, verifies nothing)
         warm()  # untimed: heavy imports and first uses must not be cut off by the guard below
     for i, (p, c) in enumerate(zip(problems, completions)):
         try:
