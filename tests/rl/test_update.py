@@ -1,7 +1,6 @@
 """The update's pure per-micro-batch loss and its π_old bookkeeping (gapo.rl.update)."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -58,7 +57,8 @@ def test_kl_and_entropy_terms_by_hand():
     assert total0.item() == pytest.approx(-1.0) and "loss/kl_ref" not in mets0
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+                                 "seq-mean-token-sum"])
 @pytest.mark.parametrize("loss", ["ppo", "gspo", "cispo"])
 def test_micro_batch_losses_add_up_to_the_mini_batch_loss(agg, loss):
     g = torch.Generator().manual_seed(0)
@@ -108,9 +108,11 @@ def test_old_policy_fills_pending_rows_once_and_measures_each_row_once():
 
 
 def test_loss_settings_are_the_algo_keys():
-    a = load_config(None, ["algo.kl_coef=0.3", "algo.entropy_coef=0.02", "algo.loss=gspo", "algo.agg=seq-mean-token-mean"]).algo
+    a = load_config(None, ["algo.kl_coef=0.3", "algo.entropy_coef=0.02", "algo.loss=gspo",
+                           "algo.agg=seq-mean-token-mean"]).algo
     s = LossSettings.from_algo(a)
-    assert (s.kl_coef, s.entropy_coef, s.loss, s.agg, s.eps_low) == (0.3, 0.02, "gspo", "seq-mean-token-mean", a.eps_low)
+    assert (s.kl_coef, s.entropy_coef, s.loss, s.agg) == (0.3, 0.02, "gspo", "seq-mean-token-mean")
+    assert (s.eps_low, s.clip_ratio_c, s.kl_estimator) == (a.eps_low, a.clip_ratio_c, a.kl_estimator)
 
 
 def test_recompute_reuse_gives_the_old_logprobs_of_an_explicit_no_grad_forward(easy_policy, tmp_path):
