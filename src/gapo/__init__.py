@@ -32,7 +32,8 @@ _API = {
     "policy_loss": "gapo.core.losses", "cispo_loss": "gapo.core.losses", "LOSSES": "gapo.core.losses",
     "agg_loss": "gapo.core.aggregation",
     "compute_advantages": ("gapo.core.advantages", "compute"), "ADVANTAGES": "gapo.core.advantages",
-    "group_success_count": "gapo.core.advantages",
+    "success_count": "gapo.core.advantages",
+    "group_success_count": "gapo.core.advantages",  # deprecated: success_count's 0.2 name (warns when called)
     "pass_at_k": "gapo.core.metrics", "clip_stats_by_c": "gapo.core.metrics",
     "Config": "gapo.rl.config", "load_config": "gapo.rl.config",
     "Trainer": "gapo.rl.trainer",

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gapo.core.advantages import ADVANTAGES, compute, group_success_count, rescaled_rewards, zero_std_groups
+from gapo.core.advantages import ADVANTAGES, compute, rescaled_rewards, success_count, zero_std_groups
 
 R = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])  # G = 4: c = 1 and c = 2
 
@@ -96,7 +96,7 @@ def test_correct_rollouts_get_positive_advantage(rewards):
 def test_helpers():
     rewards = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
     assert zero_std_groups(rewards, 2).tolist() == [True, True, False]
-    assert group_success_count(rewards, 2).tolist() == [2, 2, 0, 0, 1, 1]
+    assert success_count(rewards, 2).tolist() == [2, 2, 0, 0, 1, 1]
 
 
 @pytest.mark.parametrize(
@@ -126,12 +126,12 @@ def test_success_count_under_group_and_batch_ranges_hand_computed():
     #   [2, 2, 2, 2]: constant: "group" places it on the batch's scale, u = 0 → c = 0; "batch" u = 0 → 0
     #   [7, 7, 7, 7]: constant at the batch's max: u = 1 → c = 4 under both
     r = torch.tensor([5.0, 3, 3, 3, 7, 6, 5, 3, 2, 2, 2, 2, 7, 7, 7, 7])
-    assert group_success_count(r, 4, reward_range="group").tolist() == [1] * 4 + [2] * 4 + [0] * 4 + [4] * 4
-    assert group_success_count(r, 4, reward_range="batch").tolist() == [1] * 4 + [3] * 4 + [0] * 4 + [4] * 4
+    assert success_count(r, 4, reward_range="group").tolist() == [1] * 4 + [2] * 4 + [0] * 4 + [4] * 4
+    assert success_count(r, 4, reward_range="batch").tolist() == [1] * 4 + [3] * 4 + [0] * 4 + [4] * 4
     u = rescaled_rewards(r, 4, reward_range="group")
     assert u[:8].tolist() == pytest.approx([1, 0, 0, 0, 1, 0.75, 0.5, 0])
     # a constant batch: nothing to rescale by → u = 0, c = 0 (no NaN)
-    assert group_success_count(torch.full((4,), 0.3), 2, reward_range="group").tolist() == [0] * 4
+    assert success_count(torch.full((4,), 0.3), 2, reward_range="group").tolist() == [0] * 4
     assert rescaled_rewards(torch.full((4,), 0.3), 2, reward_range="batch").tolist() == [0.0] * 4
 
 
@@ -141,18 +141,18 @@ def test_success_count_under_group_and_batch_ranges_hand_computed():
 def test_binary_success_count_is_the_same_under_every_range(rewards):
     # 0/1 rewards, a batch holding both values: c is the number of successes under (0,1), "group", "batch"
     r = torch.tensor(rewards)
-    ref = group_success_count(r, 4)
+    ref = success_count(r, 4)
     assert torch.equal(ref, r.view(-1, 4).sum(1).long().repeat_interleave(4))
-    assert torch.equal(group_success_count(r, 4, reward_range="group"), ref)
-    assert torch.equal(group_success_count(r, 4, reward_range="batch"), ref)
+    assert torch.equal(success_count(r, 4, reward_range="group"), ref)
+    assert torch.equal(success_count(r, 4, reward_range="batch"), ref)
     # and a shifted, scaled copy (e.g. ±1 rewards) gives the same counts without naming a range
-    assert torch.equal(group_success_count(r * 2 - 1, 4, reward_range="group"), ref)
+    assert torch.equal(success_count(r * 2 - 1, 4, reward_range="group"), ref)
 
 
 def test_tuple_range_success_count_unchanged():
     # the fixed-range formula: round(Σ (R − lo)/(hi − lo)); ±1 rewards with (−1, 1): [1, −1, −1, 1] → 2
     r = torch.tensor([1.0, -1, -1, 1, 0.5, 0.5, -1, -1])
-    assert group_success_count(r, 4, reward_range=(-1, 1)).tolist() == [2] * 4 + [round(0.75 + 0.75)] * 4
+    assert success_count(r, 4, reward_range=(-1, 1)).tolist() == [2] * 4 + [round(0.75 + 0.75)] * 4
 
 
 def test_focal_under_group_range():
@@ -267,3 +267,14 @@ def test_config_validation_accepts_exactly_what_the_estimator_accepts(name, para
 def test_parameter_values_of_the_wrong_kind_are_value_errors(name, kwargs, match):
     with pytest.raises(ValueError, match=match):
         compute(name, R, 4, **kwargs)
+
+
+def test_group_success_count_is_a_deprecated_alias_of_success_count():
+    """gapo 0.2's name still works, warns, and gives success_count's result; both are in the lazy API."""
+    import gapo
+    from gapo.core.advantages import group_success_count
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    with pytest.warns(DeprecationWarning, match="success_count"):
+        old = group_success_count(r, 3)
+    assert old.tolist() == success_count(r, 3).tolist() == [2, 2, 2, 1, 1, 1]
+    assert gapo.success_count is success_count and "success_count" in gapo.__all__

@@ -353,10 +353,10 @@ def test_clip_stats_by_c_pooled_over_micro_batches_match_gapo_trainer(policy, tm
     for k in ref:
         assert pooled[k] == pytest.approx(ref[k], rel=1e-5, abs=1e-6), k
     # the success counts are those of the completions' group rewards, under the default reward_range="group"
-    from gapo.core.advantages import group_success_count
+    from gapo.core.advantages import success_count
 
     texts = trainer.processing_class.batch_decode(inputs["completion_ids"], skip_special_tokens=True)
-    c = group_success_count(torch.tensor(frac_a(texts)), 4, reward_range="group")
+    c = success_count(torch.tensor(frac_a(texts)), 4, reward_range="group")
     assert torch.equal(inputs["gapo_success_count"], c)
 
 

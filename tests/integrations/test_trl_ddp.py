@@ -57,7 +57,7 @@ def _of(events, kind):
 
 
 def test_eps_and_c_come_from_whole_gathered_groups(ranks):
-    from gapo.core.advantages import group_success_count
+    from gapo.core.advantages import success_count
     from gapo.core.clipping import gapo_eps_high
 
     rewards = [_of(ev, "rewards") for ev in ranks]
@@ -66,7 +66,7 @@ def test_eps_and_c_come_from_whole_gathered_groups(ranks):
     (r0, g0), (r1, g1) = rewards[0][0], rewards[1][0]
     assert g0 == g1 == 4 and torch.equal(r0, r1) and r0.numel() == 16  # both ranks gathered all 16
     eps = gapo_eps_high(r0, 4, eps_low=0.2, eps_high_max=0.28, reward_range="group")
-    c = group_success_count(r0, 4, reward_range="group")
+    c = success_count(r0, 4, reward_range="group")
     assert (eps > 0.2).any() and (eps == 0.2).any()
     for rank in range(2):
         # micro-batches A, B, A, B (steps_per_generation=2, num_iterations=2): A and B hold the rank's 8 rows

@@ -36,7 +36,7 @@ from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
 import gapo.integrations.verl as gv  # noqa: E402
-from gapo.core.advantages import group_success_count  # noqa: E402
+from gapo.core.advantages import success_count  # noqa: E402
 from gapo.core.clipping import gapo_eps_high, success_weight  # noqa: E402
 from gapo.core.losses import log_ratio  # noqa: E402
 from gapo.core.metrics import clip_stats_by_c, ratio_adv_pairs  # noqa: E402
@@ -369,7 +369,7 @@ def test_metrics_by_c_hand_computed():
     # the rates they give are gapo.core.metrics' own (c from the raw rewards, zero-advantage groups left out)
     rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1])
     rows = slice(0, 8)
-    ref = clip_stats_by_c(ratio[rows], adv_row[rows], mask[rows], group_success_count(rewards, G)[rows],
+    ref = clip_stats_by_c(ratio[rows], adv_row[rows], mask[rows], success_count(rewards, G)[rows],
                           eps_low=0.2, eps_high=gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28)[rows])
     for c in (1, 2):
         assert abs(m[f"actor/gapo_clipped_high_by_c/{c}"] / m[f"actor/gapo_tokens_pos_by_c/{c}"]
@@ -460,7 +460,7 @@ def test_metrics_by_c_survive_verl_aggregation_and_pool_exactly(name):
     known = (rewards.view(-1, G).sum(1) % G != 0).repeat_interleave(G)  # groups with 0 < c < G
     level = "token" if name == "gapo" else "sequence"
     ratio = torch.exp(log_ratio(logp, old, mask, level))
-    ref = clip_stats_by_c(ratio[known], adv[known, 0], mask[known], group_success_count(rewards, G)[known],
+    ref = clip_stats_by_c(ratio[known], adv[known, 0], mask[known], success_count(rewards, G)[known],
                           eps_low=0.2, eps_high=gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28)[known])
     checked = 0
     for c in range(1, G):
@@ -577,7 +577,7 @@ def test_reward_range_group_batch_from_std_grpo_advantages_equals_core(mode, val
     core = success_weight(rewards, G, reward_range=mode)
     assert torch.allclose(w, core[perm], atol=1e-5)
     known = c >= 0
-    assert torch.equal(c[known], group_success_count(rewards, G, reward_range=mode)[perm][known])
+    assert torch.equal(c[known], success_count(rewards, G, reward_range=mode)[perm][known])
     pl = GAPOPolicyLossConfig(loss_mode="gapo", eps_high_max=0.28, reward_range=mode, norm_adv_by_std_in_grpo=True)
     ref = gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28, reward_range=mode)[perm]
     assert ref.max() > 0.2 + 1e-6  # GAPO's headroom is in use

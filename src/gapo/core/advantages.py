@@ -14,7 +14,7 @@ Rewards are ``(B,)`` with ``B = prompts × G`` and each group's rows contiguous.
     focal   Ã_i = (1 − p̂)^γ · A_i on top of a base estimator (F-GRPO, arXiv 2602.06717),
             p̂ = the group's mean reward rescaled to [0, 1] (= c/G for binary rewards)
 
-``reward_range`` (focal's p̂ and ``group_success_count``'s c) is ``(lo, hi)``, ``"group"`` or
+``reward_range`` (focal's p̂ and :func:`success_count`'s c) is ``(lo, hi)``, ``"group"`` or
 ``"batch"``, as in :mod:`gapo.core.clipping`: see :func:`rescaled_rewards`. Callers pass it to
 :func:`compute` for every estimator alike; it reaches the estimators that declare a
 ``reward_range`` parameter (of the built-in ones focal) and is ignored by the rest. Any other
@@ -29,13 +29,14 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+import warnings
 
 import torch
 
 from gapo.core.checks import check_reward_range, check_rewards, reward_bounds, unknown
 
-__all__ = ["compute", "ADVANTAGES", "UnknownArgument", "estimator_params", "zero_std_groups", "group_success_count",
-           "rescaled_rewards"]
+__all__ = ["compute", "ADVANTAGES", "UnknownArgument", "estimator_params", "zero_std_groups", "success_count",
+           "group_success_count", "rescaled_rewards"]
 
 
 class UnknownArgument(TypeError, ValueError):
@@ -206,10 +207,10 @@ def rescaled_rewards(rewards: torch.Tensor, group_size: int, *,
     return u.clamp(0, 1).reshape(-1)
 
 
-def group_success_count(rewards: torch.Tensor, group_size: int, *,
-                        reward_range: tuple[float, float] | str = (0.0, 1.0)) -> torch.Tensor:  # (B,) long
-    """``c`` per rollout: the number of successes in its group, ``c = round(Σ_group u_j)`` with
-    ``u`` the rewards rescaled to [0, 1] by ``reward_range`` (:func:`rescaled_rewards`).
+def success_count(rewards: torch.Tensor, group_size: int, *,
+                  reward_range: tuple[float, float] | str = (0.0, 1.0)) -> torch.Tensor:  # (B,) long
+    """``c`` per rollout (the paper's success count): the number of successes in its group,
+    ``c = round(Σ_group u_j)`` with ``u`` the rewards rescaled to [0, 1] by ``reward_range`` (:func:`rescaled_rewards`).
 
     Exact for binary rewards with ``(0, 1)``. Under ``"group"``, a group with two reward levels
     counts the rollouts at its max (``c = 1``: the lone best rollout, which gets ``w = 1``);
@@ -224,3 +225,12 @@ def group_success_count(rewards: torch.Tensor, group_size: int, *,
         return c.repeat_interleave(group_size)
     u = rescaled_rewards(rewards, group_size, reward_range=rr).view(-1, group_size)
     return u.sum(1).round().long().repeat_interleave(group_size)
+
+
+def group_success_count(rewards: torch.Tensor, group_size: int, *,
+                        reward_range: tuple[float, float] | str = (0.0, 1.0)) -> torch.Tensor:  # (B,) long
+    """Deprecated: gapo 0.2's name of :func:`success_count` (same arguments, same result), kept
+    with a DeprecationWarning so existing callers keep working; the old name will be removed."""
+    warnings.warn("gapo.core.advantages.group_success_count is now success_count; the old name will be removed",
+                  DeprecationWarning, stacklevel=2)
+    return success_count(rewards, group_size, reward_range=reward_range)

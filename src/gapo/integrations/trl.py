@@ -21,7 +21,7 @@ How (three small overrides; no TRL code is copied):
    does (weighted sum over reward functions, NaN if every function returned ``None``), compute
    ε_high for the whole gathered generation batch, and keep this process's slice.
    It also keeps each completion's group success count ``c`` (rewards rescaled to [0, 1] by
-   ``reward_range``, summed over the group, rounded: :func:`gapo.core.advantages.group_success_count`;
+   ``reward_range``, summed over the group, rounded: :func:`gapo.core.advantages.success_count`;
    an unscorable completion counts as a failure), for metrics. An eval group of one completion
    (``num_generations_eval=1``) has no group: ε_low, ``c = 0``, and no per-``c`` metrics.
 2. ``_generate_and_score_completions``: puts that slice in the output dict as
@@ -87,8 +87,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("gapo.integrations.trl needs TRL: pip install 'gapo[trl]' (trl>=1.16,<1.17)") from exc
 
+from gapo.core.advantages import success_count
 from gapo.core.checks import check_reward_range
-from gapo.core.advantages import group_success_count
 from gapo.core.clipping import gapo_eps_high
 from gapo.core.metrics import (clip_counts_by_c, clip_stats_from_counts, counts_from_tensor, counts_to_tensor,
                           merge_counts)
@@ -288,20 +288,20 @@ class GAPOTrainer(GRPOTrainer):
         ).float()
 
     def compute_success_count(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # (N,) long
-        """``c`` per completion (:func:`gapo.core.advantages.group_success_count` under ``args.reward_range``);
+        """``c`` per completion (:func:`gapo.core.advantages.success_count` under ``args.reward_range``);
         an unscorable (NaN) completion counts as a failure: R_min under a fixed range, its group's lowest
         reward under "group"/"batch" (the batch's lowest for an all-unscorable group). 0 for groups of one."""
         rr = _reward_range(self.args)
         if group_size < 2:
             return torch.zeros(rewards.shape, dtype=torch.long, device=rewards.device)
         if isinstance(rr, tuple):
-            return group_success_count(rewards.nan_to_num(rr[0]), group_size, reward_range=rr)
+            return success_count(rewards.nan_to_num(rr[0]), group_size, reward_range=rr)
         grouped = rewards.double().view(-1, group_size)
         nan = torch.isnan(grouped)
         low = torch.where(nan, torch.inf, grouped).amin(1, keepdim=True)  # the group's lowest finite reward
         batch_low = low[torch.isfinite(low)].min().item() if torch.isfinite(low).any() else 0.0
         low = torch.where(torch.isfinite(low), low, torch.full_like(low, batch_low))
-        return group_success_count(torch.where(nan, low, grouped).reshape(-1), group_size, reward_range=rr)
+        return success_count(torch.where(nan, low, grouped).reshape(-1), group_size, reward_range=rr)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -312,10 +312,10 @@ class GAPOTrainer(GRPOTrainer):
         rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # TRL's per-completion reward
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
         eps_high = self.compute_eps_high(rewards, group_size)  # also checks the rewards against reward_range
-        success = self.compute_success_count(rewards, group_size)
+        success_count = self.compute_success_count(rewards, group_size)
         start = self.accelerator.process_index * len(prompts)  # the slice TRL takes for advantages
         local = slice(start, start + len(prompts))
-        self._gapo_pending = (eps_high[local], success[local])
+        self._gapo_pending = (eps_high[local], success_count[local])
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from gapo import tasks
 from gapo.core.advantages import compute as compute_advantages
-from gapo.core.advantages import group_success_count
+from gapo.core.advantages import success_count
 from gapo.tasks.custom import with_rewards
 from gapo.core.clipping import eps_high_for
 from gapo.core.metrics import (RATIO_ADV_WINDOW, clip_stats_from_counts, merge_counts, ratio_adv_corr,
@@ -242,7 +242,7 @@ class Trainer:
         advantages = compute_advantages(a.advantage, rewards, G, reward_range=a.reward_range, **a.advantage_params)
         eps_high = eps_high_for(a.eps_schedule, rewards, G, eps_low=a.eps_low, eps_high_max=a.eps_high_max,
                                 reward_range=a.reward_range).to(self.device)
-        c = group_success_count(rewards, G, reward_range=a.reward_range)
+        c = success_count(rewards, G, reward_range=a.reward_range)
         # 3. the update batch: + log π_old (epoch 0's mini-batch order is drawn first: see
         #    _update_batch) and log π_ref
         perm0 = self._permutation(rewards.numel())
