@@ -158,12 +158,12 @@ def policy_loss(
     _check_inputs(logp, old_logp, advantages, response_mask, eps_low, eps_high)
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 for dual clipping, got {clip_ratio_c!r}")
-    eps_high_b = _as_rows(eps_high, logp, "eps_high")
+    eps_high = _as_rows(eps_high, logp, "eps_high")
     adv = _as_rows(advantages, logp, "advantages")
 
     log_r = log_ratio(logp, old_logp, response_mask, level)
     ratio = torch.exp(log_r)
-    sign, signed_bound = _bounds(adv, eps_low, eps_high_b)
+    sign, signed_bound = _bounds(adv, eps_low, eps_high)
     signed_ratio = sign * ratio
     loss_mat = -adv.abs() * torch.minimum(signed_ratio, signed_bound)
     dual = None
@@ -205,16 +205,16 @@ def cispo_loss(
     _check_inputs(logp, old_logp, advantages, response_mask, eps_low, eps_high)
     if clip_ratio_c is not None:
         raise ValueError("clip_ratio_c (dual clip) is not defined for CISPO; pass None")
-    eps_high_b = _as_rows(eps_high, logp, "eps_high")
+    eps_high = _as_rows(eps_high, logp, "eps_high")
     adv = _as_rows(advantages, logp, "advantages")
     log_r = log_ratio(logp, old_logp, response_mask, "token")
     ratio = torch.exp(log_r.detach())
-    weight = _clip(ratio, eps_low, eps_high_b)
+    weight = _clip(ratio, eps_low, eps_high)
     loss_mat = -adv * weight * logp
     loss = agg_loss(loss_mat, response_mask, agg, **agg_kwargs)
     with torch.no_grad():
         n_tokens = response_mask.sum().clamp(min=1)
-        sign, signed_bound = _bounds(adv, eps_low, eps_high_b)
+        sign, signed_bound = _bounds(adv, eps_low, eps_high)
         clipped = (sign * ratio > signed_bound) & response_mask.bool()
         metrics = _metrics(-log_r.detach(), adv, response_mask, n_tokens, clipped, None, eps_high)
     return loss, metrics

@@ -78,9 +78,9 @@ def clip_counts_by_c(
     and ΣA); add them across mini-batches with
     ``merge_counts`` and turn them into rates with ``clip_stats_from_counts``."""
     m = response_mask.bool()
-    eh = eps_high if isinstance(eps_high, torch.Tensor) else torch.full_like(advantages, float(eps_high))
-    eh = eh.to(ratio.dtype)
-    above = (ratio > 1.0 + eh.unsqueeze(-1)) & m
+    eps_high = eps_high if isinstance(eps_high, torch.Tensor) else torch.full_like(advantages, float(eps_high))
+    eps_high = eps_high.to(ratio.dtype)
+    above = (ratio > 1.0 + eps_high.unsqueeze(-1)) & m
     below = (ratio < 1.0 - eps_low) & m
     dev = (ratio - 1.0).abs() * m
     pos, neg = advantages > 0, advantages < 0
@@ -93,9 +93,9 @@ def clip_counts_by_c(
         rows = success_count == c
         sums = per_row[rows].sum(0).tolist()
         prow = rows & pos
-        out[int(c)] = dict(zip(_COUNT_FIELDS, sums + [float(rows.sum()), float(eh[rows].double().sum()),
+        out[int(c)] = dict(zip(_COUNT_FIELDS, sums + [float(rows.sum()), float(eps_high[rows].double().sum()),
                                                       float(advantages[rows].double().abs().sum()),
-                                                      float(prow.sum()), float(eh[prow].double().sum()),
+                                                      float(prow.sum()), float(eps_high[prow].double().sum()),
                                                       float(pos_dev[rows].sum()),
                                                       float(advantages[prow].double().sum())]))
     return out
