@@ -74,6 +74,14 @@ class SamplingConfig:
 
 @dataclass
 class AlgoConfig:
+    """The algorithm: advantage estimator, loss, clip widths, regularisers.
+
+    ``eps_high_max`` is the configured upper width under every schedule: the constant ``ε_high`` of
+    every rollout under ``fixed`` (PPO/GRPO's ε_high), GAPO's largest ``ε_high(i)`` (the lone success
+    of a hard group) under ``linear``/``log``. One key for both, so a fixed-vs-GAPO comparison
+    changes only ``eps_schedule`` (docs/design.md §2.1, §2.5). gapo 0.1's ``algo.eps_high`` is
+    refused with a message naming ``algo.eps_high_max`` (and migrated in saved runs' config.yaml)."""
+
     advantage: str = "drgrpo"  # drgrpo | grpo | rloo | passk | focal
     advantage_params: dict = field(default_factory=dict)  # e.g. {eps: 1e-6}, {k: 4}, {gamma: 1, base: drgrpo}
     loss: str = "ppo"  # ppo (token ratio) | gspo (sequence ratio) | cispo
