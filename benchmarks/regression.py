@@ -37,8 +37,10 @@ Units (about 3 minutes together on 2 quiet CPU cores; 4-5 times that on a busy m
 
 Run it with the interpreter of the environment under test (``.venv/bin/python``). To check
 another checkout's code, put its ``src`` first: ``PYTHONPATH=/path/to/src``. Golden values
-depend on the CPU and the torch build they were recorded with (``golden/meta.json``); on another
-machine, ``record`` from a trusted commit first.
+depend on the CPU and the torch build they were recorded with (``golden/meta.json``: ``torch`` and
+``cpu``). On the recording CPU ``check`` is exact; on another one it compares floats to a relative
+``--rtol`` (1e-3 by default) and everything else exactly, and says so. For a bit-for-bit check on
+another machine, ``record`` from a trusted commit first (``--golden DIR`` keeps those records apart).
 
 Configuration keys renamed by a later change (``algo.eps_high`` → ``algo.eps_high_max``) are
 detected at start, by asking the command line (separately for fixed and GAPO schedules), and
@@ -48,7 +50,9 @@ applied to every override the units pass; the golden records do not contain conf
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import os
 import platform
 import signal
@@ -386,6 +390,10 @@ def unit_resume_quick(env: Env) -> list[dict]:
     return unit_resume(env, interruptions=(("term", signal.SIGTERM, 2),))
 
 
+# A processor other than the recording one changes floats in their last bits (seen: 1e-7 relative at step 0,
+# growing over training steps); a token, reward or count that moves is a real difference at any tolerance.
+OTHER_CPU_RTOL = 1e-3
+
 RUNNERS = {"demo": unit_demo, "grid": unit_grid, "resume": unit_resume, "eval": unit_eval, "parity": unit_parity,
            "resume_quick": unit_resume_quick}
 
@@ -407,8 +415,31 @@ def _where(r: dict) -> str:
     return f"[{', '.join(bits)}] " if bits else ""
 
 
-def compare(golden: list[dict], got: list[dict]) -> dict[str, dict]:
-    """Per source: ``{"first": str | None, "keys": sorted differing keys}``."""
+def same(a, b, rtol: float = 0.0) -> bool:
+    """Equal after a JSON round trip; with ``rtol > 0`` two floats may differ by ``rtol`` relative
+    (ints, bools and strings stay exact). Lists element by element."""
+    if a == b:
+        return True
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y, rtol) for x, y in zip(a, b))
+    if rtol and isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= rtol * max(abs(a), abs(b)) + 1e-12
+    return False
+
+
+def max_rel_diff(golden: list[dict], got: list[dict]) -> float:
+    """The largest relative difference of any float pair (for the report of a tolerant check)."""
+    worst = 0.0
+    for ra, rb in zip(_roundtrip(golden), _roundtrip(got)):
+        for k, a in ra.items():
+            b = rb.get(k)
+            if isinstance(a, float) and isinstance(b, float) and a != b:
+                worst = max(worst, abs(a - b) / max(abs(a), abs(b)))
+    return worst
+
+
+def compare(golden: list[dict], got: list[dict], rtol: float = 0.0) -> dict[str, dict]:
+    """Per source: ``{"first": str | None, "keys": sorted differing keys}`` (floats to ``rtol``)."""
     g, n = _by_src(_roundtrip(golden)), _by_src(_roundtrip(got))
     res = {}
     for src in sorted(set(g) | set(n)):
@@ -420,7 +451,7 @@ def compare(golden: list[dict], got: list[dict]) -> dict[str, dict]:
             first = f"{len(b)} records, golden {len(a)}"
         for ra, rb in zip(a, b):
             for k in list(ra) + [k for k in rb if k not in ra]:
-                if k not in rb or k not in ra or ra[k] != rb[k]:
+                if k not in rb or k not in ra or not same(ra[k], rb[k], rtol):
                     keys.add(k)
                     if first is None:
                         va = ra.get(k, "<absent>")
@@ -451,11 +482,30 @@ def read_golden(path: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
+def cpu_fingerprint() -> str:
+    """What decides the last bits of CPU floats besides the torch build: the kernels torch picks
+    (its CPU capability) and the processor (model name and a hash of its feature flags)."""
+    code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    cap = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "model name" and not model.startswith("model:"):
+                model = "model: " + val.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = hashlib.sha256(" ".join(sorted(val.split())).encode()).hexdigest()[:12]
+    except OSError:
+        pass
+    return f"{cap}; {model}; flags {flags or '?'}"
+
+
 def _meta() -> dict:
     code = "import gapo, torch, json; print(json.dumps([gapo.__file__, torch.__version__]))"
     where, tv = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                           check=True).stdout)
-    return {"gapo": where, "torch": tv, "python": platform.python_version(), "machine": platform.machine()}
+    return {"gapo": where, "torch": tv, "python": platform.python_version(), "machine": platform.machine(),
+            "cpu": cpu_fingerprint()}
 
 
 # --------------------------------------------------------------------------------- main
@@ -468,6 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", help="keep the run folders here (default: a temporary folder, removed)")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--note", default="", help="record: stored in golden/meta.json (e.g. the commit recorded from)")
+    ap.add_argument("--rtol", type=float, default=None,
+                    help="check: compare floats to this relative tolerance (ints, strings and bools stay exact). "
+                         f"Default: exact when the golden records come from this CPU (meta.json's cpu), else "
+                         f"{OTHER_CPU_RTOL:g}: another processor changes the last bits of floats, not tokens or counts")
     args = ap.parse_args(argv)
     if args.command == "list":
         for u in UNITS:
@@ -483,9 +537,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no golden file for {missing} in {golden}; run `record` first", file=sys.stderr)
             return 2
         mf = golden / "meta.json"
-        if mf.is_file() and json.loads(mf.read_text()).get("torch") != meta["torch"]:
-            print(f"warning: golden values were recorded with torch {json.loads(mf.read_text())['torch']}, "
+        gmeta = json.loads(mf.read_text()) if mf.is_file() else {}
+        if gmeta.get("torch") != meta["torch"]:
+            print(f"warning: golden values were recorded with torch {gmeta.get('torch')}, "
                   f"this is {meta['torch']}; floats may differ for that reason alone", flush=True)
+        rtol = args.rtol if args.rtol is not None else 0.0 if gmeta.get("cpu") == meta["cpu"] else OTHER_CPU_RTOL
+        if rtol:
+            print(f"golden records from another CPU ({gmeta.get('cpu', 'not recorded')}; this is {meta['cpu']}): "
+                  f"floats compared to rtol {rtol:g}, ints and strings exactly (a token that moves changes a reward "
+                  "mean or a pass rate by far more)", flush=True)
+    else:
+        rtol = 0.0
     tmp = None
     if args.keep:
         work = Path(args.keep)
@@ -514,7 +576,10 @@ def main(argv: list[str] | None = None) -> int:
                 write_golden(golden / f"{u}.jsonl", recs)
                 print(f"  recorded {len(recs)} records from {len({r['_src'] for r in recs})} sources ({dt:.0f}s)")
                 continue
-            res = compare(read_golden(golden / f"{GOLDEN_OF.get(u, u)}.jsonl"), recs)
+            gold = read_golden(golden / f"{GOLDEN_OF.get(u, u)}.jsonl")
+            res = compare(gold, recs, rtol)
+            if rtol:
+                print(f"  largest float difference: {max_rel_diff(gold, recs):.2g} relative")
             bad = {s: d for s, d in res.items() if d["first"]}
             for s, d in res.items():
                 if d["first"]:
@@ -531,7 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if tmp is not None:
             tmp.cleanup()
-    print(f"{'FAILED: ' + ', '.join(failed) if failed else 'all identical' if args.command == 'check' else 'done'}"
+    ok = ("all identical" if not rtol else f"all equal within rtol {rtol:g}") if args.command == "check" else "done"
+    print(f"{'FAILED: ' + ', '.join(failed) if failed else ok}"
           f" ({time.perf_counter() - t_all:.0f}s)")
     return 1 if failed else 0
 
