@@ -18,7 +18,7 @@ import resource
 import statistics
 import time
 
-from gapo.tasks import sandbox
+from gapo.exec import sandbox
 from gapo.tasks.code import HumanEvalTask
 
 

@@ -199,7 +199,7 @@ def test_real_number_rewards_of_any_library_are_accepted(value):
     import numpy as np
     import torch
 
-    from gapo.tasks.scoring import check_reward
+    from gapo.exec.scoring import check_reward
 
     v = {"np.float32": np.float32(0.5), "np.int64": np.int64(1), "np.array": np.array(0.5),
          "torch.float": torch.tensor(0.5)}.get(value, value) if isinstance(value, str) else value

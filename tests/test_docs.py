@@ -114,7 +114,7 @@ def _resolve_module_path(dotted: str) -> str | None:
 
 
 def _deprecated(dotted: str) -> str | None:
-    """The 0.1 flat path ``dotted`` starts with (``gapo.sandbox`` → ``gapo.tasks.sandbox``), if any."""
+    """The 0.1 flat path ``dotted`` starts with (``gapo.sandbox`` → ``gapo.exec.sandbox``), if any."""
     import gapo
 
     parts = dotted.split(".")
@@ -202,6 +202,6 @@ def test_the_checks_catch_drift():
     assert _resolve_module_path("gapo.core.clipping.no_such_name")
     assert _resolve_module_path("gapo.no_such_module")
     assert _module_refs("from gapo import sandbox") == ["gapo.sandbox"] and _deprecated("gapo.sandbox.run")
-    assert _deprecated("gapo.tasks.sandbox.run") is None
+    assert _deprecated("gapo.exec.sandbox.run") is None
     assert SECTION.findall("docs/design.md §2.5 and §10") == ["2.5", "10"]
     assert "99.1" not in _design_sections()

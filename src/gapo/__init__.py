@@ -3,7 +3,8 @@
 Layers (docs/design.md §3), imports pointing down only:
 
     core/          pure math: clipping (ε schedules), losses, aggregation, advantages, metrics
-    tasks/         verifiable tasks, scoring, the code sandbox
+    exec/          the execution runtime: the code sandbox, the judge, the scoring pool
+    tasks/         verifiable tasks (over exec/)
     policy/        model loading, sampling, the embedded base policies
     rl/            config, rollout, trainer (the only state), run folders, evaluation
     experiments/   the methods × regimes × seeds grid, statistics, claims, report
@@ -58,8 +59,11 @@ _MOVED = {
     "gapo.model": "gapo.policy.model", "gapo.sampling": "gapo.policy.sampling",
     "gapo.pretrain": "gapo.policy.pretrain",
     "gapo.config": "gapo.rl.config", "gapo.trainer": "gapo.rl.trainer", "gapo.evaluate": "gapo.rl.evaluate",
-    "gapo.scoring": "gapo.tasks.scoring", "gapo.sandbox": "gapo.tasks.sandbox",
+    "gapo.scoring": "gapo.exec.scoring", "gapo.sandbox": "gapo.exec.sandbox",
     "gapo.compare": "gapo.experiments.grid", "gapo.report": "gapo.experiments.report",
+    # 0.2: the execution runtime left tasks/ for exec/
+    **{f"gapo.tasks.{m}": f"gapo.exec.{m}" for m in (
+        "sandbox", "sandbox_ns", "sandbox_boot", "sandbox_proc", "judge", "scoring", "scoring_pool")},
 }
 
 

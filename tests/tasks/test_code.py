@@ -591,7 +591,7 @@ def test_mbpp_correct_solutions_with_devices_and_packages_pass(primes):
 def test_safe_modules_are_standard_library_and_side_effect_free():
     import sys
 
-    from gapo.tasks.judge import SAFE_MODULES
+    from gapo.exec.judge import SAFE_MODULES
     assert all(m.split(".")[0] in sys.stdlib_module_names for m in SAFE_MODULES)
     assert not SAFE_MODULES & {"this", "antigravity", "unittest", "unittest.__main__", "runpy",
                                "idlelib", "site", "sitecustomize", "__hello__", "pdb", "code"}

@@ -1,4 +1,4 @@
-"""Hostile programs against gapo.tasks.sandbox: each must fail within its limits, the parent (this
+"""Hostile programs against gapo.exec.sandbox: each must fail within its limits, the parent (this
 pytest process) must survive, and nothing outside the sandbox's temporary directory may change.
 
 The bombs are bounded in the programs themselves (a fork tree of depth 6, a fixed 2 GB
@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from gapo.tasks import sandbox
+from gapo.exec import sandbox
 
 LINUX_ROOT = sys.platform.startswith("linux") and os.geteuid() == 0
 
@@ -376,7 +376,7 @@ def test_fallback_without_namespaces():
     """Without namespaces (another OS, a locked-down container) the sandbox still drops to
     nobody, applies rlimits and guards sockets, and says so."""
     code = (
-        "import json, sys, gapo.tasks.sandbox as s\n"
+        "import json, sys, gapo.exec.sandbox as s\n"
         "iso = s.capabilities()\n"
         "a = s.run('import socket; socket.socket()', timeout_s=5, memory_mb=256)\n"
         "b = s.run('import os; os.fork()', timeout_s=5, memory_mb=256)\n"
@@ -665,7 +665,7 @@ def test_sandbox_dies_with_the_process_that_started_it():
     past its deadline): no process of its sandboxes survives."""
     mem = 300 + secrets.randbelow(200)
     marker = f'"RLIMIT_AS": {mem << 20}'
-    code = ("import sys, gapo.tasks.sandbox as s\n"
+    code = ("import sys, gapo.exec.sandbox as s\n"
             "print('start', flush=True)\n"
             f"s.run_many(['import time\\ntime.sleep(60)\\n'] * 2, timeout_s=60, memory_mb={mem},"
             " peers=[None, 'import time\\ntime.sleep(60)\\n'])\n")
@@ -708,7 +708,7 @@ def test_an_interpreter_under_a_covered_directory_keeps_its_packages(tmp_path):
         Path(purelib, "gapo_probe_mod.py").write_text("VALUE = 42\n")
         src = Path(__file__).resolve().parents[2] / "src"
         env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{sysconfig.get_paths()['purelib']}")
-        code = ("from gapo.tasks.sandbox import run\n"
+        code = ("from gapo.exec.sandbox import run\n"
                 "r = run('import gapo_probe_mod; print(gapo_probe_mod.VALUE)', timeout_s=10, memory_mb=256)\n"
                 "print(r.stderr[-500:]); print(r.passed, r.stdout.strip())\n")  # the last line is the verdict
         out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -839,7 +839,7 @@ def _make_project(parent: str, token: str) -> str:
             f.write(text)
         os.chmod(os.path.join(proj, name), 0o644)
     with open(os.path.join(proj, "gapo_sbx_probe.py"), "w") as f:
-        f.write("import json, sys\nfrom gapo.tasks import sandbox\n"
+        f.write("import json, sys\nfrom gapo.exec import sandbox\n"
                 "progs = json.loads(sys.stdin.read())\n"
                 "rs = sandbox.run_many(progs, timeout_s=30.0, memory_mb=256)\n"
                 "print(json.dumps([[r.status, r.stdout, r.stderr[-300:]] for r in rs]))\n")
@@ -927,7 +927,7 @@ def _alive(pid: int) -> bool:
 POOL_TRAINER = r"""
 import json, sys
 from gapo.tasks.code import MBPPTask
-from gapo.tasks.scoring import ScoringPool
+from gapo.exec.scoring import ScoringPool
 
 if __name__ == "__main__":
     path, mem = sys.argv[1], int(sys.argv[2])
@@ -983,7 +983,7 @@ def test_a_worker_started_from_a_thread_outlives_that_thread():
     """``PR_SET_PDEATHSIG`` fires when the parent *thread* exits: a worker started from a thread
     that then ends (the helper of ``run_with_timeout``, a replacement started by the scoring
     thread) must live on, and still serve calls."""
-    from gapo.tasks.scoring_pool import _Workers
+    from gapo.exec.scoring_pool import _Workers
     box = []
 
     def start():  # start it, and end only once it runs (and has set what it sets)
@@ -1028,7 +1028,7 @@ def test_the_parent_watchdog_of_a_worker_takes_no_signal():
     """A worker's parent watchdog is a thread: a process-directed SIGALRM (the soft timeout)
     that the main thread blocks must stay pending for the main thread, not be taken by the
     watchdog (whose handler run would then interrupt the main thread's Python code anyway)."""
-    from gapo.tasks.scoring_pool import _Workers
+    from gapo.exec.scoring_pool import _Workers
     workers = _Workers(1)
     try:
         assert workers.call(_alarm_while_main_blocks_it, (), 120.0) == ("ok", (0, 1))

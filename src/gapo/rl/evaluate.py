@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from gapo.core.metrics import first_move_entropy, pass_at_k_curve
 from gapo.policy.model import eos_token_ids
 from gapo.policy.sampling import sample
-from gapo.tasks.scoring import score_checked
+from gapo.exec.scoring import score_checked
 
 __all__ = ["evaluate"]
 
@@ -86,7 +86,7 @@ def evaluate(
 def _score_and_summarise(task, problems: list, texts: list[list[str]], n: int) -> tuple[dict, list[int]]:
     """pass@k, first-move diversity and coverage of ``texts[j]`` (problem j's n samples), and the
     number of correct samples per problem. Each sample is scored once; a task that raises or returns a non-finite reward is a
-    ValueError naming the task and the problem (gapo.tasks.scoring), not a bare traceback."""
+    ValueError naming the task and the problem (gapo.exec.scoring), not a bare traceback."""
     # correct: reward > 0 (the built-in verifiers' 0/1), or, for rewards of your own
     # (gapo.tasks.custom), a reward reaching the task's success_reward (R_max of algo.reward_range)
     top = getattr(task, "success_reward", None)

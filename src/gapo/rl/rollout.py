@@ -16,7 +16,7 @@ import torch
 
 from gapo.core.advantages import zero_std_groups
 from gapo.policy.sampling import Rollout
-from gapo.tasks.scoring import score_batch, submit_batch
+from gapo.exec.scoring import score_batch, submit_batch
 
 __all__ = ["Batch", "concat", "collect", "check_rewards", "probe_reward", "score", "merge_stats", "sample_records",
            "draw_problems", "problem_name"]
@@ -29,7 +29,7 @@ class Batch:
     problems: list  # (P,) one Problem per group
     rollout: Rollout  # prompt/completion tokens and masks, behaviour log-probs  (B, T)
     rewards: torch.Tensor  # (B,) float32, one verifier reward per rollout
-    stats: dict = field(default_factory=dict)  # the verifier's outcome counts (gapo.tasks.scoring)
+    stats: dict = field(default_factory=dict)  # the verifier's outcome counts (gapo.exec.scoring)
     score_s: float = 0.0  # time spent waiting for the verifier (not overlapped with sampling)
     info: dict = field(default_factory=dict)  # rollout/* diagnostics (zero-variance groups, refills)
     texts: list = field(default_factory=list)  # (B,) the decoded completions the verifier scored

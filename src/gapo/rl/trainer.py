@@ -48,7 +48,7 @@ from gapo.rl.run_dir import (RunExists, RunFolder, Trackers, checkpoint_bytes, r
                              stop_on_signals)
 from gapo.rl.allocator import tune_malloc
 from gapo.rl.threads import default_threads
-from gapo.tasks.scoring import verifier_failure_warning
+from gapo.exec.scoring import verifier_failure_warning
 
 __all__ = ["Trainer", "RunExists"]
 

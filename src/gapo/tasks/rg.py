@@ -37,7 +37,7 @@ substring partial credit would reward padding an answer with the right digits ("
 against the oracle "1"); GAPO's clip schedule assumes binary rewards. ``partial_credit=True``
 returns the raw score clamped to [0, 1] for datasets whose partial credit is meaningful (e.g.
 graded puzzles). A scorer that raises gives 0 (status ``unparsable``). reasoning-gym scorers
-have no timeout of their own; :func:`gapo.tasks.scoring.score_batch` bounds them.
+have no timeout of their own; :func:`gapo.exec.scoring.score_batch` bounds them.
 """
 
 from __future__ import annotations

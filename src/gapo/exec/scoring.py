@@ -66,7 +66,7 @@ import threading
 import time
 from typing import Callable
 
-from gapo.tasks.scoring_pool import (VerifierTimeout, _call_with_alarm, _score_guarded, _signal_guard_usable,
+from gapo.exec.scoring_pool import (VerifierTimeout, _call_with_alarm, _score_guarded, _signal_guard_usable,
                                      _Workers, is_real_number, score_one)
 
 __all__ = [

@@ -1,8 +1,8 @@
-"""Host-side helpers of :mod:`gapo.tasks.sandbox`: per-sandbox cgroups and the host's Unix sockets.
+"""Host-side helpers of :mod:`gapo.exec.sandbox`: per-sandbox cgroups and the host's Unix sockets.
 
 Kept apart from ``sandbox.py`` (the API) and ``sandbox_proc.py`` (the process pump) because
 this is Linux plumbing with its own failure modes; every function degrades to "not available"
-instead of raising, and :func:`gapo.tasks.sandbox.capabilities` reports what holds on this
+instead of raising, and :func:`gapo.exec.sandbox.capabilities` reports what holds on this
 machine.
 
 **Cgroups.** Each sandbox gets its own cgroup, *nested under the calling process's own cgroup*

@@ -1,4 +1,4 @@
-"""What a scoring worker runs and the worker processes themselves, for :mod:`gapo.tasks.scoring`.
+"""What a scoring worker runs and the worker processes themselves, for :mod:`gapo.exec.scoring`.
 
 - the ``SIGALRM`` guard (``_call_with_alarm``, nestable; main thread only) that turns a verifier
   running past its time into :class:`VerifierTimeout`, used in the calling process and, as the
@@ -6,12 +6,12 @@
 - :func:`score_one`, the reward and status of one completion, and ``_score_guarded``, the same
   under the soft timeout;
 - ``_Workers``: N spawn-started processes, one job each at a time, killed and replaced when a job
-  runs past its hard deadline (the pool of :class:`gapo.tasks.scoring.ScoringPool` and the helper
-  process of :func:`gapo.tasks.scoring.run_with_timeout`); each dies with the process that
+  runs past its hard deadline (the pool of :class:`gapo.exec.scoring.ScoringPool` and the helper
+  process of :func:`gapo.exec.scoring.run_with_timeout`); each dies with the process that
   started it, ``kill -9`` included (``_die_with_parent``), taking its sandboxes along.
 
 The policy (which deadlines, what a batch's statistics are, which errors stop a run) is in
-:mod:`gapo.tasks.scoring`; the module docstring there says why processes and not threads.
+:mod:`gapo.exec.scoring`; the module docstring there says why processes and not threads.
 """
 
 from __future__ import annotations
@@ -300,7 +300,7 @@ class _Worker:
         self.proc.join(timeout=5)
         self.conn.close()
         # Its sandboxes died with it (PR_SET_PDEATHSIG); remove what is left (cgroups, dirs).
-        sb = sys.modules.get("gapo.tasks.sandbox")
+        sb = sys.modules.get("gapo.exec.sandbox")
         if sb is not None:
             try:
                 sb.reap_orphans()

@@ -1,6 +1,6 @@
 """The sandbox's trusted bootstrap (:data:`BOOT`), run in the child as ``python -I -B -c BOOT cfg``.
 
-It runs still privileged, inside the namespaces :mod:`gapo.tasks.sandbox` asked ``unshare`` for, and
+It runs still privileged, inside the namespaces :mod:`gapo.exec.sandbox` asked ``unshare`` for, and
 applies the isolation *from the inside* before the program runs: set ``PR_SET_PDEATHSIG``
 (die with the parent), wait until the parent has moved it into the sandbox's cgroups, start
 PID 1 of the new PID namespace with its own ``/proc``, bound the fresh IPC namespace's SysV/POSIX

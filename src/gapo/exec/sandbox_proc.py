@@ -1,4 +1,4 @@
-"""The process side of :mod:`gapo.tasks.sandbox`: start the bootstrap, move it into its cgroups,
+"""The process side of :mod:`gapo.exec.sandbox`: start the bootstrap, move it into its cgroups,
 pump its pipes under the output caps and the wall-clock deadline, and kill what is left.
 
 Kept apart from ``sandbox.py`` (the API, the isolation it detects and the bootstrap's
@@ -37,7 +37,7 @@ def child_env(workdir: str) -> dict[str, str]:
 def execute(argv: list[str], cfg: dict, *, workdir: str, stdin: bytes | None, cgroup, deadline: float, cap: int):
     """Start the bootstrap ``argv`` with the JSON of ``cfg`` as its last argument (``cfg``'s
     ``report_fd``/``go_fd`` filled in with the pipes made here) in a session of its own, move it
-    into ``cgroup`` (a :class:`gapo.tasks.sandbox_ns.Cgroup` or None) and pump its pipes until
+    into ``cgroup`` (a :class:`gapo.exec.sandbox_ns.Cgroup` or None) and pump its pipes until
     it ends (:func:`communicate`). Returns ``(stdout, stderr, report, limit_hit, timed_out,
     returncode)``; every pipe end of this side is closed when it returns or raises."""
     report_r = report_w = go_r = go_w = -1

@@ -1,6 +1,6 @@
 """Run untrusted Python programs (code written by a policy under RL) with limits and isolation.
 
-    res = gapo.tasks.sandbox.run(program, timeout_s=5, memory_mb=256)
+    res = gapo.exec.sandbox.run(program, timeout_s=5, memory_mb=256)
     res.passed, res.status, res.stdout, res.stderr, res.isolation
 
 Code written by a policy under RL is hostile input by default. The program never runs in the
@@ -27,7 +27,7 @@ cached, and reported per run in ``SandboxResult.isolation``; see docs/sandbox.md
 - Only the interpreter's own directories (stdlib, site-packages: :func:`_python_paths`) are
   re-exposed where the mount namespace hides their ancestors; never other ``sys.path`` entries.
 - The sandbox dies with the thread that started it (``PR_SET_PDEATHSIG``), and scoring pool
-  workers with the trainer (:mod:`gapo.tasks.scoring_pool`).
+  workers with the trainer (:mod:`gapo.exec.scoring_pool`).
 - Without a network namespace: a socket guard (``socket.socket`` and friends raise). This only
   stops well-behaved code (``ctypes`` gets around it) and is reported as ``socket-guard``.
 - Always: an environment with nothing but ``PATH``/``LANG``/``HOME``/``TMPDIR``; ``python -I``;
@@ -58,8 +58,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Sequence
 
-from gapo.tasks import sandbox_ns, sandbox_proc
-from gapo.tasks.sandbox_boot import BOOT
+from gapo.exec import sandbox_ns, sandbox_proc
+from gapo.exec.sandbox_boot import BOOT
 
 __all__ = [
     "SandboxResult",
@@ -167,7 +167,7 @@ class SandboxResult:
     stderr_truncated: bool = False
 
 
-# The bootstrap (runs in the child, still privileged): see gapo.tasks.sandbox_boot.
+# The bootstrap (runs in the child, still privileged): see gapo.exec.sandbox_boot.
 _BOOT = BOOT
 
 
@@ -442,8 +442,8 @@ def _write_programs(iso: Isolation, workdir: str, program: str, peer: str | None
 
 def _boot_config(iso: Isolation, workdir: str, *, memory_mb: int, cpu: int, file_size_mb: int, tmpfs_mb: int,
                  peer: bool, cgroup) -> dict:
-    """What the bootstrap applies (gapo.tasks.sandbox_boot); ``report_fd`` and ``go_fd`` are
-    filled in by :func:`gapo.tasks.sandbox_proc.execute`, which makes those pipes."""
+    """What the bootstrap applies (gapo.exec.sandbox_boot); ``report_fd`` and ``go_fd`` are
+    filled in by :func:`gapo.exec.sandbox_proc.execute`, which makes those pipes."""
     mount = "mount" in iso.namespaces
     uid = iso.drop_to_uid
     rlimits = {
