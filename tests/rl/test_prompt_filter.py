@@ -31,7 +31,7 @@ def data(tmp_path):
 
 def _cfg(model, data, *extra):
     return load_config(None, [f"model.path={model}", "task.name=math", f"task.params.path={data}",
-                              "task.params.eval_frac=0.5", "train.prompts=2", "train.group_size=2",
+                              "task.params.eval_fraction=0.5", "train.prompts=2", "train.group_size=2",
                               "train.mini_batches=1", "train.steps=1", "train.progress=false", "eval.problems=4",
                               "eval.samples=2", "sampling.max_new_tokens=8", "train.checkpoint_every=0", *extra])
 
@@ -68,11 +68,11 @@ def test_max_prompt_tokens_that_drops_everything_is_an_error(instruct, data, tmp
 
 def test_gapo_eval_filters_too(instruct, data, capsys):
     from gapo import tasks
-    task = tasks.get("math", path=str(data), eval_frac=0.5)
+    task = tasks.get("math", path=str(data), eval_fraction=0.5)
     split = "train" if any(len(p.prompt) > 1000 for p in task.generate("train", task.split_size("train"), 0)) else "eval"
     n = task.split_size(split) - 1  # every short problem of the split holding the long row
     args = ["eval", "--model", instruct, "--task", f"math:{data}", "--split", split, "--problems", str(n),
-            "--n", "1", "task.params.eval_frac=0.5", "sampling.max_new_tokens=4"]
+            "--n", "1", "task.params.eval_fraction=0.5", "sampling.max_new_tokens=4"]
     assert main(args) == 2
     assert f"{data}:7" in capsys.readouterr().err
     assert main(args + ["task.max_prompt_tokens=200"]) == 0, capsys.readouterr().err

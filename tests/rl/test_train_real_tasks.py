@@ -35,7 +35,7 @@ def _train(tmp_path, policy, task, *extra):
 
 def test_math_jsonl_with_scoring_pool(tmp_path, ascii_policy):
     train, evals = _train(tmp_path, ascii_policy, f"math:{FIXTURES / 'math_gsm8k.jsonl'}", "task.scoring_workers=2",
-                          "task.params.eval_frac=0.3", "eval.problems=1")
+                          "task.params.eval_fraction=0.3", "eval.problems=1")
     assert train[-1]["step"] == 1
     # random weights: nothing is correct, and garbage completions are counted as unparsable
     assert train[-1]["rollout/reward"] == 0.0

@@ -122,7 +122,7 @@ def test_formats_and_column_sets(tmp_path, fmt, cols):
     rows, gold, qfield = COLUMN_SETS[cols]
     if fmt == "csv" and cols in ("numina", "messages"):
         pytest.skip("CSV holds no lists of chat turns")
-    task = MathTask(write(fmt, rows, tmp_path), eval_frac=0.0)
+    task = MathTask(write(fmt, rows, tmp_path), eval_fraction=0.0)
     probs = sorted(task.generate("train", task.split_size("train"), 0), key=lambda p: p.meta["line"])
     assert [p.answer for p in probs] == gold
     want_q = [r[qfield] if qfield else r["messages"][0]["content"] for r in rows]
@@ -138,7 +138,7 @@ def test_field_mapping_and_numbers_in_tables(tmp_path):
             {"q": "What is 12 / 4?", "final": 3, "question": "decoy 2", "answer": "#### 0"}]
     for fmt in ("parquet", "csv", "json"):
         task = MathTask(write(fmt, rows, tmp_path, f"m_{fmt}"), prompt_field="q", answer_field="final",
-                        eval_frac=0.0, template="Q: {question} A:")
+                        eval_fraction=0.0, template="Q: {question} A:")
         by_line = {p.meta["line"]: p for p in task.generate("train", 2, 0)}
         assert by_line[1].prompt == "Q: What is 6 times 7? A:" and by_line[1].answer == "42"
         assert by_line[2].answer == "3" and task.score(by_line[2], "\\boxed{3.0}") == 1.0
@@ -168,10 +168,10 @@ def gsm8k_folder(tmp_path):
 
 def test_splits_of_a_parquet_folder(tmp_path):
     main = gsm8k_folder(tmp_path)
-    default = MathTask(main, eval_frac=0.0)
+    default = MathTask(main, eval_fraction=0.0)
     assert default.split == "train" and default.split_size("train") == 6
     assert default.generate("train", 1, 0)[0].meta["source"] == f"{main} [split 'train']"
-    test = MathTask(main, split="test", eval_frac=0.0)
+    test = MathTask(main, split="test", eval_fraction=0.0)
     assert test.split == "test" and test.split_size("train") == 3
     # eval_split: held-out problems from the same folder; train drops the question both share
     held = MathTask(main, split="train", eval_split="test")
@@ -179,7 +179,7 @@ def test_splits_of_a_parquet_folder(tmp_path):
     assert {p.answer for p in held.generate("eval", 3, 0)} == {"21", "24", "0"}
     assert held.generate("eval", 1, 0)[0].meta["source"] == f"{main} [split 'test']"
     # the folder above works too (datasets finds the files below it)
-    assert MathTask(main.parent, eval_frac=0.0).split_size("train") == 6
+    assert MathTask(main.parent, eval_fraction=0.0).split_size("train") == 6
     with pytest.raises(ValueError, match=r"main: no split 'validation' \(splits: \['train', 'test'\]\)"):
         MathTask(main, split="validation")
     with pytest.raises(ValueError, match="eval_split='train' is the training split too"):
@@ -192,12 +192,12 @@ def test_splits_of_a_parquet_folder(tmp_path):
 
 def test_splits_of_saved_dataset_dict_and_json_object(tmp_path):
     dd = write("save_to_disk_dict", GSM8K, tmp_path)
-    assert MathTask(dd, eval_frac=0.0).split_size("train") == 3
-    assert MathTask(dd, split="test", eval_frac=0.0).split_size("train") == 1
+    assert MathTask(dd, eval_fraction=0.0).split_size("train") == 3
+    assert MathTask(dd, split="test", eval_fraction=0.0).split_size("train") == 1
     assert MathTask(dd, eval_split="test").split_size("eval") == 1
     js = tmp_path / "splits.json"
     js.write_text(json.dumps({"train": GSM8K, "test": GSM8K[:2]}))
-    assert MathTask(js, split="test", eval_frac=0.0).split_size("train") == 2
+    assert MathTask(js, split="test", eval_fraction=0.0).split_size("train") == 2
     # no 'train' and several splits: say so and list them
     dd2 = tmp_path / "nt"
     datasets.DatasetDict({"validation": datasets.Dataset.from_list(GSM8K),
@@ -208,14 +208,14 @@ def test_splits_of_saved_dataset_dict_and_json_object(tmp_path):
     solo = tmp_path / "math500"
     solo.mkdir()
     (solo / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in MATH500))
-    t = MathTask(solo, eval_frac=0.0)
+    t = MathTask(solo, eval_fraction=0.0)
     assert t.split == "test" and t.split_size("train") == 3
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "json", "parquet", "csv", "save_to_disk"])
 def test_sources_without_splits(tmp_path, fmt):
     path = write(fmt, GSM8K, tmp_path)
-    assert MathTask(path, split="train", eval_frac=0.0).split_size("train") == 3  # all of it is train
+    assert MathTask(path, split="train", eval_fraction=0.0).split_size("train") == 3  # all of it is train
     with pytest.raises(ValueError, match=r"has no splits, so split='test' cannot be chosen") as e:
         MathTask(path, split="test")
     assert str(path) in str(e.value)
@@ -296,7 +296,7 @@ def test_missing_path_malformed_and_unknown_files(tmp_path):
     # JSON lines in a .json file are read as JSONL
     jl = tmp_path / "lines.json"
     jl.write_text("".join(json.dumps(r) + "\n" for r in GSM8K))
-    assert MathTask(jl, eval_frac=0.0).split_size("train") == 3
+    assert MathTask(jl, eval_fraction=0.0).split_size("train") == 3
 
 
 def test_folder_with_several_configurations(tmp_path):
@@ -327,8 +327,8 @@ def test_errors_through_the_trainers_task_builder(tmp_path):
 def test_jsonl_and_json_need_no_datasets(tmp_path, monkeypatch):
     jsonl, js, pq = write("jsonl", GSM8K, tmp_path), write("json", GSM8K, tmp_path), write("parquet", GSM8K, tmp_path)
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` now raises ImportError
-    assert MathTask(jsonl, eval_frac=0.0).split_size("train") == 3
-    assert MathTask(js, eval_frac=0.0).split_size("train") == 3
+    assert MathTask(jsonl, eval_fraction=0.0).split_size("train") == 3
+    assert MathTask(js, eval_fraction=0.0).split_size("train") == 3
     with pytest.raises(ImportError, match=r"needs the `datasets` package: pip install 'gapo\[math\]'"):
         MathTask(pq)
     with pytest.raises(ValueError, match=r"task 'math' needs an optional package: .*gapo\[math\]"):
@@ -339,5 +339,23 @@ def test_offline_flags_are_restored(tmp_path):
     import huggingface_hub.constants as hub
 
     before = (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE)
-    MathTask(write("parquet_folder", GSM8K, tmp_path), eval_frac=0.0)
+    MathTask(write("parquet_folder", GSM8K, tmp_path), eval_fraction=0.0)
     assert (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE) == before
+
+
+@pytest.mark.parametrize("task_name", ["math", "data"])
+def test_eval_frac_is_eval_fractions_old_name(tmp_path, task_name):
+    """gapo 0.3 spells the hash split's share ``eval_fraction`` in every task; the math and data
+    tasks' old ``eval_frac`` still works (same split) with a FutureWarning naming the new key,
+    and giving both names is one clear error."""
+    rows = [{"question": f"What is {i} plus one?", "answer": f"{i} + 1\n#### {i + 1}"} for i in range(40)]
+    path = write("jsonl", rows, tmp_path)
+    extra = {} if task_name == "math" else {"prompt_field": "question"}
+    new = tasks.get(task_name, path=str(path), eval_fraction=0.5, **extra)
+    with pytest.warns(FutureWarning, match=r"task\.params\.eval_frac is now eval_fraction"):
+        old = tasks.get(task_name, path=str(path), eval_frac=0.5, **extra)
+    assert new.eval_fraction == old.eval_fraction == 0.5
+    assert 10 < new.split_size("eval") < 30  # the share took effect (not the 0.1 default)
+    assert (new.split_size("train"), new.split_size("eval")) == (old.split_size("train"), old.split_size("eval"))
+    with pytest.raises(ValueError, match="task.params.eval_fraction"):
+        tasks.build(task_name, {"path": str(path), "eval_frac": 0.5, "eval_fraction": 0.5, **extra})

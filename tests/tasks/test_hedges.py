@@ -143,7 +143,7 @@ def correct_singles(g: str, *, integer: bool) -> list[str]:
 
 @pytest.fixture(scope="module")
 def task():
-    t = MathTask(FIX / "math_gsm8k.jsonl", eval_frac=0.0, timeout_s=30.0)
+    t = MathTask(FIX / "math_gsm8k.jsonl", eval_fraction=0.0, timeout_s=30.0)
     t.warmup()
     return t
 
@@ -219,7 +219,7 @@ def test_candidates_and_final_answers():
 
 def test_fixtures_still_score_one():
     for name in ("math_gsm8k.jsonl", "math_competition.jsonl"):
-        t = MathTask(FIX / name, eval_frac=0.0)
+        t = MathTask(FIX / name, eval_fraction=0.0)
         for p in t.generate("train", t.split_size("train"), 0):
             assert t.score(p, t.demonstration(p)) == 1.0, (name, p.answer)
             assert t.score(p, f"\\boxed{{{p.answer}}}") == 1.0, (name, p.answer)

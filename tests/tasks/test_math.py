@@ -115,19 +115,19 @@ def test_verify_rejects(gold, pred):
 
 def test_fixtures_load_and_demonstrations_score_one():
     for path in (GSM, COMP):
-        task = MathTask(path, eval_frac=0.0)
+        task = MathTask(path, eval_fraction=0.0)
         problems = task.generate("train", task.split_size("train"), seed=0)
         assert len(problems) == 6 and task.split_size("eval") == 0
         for p in problems:
             assert task.score(p, task.demonstration(p)) == 1.0, (p.answer, task.demonstration(p))
             assert p.prompt.startswith(p.meta["question"]) and "\\boxed{}" in p.prompt
-    gsm = {p.meta["line"]: p.answer for p in MathTask(GSM, eval_frac=0.0).generate("train", 6, 0)}
+    gsm = {p.meta["line"]: p.answer for p in MathTask(GSM, eval_fraction=0.0).generate("train", 6, 0)}
     assert gsm == {1: "72", 2: "2350", 3: "-7", 4: "1.5", 5: "36", 6: "0.625"}
 
 
 def test_custom_fields_template_and_registry():
     task = get("math", path=str(FIX / "math_custom_fields.jsonl"), prompt_field="q", answer_field="final",
-               template="Q: {question} A:", eval_frac=0.0)
+               template="Q: {question} A:", eval_fraction=0.0)
     by_line = {p.meta["line"]: p for p in task.generate("train", 2, 0)}
     assert by_line[1].prompt == "Q: What is 6 times 7? A:" and by_line[1].answer == "42"
     assert task.score(by_line[2], "10/4 = \\boxed{2.5}") == 1.0
@@ -169,7 +169,7 @@ def test_bad_files_name_file_line_and_field(tmp_path):
 def test_splits_disjoint_deterministic(tmp_path):
     rows = [f'{{"question": "What is {i} plus {i}?", "answer": "#### {2 * i}"}}' for i in range(200)]
     path = _write(tmp_path, "\n".join(rows) + "\n")
-    task = MathTask(path, eval_frac=0.2)
+    task = MathTask(path, eval_fraction=0.2)
     train = task.generate("train", task.split_size("train"), 0)
     ev = task.generate("eval", task.split_size("eval"), 0)
     assert len(train) + len(ev) == 200 and 20 < len(ev) < 60
@@ -192,7 +192,7 @@ def test_splits_disjoint_deterministic(tmp_path):
 
 @pytest.fixture(scope="module")
 def comp():
-    return MathTask(COMP, eval_frac=0.0, timeout_s=1.0)
+    return MathTask(COMP, eval_fraction=0.0, timeout_s=1.0)
 
 
 def test_bad_completions_score_zero_never_raise(comp):
@@ -266,7 +266,7 @@ def test_timeouts_during_the_cold_start_do_not_poison_the_verifier():
     # Before: the first timed call imported sympy under the alarm; the alarm cut the import and
     # every later verification failed: verify_answer('5', '5') == (False, False) for ever.
     line = _fresh_python(
-        "from gapo.exec.scoring import run_with_timeout, VerifierTimeout\n"
+        "from gapo.tasks.scoring import run_with_timeout, VerifierTimeout\n"
         "from gapo.tasks.math import verify_answer\n"
         "t, n = 0.001, 0\n"
         "for _ in range(12):\n"
@@ -286,8 +286,8 @@ def test_math_task_with_tiny_timeouts_from_a_cold_start_still_scores_exact_answe
     line = _fresh_python(
         "from gapo.tasks.math import MathTask\n"
         "from gapo.tasks.base import Problem\n"
-        "from gapo.exec.scoring import score_batch\n"
-        f"task = MathTask({str(GSM)!r}, eval_frac=0.0)\n"
+        "from gapo.tasks.scoring import score_batch\n"
+        f"task = MathTask({str(GSM)!r}, eval_fraction=0.0)\n"
         "p = Problem('q', '5')\n"
         "statuses = set()\n"
         "for i in range(10):\n"
@@ -342,7 +342,7 @@ def test_a_timeout_of_a_sound_verifier_changes_nothing(comp, monkeypatch):
 
 def test_warmup_is_never_cut_by_the_guard(monkeypatch):
     # an alarm due during the warm-up fires after it, as a timeout of the call, not inside it
-    from gapo.exec.scoring_pool import VerifierTimeout as VT, _call_with_alarm
+    from gapo.tasks.scoring_pool import VerifierTimeout as VT, _call_with_alarm
 
     monkeypatch.setattr(math_mod, "_WARM_PID", None)
     seen = []
@@ -363,7 +363,7 @@ def test_warmup_is_never_cut_by_the_guard(monkeypatch):
 def test_pool_worker_scores_exact_answers_after_a_timeout(comp):
     # one worker: the answers after the bomb are scored by the same worker (soft timeout: its
     # canaries checked) or by its replacement (hard kill: warmed up on load)
-    from gapo.exec.scoring import ScoringPool
+    from gapo.tasks.scoring import ScoringPool
 
     p = next(q for q in comp.generate("train", 6, 0) if q.answer == "\\frac{1}{2}")
     with ScoringPool(1, timeout_s=2.0) as pool:

@@ -80,6 +80,19 @@ class Task(Protocol):
     def demonstration(self, problem: Problem, rng: random.Random) -> str: ...
 
 
+def eval_fraction_param(eval_fraction: float | None, eval_frac: float | None, default: float = 0.1) -> float:
+    """A task's ``eval_fraction`` given either name: ``eval_frac`` (the math and data tasks'
+    spelling before gapo 0.3) still works, with a FutureWarning naming the new key; both at once
+    is an error (one parameter, two names). ``None`` for both gives ``default``."""
+    if eval_frac is not None:
+        if eval_fraction is not None:
+            raise ValueError("eval_frac is the old name of eval_fraction: give only task.params.eval_fraction")
+        warnings.warn(f"task.params.eval_frac is now eval_fraction (renamed in gapo 0.3); write "
+                      f"task.params.eval_fraction={eval_frac}", FutureWarning, stacklevel=3)
+        eval_fraction = eval_frac
+    return default if eval_fraction is None else eval_fraction
+
+
 def split_of(key: str, eval_fraction: float) -> str:
     """The split an instance with canonical ``key`` belongs to (see the module docstring)."""
     digest = hashlib.sha256(key.encode("utf-8")).hexdigest()

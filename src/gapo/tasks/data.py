@@ -14,7 +14,7 @@ The task has no verifier of its own: it needs ``--reward`` (``reward.funcs``,
 :mod:`gapo.tasks.custom`), which receives ``prompt``, ``completion`` and the row's prompt and
 answer columns as keyword fields. Splits follow ``math:PATH``: ``eval_path`` or ``eval_split``
 name the held-out data (training rows whose prompt also appears there are dropped), else a stable
-hash of the prompt puts ``eval_frac`` of the rows in eval (:func:`gapo.tasks.base.split_of`).
+hash of the prompt puts ``eval_fraction`` of the rows in eval (:func:`gapo.tasks.base.split_of`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from gapo.tasks.base import Problem, split_of
+from gapo.tasks.base import Problem, eval_fraction_param, split_of
 from gapo.tasks.datasets_io import read_records
 
 __all__ = ["DataTask"]
@@ -49,17 +49,19 @@ class DataTask:
 
     def __init__(self, path: str | Path, *, split: str | None = None, eval_split: str | None = None,
                  eval_path: str | Path | None = None, prompt_field: str | None = None,
-                 answer_fields: list | None = None, template: str = "{prompt}", eval_frac: float = 0.1,
-                 max_completion_len: int = 1024, name: str = "data"):
+                 answer_fields: list | None = None, template: str = "{prompt}",
+                 eval_fraction: float | None = None, max_completion_len: int = 1024, name: str = "data",
+                 eval_frac: float | None = None):  # eval_frac: eval_fraction's old name (warns)
         if "{prompt}" not in template:
             raise ValueError(f"template must contain '{{prompt}}', got {template!r}")
-        if not 0.0 <= eval_frac < 1.0:
-            raise ValueError(f"eval_frac must be in [0, 1), got {eval_frac}")
+        eval_fraction = eval_fraction_param(eval_fraction, eval_frac)
+        if not 0.0 <= eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
         if answer_fields is not None and (not isinstance(answer_fields, (list, tuple))
                                           or not all(isinstance(f, str) for f in answer_fields)):
             raise ValueError(f"answer_fields must be a list of column names, got {answer_fields!r}")
         self.name, self.path, self.template = name, Path(path), template
-        self.eval_frac, self.max_completion_len = eval_frac, max_completion_len
+        self.eval_fraction, self.max_completion_len = eval_fraction, max_completion_len
         self.prompt_field, self.answer_fields = prompt_field, list(answer_fields) if answer_fields else None
         src, train = self._load(self.path, split)
         if eval_path is not None or eval_split is not None:
@@ -71,7 +73,7 @@ class DataTask:
             pools = {"train": (src, [r for r in train if _qkey(r[1]) not in seen]), "eval": (ev_src, ev)}
         else:
             def is_eval(p: str) -> bool:
-                return split_of(_qkey(p), eval_frac) == "eval"
+                return split_of(_qkey(p), eval_fraction) == "eval"
             pools = {"train": (src, [r for r in train if not is_eval(r[1])]),
                      "eval": (src, [r for r in train if is_eval(r[1])])}
         self._pools = {s: [self._problem(src_, s, *r) for r in rows] for s, (src_, rows) in pools.items()}
@@ -133,7 +135,7 @@ class DataTask:
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         if not pool:
-            raise ValueError(f"{self.path}: the {split} split is empty (eval_frac={self.eval_frac})")
+            raise ValueError(f"{self.path}: the {split} split is empty (eval_fraction={self.eval_fraction})")
         if split == "eval" and n > len(pool):
             raise ValueError(f"asked for {n} eval problems but the eval split has {len(pool)}")
         rng = random.Random(f"{split}:{seed}")

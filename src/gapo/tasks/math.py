@@ -45,7 +45,7 @@ text is parsed too and compared again.
 
 Timeouts: math-verify's own timeout uses ``signal.alarm`` and raises ``ValueError`` when called
 off the main thread. gapo calls it with its timeouts disabled and guards the whole
-parse-and-verify with :func:`gapo.exec.scoring.run_with_timeout`: a ``SIGALRM`` timer on the main
+parse-and-verify with :func:`gapo.tasks.scoring.run_with_timeout`: a ``SIGALRM`` timer on the main
 thread (sympy's work is Python code, so the alarm interrupts it: ``9^{9^{9^9}}`` stops at the
 limit), and off the main thread a helper process that is killed and replaced on timeout. A
 timeout is reward 0, status ``timeout``.
@@ -53,7 +53,7 @@ timeout is reward 0, status ``timeout``.
 A timeout never changes a later result. An alarm that cut sympy's first import short left
 half-initialised modules behind, and every later parse of the process failed
 (``verify_answer('5', '5') == (False, False)``). So the guard never interrupts an import
-(:mod:`gapo.exec.scoring_pool`), :func:`warmup` (untimed, never interrupted) runs before the
+(:mod:`gapo.tasks.scoring_pool`), :func:`warmup` (untimed, never interrupted) runs before the
 first timed verification of every process (pool workers and helper processes on load, serial
 scoring before its batch, ``MathTask`` before its first timed call), and :func:`after_timeout`
 checks canaries after each in-process timeout: caches cleared and re-warmed if they fail, and a
@@ -61,7 +61,7 @@ helper process verifies from then on if they still fail.
 
 Splits: with ``eval_path`` (any of the formats; ``eval_split`` picks its split) or ``eval_split``
 alone (a split of ``path``, e.g. GSM8K's ``test``) the train split is ``path``'s ``split`` minus
-any problem whose question also appears in the eval data; without either a stable hash of the question puts ``eval_frac`` of the
+any problem whose question also appears in the eval data; without either a stable hash of the question puts ``eval_fraction`` of the
 problems in eval (the shared rule of :func:`gapo.tasks.base.split_of`). Either way the splits are disjoint by question text.
 """
 
@@ -76,10 +76,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gapo.exec.scoring import VerifierTimeout, run_with_timeout
-from gapo.exec.scoring_pool import _signal_guard_usable, alarm_deferred
+from gapo.tasks.scoring import VerifierTimeout, run_with_timeout
+from gapo.tasks.scoring_pool import _signal_guard_usable, alarm_deferred
 
-from gapo.tasks.base import Problem, split_of
+from gapo.tasks.base import Problem, eval_fraction_param, split_of
 from gapo.tasks.datasets_io import read_records
 
 __all__ = ["MathTask", "answer_candidates", "extract_answer", "final_answers", "gold_from_field", "last_boxed",
@@ -556,7 +556,8 @@ class MathTask:
 
     ``split`` names the dataset's split to read (default ``train``, or its only split);
     ``eval_split`` a split of the same dataset (or of ``eval_path``) to evaluate on instead of
-    the ``eval_frac`` hash split, e.g. GSM8K's ``test``.
+    the ``eval_fraction`` hash split, e.g. GSM8K's ``test``. ``eval_frac`` is the old name of
+    ``eval_fraction`` (still accepted, with a FutureWarning).
     """
 
     alphabet = None  # a real tokenizer
@@ -571,24 +572,26 @@ class MathTask:
         answer_field: str | None = None,
         template: str = DEFAULT_TEMPLATE,
         eval_path: str | Path | None = None,
-        eval_frac: float = 0.1,
+        eval_fraction: float | None = None,  # None: 0.1
         timeout_s: float | None = 5.0,
         guard: str = "auto",
         last_number: bool = True,
         max_completion_len: int = 1024,
         name: str = "math",
+        eval_frac: float | None = None,  # eval_fraction's old name (warns)
     ):
         if "{question}" not in template:
             raise ValueError(f"template must contain '{{question}}', got {template!r}")
-        if not 0.0 <= eval_frac < 1.0:
-            raise ValueError(f"eval_frac must be in [0, 1), got {eval_frac}")
+        eval_fraction = eval_fraction_param(eval_fraction, eval_frac)
+        if not 0.0 <= eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
         if guard not in ("auto", "signal", "process", "none"):
             raise ValueError(f"guard must be auto, signal, process or none, not {guard!r}")
         self.name = name
         self.path = Path(path)
         self.template = template
         self.timeout_s = timeout_s
-        self.eval_frac = eval_frac
+        self.eval_fraction = eval_fraction
         self.guard = guard
         self.last_number = last_number
         self.max_completion_len = max_completion_len
@@ -610,7 +613,7 @@ class MathTask:
             self.n_dropped_overlap = 0
 
             def is_eval(q: str) -> bool:
-                return split_of(_qkey(q), eval_frac) == "eval"
+                return split_of(_qkey(q), eval_fraction) == "eval"
 
             pools = {
                 "train": (src, [r for r in train if not is_eval(r[1])]),
@@ -651,7 +654,7 @@ class MathTask:
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         if not pool:
-            raise ValueError(f"{self.path}: the {split} split is empty (eval_frac={self.eval_frac})")
+            raise ValueError(f"{self.path}: the {split} split is empty (eval_fraction={self.eval_fraction})")
         if split == "eval" and n > len(pool):
             raise ValueError(f"asked for {n} eval problems but the eval split has {len(pool)}")
         rng = random.Random(f"{split}:{seed}")
