@@ -92,3 +92,15 @@ def test_modules_that_validate_a_config_do_not_import_torch():
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_task_path_is_saved_absolute(tmp_path, monkeypatch):
+    # config.yaml keeps the dataset's absolute path, so `gapo eval RUN` / `--resume` work from another folder
+    from gapo.cli import parse_task
+
+    (tmp_path / "data.jsonl").write_text("{}\n")
+    monkeypatch.chdir(tmp_path)
+    assert parse_task("math:data.jsonl") == ["task.name=math", f"task.params.path={tmp_path / 'data.jsonl'}"]
+    assert parse_task("data:./data.jsonl")[1] == f"task.params.path={tmp_path / 'data.jsonl'}"
+    assert parse_task("math:missing.jsonl")[1] == "task.params.path=missing.jsonl"  # left for the config's error
+    assert parse_task("rg:basic_arithmetic")[1] == "task.params.dataset=basic_arithmetic"

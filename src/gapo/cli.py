@@ -35,6 +35,9 @@ def parse_task(spec: str) -> list[str]:
         key = {"math": "path", "mbpp": "path", "rg": "dataset", "data": "path"}.get(name)
         if key is None:
             raise ValueError(f"task {name!r} takes no ':' argument (got {spec!r})")
+        if key == "path" and Path(arg).expanduser().exists():
+            # absolute in the run's config.yaml, so `gapo eval RUN` and `--resume` work from any folder
+            arg = str(Path(arg).expanduser().absolute())
         out.append(f"task.params.{key}={arg}")
     return out
 
