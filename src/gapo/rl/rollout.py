@@ -171,8 +171,9 @@ def concat(parts: list[Batch], chosen: list[tuple[int, int]], *, pad_id: int) ->
     """The groups ``chosen`` (``(part, group)`` pairs) of several batches as one, padded to one
     width (prompts on the left, completions on the right)."""
     G = parts[0].group_size
-    P = max(b.rollout.prompt_ids.shape[1] for b in parts)
-    T = max(b.rollout.completion_ids.shape[1] for b in parts)
+    # widths in tokens (P in docs/design.md is the number of prompts, not this)
+    prompt_len = max(b.rollout.prompt_ids.shape[1] for b in parts)
+    completion_len = max(b.rollout.completion_ids.shape[1] for b in parts)
 
     def widen(x, width, left, value):
         extra = width - x.shape[1]
@@ -189,11 +190,11 @@ def concat(parts: list[Batch], chosen: list[tuple[int, int]], *, pad_id: int) ->
         problems.append(b.problems[g])
         rewards.append(b.rewards[rows])
         texts += b.texts[rows]
-        fields["prompt_ids"].append(widen(b.rollout.prompt_ids[rows], P, True, pad_id))
-        fields["prompt_mask"].append(widen(b.rollout.prompt_mask[rows], P, True, 0))
-        fields["completion_ids"].append(widen(b.rollout.completion_ids[rows], T, False, pad_id))
-        fields["response_mask"].append(widen(b.rollout.response_mask[rows], T, False, 0))
-        fields["logp"].append(widen(b.rollout.logp[rows], T, False, 0.0))
+        fields["prompt_ids"].append(widen(b.rollout.prompt_ids[rows], prompt_len, True, pad_id))
+        fields["prompt_mask"].append(widen(b.rollout.prompt_mask[rows], prompt_len, True, 0))
+        fields["completion_ids"].append(widen(b.rollout.completion_ids[rows], completion_len, False, pad_id))
+        fields["response_mask"].append(widen(b.rollout.response_mask[rows], completion_len, False, 0))
+        fields["logp"].append(widen(b.rollout.logp[rows], completion_len, False, 0.0))
     # the stop tokens and strings are the sampler's settings, the same for every part
     stops = {"eos_ids": parts[0].rollout.eos_ids, "stop": parts[0].rollout.stop}
     return Batch(problems, Rollout(**{k: torch.cat(v) for k, v in fields.items()}, **stops), torch.cat(rewards),
