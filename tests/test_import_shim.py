@@ -47,7 +47,8 @@ def _run(tmp_path, old, new):
     return json.loads(proc.stdout.splitlines()[-1]), str(script)
 
 
-@pytest.mark.parametrize("old", ["gapo.clipping", "gapo.advantages", "gapo._checks", "gapo.tasks.sandbox", "gapo.tasks.scoring"])
+@pytest.mark.parametrize("old", ["gapo.clipping", "gapo.advantages", "gapo._checks", "gapo.tasks.sandbox", "gapo.tasks.scoring",
+                                 "gapo.rl.allocator"])
 def test_old_path_is_the_new_module_with_a_warning_and_its_spec_untouched(tmp_path, old):
     new = _MOVED[old]
     out, script = _run(tmp_path, old, new)

@@ -6,6 +6,7 @@ Layers (docs/design.md §3), imports pointing down only:
     exec/          the execution runtime: the code sandbox, the judge, the scoring pool
     tasks/         verifiable tasks (over exec/)
     policy/        model loading, sampling, the embedded base policies
+    machine/       tuning the machine, not RL: the CPU thread default, the glibc allocator
     rl/            config, rollout, trainer (the only state), run folders, evaluation
     experiments/   the methods × regimes × seeds grid, statistics, claims, report
     integrations/  verl and TRL adapters over core/
@@ -64,6 +65,8 @@ _MOVED = {
     # 0.2: the execution runtime left tasks/ for exec/
     **{f"gapo.tasks.{m}": f"gapo.exec.{m}" for m in (
         "sandbox", "sandbox_ns", "sandbox_boot", "sandbox_proc", "judge", "scoring", "scoring_pool")},
+    # 0.2: machine tuning left rl/ for machine/
+    "gapo.rl.threads": "gapo.machine.threads", "gapo.rl.allocator": "gapo.machine.allocator",
 }
 
 

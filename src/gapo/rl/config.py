@@ -57,8 +57,8 @@ class ModelConfig:
     path: str | None = None  # local HF checkpoint or hub id; None: the embedded base policy
     base_preset: str = "low"  # embedded base policy preset when path is None (low | high | three | medium)
     device: str = "cpu"
-    threads: int | None = None  # torch threads; None on CPU: measured once per machine (rl/threads.py)
-    malloc_tuning: bool = True  # on CPU: keep per-step activations in glibc's heap (rl/allocator.py)
+    threads: int | None = None  # torch threads; None on CPU: measured once per machine (machine/threads.py)
+    malloc_tuning: bool = True  # on CPU: keep per-step activations in glibc's heap (machine/allocator.py)
     dtype: str = "float32"  # float32 | bfloat16 | float16: autocast compute dtype; weights and optimiser stay fp32
     gradient_checkpointing: bool = False  # recompute activations in backward (less memory; BENCHMARKS.md 9.3)
     lora: dict = field(default_factory=dict)  # {r, alpha, dropout, target_modules}: train LoRA adapters (peft)

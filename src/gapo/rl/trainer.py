@@ -46,8 +46,8 @@ from gapo.rl.config import Config, to_dict
 from gapo.rl.evaluate import evaluate
 from gapo.rl.run_dir import (RunExists, RunFolder, Trackers, checkpoint_bytes, resume_changes, space_note,
                              stop_on_signals)
-from gapo.rl.allocator import tune_malloc
-from gapo.rl.threads import default_threads
+from gapo.machine.allocator import tune_malloc
+from gapo.machine.threads import default_threads
 from gapo.exec.scoring import verifier_failure_warning
 
 __all__ = ["Trainer", "RunExists"]
@@ -101,7 +101,7 @@ class Trainer:
         """Task, policy, optimiser, problem pools and random streams; then the checks that need
         them (context length, a probe of the verifier, tracking packages). Writes nothing."""
         m, t, o = cfg.model, cfg.train, cfg.optim
-        if m.device == "cpu" or m.threads is not None:  # null on CPU: measured once per machine (rl/threads.py)
+        if m.device == "cpu" or m.threads is not None:  # null on CPU: measured once per machine (machine/threads.py)
             torch.set_num_threads(m.threads or threads or default_threads())
         if m.device == "cpu" and m.malloc_tuning:  # no page faults for each step's activations
             tune_malloc()

@@ -1,11 +1,11 @@
-"""The CPU thread default (gapo.rl.threads): overrides, the probe, the per-machine cache."""
+"""The CPU thread default (gapo.machine.threads): overrides, the probe, the per-machine cache."""
 
 import json
 
 import pytest
 import torch
 
-from gapo.rl import threads
+from gapo.machine import threads
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""glibc allocator tuning (gapo.rl.allocator): it removes the per-step page faults it is there to
+"""glibc allocator tuning (gapo.machine.allocator): it removes the per-step page faults it is there to
 remove, and it is off where asked. Each case runs in a fresh interpreter: mallopt is process-wide."""
 
 import json
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import timing  # tests/timing.py: timeouts that say they are timeouts
-from gapo.rl import allocator
+from gapo.machine import allocator
 
 # Ten log-prob forward + backward passes of the same (64 x 24) batch through a tiny-benchmark-
 # shaped Qwen2, after two warm-up passes: the allocation pattern of a CPU RL update. glibc's
@@ -19,7 +19,7 @@ import json, resource, sys
 import torch
 torch.set_num_threads(1)
 if sys.argv[1] == "true":
-    from gapo.rl.allocator import tune_malloc
+    from gapo.machine.allocator import tune_malloc
     assert tune_malloc()
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from gapo.policy.sampling import logprobs

@@ -38,7 +38,6 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from gapo.policy.base_policy import cache_root
 from gapo.policy.sampling import logprobs, sample
-from gapo.rl.run_dir import atomic_write
 
 __all__ = ["default_threads", "probe"]
 
@@ -150,7 +149,14 @@ def _probed(cache: bool) -> int:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             text = json.dumps(table, indent=1)
-            atomic_write(path, lambda tmp: tmp.write_text(text))
+            # written whole then renamed, so a concurrent reader sees the old table or the new one
+            # (gapo.rl.run_dir.atomic_write's scheme; rl is above this package)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            try:
+                tmp.write_text(text)
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
         except OSError:  # a read-only cache: the probe runs again next time
             pass
     return res["threads"]
