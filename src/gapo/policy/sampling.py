@@ -234,11 +234,9 @@ def sample(
         pos = _positions(mask)
         dec = (_FastLM.build(model) if fast else None) or _HFDecoder(model)
         logits = dec.prefill(ids, mask, pos, N)
-        out_tok, out_lp, out_len = _decode(
-            dec, logits, pos[:, -1:] + 1, B, N, temperature=temperature, top_p=top_p, eos_ids=eos_ids,
-            pad_token_id=pad_token_id, generator=generator, compact=compact,
-            stops=_StopScan(tokenizer, stop, B) if stop else None, check_every=_check_every,
-        )
+        how = _Decoding(temperature, top_p, eos_ids, pad_token_id, compact, _check_every)
+        out_tok, out_lp, out_len = _decode(dec, logits, pos[:, -1:] + 1, B, N, how, generator=generator,
+                                           stops=_StopScan(tokenizer, stop, B) if stop else None)
         T = int(out_len.max())
         resp = (torch.arange(N, device=device)[None] < out_len[:, None]).long()[:, :T]
         completion = out_tok[:, :T].masked_fill(resp == 0, pad_token_id)
@@ -248,12 +246,28 @@ def sample(
     return Rollout(ids, mask, completion, resp, logp, eos_ids=eos_ids, stop=tuple(stop))
 
 
-def _decode(dec, logits, next_pos, B: int, N: int, *, temperature, top_p, eos_ids, pad_token_id, generator,
-            compact: bool, stops=None, check_every=None):
+@dataclass(frozen=True)
+class _Decoding:
+    """How ``sample`` picks and stops tokens (its arguments after validation): the sampling
+    distribution (``temperature``, ``top_p``), the stop ids, the padding id, whether finished rows
+    leave the cache (``compact``) and how often stops are checked (``check_every``, ``None``: per
+    device)."""
+
+    temperature: float
+    top_p: float
+    eos_ids: tuple
+    pad_token_id: int
+    compact: bool
+    check_every: int | None = None
+
+
+def _decode(dec, logits, next_pos, B: int, N: int, how: _Decoding, *, generator, stops=None):
     """The decoding loop of ``sample`` from the prefill's ``logits (B, V)``; returns
     ``(tokens (B, N), logp (B, N), length incl. the stop token (B,))``. ``next_pos (B, 1)``: the
-    position of the first new token. With ``compact``, finished rows leave ``dec``'s cache once a
+    position of the first new token. With ``how.compact``, finished rows leave ``dec``'s cache once a
     quarter of the active rows are done. ``stops`` (a ``_StopScan``) ends rows at stop strings."""
+    temperature, top_p, eos_ids, pad_token_id = how.temperature, how.top_p, how.eos_ids, how.pad_token_id
+    compact, check_every = how.compact, how.check_every
     device = logits.device
     out_tok = torch.full((B, N), pad_token_id, dtype=torch.long, device=device)
     out_lp = torch.zeros((B, N), dtype=torch.float32, device=device)
