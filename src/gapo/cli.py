@@ -252,7 +252,6 @@ def cmd_eval(args) -> int:
     import torch
 
     from gapo import tasks
-    from gapo.policy.base_policy import resolve_policy
     from gapo.policy.chat import PromptEncoder
     from gapo.policy.model import check_context, load_policy
     from gapo.policy.precision import autocast
@@ -267,7 +266,8 @@ def cmd_eval(args) -> int:
         model_path = f"{run} ({info['source']}, step {info['step']})"
         print(f"[gapo] evaluating {model_path}", file=sys.stderr)
     else:
-        cfg, model_path = resolve_policy(cfg)
+        from gapo.rl.trainer import with_policy
+        cfg, model_path = with_policy(cfg)
         model, tok = load_policy(model_path, cfg.model.device)
     task = tasks.build(cfg.task.name, cfg.task.params)
     max_new_tokens = cfg.sampling.max_new_tokens or task.max_completion_len + 1

@@ -31,7 +31,7 @@ from pathlib import Path
 from gapo.policy.model import save_policy
 from gapo.policy.pretrain import PretrainConfig, _jsonable, pretrain
 
-__all__ = ["PRESETS", "resolve", "resolve_policy", "get_base_policy", "cache_dir", "shipped_dir"]
+__all__ = ["PRESETS", "resolve", "resolve_policy", "ResolvedPolicy", "base_task_params", "get_base_policy", "cache_dir", "shipped_dir"]
 
 # Calibrated on 2 shared CPU cores (one torch thread); pass rates at temperature 1.0 on 200
 # held-out (eval-split) problems x 8 samples, see the commit that set them.
@@ -100,13 +100,13 @@ def resolve(preset: str | PretrainConfig) -> PretrainConfig:
     return PRESETS[preset]
 
 
-def resolve_base_task(cfg):
-    """With the embedded base policy (``model.path`` unset), the preset defines the RL task's
-    params unless the user set them: returns ``cfg`` with ``task.params`` filled in. The one place
-    this is decided, for the trainer and the CLI alike; idempotent."""
-    if cfg.model.path is None and cfg.task.name == "countdown" and not cfg.task.params:
-        cfg.task.params = dict(resolve(cfg.model.base_preset).rl_task)
-    return cfg
+def base_task_params(model_path, task_name: str, task_params: dict | None, base_preset) -> dict | None:
+    """The RL task params a run takes from its base-policy preset: with the embedded base policy
+    (``model_path`` None) on Countdown and no params given, a copy of the preset's ``rl_task``;
+    otherwise None (the run's own params stand). The one place this is decided."""
+    if model_path is None and task_name == "countdown" and not task_params:
+        return dict(resolve(base_preset).rl_task)
+    return None
 
 
 def cache_root() -> Path:
@@ -119,15 +119,26 @@ def cache_dir(preset: str | PretrainConfig) -> Path:
 
 
 
-def resolve_policy(cfg, *, progress: bool = True) -> tuple[object, str]:
-    """``(cfg, policy_path)`` for a run: ``model.path`` when set, else the embedded base policy of
-    ``model.base_preset`` (cached, shipped or built now), whose preset also defines the RL task's
-    params unless the user set them. The one place this is decided, for the trainer, the CLI and
-    the grid alike; idempotent."""
-    cfg = resolve_base_task(cfg)
-    if cfg.model.path is not None:
-        return cfg, str(cfg.model.path)
-    return cfg, str(get_base_policy(cfg.model.base_preset, progress=progress))
+@dataclasses.dataclass(frozen=True)
+class ResolvedPolicy:
+    """What a run's policy resolves to (:func:`resolve_policy`): the weights' ``path``, and the
+    RL ``task_params`` the embedded preset defines when the run gave none (None: keep the run's).
+    The caller applies it; nothing here changes a configuration (docs/design.md §3.2)."""
+
+    path: str
+    task_params: dict | None = None
+
+
+def resolve_policy(model_path, base_preset, *, task_name: str, task_params: dict | None,
+                   progress: bool = True) -> ResolvedPolicy:
+    """The policy of a run: ``model_path`` when set, else the embedded base policy of
+    ``base_preset`` (cached, shipped or built now), whose preset also defines the RL task's
+    params unless the run set them (:func:`base_task_params`). The one place this is decided, for
+    the trainer, the CLI and the grid alike; a pure function of its arguments and the cache."""
+    params = base_task_params(model_path, task_name, task_params, base_preset)
+    if model_path is not None:
+        return ResolvedPolicy(str(model_path), params)
+    return ResolvedPolicy(str(get_base_policy(base_preset, progress=progress)), params)
 
 
 def shipped_dir(preset: str | PretrainConfig) -> Path | None:

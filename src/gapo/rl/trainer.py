@@ -50,7 +50,23 @@ from gapo.machine.allocator import tune_malloc
 from gapo.machine.threads import default_threads
 from gapo.exec.scoring import verifier_failure_warning
 
-__all__ = ["Trainer", "RunExists"]
+__all__ = ["Trainer", "RunExists", "with_policy"]
+
+
+def with_policy(cfg: Config, *, progress: bool = True) -> tuple[Config, str]:
+    """``(cfg', policy_path)``: the run's policy resolved (``policy.base_policy.resolve_policy``)
+    and ``cfg'`` a copy of ``cfg`` carrying the preset's RL task params when it had none. ``cfg``
+    itself is left as it was (docs/design.md §3.2); idempotent."""
+    res = resolve_policy(cfg.model.path, cfg.model.base_preset, task_name=cfg.task.name,
+                         task_params=cfg.task.params, progress=progress)
+    if res.task_params is None:
+        return cfg, res.path
+    # shallow copies: a Config carries the file and line of each key (_sources), which
+    # dataclasses.replace would drop
+    out = copy.copy(cfg)
+    out.task = copy.copy(cfg.task)
+    out.task.params = res.task_params
+    return out, res.path
 
 
 class Trainer:
@@ -80,7 +96,7 @@ class Trainer:
 
     def _setup(self, cfg: Config, resume: bool, overwrite: bool, allow_change: bool) -> None:
         self.folder.check(resume=resume, overwrite=overwrite)  # locks an existing folder before reading it
-        self.cfg, self.policy_path = resolve_policy(cfg.validate(), progress=cfg.train.progress)
+        self.cfg, self.policy_path = with_policy(cfg.validate(), progress=cfg.train.progress)
         cfg = self.cfg
         state = self.folder.load_checkpoint(torch.device(cfg.model.device)) if resume else None
         # against the config inside the checkpoint: a hand-edited config.yaml counts as a change
