@@ -220,16 +220,14 @@ def cispo_loss(
     return loss, metrics
 
 
-def _ppo(logp, old_logp, advantages, response_mask, *, eps_low, eps_high, agg="token-mean",
-         clip_ratio_c=None, **kwargs):
-    return policy_loss(logp, old_logp, advantages, response_mask, eps_low=eps_low, eps_high=eps_high,
-                       level="token", agg=agg, clip_ratio_c=clip_ratio_c, **kwargs)
+def _ppo(*args, **kwargs):
+    """:func:`policy_loss` on the token ratio (its arguments, less ``level``)."""
+    return policy_loss(*args, level="token", **kwargs)
 
 
-def _gspo(logp, old_logp, advantages, response_mask, *, eps_low, eps_high, agg="token-mean",
-          clip_ratio_c=None, **kwargs):
-    return policy_loss(logp, old_logp, advantages, response_mask, eps_low=eps_low, eps_high=eps_high,
-                       level="sequence", agg=agg, clip_ratio_c=clip_ratio_c, **kwargs)
+def _gspo(*args, **kwargs):
+    """:func:`policy_loss` on GSPO's sequence ratio (its arguments, less ``level``)."""
+    return policy_loss(*args, level="sequence", **kwargs)
 
 
 # name -> loss with the shared signature. "ppo" is the token-ratio surrogate of GRPO/DAPO/GAPO,
