@@ -273,6 +273,32 @@ def test_dispatch_install_is_idempotent():
     assert type(PolicyLossConfig(loss_mode="gapo")) is GAPOPolicyLossConfig
 
 
+def test_install_uninstall_is_the_whole_patch_of_verl():
+    """The import's patch of verl is install(): uninstall() gives verl back its own registry
+    entries, PolicyLossConfig's construction (verl's own errors again) and
+    ActorConfig.validate; install() re-applies all of it, and twice is once."""
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+    from verl.workers.config import ActorConfig
+
+    assert gv.installed()  # importing the module installed it
+    try:
+        gv.uninstall()
+        assert not gv.installed()
+        assert "gapo" not in POLICY_LOSS_REGISTRY and "gapo_seq" not in POLICY_LOSS_REGISTRY
+        assert ActorConfig.__dict__["validate"].__qualname__ == "ActorConfig.validate"  # verl's own
+        with pytest.raises(TypeError, match="unexpected keyword argument 'eps_high_max'"):  # verl's own error
+            PolicyLossConfig(loss_mode="gapo", eps_high_max=0.28)
+        assert type(PolicyLossConfig(loss_mode="vanilla")) is PolicyLossConfig
+        gv.uninstall()  # idempotent
+    finally:
+        gv.install()
+        gv.install()
+    assert gv.installed()
+    assert POLICY_LOSS_REGISTRY["gapo"] is gv.compute_policy_loss_gapo
+    assert type(PolicyLossConfig(loss_mode="gapo", eps_high_max=0.28)) is GAPOPolicyLossConfig
+    assert gv._actor_validate.verl.__qualname__ == "ActorConfig.validate"  # not a wrapper of the wrapper
+
+
 # ---------------------------------------------------------------------------------------------
 # start-up errors in gapo's words
 

@@ -7,15 +7,18 @@ Supported verl: ``>=0.9.1,<0.10`` (tested: 0.9.1). Selecting it in a verl run::
 
 **Configuration.** verl builds the actor config with ``hydra.utils.instantiate``, which calls
 ``verl.workers.config.PolicyLossConfig(**policy_loss)``. While this module is loaded, that call
-returns a :class:`GAPOPolicyLossConfig` for ``loss_mode=gapo|gapo_seq`` (``_install_config_dispatch``),
+returns a :class:`GAPOPolicyLossConfig` for ``loss_mode=gapo|gapo_seq`` (:func:`install`),
 so GAPO's ``+policy_loss.*`` keys need no ``_target_`` override and are checked in verl's
 ``validate_config`` at start-up; a GAPO key with another loss mode, or an unknown key with a GAPO
 loss mode, is a ``TypeError`` naming the fix. ``policy_loss._target_=gapo.integrations.verl.
 GAPOPolicyLossConfig`` still works (and imports this module where verl's plugins are disabled).
 
 **Loading.** gapo declares the ``verl.plugins`` entry point ``gapo = gapo.integrations.verl``,
-so ``import verl`` imports this module in every process (driver and Ray workers) and the two
-losses are registered. ``VERL_USE_EXTERNAL_MODULES=gapo.integrations.verl`` does the same
+so ``import verl`` imports this module in every process (driver and Ray workers), and the import
+runs :func:`install` -- the one place gapo changes verl: the two losses registered,
+``PolicyLossConfig.__new__`` (the config dispatch above) and ``ActorConfig.validate`` (GAPO's
+start-up checks) wrapped. It is idempotent; :func:`uninstall` restores verl's own objects and
+:func:`installed` says which state holds. ``VERL_USE_EXTERNAL_MODULES=gapo.integrations.verl`` does the same
 explicitly. verl swallows a plugin's import error (DEBUG log only), so when this module fails to
 import it logs the cause at ERROR level and registers ``gapo``/``gapo_seq`` as stubs that raise
 it, instead of leaving verl to say "Unsupported loss mode" later.
@@ -117,6 +120,9 @@ __all__ = [
     "compute_policy_loss_gapo_seq",
     "success_from_advantages",
     "success_weight_from_advantages",
+    "install",
+    "installed",
+    "uninstall",
 ]
 
 SUPPORTED_VERL = ">=0.9.1,<0.10"
@@ -545,6 +551,70 @@ def _register() -> None:
         register_policy_loss(name)(fn)
 
 
-_register()
-_install_config_dispatch()
-_install_actor_validation()
+# --------------------------------------------------------------------------------------------
+# the one place this module changes verl: install() / uninstall()
+
+_VERL_ORIGINALS: dict = {}  # what install() replaced, restored by uninstall()
+_MISSING = object()
+
+
+def installed() -> bool:
+    """Whether :func:`install`'s changes are in place (the losses registered as gapo's and both
+    hooks set)."""
+    return (POLICY_LOSS_REGISTRY.get("gapo") is compute_policy_loss_gapo
+            and POLICY_LOSS_REGISTRY.get("gapo_seq") is compute_policy_loss_gapo_seq
+            and getattr(PolicyLossConfig.__dict__.get("__new__"), "__func__", None) is _policy_loss_config_new
+            and ActorConfig.__dict__.get("validate") is _actor_validate)
+
+
+def install() -> None:
+    """Everything gapo changes in verl, in one call (idempotent): registers the policy losses
+    ``gapo``/``gapo_seq`` in ``POLICY_LOSS_REGISTRY``, sets ``PolicyLossConfig.__new__`` to the
+    GAPO config dispatch (:func:`_install_config_dispatch`; it acts only on ``PolicyLossConfig``
+    itself with ``loss_mode=gapo|gapo_seq``, or with GAPO's keys, and leaves every other
+    construction to verl) and wraps ``ActorConfig.validate`` (:func:`_install_actor_validation`).
+
+    Importing this module calls it: verl's ``verl.plugins`` entry point (and
+    ``VERL_USE_EXTERNAL_MODULES``, and an explicit ``_target_``) loads plugins by import in every
+    process, Ray workers included, so the import is the only hook verl offers. Nothing else in
+    gapo touches verl. :func:`uninstall` puts verl's own objects back (tests, or a process that
+    wants verl unchanged after using gapo)."""
+    if installed():
+        return
+    if not _VERL_ORIGINALS:  # the first install of this process: remember verl's own objects
+        _VERL_ORIGINALS.update(
+            registry={n: POLICY_LOSS_REGISTRY.get(n, _MISSING) for n in LOSS_MODES},
+            new=PolicyLossConfig.__dict__.get("__new__", _MISSING),
+            validate=ActorConfig.__dict__["validate"])
+    _register()
+    _install_config_dispatch()
+    _install_actor_validation()
+
+
+def _plain_new(cls, *args, **kwargs):
+    """``object.__new__`` without the arguments: ``__init__`` (verl's dataclass) gets them."""
+    return object.__new__(cls)
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (idempotent): verl's registry entries for ``gapo``/``gapo_seq`` (absent
+    unless something else had registered them), ``PolicyLossConfig.__new__`` and
+    ``ActorConfig.validate`` are verl's again. ``PolicyLossConfig(loss_mode="gapo", eps_high_max=…)``
+    is then verl's "unexpected keyword argument" again; :func:`install` re-applies."""
+    if not _VERL_ORIGINALS:
+        return
+    for name, fn in _VERL_ORIGINALS["registry"].items():
+        if fn is _MISSING:
+            POLICY_LOSS_REGISTRY.pop(name, None)
+        else:
+            POLICY_LOSS_REGISTRY[name] = fn
+    if _VERL_ORIGINALS["new"] is _MISSING:
+        # not ``del``: CPython then keeps a __new__ slot that rejects arguments (object.__new__
+        # "takes exactly one argument"); a pass-through gives verl's own behaviour and errors
+        PolicyLossConfig.__new__ = staticmethod(_plain_new)
+    else:
+        PolicyLossConfig.__new__ = _VERL_ORIGINALS["new"]
+    ActorConfig.validate = _VERL_ORIGINALS["validate"]
+
+
+install()
