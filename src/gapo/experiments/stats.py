@@ -2,7 +2,9 @@
 
 A run's summary (``run_summary``) names every value ``before/<metric>`` or ``after/<metric>``
 (the first and the last held-out evaluation), ``train/<key>`` (a mean over training steps) or
-``<stat>_by_c/<c>`` (a per group-success-count diagnostic over training). The grid's cells
+``<stat>_by_c/<c>`` (a per group-success-count diagnostic over training: an aggregate of the
+per-step metric ``BY_C_SUMMARY[stat_by_c]``, e.g. ``clip_by_c/<c>`` of ``clip/frac_high_by_c/<c>``,
+so it has a name of its own; the stored results and reports use these names). The grid's cells
 (``load_cell``) and the single-run report (``report.summarise``) both read it.
 
 Over seeds, ``mean_ci`` gives the mean and the 95% Student-t half-width; ``paired_diffs`` the
@@ -114,15 +116,26 @@ def _train_summary(train: list[dict]) -> dict:
     return s
 
 
+# summary stat -> the per-step metric (docs/design.md §7 metric keys) it aggregates over training
+BY_C_SUMMARY = {
+    "clip_by_c": "clip/frac_high_by_c",  # token-weighted (by clip/tokens_pos_by_c) over steps
+    "dev_by_c": "clip/ratio_dev_by_c",  # the rest: step means
+    "eps_by_c": "clip/eps_high_by_c",
+    "adv_by_c": "clip/adv_by_c",
+    "dev_pos_by_c": "clip/ratio_dev_pos_by_c",
+}
+
+
 def _by_c_summary(train: list[dict]) -> dict:
     """``clip_by_c/<c>``: clipped share of positive-advantage tokens, token-weighted over training;
     ``dev_by_c``, ``eps_by_c``, ``adv_by_c``, ``dev_pos_by_c``: step means of mean |ρ−1|, ε_high,
-    |A| and mean |ρ−1| of positive-advantage tokens."""
+    |A| and mean |ρ−1| of positive-advantage tokens (the metric keys in ``BY_C_SUMMARY``)."""
     s = {}
     pos_by_c: dict[int, list[float]] = {}
+    clip_key = BY_C_SUMMARY["clip_by_c"] + "/"
     for r in train:
         for k, v in r.items():
-            if k.startswith("clip/frac_high_by_c/"):
+            if k.startswith(clip_key):
                 c = int(k.rsplit("/", 1)[1])
                 w = r.get(f"clip/tokens_pos_by_c/{c}", 0.0)
                 acc = pos_by_c.setdefault(c, [0.0, 0.0])
@@ -131,9 +144,10 @@ def _by_c_summary(train: list[dict]) -> dict:
     for c, (num, den) in pos_by_c.items():
         if den:
             s[f"clip_by_c/{c}"] = num / den
-    for prefix, name in (("clip/ratio_dev_by_c/", "dev_by_c"), ("clip/eps_high_by_c/", "eps_by_c"),
-                         ("clip/adv_by_c/", "adv_by_c"), ("clip/ratio_dev_pos_by_c/", "dev_pos_by_c")):
-        for c, v in by_c(train, prefix).items():
+    for name, metric in BY_C_SUMMARY.items():
+        if name == "clip_by_c":
+            continue
+        for c, v in by_c(train, metric + "/").items():
             s[f"{name}/{c}"] = v
     return s
 
