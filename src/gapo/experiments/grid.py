@@ -28,6 +28,7 @@ The report over finished cells is :func:`gapo.experiments.report.grid_report`.
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import re
@@ -98,7 +99,10 @@ REGIMES: dict[str, dict] = {
     },
 }
 
-QUICK_GRID = Path(__file__).resolve().parents[3] / "configs" / "grid-quick.yaml"
+# `gapo compare --quick`'s grid ships inside the package (found through importlib.resources, so an
+# installed wheel has it); configs/grid-quick.yaml is the user-facing copy, tested to be equal.
+# A Path: the package is installed as files (setuptools wheels are), which load_grid reads.
+QUICK_GRID = Path(str(importlib.resources.files("gapo.experiments") / "data" / "grid-quick.yaml"))
 
 
 # --------------------------------------------------------------------------------- grid
