@@ -544,20 +544,31 @@ def logprobs(
         hidden = dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
         hidden = hidden[:, L - T - 1 : L - 1]  # position j predicts token j + 1
     V = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
+    budget = _HeadMemory(chunk_size, max_chunk_bytes, max_saved_bytes)
     idx = live_index(attention_mask[:, L - T :].bool())  # response tokens, not the padding after EOS
     if idx is None:
-        return _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, chunk_size,
-                           max_chunk_bytes, max_saved_bytes)
+        return _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, budget)
     # the head, log-softmax and entropy on the live positions only, packed into one row: the
     # same values there (each position's logits depend on its hidden state alone), zeros at the padding
     lp, ent = _head_stats(pack(hidden, idx)[None], pack(targets, idx)[None], head, V, temperature, softcap,
-                          entropy_grad, chunk_size, max_chunk_bytes, max_saved_bytes)
+                          entropy_grad, budget)
     return unpack(lp[0], idx, B, T), unpack(ent[0], idx, B, T)
 
 
-def _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, chunk_size, max_chunk_bytes,
-                max_saved_bytes):
+@dataclass(frozen=True)
+class _HeadMemory:
+    """``logprobs``' memory bounds for the LM head (see there): positions per chunk (``None``: as
+    many as fit ``max_chunk_bytes`` of float32 logits) and the most logits bytes kept for backward
+    before chunks are checkpointed."""
+
+    chunk_size: int | None
+    max_chunk_bytes: int
+    max_saved_bytes: int
+
+
+def _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, budget: _HeadMemory):
     """``logprobs``' head over ``hidden (B, T, H)`` in chunks of positions (see there)."""
+    chunk_size, max_chunk_bytes, max_saved_bytes = budget.chunk_size, budget.max_chunk_bytes, budget.max_saved_bytes
     B, T = targets.shape
     if chunk_size is None:
         chunk_size = max(1, max_chunk_bytes // (4 * B * V * 3))  # logits, probs, product
