@@ -35,7 +35,7 @@ optimiser steps. Both compute behaviour log-probs only where they are needed: TR
 ``logp.detach()`` when μ = 1 and runs a separate forward when μ > 1; gapo always reuses its
 first update's forward for the first mini-batch (exact: same parameters, same rows, see
 ``Trainer.train_step``) and recomputes the rest (none here). gapo's sampler and log-prob
-passes also compute each group's shared prompt once (``gapo.policy.fast_lm._FastLM``); the
+passes also compute each group's shared prompt once (``gapo.policy.fast_lm.FastLM``); the
 results are the same as the model's own forward (tests/test_sampling.py). gapo runs GAPO's adaptive schedule
 (``eps_schedule=linear``, ε_high_max = 0.28), so its step includes the adaptive threshold;
 TRL runs its fixed ε = 0.2 (the bounds do not change the work).

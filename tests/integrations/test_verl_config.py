@@ -359,7 +359,7 @@ def test_reward_range_fixed_list_at_startup():
     cfg = _compose(BASE + [f"{PL}.loss_mode=gapo", f"+{PL}.reward_range=[-1,1]"])
     validate_config(cfg, use_reference_policy=False, use_critic=False)
     pl = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss
-    assert list(pl.reward_range) == [-1, 1] and gv._reward_range(pl) == (-1.0, 1.0)
+    assert list(pl.reward_range) == [-1, 1] and gv.reward_range_of(pl) == (-1.0, 1.0)
 
 
 def test_gapo_fields_are_the_documented_ones():

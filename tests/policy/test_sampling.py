@@ -184,10 +184,10 @@ def _qwen2_gqa(vocab):
 @pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
 def test_fast_decoder_equals_model_forward(model, tok, prompts, arch):
     # the fast KV-cached decoder must reproduce model.forward's decoding: same tokens, same logp
-    from gapo.policy.sampling import _FastLM
+    from gapo.policy.sampling import FastLM
 
     m = model if arch == "llama" else _qwen2_gqa(len(tok))
-    assert _FastLM.build(m) is not None
+    assert FastLM.build(m) is not None
     for temperature in (0, 0.8):
         a, b = (sample(m, prompts * 3, max_new_tokens=24, temperature=temperature, eos_token_id=EOS, fast=fast,
                        generator=torch.Generator().manual_seed(11)) for fast in (True, False))
@@ -198,14 +198,14 @@ def test_fast_decoder_equals_model_forward(model, tok, prompts, arch):
 
 
 def test_fast_decoder_declines_hooked_models(model):
-    from gapo.policy.sampling import _FastLM
+    from gapo.policy.sampling import FastLM
 
     h = model.model.layers[0].mlp.register_forward_hook(lambda *a: None)
     try:
-        assert _FastLM.build(model) is None
+        assert FastLM.build(model) is None
     finally:
         h.remove()
-    assert _FastLM.build(model) is not None
+    assert FastLM.build(model) is not None
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2-gqa"])
@@ -235,7 +235,7 @@ def test_fast_logprobs_equal_model_forward_with_grads(model, tok, prompts, arch)
 @pytest.mark.parametrize("arch,chunks", [("llama", {}), ("qwen2-gqa", {}),
                                          ("llama", {"chunk_size": 3, "max_saved_bytes": 0})])
 def test_packed_completion_forward_equals_padded(model, tok, prompts, arch, chunks, monkeypatch):
-    # packing the live completion positions (the decoder's _FastLM._packed and logprobs' head)
+    # packing the live completion positions (the decoder's FastLM._packed and logprobs' head)
     # changes no live value: log-probs and entropies bit for bit (to the last bit with tiny
     # checkpointed head chunks), gradients up to float summation order; a row that stopped at its first
     # token (no live input position) and the padding stay finite, the padding comes back as 0
@@ -321,7 +321,7 @@ def test_fast_decoder_under_gradient_checkpointing(tok, prompts):
     # transformers' gradient_checkpointing_enable registers an input-grad hook on the embedding:
     # sampling (eval mode) keeps the fast decoder, with model.forward's tokens and log-probs;
     # the training forward still declines it (it does not checkpoint)
-    from gapo.policy.sampling import _FastLM
+    from gapo.policy.sampling import FastLM
 
     m = build_model(len(tok), "micro", seed=0)
     with torch.no_grad():
@@ -329,11 +329,11 @@ def test_fast_decoder_under_gradient_checkpointing(tok, prompts):
     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     assert m.model.embed_tokens._forward_hooks  # the hook this is about
     m.train()
-    assert _FastLM.build(m) is None
+    assert FastLM.build(m) is None
     m.eval()
-    assert _FastLM.build(m) is not None
+    assert FastLM.build(m) is not None
     h = m.model.layers[0].mlp.register_forward_hook(lambda *a: None)  # any other hook still declines
-    assert _FastLM.build(m) is None
+    assert FastLM.build(m) is None
     h.remove()
     a, b = (sample(m, prompts * 2, max_new_tokens=16, temperature=0.8, eos_token_id=EOS, fast=fast,
                    generator=torch.Generator().manual_seed(21)) for fast in (True, False))

@@ -315,7 +315,7 @@ def test_codec_round_trip_and_rejections():
 
     from gapo.tasks import code as code_mod
     ns = {}
-    exec(code_mod._CODEC, ns)
+    exec(code_mod.CODEC, ns)
     enc, dec = ns["__gapo_codec"]()
 
     def rt(v):

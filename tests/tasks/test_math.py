@@ -342,7 +342,7 @@ def test_a_timeout_of_a_sound_verifier_changes_nothing(comp, monkeypatch):
 
 def test_warmup_is_never_cut_by_the_guard(monkeypatch):
     # an alarm due during the warm-up fires after it, as a timeout of the call, not inside it
-    from gapo.tasks.scoring_pool import VerifierTimeout as VT, _call_with_alarm
+    from gapo.tasks.scoring_pool import VerifierTimeout as VT, call_with_alarm
 
     monkeypatch.setattr(math_mod, "_WARM_PID", None)
     seen = []
@@ -355,7 +355,7 @@ def test_warmup_is_never_cut_by_the_guard(monkeypatch):
 
     monkeypatch.setattr(math_mod, "verify_answer", slow)
     with pytest.raises(VT):
-        _call_with_alarm(math_mod.warmup, (), 0.02)
+        call_with_alarm(math_mod.warmup, (), 0.02)
     assert len(seen) == len(math_mod._WARMUP)  # every warm-up comparison ran to the end
     assert math_mod._WARM_PID == os.getpid()
 

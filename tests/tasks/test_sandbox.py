@@ -983,11 +983,11 @@ def test_a_worker_started_from_a_thread_outlives_that_thread():
     """``PR_SET_PDEATHSIG`` fires when the parent *thread* exits: a worker started from a thread
     that then ends (the helper of ``run_with_timeout``, a replacement started by the scoring
     thread) must live on, and still serve calls."""
-    from gapo.exec.scoring_pool import _Workers
+    from gapo.exec.scoring_pool import Workers
     box = []
 
     def start():  # start it, and end only once it runs (and has set what it sets)
-        box.append(_Workers(1))
+        box.append(Workers(1))
         box.append(box[0].call(os.getpid, (), 120.0))
 
     th = threading.Thread(target=start)
@@ -1028,8 +1028,8 @@ def test_the_parent_watchdog_of_a_worker_takes_no_signal():
     """A worker's parent watchdog is a thread: a process-directed SIGALRM (the soft timeout)
     that the main thread blocks must stay pending for the main thread, not be taken by the
     watchdog (whose handler run would then interrupt the main thread's Python code anyway)."""
-    from gapo.exec.scoring_pool import _Workers
-    workers = _Workers(1)
+    from gapo.exec.scoring_pool import Workers
+    workers = Workers(1)
     try:
         assert workers.call(_alarm_while_main_blocks_it, (), 120.0) == ("ok", (0, 1))
     finally:

@@ -28,7 +28,7 @@ UNSUPPORTED = "__GAPO_UNSUPPORTED_ARGUMENT__"
 
 # The value format of the pipe, run in both processes: JSON with tagged lists, exact builtin
 # types only; decode accepts nothing else (any malformed input raises).
-_CODEC = r'''
+CODEC = r'''
 def __gapo_codec():
     import collections
     deque, defaultdict = collections.deque, collections.defaultdict
@@ -103,7 +103,7 @@ def __gapo_codec():
 '''
 
 # The candidate process: runs the solution, then answers calls until the pipe closes.
-_CANDIDATE = r'''
+CANDIDATE = r'''
 def __gapo_candidate(solution):
     import json, os, sys
     enc, dec = __gapo_codec()
@@ -160,7 +160,7 @@ SAFE_MODULES = frozenset("""
 """.split())
 
 # The judge process: trusted code only. Candidate output reaches it as decoded plain data.
-_JUDGE = r'''
+JUDGE = r'''
 def __gapo_judge(trusted, tests, entry_point, marker, unsupported):
     import builtins, json, os, sys, time
     # Nothing the candidate can write is read from here on: "/" is read-only in the sandbox (and
@@ -288,11 +288,11 @@ def __gapo_judge(trusted, tests, entry_point, marker, unsupported):
     os._exit(1)
 '''
 
-_JUDGE = _JUDGE.replace("__SAFE_MODULES__", repr(sorted(SAFE_MODULES)))
+JUDGE = JUDGE.replace("__SAFE_MODULES__", repr(sorted(SAFE_MODULES)))
 
 # strict_returns=False: the older single-process harness (the candidate's objects reach the
 # tests as they are, so no plain-data check is possible; see the module docstring).
-_HARNESS = r'''
+HARNESS = r'''
 def __gapo_harness(solution, trusted, tests, entry_point, marker):
     import os, sys, builtins
     read, write, _exit, _exec, _compile = os.read, os.write, os._exit, exec, compile

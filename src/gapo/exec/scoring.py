@@ -66,8 +66,8 @@ import threading
 import time
 from typing import Callable
 
-from gapo.exec.scoring_pool import (VerifierTimeout, _call_with_alarm, _score_guarded, _signal_guard_usable,
-                                     _Workers, is_real_number, score_one)
+from gapo.exec.scoring_pool import (VerifierTimeout, call_with_alarm, score_guarded, signal_guard_usable,
+                                     Workers, is_real_number, score_one)
 
 __all__ = [
     "VerifierTimeout",
@@ -91,7 +91,7 @@ MAX_ABS_REWARD = 1e6
 SELF_TIMED_GRACE_S = 5.0
 
 
-_HELPER: "_Workers | None" = None
+_HELPER: "Workers | None" = None
 _HELPER_LOCK = threading.Lock()
 
 
@@ -106,12 +106,12 @@ def run_with_timeout(fn: Callable, *args, timeout_s: float | None, mode: str = "
         return fn(*args)
     if mode not in ("auto", "signal", "process"):
         raise ValueError(f"mode must be auto, signal, process or none, not {mode!r}")
-    if mode == "signal" or (mode == "auto" and _signal_guard_usable()):
-        return _call_with_alarm(fn, args, timeout_s)
+    if mode == "signal" or (mode == "auto" and signal_guard_usable()):
+        return call_with_alarm(fn, args, timeout_s)
     global _HELPER
     with _HELPER_LOCK:
         if _HELPER is None:
-            _HELPER = _Workers(1)
+            _HELPER = Workers(1)
         status, value = _HELPER.call(fn, args, timeout_s)
     if status == "timeout":
         raise VerifierTimeout(f"{getattr(fn, '__name__', fn)} ran past {timeout_s:g}s")
@@ -238,7 +238,7 @@ class ScoringPool:
 
     def __init__(self, workers: int, *, timeout_s: float | None = 10.0):
         self.timeout_s = timeout_s
-        self._workers = _Workers(workers)
+        self._workers = Workers(workers)
         self._lock = threading.Lock()
         self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gapo-scoring")
 
@@ -317,7 +317,7 @@ def score_batch(task, problems, completions, *, workers: int = 0, timeout_s: flo
         warm()  # untimed: heavy imports and first uses must not be cut off by the guard below
     for i, (p, c) in enumerate(zip(problems, completions)):
         try:
-            r, s, *part = _score_guarded(task, p, c, soft)
+            r, s, *part = score_guarded(task, p, c, soft)
         except Exception as e:  # noqa: BLE001
             _raise_from_task(task, problems, i, e)
         rewards.append(check_reward(task, problems, i, r))

@@ -1,11 +1,11 @@
 """What a scoring worker runs and the worker processes themselves, for :mod:`gapo.exec.scoring`.
 
-- the ``SIGALRM`` guard (``_call_with_alarm``, nestable; main thread only) that turns a verifier
+- the ``SIGALRM`` guard (``call_with_alarm``, nestable; main thread only) that turns a verifier
   running past its time into :class:`VerifierTimeout`, used in the calling process and, as the
   soft timeout, inside each worker;
-- :func:`score_one`, the reward and status of one completion, and ``_score_guarded``, the same
+- :func:`score_one`, the reward and status of one completion, and ``score_guarded``, the same
   under the soft timeout;
-- ``_Workers``: N spawn-started processes, one job each at a time, killed and replaced when a job
+- ``Workers``: N spawn-started processes, one job each at a time, killed and replaced when a job
   runs past its hard deadline (the pool of :class:`gapo.exec.scoring.ScoringPool` and the helper
   process of :func:`gapo.exec.scoring.run_with_timeout`); each dies with the process that
   started it, ``kill -9`` included (``_die_with_parent``), taking its sandboxes along.
@@ -47,7 +47,7 @@ class _Alarm(BaseException):
 _alarm_deadline: float | None = None  # deadline of the innermost active SIGALRM guard
 
 
-def _signal_guard_usable() -> bool:
+def signal_guard_usable() -> bool:
     if not hasattr(signal, "setitimer"):
         return False
     if threading.current_thread() is not threading.main_thread():
@@ -111,7 +111,7 @@ def _raise_alarm(signum, frame):
     raise _Alarm()
 
 
-def _call_with_alarm(fn: Callable, args: tuple, timeout_s: float):
+def call_with_alarm(fn: Callable, args: tuple, timeout_s: float):
     """SIGALRM guard; nests: an inner guard arms min(inner, outer) and re-arms the outer after."""
     global _alarm_deadline
     outer = _alarm_deadline
@@ -173,10 +173,10 @@ def score_one(task, problem, completion: str) -> tuple:
     return reward, status
 
 
-def _score_guarded(task, problem, completion, timeout_s):
+def score_guarded(task, problem, completion, timeout_s):
     try:
-        if timeout_s is not None and _signal_guard_usable():
-            return _call_with_alarm(score_one, (task, problem, completion), timeout_s)
+        if timeout_s is not None and signal_guard_usable():
+            return call_with_alarm(score_one, (task, problem, completion), timeout_s)
         return score_one(task, problem, completion)
     except VerifierTimeout:
         # An interrupt may have cut the verifier's own state short: the task checks and repairs
@@ -268,7 +268,7 @@ def _worker_main(conn, parent_pid: int | None = None, pdeathsig: bool = False) -
                 out = ("ok", None)
             elif kind == "score":
                 _, problem, completion, soft_timeout = msg
-                out = ("ok", _score_guarded(task, problem, completion, soft_timeout))
+                out = ("ok", score_guarded(task, problem, completion, soft_timeout))
             else:  # "call"
                 _, fn, args = msg
                 out = ("ok", fn(*args))
@@ -308,7 +308,7 @@ class _Worker:
                 pass
 
 
-class _Workers:
+class Workers:
     """N spawn-started processes, one job each at a time, killed and replaced on timeout."""
 
     def __init__(self, n: int):

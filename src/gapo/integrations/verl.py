@@ -176,7 +176,8 @@ try:
     from gapo.core.clipping import eps_high_from_weight
     from gapo.core.losses import log_ratio, policy_loss
     from gapo.core.metrics import clip_counts_by_c
-    from gapo.integrations.verl_config import _agg_kwargs, _check_gapo_fields, _Params, _params, _reward_range
+    from gapo.integrations.verl_config import (GapoParams, check_gapo_fields, gapo_params, reward_range_of,
+                                               verl_agg_kwargs)
 except BaseException as _exc:  # noqa: BLE001 - re-raised after making it visible
     _announce_failure(_exc)
     raise
@@ -225,7 +226,7 @@ class GAPOPolicyLossConfig(PolicyLossConfig):
         if self.loss_mode not in LOSS_MODES:
             raise ValueError(f"GAPOPolicyLossConfig: loss_mode must be one of {LOSS_MODES}, got "
                              f"{self.loss_mode!r} (GAPO's fields would be ignored by other losses)")
-        _check_gapo_fields(self)
+        check_gapo_fields(self)
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,7 +287,7 @@ def _install_config_dispatch() -> None:
 
 def _actor_validate(self, n_gpus: int, train_batch_size: int, model_config: dict = None):
     """``ActorConfig.validate`` while this module is loaded: verl's own checks, then, for
-    ``loss_mode=gapo|gapo_seq``, GAPO's checks that need the whole actor config (``_params``):
+    ``loss_mode=gapo|gapo_seq``, GAPO's checks that need the whole actor config (``gapo_params``):
     ``eps_high_max`` >= ``clip_ratio_low``, an unambiguous ``clip_ratio_high``, ``rollout_n`` >= 2.
 
     verl's ``validate_config`` calls this in the driver before Ray, the rollout engine or a rollout
@@ -298,7 +299,7 @@ def _actor_validate(self, n_gpus: int, train_batch_size: int, model_config: dict
     mode = pl.get("loss_mode", None) if pl is not None else None
     if mode in LOSS_MODES:
         try:
-            _params(self)
+            gapo_params(self)
         except ValueError as exc:
             raise ValueError(f"actor_rollout_ref.actor with policy_loss.loss_mode={mode}: {exc}") from None
 
@@ -354,7 +355,7 @@ def success_from_advantages(
     if isinstance(reward_range, str):
         std = norm_adv_by_std_in_grpo and adv_estimator.startswith("grpo")
         if reward_range not in ("group", "batch") or not (std and binary_rewards):
-            _reward_range({"reward_range": reward_range, "adv_estimator": adv_estimator,
+            reward_range_of({"reward_range": reward_range, "adv_estimator": adv_estimator,
                            "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo, "binary_rewards": binary_rewards})
         span = None  # unused on the std-normalised path
     else:
@@ -429,14 +430,14 @@ def _row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
 
 def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
                rollout_is_weights):
-    p = _params(config)
+    p = gapo_params(config)
     a_row = _row_advantages(advantages, response_mask)
     w, count = success_from_advantages(
         a_row, p.group_size, adv_estimator=p.adv_estimator, norm_adv_by_std_in_grpo=p.norm_by_std,
         reward_range=p.reward_range, binary_rewards=p.binary)
     eps_high = eps_high_from_weight(w, eps_low=p.eps_low, eps_high_max=p.eps_high_max,
                                     schedule=p.schedule).to(log_prob.device)
-    mode, agg_kwargs = _agg_kwargs(loss_agg_mode, config.get("global_batch_info", None))
+    mode, agg_kwargs = verl_agg_kwargs(loss_agg_mode, config.get("global_batch_info", None))
     loss, m = policy_loss(
         log_prob, old_log_prob, advantages, response_mask, eps_low=p.eps_low, eps_high=eps_high,
         level=level, agg=mode, clip_ratio_c=p.clip_ratio_c if level == "token" else None,
@@ -489,7 +490,7 @@ def clip_stats_from_verl(metrics: dict) -> dict[str, float]:
 
 
 @torch.no_grad()
-def _metrics_by_c(level, old_log_prob, log_prob, a_row, response_mask, count, eps_high, p: _Params) -> dict:
+def _metrics_by_c(level, old_log_prob, log_prob, a_row, response_mask, count, eps_high, p: GapoParams) -> dict:
     """Per-``c`` sums for ``c = 1 .. G−1``, every key on every call (module docstring, "Metrics").
 
     verl (``Metric.aggregate_dp``) fails when a key has a different number of values on two

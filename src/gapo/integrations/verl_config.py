@@ -1,6 +1,6 @@
 """GAPO's parameters from verl's configuration, for :mod:`gapo.integrations.verl`: the checks of
 GAPO's ``policy_loss`` keys (run by ``GAPOPolicyLossConfig`` at start-up and again on every loss
-call), the actor config read into ``_Params``, and verl's aggregation normalisers mapped onto
+call), the actor config read into ``GapoParams``, and verl's aggregation normalisers mapped onto
 ``gapo.core.aggregation.agg_loss``.
 
 Plain functions of dict-like configs (a dataclass with ``get`` or an OmegaConf ``DictConfig``).
@@ -21,7 +21,7 @@ SCHEDULES = ("linear", "log")
 ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "rloo", "rloo_vectorized")
 
 
-def _check_gapo_fields(pl) -> None:
+def check_gapo_fields(pl) -> None:
     eps_high_max = pl.get("eps_high_max", None)
     if eps_high_max is not None and not float(eps_high_max) >= 0.0:
         raise ValueError(f"policy_loss.eps_high_max must be >= 0, got {eps_high_max!r}")
@@ -43,10 +43,10 @@ def _check_gapo_fields(pl) -> None:
             "std-normalised GRPO advantages (norm_adv_by_std_in_grpo=True) determine group success only "
             "for binary rewards; with binary_rewards=False use Dr.GRPO (algorithm.norm_adv_by_std_in_grpo="
             "False, and the same in policy_loss) or RLOO")
-    _reward_range(pl)
+    reward_range_of(pl)
 
 
-def _reward_range(pl) -> tuple[float, float] | str:
+def reward_range_of(pl) -> tuple[float, float] | str:
     """The reward range of a ``policy_loss`` config: ``(lo, hi)``, ``"group"`` or ``"batch"``."""
     lo, hi = float(pl.get("reward_min", 0.0)), float(pl.get("reward_max", 1.0))
     rr = pl.get("reward_range", None)
@@ -84,7 +84,7 @@ def _reward_range(pl) -> tuple[float, float] | str:
 
 
 @dataclass(frozen=True)
-class _Params:
+class GapoParams:
     eps_low: float
     eps_high_max: float
     schedule: str
@@ -96,12 +96,12 @@ class _Params:
     clip_ratio_c: float
 
 
-def _params(config) -> _Params:
+def gapo_params(config) -> GapoParams:
     """Read GAPO's parameters from verl's ``ActorConfig`` (or a DictConfig with its keys)."""
     if config is None:
         raise ValueError("verl passed config=None to the GAPO policy loss; it needs the actor config")
     pl = config.get("policy_loss", None) or {}
-    _check_gapo_fields(pl)
+    check_gapo_fields(pl)
     clip = config.get("clip_ratio", 0.2)
     eps_low = config.get("clip_ratio_low", None)
     eps_low = float(clip if eps_low is None else eps_low)
@@ -127,11 +127,11 @@ def _params(config) -> _Params:
         raise ValueError(f"GAPO needs actor.rollout_n (the group size G) >= 2, got {group_size!r}; "
                          "set actor_rollout_ref.rollout.n")
     est = pl.get("adv_estimator", "grpo")
-    return _Params(
+    return GapoParams(
         eps_low=eps_low,
         eps_high_max=eps_high_max,
         schedule=pl.get("schedule", "linear"),
-        reward_range=_reward_range(pl),
+        reward_range=reward_range_of(pl),
         adv_estimator=est,
         norm_by_std=bool(pl.get("norm_adv_by_std_in_grpo", False)) and est.startswith("grpo"),
         binary=bool(pl.get("binary_rewards", True)),
@@ -140,7 +140,7 @@ def _params(config) -> _Params:
     )
 
 
-def _agg_kwargs(loss_agg_mode: str, info: dict) -> tuple[str, dict]:
+def verl_agg_kwargs(loss_agg_mode: str, info: dict) -> tuple[str, dict]:
     """Map verl's ``agg_loss`` normalisers (global_batch_info) onto ``gapo.core.aggregation.agg_loss``.
 
     verl divides by the global count and multiplies by ``dp_size`` (DDP averages gradients over

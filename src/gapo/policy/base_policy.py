@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from gapo.policy.model import save_policy
-from gapo.policy.pretrain import PretrainConfig, _jsonable, pretrain
+from gapo.policy.pretrain import PretrainConfig, jsonable, pretrain
 
 __all__ = ["PRESETS", "resolve", "resolve_policy", "ResolvedPolicy", "base_task_params", "get_base_policy", "cache_dir", "shipped_dir"]
 
@@ -172,7 +172,7 @@ def get_base_policy(
         t0 = time.perf_counter()
         model, tok, stats = pretrain(cfg, progress=progress, log=log)
         stats["build_s"] = round(time.perf_counter() - t0, 2)
-        extra = {"pretrain_config": _jsonable(dataclasses.asdict(cfg)), "cache_key": cfg.cache_key(), "stats": stats}
+        extra = {"pretrain_config": jsonable(dataclasses.asdict(cfg)), "cache_key": cfg.cache_key(), "stats": stats}
         save_policy(model, tok, tmp, extra=extra)
         if final.exists():  # rebuild, or another process finished first
             trash = final.parent / f".old-{final.name}-{os.getpid()}-{time.time_ns()}"

@@ -1,4 +1,4 @@
-"""Fast forward passes for Llama/Qwen2 causal LMs: ``_FastLM``, used by ``gapo.policy.sampling``
+"""Fast forward passes for Llama/Qwen2 causal LMs: ``FastLM``, used by ``gapo.policy.sampling``
 for KV-cached decoding and for log-prob recomputation (BENCHMARKS.md, section 2).
 
 It reproduces the Hugging Face forward op for op with a preallocated KV cache and computes
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 
-def _positions(mask: torch.Tensor) -> torch.Tensor:
+def left_pad_positions(mask: torch.Tensor) -> torch.Tensor:
     # Left padding: the first real token is position 0 in every row.
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
@@ -42,7 +42,7 @@ def _has_hooks(module) -> bool:
                for m in module.modules())
 
 
-class _FastLM:
+class FastLM:
     """Llama/Qwen2 forward passes without the per-call machinery of ``model.forward`` (output
     capturing, mask construction, ``DynamicCache`` concatenation), which dominates a decoding
     step of a small model, and with each distinct prompt computed once (GRPO samples G
@@ -144,7 +144,7 @@ class _FastLM:
         else:
             ids, mask = u[:, : ids.shape[1]], u[:, ids.shape[1] :]
         x = self.embed(ids)
-        cos, sin = self._rope(x, _positions(mask))
+        cos, sin = self._rope(x, left_pad_positions(mask))
         m = self._causal(mask.bool(), 0)
         kvs = []
         for layer in self.layers:
@@ -166,7 +166,7 @@ class _FastLM:
             return self.norm(last)
         ids, key_ok = input_ids[:, P : L - 1], attention_mask[:, : L - 1].bool()
         x = self.embed(ids)
-        cos, sin = self._rope(x, _positions(attention_mask)[:, P : L - 1])
+        cos, sin = self._rope(x, left_pad_positions(attention_mask)[:, P : L - 1])
         m = self._causal(key_ok, P)
         idx = live_index(key_ok[:, P:])  # inputs that are response tokens, not padding after EOS
         if idx is not None:

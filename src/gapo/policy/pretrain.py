@@ -70,15 +70,15 @@ class PretrainConfig:
         return d
 
     def cache_key(self) -> str:
-        blob = json.dumps(_jsonable(self.key_fields()), sort_keys=True)
+        blob = json.dumps(jsonable(self.key_fields()), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _jsonable(x):
+def jsonable(x):
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     return x
 
 

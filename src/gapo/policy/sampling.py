@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from gapo.policy.fast_lm import _FastLM, _positions, live_index, pack, unpack
+from gapo.policy.fast_lm import FastLM, left_pad_positions, live_index, pack, unpack
 
 
 @dataclass
@@ -206,7 +206,7 @@ def sample(
     width ``T`` is the longest completion. ``generator`` (on the model's device) makes sampling
     reproducible. With ``compact`` finished rows are dropped from the KV cache as the batch
     thins out (it changes which random numbers a row draws, never the distribution). ``fast``
-    decodes Llama/Qwen2 models with ``_FastLM`` (same numbers, less per-token overhead, each
+    decodes Llama/Qwen2 models with ``FastLM`` (same numbers, less per-token overhead, each
     distinct prompt prefilled once); other models, and ``fast=False``, go through ``model.forward``.
     """
     if max_new_tokens < 1:
@@ -231,8 +231,8 @@ def sample(
     was_training = model.training
     model.eval()
     try:
-        pos = _positions(mask)
-        dec = (_FastLM.build(model) if fast else None) or _HFDecoder(model)
+        pos = left_pad_positions(mask)
+        dec = (FastLM.build(model) if fast else None) or _HFDecoder(model)
         logits = dec.prefill(ids, mask, pos, N)
         how = _Decoding(temperature, top_p, eos_ids, pad_token_id, compact, _check_every)
         out_tok, out_lp, out_len = _decode(dec, logits, pos[:, -1:] + 1, B, N, how, generator=generator,
@@ -427,8 +427,8 @@ def _plain_backend(tokenizer):
 
 
 class _HFDecoder:
-    """Decoding through ``model.forward`` and its Hugging Face cache, with ``_FastLM``'s decoding
-    interface (``prefill`` / ``step`` / ``select``): the path of every model ``_FastLM`` does not take."""
+    """Decoding through ``model.forward`` and its Hugging Face cache, with ``FastLM``'s decoding
+    interface (``prefill`` / ``step`` / ``select``): the path of every model ``FastLM`` does not take."""
 
     def __init__(self, model):
         self.model = model
@@ -521,7 +521,7 @@ def logprobs(
     ``attention_mask``), the decoder's per-token work and the head run on the live positions
     only, and the padding after EOS comes back as 0 (else as meaningless values): multiply by the
     response mask.
-    ``fast`` runs the decoder of Llama/Qwen2 models with ``_FastLM``, which computes each
+    ``fast`` runs the decoder of Llama/Qwen2 models with ``FastLM``, which computes each
     distinct prompt once (rows of a GRPO group share it); ``fast=False`` uses ``model.model``.
     ``entropy_grad=False`` returns the entropy detached (pass it when the loss has no entropy
     term: it keeps the memory of a checkpointed backward bounded, see ``_chunk_stats``).
@@ -531,13 +531,13 @@ def logprobs(
     if not 0 < T < L:
         raise ValueError(f"response_len must be in [1, {L - 1}], got {T}")
     temperature = 1.0 if temperature <= 0 else float(temperature)
-    pos = _positions(attention_mask)
+    pos = left_pad_positions(attention_mask)
     targets = input_ids[:, L - T :]
     head, dec = _head_and_decoder(model)
     softcap = getattr(model.config, "final_logit_softcapping", None)
     if head is None:  # unknown layout: fall back to the model's own head on the last T+1 positions
         return _full_head_stats(model, input_ids, attention_mask, pos, targets, temperature)
-    decoder = _FastLM.build(model) if fast else None
+    decoder = FastLM.build(model) if fast else None
     if decoder is not None:  # the same hidden states, each distinct prompt computed once
         hidden = decoder.hidden(input_ids, attention_mask, T)
     else:

@@ -47,7 +47,7 @@ from gapo.exec import sandbox
 from gapo.tasks.base import Problem, draw_problems, read_jsonl
 from gapo.tasks.datasets_io import check_required, read_records
 
-from gapo.exec.judge import _CANDIDATE, _CODEC, _HARNESS, _JUDGE, MARKER, UNSUPPORTED
+from gapo.exec.judge import CANDIDATE, CODEC, HARNESS, JUDGE, MARKER, UNSUPPORTED
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def build_programs(solution: str, tests: str, *, trusted: str = "", entry_point:
     """``(judge, candidate)`` for ``sandbox.run(judge, peer=candidate)``; with ``strict=False``
     ``(harness, None)``: the single-process harness (see the module docstring)."""
     if not strict:
-        return (_HARNESS + f"\n__gapo_harness({solution!r}, {trusted!r}, {tests!r}, "
+        return (HARNESS + f"\n__gapo_harness({solution!r}, {trusted!r}, {tests!r}, "
                 f"{entry_point!r}, {MARKER!r})\n"), None
     if not _needs_prompt(trusted, entry_point):
         trusted = ""  # nothing the tests could use: the judge need not run it (nor import typing)
@@ -115,7 +115,7 @@ def _compiled(part: str) -> str:
     """Source that defines the judge's or the candidate's functions from code compiled once
     here (the sandbox runs this same interpreter, so the marshal format matches): compiling
     the source in every sandbox cost about 2 ms per process."""
-    src = _CODEC + (_JUDGE if part == "judge" else _CANDIDATE)
+    src = CODEC + (JUDGE if part == "judge" else CANDIDATE)
     code = marshal.dumps(compile(src, f"<gapo-{part}>", "exec", dont_inherit=True))
     return f"import marshal\nexec(marshal.loads({code!r}))\n"
 

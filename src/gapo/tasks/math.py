@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from gapo.tasks.scoring import VerifierTimeout, run_with_timeout
-from gapo.tasks.scoring_pool import _signal_guard_usable, alarm_deferred
+from gapo.tasks.scoring_pool import signal_guard_usable, alarm_deferred
 
 from gapo.tasks.base import Problem, eval_fraction_param, split_of
 from gapo.tasks.datasets_io import read_records
@@ -695,7 +695,7 @@ class MathTask:
         if not candidates:
             return 0.0, "unparsable"
         mode = "process" if _BROKEN_PID == os.getpid() else self.guard
-        in_process = mode == "signal" or (mode == "auto" and _signal_guard_usable())
+        in_process = mode == "signal" or (mode == "auto" and signal_guard_usable())
         if in_process and self.timeout_s is not None:
             _ensure_warm()  # the first timed call of a process must not pay for (or cut) imports
         try:
