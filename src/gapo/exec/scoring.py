@@ -81,6 +81,8 @@ __all__ = [
     "STATUSES",
     "verifier_failure_warning",
     "MAX_ABS_REWARD",
+    "SharedWorkers",
+    "SHARED",
 ]
 
 STATUSES = ("ok", "unparsable", "timeout", "error", "ambiguous")
@@ -91,8 +93,6 @@ MAX_ABS_REWARD = 1e6
 SELF_TIMED_GRACE_S = 5.0
 
 
-_HELPER: "Workers | None" = None
-_HELPER_LOCK = threading.Lock()
 
 
 def run_with_timeout(fn: Callable, *args, timeout_s: float | None, mode: str = "auto"):
@@ -108,11 +108,7 @@ def run_with_timeout(fn: Callable, *args, timeout_s: float | None, mode: str = "
         raise ValueError(f"mode must be auto, signal, process or none, not {mode!r}")
     if mode == "signal" or (mode == "auto" and signal_guard_usable()):
         return call_with_alarm(fn, args, timeout_s)
-    global _HELPER
-    with _HELPER_LOCK:
-        if _HELPER is None:
-            _HELPER = Workers(1)
-        status, value = _HELPER.call(fn, args, timeout_s)
+    status, value = SHARED.call_in_helper(fn, args, timeout_s)
     if status == "timeout":
         raise VerifierTimeout(f"{getattr(fn, '__name__', fn)} ran past {timeout_s:g}s")
     if status == "error":
@@ -285,17 +281,60 @@ class ScoringPool:
         self.close()
 
 
-_POOLS: dict[int, ScoringPool] = {}
-_POOLS_LOCK = threading.Lock()
-_SERIAL_EXECUTOR: cf.ThreadPoolExecutor | None = None
+class SharedWorkers:
+    """The one owner of this package's process-wide scoring state: the pools ``score_batch(...,
+    workers=N)`` shares (one per N), the helper process of ``run_with_timeout(mode="process")``
+    and the background thread of ``submit_batch(..., workers=0)``. Each starts on first use and
+    is started again when it was closed, so two trainers in one process (or a test that closes
+    them) never get a closed pool; :meth:`close` closes them all (at exit, or between tests).
+    The module-level instance is :data:`SHARED`."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._helper_lock = threading.Lock()  # one call at a time in the helper process
+        self._pools: dict[int, ScoringPool] = {}
+        self._helper: Workers | None = None
+        self._serial: cf.ThreadPoolExecutor | None = None
+
+    def pool(self, workers: int) -> ScoringPool:
+        with self._lock:
+            pool = self._pools.get(workers)
+            if pool is None or pool._workers.closed:
+                pool = self._pools[workers] = ScoringPool(workers, timeout_s=None)
+            return pool
+
+    def call_in_helper(self, fn: Callable, args, timeout_s: float):
+        with self._helper_lock:
+            with self._lock:
+                if self._helper is None or self._helper.closed:
+                    self._helper = Workers(1)
+                helper = self._helper
+            return helper.call(fn, args, timeout_s)
+
+    def serial(self) -> cf.ThreadPoolExecutor:
+        with self._lock:
+            if self._serial is None:
+                self._serial = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gapo-scoring")
+            return self._serial
+
+    def close(self) -> None:
+        """Close every pool, the helper and the thread; the next use starts new ones."""
+        with self._lock:
+            pools, helper, serial = list(self._pools.values()), self._helper, self._serial
+            self._pools, self._helper, self._serial = {}, None, None
+        for pool in pools:
+            try:
+                pool.close()
+            except Exception:  # noqa: BLE001 - at exit, a pool already gone is fine
+                pass
+        if helper is not None:
+            helper.close()
+        if serial is not None:
+            serial.shutdown(wait=True)
 
 
-def _shared_pool(workers: int) -> ScoringPool:
-    with _POOLS_LOCK:
-        pool = _POOLS.get(workers)
-        if pool is None or pool._workers.closed:
-            pool = _POOLS[workers] = ScoringPool(workers, timeout_s=None)
-        return pool
+SHARED = SharedWorkers()
+atexit.register(SHARED.close)
 
 
 def score_batch(task, problems, completions, *, workers: int = 0, timeout_s: float | None = 10.0):
@@ -307,7 +346,7 @@ def score_batch(task, problems, completions, *, workers: int = 0, timeout_s: flo
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
     if workers > 0:
-        return _shared_pool(workers).score(task, problems, completions, timeout_s=timeout_s)
+        return SHARED.pool(workers).score(task, problems, completions, timeout_s=timeout_s)
     _check_inputs(task, problems, completions)
     t0 = time.perf_counter()
     rewards, statuses, parts = [], [], []
@@ -332,22 +371,7 @@ def submit_batch(task, problems, completions, *, workers: int = 0, timeout_s: fl
     With ``workers=0`` the batch is scored in one background thread (where a verifier's timeout
     is the task's own guard, see the module docstring); with ``workers=N`` in the shared pool.
     """
-    global _SERIAL_EXECUTOR
     problems, completions = list(problems), list(completions)
     if workers > 0:
-        return _shared_pool(workers).submit(task, problems, completions, timeout_s=timeout_s)
-    with _POOLS_LOCK:
-        if _SERIAL_EXECUTOR is None:
-            _SERIAL_EXECUTOR = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gapo-scoring")
-    return _SERIAL_EXECUTOR.submit(score_batch, task, problems, completions, workers=0, timeout_s=timeout_s)
-
-
-@atexit.register
-def _close_all() -> None:
-    for pool in list(_POOLS.values()):
-        try:
-            pool.close()
-        except Exception:
-            pass
-    if _HELPER is not None:
-        _HELPER.close()
+        return SHARED.pool(workers).submit(task, problems, completions, timeout_s=timeout_s)
+    return SHARED.serial().submit(score_batch, task, problems, completions, workers=0, timeout_s=timeout_s)
