@@ -47,3 +47,27 @@ def test_owners_are_independent():
     finally:
         a.close()
         b.close()
+
+
+class _FakeCgroup:
+    def __init__(self):
+        self.destroyed = False
+
+    def destroy(self):
+        self.destroyed = True
+
+
+def test_free_cgroups_cap_reuse_clear_and_fork():
+    from gapo.exec.sandbox_ns import FREE_CGROUPS, FreeCgroups
+
+    assert isinstance(FREE_CGROUPS, FreeCgroups)
+    free = FreeCgroups(cap=2)
+    a, b, c = _FakeCgroup(), _FakeCgroup(), _FakeCgroup()
+    assert free.put(a) and free.put(b) and not free.put(c) and len(free) == 2  # full: the caller removes c
+    assert free.take() is b and free.take() is a and free.take() is None
+    free.put(a)
+    free._pid = -1  # as seen from a forked child: the parent's cgroups are not reused, nor removed
+    assert free.take() is None and not a.destroyed
+    free.put(b)
+    free.clear()
+    assert b.destroyed and len(free) == 0

@@ -281,6 +281,10 @@ def max_concurrency() -> int:
     return max(1, int(env)) if env else _usable_cores()
 
 
+# Process-wide on purpose: every sandbox of the process (any trainer, pool thread or test) shares
+# the machine's cores, so one cap holds for all; sized once, at import (GAPO_SANDBOX_WORKERS set
+# later does not resize it). The only other state the runtime keeps is owned by
+# sandbox_ns.FREE_CGROUPS and scoring.SHARED (docs/design.md §3.1).
 _SLOTS = threading.BoundedSemaphore(max_concurrency())
 
 
