@@ -217,5 +217,5 @@ def test_report_shows_what_the_model_wrote(instruct, tmp_path, capsys):
     Trainer(_cfg(instruct, "train.steps=2", "log.samples=2"), tmp_path / "r").fit()
     assert main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "rep")]) == 0
     out = capsys.readouterr().out
-    assert "r, step 2:" in out and "<|im_start|>assistant" in out and "completion:" in out
+    assert "r, step 2 (" in out and "<|im_start|>assistant" in out and "completion:" in out
     assert "What the model wrote" in (tmp_path / "rep" / "report.md").read_text()
