@@ -266,7 +266,7 @@ def test_timeouts_during_the_cold_start_do_not_poison_the_verifier():
     # Before: the first timed call imported sympy under the alarm; the alarm cut the import and
     # every later verification failed: verify_answer('5', '5') == (False, False) for ever.
     line = _fresh_python(
-        "from gapo.tasks.scoring import run_with_timeout, VerifierTimeout\n"
+        "from gapo.exec.scoring import run_with_timeout, VerifierTimeout\n"
         "from gapo.tasks.math import verify_answer\n"
         "t, n = 0.001, 0\n"
         "for _ in range(12):\n"
@@ -286,7 +286,7 @@ def test_math_task_with_tiny_timeouts_from_a_cold_start_still_scores_exact_answe
     line = _fresh_python(
         "from gapo.tasks.math import MathTask\n"
         "from gapo.tasks.base import Problem\n"
-        "from gapo.tasks.scoring import score_batch\n"
+        "from gapo.exec.scoring import score_batch\n"
         f"task = MathTask({str(GSM)!r}, eval_fraction=0.0)\n"
         "p = Problem('q', '5')\n"
         "statuses = set()\n"
@@ -342,7 +342,7 @@ def test_a_timeout_of_a_sound_verifier_changes_nothing(comp, monkeypatch):
 
 def test_warmup_is_never_cut_by_the_guard(monkeypatch):
     # an alarm due during the warm-up fires after it, as a timeout of the call, not inside it
-    from gapo.tasks.scoring_pool import VerifierTimeout as VT, call_with_alarm
+    from gapo.exec.scoring_pool import VerifierTimeout as VT, call_with_alarm
 
     monkeypatch.setattr(math_mod, "_WARM_PID", None)
     seen = []
@@ -363,7 +363,7 @@ def test_warmup_is_never_cut_by_the_guard(monkeypatch):
 def test_pool_worker_scores_exact_answers_after_a_timeout(comp):
     # one worker: the answers after the bomb are scored by the same worker (soft timeout: its
     # canaries checked) or by its replacement (hard kill: warmed up on load)
-    from gapo.tasks.scoring import ScoringPool
+    from gapo.exec.scoring import ScoringPool
 
     p = next(q for q in comp.generate("train", 6, 0) if q.answer == "\\frac{1}{2}")
     with ScoringPool(1, timeout_s=2.0) as pool:

@@ -12,7 +12,7 @@ import pytest
 
 import timing  # tests/timing.py: timeouts that say they are timeouts
 from gapo.tasks.base import Problem
-from gapo.tasks.scoring import ScoringPool, VerifierTimeout, run_with_timeout, score_batch, submit_batch
+from gapo.exec.scoring import ScoringPool, VerifierTimeout, run_with_timeout, score_batch, submit_batch
 
 FIX = Path(__file__).parents[1] / "fixtures"
 
@@ -97,7 +97,7 @@ def test_absurd_finite_rewards_are_errors_too():
 
 
 def test_evaluation_scoring_errors_name_task_and_problem():
-    from gapo.tasks.scoring import score_checked
+    from gapo.exec.scoring import score_checked
     assert score_checked(ToyTask(), [P7], 0, "0.5") == 0.5
     with pytest.raises(ValueError, match=r"task 'toy', problem 0 \(id 'toy/7'.*KeyError"):
         score_checked(ToyTask(), [P7], 0, "raise")
@@ -201,7 +201,7 @@ def test_async_forms(pool, math_batch):
 
 # ------------------------------------------------------------------ sandboxes in pool workers
 class SandboxTask:
-    """Scores by running a sleeping program in gapo.tasks.sandbox (a stand-in for the code tasks).
+    """Scores by running a sleeping program in gapo.exec.sandbox (a stand-in for the code tasks).
 
     ``self_timed``: the task declares ``score_timeout_s`` (its sandbox's own deadline), so the
     pool must not kill the worker first. ``memory_mb`` makes the sandbox's command line unique,
@@ -216,7 +216,7 @@ class SandboxTask:
             self.score_timeout_s = sandbox_timeout_s + 2.0
 
     def score_detailed(self, problem, completion):
-        from gapo.tasks import sandbox
+        from gapo.exec import sandbox
         if not hasattr(self, "score_timeout_s"):  # like a busy worker: only the hard kill stops it
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
         r = sandbox.run("import time\ntime.sleep(60)\n", peer="import time\ntime.sleep(60)\n",
@@ -237,7 +237,7 @@ def _count_sandbox_processes(memory_mb: int) -> int:
 
 
 def _sandbox_caps():
-    from gapo.tasks import sandbox
+    from gapo.exec import sandbox
     return sandbox.capabilities()
 
 
@@ -318,7 +318,7 @@ def test_ambiguous_answers_are_counted():
 
 
 def test_verifier_failure_warning():
-    from gapo.tasks.scoring import verifier_failure_warning as warn
+    from gapo.exec.scoring import verifier_failure_warning as warn
 
     def stats(n, timeout=0, error=0, unparsable=0):
         return {"reward/n": n, "reward/n_timeout": timeout, "reward/n_error": error,

@@ -45,7 +45,7 @@ text is parsed too and compared again.
 
 Timeouts: math-verify's own timeout uses ``signal.alarm`` and raises ``ValueError`` when called
 off the main thread. gapo calls it with its timeouts disabled and guards the whole
-parse-and-verify with :func:`gapo.tasks.scoring.run_with_timeout`: a ``SIGALRM`` timer on the main
+parse-and-verify with :func:`gapo.exec.scoring.run_with_timeout`: a ``SIGALRM`` timer on the main
 thread (sympy's work is Python code, so the alarm interrupts it: ``9^{9^{9^9}}`` stops at the
 limit), and off the main thread a helper process that is killed and replaced on timeout. A
 timeout is reward 0, status ``timeout``.
@@ -53,7 +53,7 @@ timeout is reward 0, status ``timeout``.
 A timeout never changes a later result. An alarm that cut sympy's first import short left
 half-initialised modules behind, and every later parse of the process failed
 (``verify_answer('5', '5') == (False, False)``). So the guard never interrupts an import
-(:mod:`gapo.tasks.scoring_pool`), :func:`warmup` (untimed, never interrupted) runs before the
+(:mod:`gapo.exec.scoring_pool`), :func:`warmup` (untimed, never interrupted) runs before the
 first timed verification of every process (pool workers and helper processes on load, serial
 scoring before its batch, ``MathTask`` before its first timed call), and :func:`after_timeout`
 checks canaries after each in-process timeout: caches cleared and re-warmed if they fail, and a
@@ -76,8 +76,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gapo.tasks.scoring import VerifierTimeout, run_with_timeout
-from gapo.tasks.scoring_pool import signal_guard_usable, alarm_deferred
+from gapo.exec.scoring import VerifierTimeout, run_with_timeout
+from gapo.exec.scoring_pool import signal_guard_usable, alarm_deferred
 
 from gapo.tasks.base import Problem, eval_fraction_param, split_of
 from gapo.tasks.datasets_io import read_records
