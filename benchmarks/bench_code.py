@@ -23,8 +23,7 @@ from gapo.tasks.code import HumanEvalTask
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--workers", type=int, default=None, help="default: usable cores")
     ap.add_argument("--wrong-every", type=int, default=4)
@@ -33,8 +32,7 @@ def main() -> None:
     problems = task.problems()
     wrong_problems = problems[:: args.wrong_every]
     batch = problems + wrong_problems
-    completions = ([p.meta["canonical_solution"] for p in problems]
-                   + ["    return None\n"] * len(wrong_problems))
+    completions = [p.meta["canonical_solution"] for p in problems] + ["    return None\n"] * len(wrong_problems)
     print(f"isolation: {sandbox.capabilities().describe()}; {len(batch)} completions per rep")
     rates, cpus = [], []
     for rep in range(args.reps):
@@ -52,8 +50,7 @@ def main() -> None:
             raise SystemExit(f"wrong verdicts: {bad}")
         rates.append(len(batch) / dt)
         print(f"rep {rep}: {dt:.2f} s, {rates[-1]:.1f} completions/s, {cpus[-1]:.1f} ms CPU each")
-    print(f"completions_per_s={statistics.median(rates):.1f} "
-          f"cpu_ms_per_completion={statistics.median(cpus):.1f}")
+    print(f"completions_per_s={statistics.median(rates):.1f} cpu_ms_per_completion={statistics.median(cpus):.1f}")
 
 
 if __name__ == "__main__":

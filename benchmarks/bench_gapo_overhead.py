@@ -41,11 +41,25 @@ from gapo.rl.trainer import Trainer  # noqa: E402
 
 
 def _grid(args) -> dict:
-    return load_grid({"name": "overhead", "methods": ["drgrpo", "gapo"], "regimes": ["low"], "seeds": [args.seed],
-                      "regime_defs": {"low": {"base": "low", "overrides": {"optim.lr": 2.0e-5}}},
-                      "common": {"train.mini_batches": args.mini_batches, "train.epochs": args.epochs,
-                                 "train.prompts": 8, "train.group_size": 8, "train.steps": args.warmup + args.steps,
-                                 "train.checkpoint_every": 0, "eval.problems": 0, "eval.every": 0}})
+    return load_grid(
+        {
+            "name": "overhead",
+            "methods": ["drgrpo", "gapo"],
+            "regimes": ["low"],
+            "seeds": [args.seed],
+            "regime_defs": {"low": {"base": "low", "overrides": {"optim.lr": 2.0e-5}}},
+            "common": {
+                "train.mini_batches": args.mini_batches,
+                "train.epochs": args.epochs,
+                "train.prompts": 8,
+                "train.group_size": 8,
+                "train.steps": args.warmup + args.steps,
+                "train.checkpoint_every": 0,
+                "eval.problems": 0,
+                "eval.every": 0,
+            },
+        }
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     base = get_base_policy(pretrain_config(g["_regimes"]["low"]), progress=False)
     rows: dict[str, list[dict]] = {"drgrpo": [], "gapo": []}
     with tempfile.TemporaryDirectory() as tmp:
-        trainers = {m: Trainer(cell_config(g, "low", m, a.seed, base_path=str(base)), Path(tmp) / m, overwrite=True)
-                    for m in ("drgrpo", "gapo")}
+        trainers = {
+            m: Trainer(cell_config(g, "low", m, a.seed, base_path=str(base)), Path(tmp) / m, overwrite=True)
+            for m in ("drgrpo", "gapo")
+        }
         t0 = time.time()
         for i in range(a.warmup + a.steps):
             order = ("drgrpo", "gapo") if i % 2 == 0 else ("gapo", "drgrpo")
@@ -74,26 +90,41 @@ def main(argv: list[str] | None = None) -> int:
                 cpu = time.process_time() - c0
                 if i >= a.warmup:
                     toks = float(rec.get("rollout/response_len", float("nan"))) * 64
-                    rows[m].append({"step_s": rec["time/step_s"], "update_s": rec["time/update_s"], "tokens": toks,
-                                    "cpu_s": cpu})
+                    rows[m].append(
+                        {"step_s": rec["time/step_s"], "update_s": rec["time/update_s"], "tokens": toks, "cpu_s": cpu}
+                    )
         wall = time.time() - t0
-    med = {m: {k: statistics.median(r[k] for r in rs) for k in ("step_s", "update_s", "cpu_s")} for m, rs in rows.items()}
+    med = {
+        m: {k: statistics.median(r[k] for r in rs) for k in ("step_s", "update_s", "cpu_s")} for m, rs in rows.items()
+    }
     for m, rs in rows.items():
         med[m]["update_ms_per_token"] = statistics.median(1e3 * r["update_s"] / r["tokens"] for r in rs)
-    pair = statistics.median((g_["update_s"] / g_["tokens"]) / (f["update_s"] / f["tokens"])
-                             for g_, f in zip(rows["gapo"], rows["drgrpo"]))
+    pair = statistics.median(
+        (g_["update_s"] / g_["tokens"]) / (f["update_s"] / f["tokens"]) for g_, f in zip(rows["gapo"], rows["drgrpo"])
+    )
     ratio = {k: med["gapo"][k] / med["drgrpo"][k] for k in ("step_s", "update_s", "update_ms_per_token", "cpu_s")}
-    print(f"setting: low base, 8 x 8 rollouts, {a.mini_batches} x {a.epochs} updates per batch, {a.threads} thread(s), "
-          f"{a.warmup} warm-up + {a.steps} measured steps per method, interleaved; wall {wall:.0f}s")
+    print(
+        f"setting: low base, 8 x 8 rollouts, {a.mini_batches} x {a.epochs} updates per batch, {a.threads} thread(s), "
+        f"{a.warmup} warm-up + {a.steps} measured steps per method, interleaved; wall {wall:.0f}s"
+    )
     for m in ("drgrpo", "gapo"):
-        print(f"{m:7s} median step {med[m]['step_s']:.3f}s (CPU {med[m]['cpu_s']:.3f}s)  update {med[m]['update_s']:.3f}s  "
-              f"update/token {med[m]['update_ms_per_token']:.4f} ms")
+        print(
+            f"{m:7s} median step {med[m]['step_s']:.3f}s (CPU {med[m]['cpu_s']:.3f}s)  "
+            f"update {med[m]['update_s']:.3f}s  "
+            f"update/token {med[m]['update_ms_per_token']:.4f} ms"
+        )
     print(f"median per-step-pair ratio of update time per token (gapo/fixed): {pair:.3f}")
-    print(f"ratio step={ratio['step_s']:.3f} update={ratio['update_s']:.3f} "
-          f"update_per_token={ratio['update_ms_per_token']:.3f} step_cpu={ratio['cpu_s']:.3f}")
+    print(
+        f"ratio step={ratio['step_s']:.3f} update={ratio['update_s']:.3f} "
+        f"update_per_token={ratio['update_ms_per_token']:.3f} step_cpu={ratio['cpu_s']:.3f}"
+    )
     if a.json:
-        Path(a.json).write_text(json.dumps({"medians": med, "ratio": ratio, "pair_ratio_update_per_token": pair,
-                                            "args": vars(a), "wall_s": wall}, indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                {"medians": med, "ratio": ratio, "pair_ratio_update_per_token": pair, "args": vars(a), "wall_s": wall},
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -58,8 +58,14 @@ def main() -> None:
         from verl.trainer.ppo.core_algos import get_policy_loss_fn
         from verl.workers.config import ActorConfig
 
-        cfg = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
-                          clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=args.clip_ratio_c)
+        cfg = ActorConfig(
+            strategy="fsdp",
+            rollout_n=1,
+            ppo_micro_batch_size_per_gpu=1,
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+            clip_ratio_c=args.clip_ratio_c,
+        )
         vanilla_fn = get_policy_loss_fn("vanilla")
         adv_bt = adv[:, None].expand(B, T)
 
@@ -83,7 +89,10 @@ def main() -> None:
             times[name].append(time.perf_counter() - t0)
     print(f"B={B} T={T} tokens={int(mask.sum())} threads={args.threads} reps={args.reps} torch={torch.__version__}")
     for name, ts in times.items():
-        print(f"{name:>13}: median {statistics.median(ts) * 1e3:8.1f} ms  (min {min(ts) * 1e3:.1f}, max {max(ts) * 1e3:.1f})")
+        print(
+            f"{name:>13}: median {statistics.median(ts) * 1e3:8.1f} ms  "
+            f"(min {min(ts) * 1e3:.1f}, max {max(ts) * 1e3:.1f})"
+        )
     ratio = statistics.median(a / b for a, b in zip(times["gapo"], times["fixed"]))
     if "verl_vanilla" in times:
         rv = statistics.median(a / b for a, b in zip(times["gapo"], times["verl_vanilla"]))

@@ -36,7 +36,6 @@ import subprocess
 import sys
 import time
 
-
 PATHS = ("chunked", "bounded", "chunked+ent", "naive")
 
 
@@ -85,9 +84,19 @@ def one(path: str, V: int, B: int, T: int, threads: int, prompt: int = 32) -> di
     loss.backward()
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"path": path, "V": V, "B": B, "T": T, "update_peak_mb": peak - before, "rss_before_mb": before,
-            "peak_rss_mb": peak, "wall_s": wall, "loss": float(loss.detach()), "entropy": float((ent.detach() * mask).sum()),
-            "n_params": sum(p.numel() for p in model.parameters())}
+    return {
+        "path": path,
+        "V": V,
+        "B": B,
+        "T": T,
+        "update_peak_mb": peak - before,
+        "rss_before_mb": before,
+        "peak_rss_mb": peak,
+        "wall_s": wall,
+        "loss": float(loss.detach()),
+        "entropy": float((ent.detach() * mask).sum()),
+        "n_params": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def main() -> None:
@@ -104,21 +113,45 @@ def main() -> None:
         return
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
     print(f"V={a.V} B={a.B} prompt=32, tiny Llama preset, fp32, {a.threads} thread(s)")
-    print(f"{'T':>5} {'path':>11} {'update_MB':>9} {'peak_rss_MB':>11} {'(B,T,V)_f32_MB':>14} {'wall_s':>7} {'loss':>10}")
+    print(
+        f"{'T':>5} {'path':>11} {'update_MB':>9} {'peak_rss_MB':>11} {'(B,T,V)_f32_MB':>14} {'wall_s':>7} {'loss':>10}"
+    )
     res = {}
     for T in a.T:
         for path in a.paths:
-            out = subprocess.run([sys.executable, __file__, "--one", path, "--V", str(a.V), "--B", str(a.B),
-                                  "--T", str(T), "--threads", str(a.threads)],
-                                 env=env, capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    path,
+                    "--V",
+                    str(a.V),
+                    "--B",
+                    str(a.B),
+                    "--T",
+                    str(T),
+                    "--threads",
+                    str(a.threads),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             r = json.loads(out.stdout.strip().splitlines()[-1])
             res[path, T] = r
-            print(f"{T:>5} {path:>11} {r['update_peak_mb']:>9.0f} {r['peak_rss_mb']:>11.0f} "
-                  f"{a.B * T * a.V * 4 / 2**20:>14.0f} {r['wall_s']:>7.2f} {r['loss']:>10.6f}", flush=True)
+            print(
+                f"{T:>5} {path:>11} {r['update_peak_mb']:>9.0f} {r['peak_rss_mb']:>11.0f} "
+                f"{a.B * T * a.V * 4 / 2**20:>14.0f} {r['wall_s']:>7.2f} {r['loss']:>10.6f}",
+                flush=True,
+            )
     if {"chunked", "bounded", "naive"} <= set(a.paths):
         T = max(a.T)
-        print(f"ratio peak naive/chunked={res['naive', T]['update_peak_mb'] / res['chunked', T]['update_peak_mb']:.2f} "
-              f"naive/bounded={res['naive', T]['update_peak_mb'] / res['bounded', T]['update_peak_mb']:.2f} at T={T}")
+        print(
+            f"ratio peak naive/chunked={res['naive', T]['update_peak_mb'] / res['chunked', T]['update_peak_mb']:.2f} "
+            f"naive/bounded={res['naive', T]['update_peak_mb'] / res['bounded', T]['update_peak_mb']:.2f} at T={T}"
+        )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,10 @@ def plot(rows: dict, out: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    panels = [(axes[0], LENGTHS, [T for _, T in LENGTHS], "completion tokens (5.1M-parameter model)"),
-              (axes[1], SIZES, [rows[p]["gapo"]["n_params"] / 1e6 for p in SIZES], "parameters, millions (64 tokens)")]
+    panels = [
+        (axes[0], LENGTHS, [T for _, T in LENGTHS], "completion tokens (5.1M-parameter model)"),
+        (axes[1], SIZES, [rows[p]["gapo"]["n_params"] / 1e6 for p in SIZES], "parameters, millions (64 tokens)"),
+    ]
     for ax, pts, xs, xlabel in panels:
         for system, style in (("gapo", "o-"), ("trl", "s--")):
             ax.plot(xs, [rows[p][system]["step_s"] for p in pts], style, label="gapo" if system == "gapo" else "TRL")
@@ -85,25 +87,48 @@ def main() -> None:
         print(HEADER, flush=True)
         for rep in range(0 if a.from_json else a.reps):
             for shape, T, warmup, steps in POINTS:
-                results += interleaved(_policy(tmp, shape), 1, steps, [a.threads], [1], ["gapo", "trl"], [],
-                                       shape=shape, max_tokens=T, warmup=warmup, first_rep=rep)
+                results += interleaved(
+                    _policy(tmp, shape),
+                    1,
+                    steps,
+                    [a.threads],
+                    [1],
+                    ["gapo", "trl"],
+                    [],
+                    shape=shape,
+                    max_tokens=T,
+                    warmup=warmup,
+                    first_rep=rep,
+                )
     if a.json and not a.from_json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     rows: dict = {}
-    print(f"\n{'shape':>5} {'T':>4} {'params':>7} {'gapo_s':>8} {'trl_s':>8} {'ratio':>6} {'paired':>6} "
-          f"{'gapo_tok':>8} {'trl_tok':>8}")
+    print(
+        f"\n{'shape':>5} {'T':>4} {'params':>7} {'gapo_s':>8} {'trl_s':>8} {'ratio':>6} {'paired':>6} "
+        f"{'gapo_tok':>8} {'trl_tok':>8}"
+    )
     for shape, T, _, _ in POINTS:
-        sel = {s: [r for r in results if r["system"] == s and r["shape"] == shape and r["max_tokens"] == T]
-               for s in ("gapo", "trl")}
-        med = {s: {"step_s": statistics.median(r["step_s_median"] for r in v),
-                   "tokens": statistics.median(r["completion_tokens_per_step"] for r in v),
-                   "n_params": v[0]["n_params"]} for s, v in sel.items()}
-        pair = statistics.median(g["step_s_median"] / t["step_s_median"]
-                                 for g in sel["gapo"] for t in sel["trl"] if g["rep"] == t["rep"])
+        sel = {
+            s: [r for r in results if r["system"] == s and r["shape"] == shape and r["max_tokens"] == T]
+            for s in ("gapo", "trl")
+        }
+        med = {
+            s: {
+                "step_s": statistics.median(r["step_s_median"] for r in v),
+                "tokens": statistics.median(r["completion_tokens_per_step"] for r in v),
+                "n_params": v[0]["n_params"],
+            }
+            for s, v in sel.items()
+        }
+        pair = statistics.median(
+            g["step_s_median"] / t["step_s_median"] for g in sel["gapo"] for t in sel["trl"] if g["rep"] == t["rep"]
+        )
         rows[shape, T] = {**med, "ratio": med["gapo"]["step_s"] / med["trl"]["step_s"], "paired": pair}
-        print(f"{shape:>5} {T:>4} {med['gapo']['n_params'] / 1e6:>6.2f}M {med['gapo']['step_s']:>8.3f} "
-              f"{med['trl']['step_s']:>8.3f} {rows[shape, T]['ratio']:>6.3f} {pair:>6.3f} "
-              f"{med['gapo']['tokens']:>8.0f} {med['trl']['tokens']:>8.0f}")
+        print(
+            f"{shape:>5} {T:>4} {med['gapo']['n_params'] / 1e6:>6.2f}M {med['gapo']['step_s']:>8.3f} "
+            f"{med['trl']['step_s']:>8.3f} {rows[shape, T]['ratio']:>6.3f} {pair:>6.3f} "
+            f"{med['gapo']['tokens']:>8.0f} {med['trl']['tokens']:>8.0f}"
+        )
     plot(rows, a.out)
     print(f"plot: {a.out}")
     print("scaling ratio " + " ".join(f"{s}@{T}={rows[s, T]['ratio']:.3f}" for s, T, _, _ in POINTS))

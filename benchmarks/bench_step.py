@@ -113,7 +113,6 @@ class BenchParityTask(BenchTask):
 def make_policy(path: str, seed: int = 0, shape: str = "tiny") -> None:
     """Save the benchmark's Qwen2 + character tokenizer (``bench_trl_step.build_policy``)."""
     from bench_trl_step import build_policy
-
     from gapo.policy.model import save_policy
 
     save_policy(*build_policy(seed, shape), path)
@@ -133,12 +132,27 @@ def gemm_rate(threads: int, n: int = 2048, reps: int = 7) -> dict:
         t0 = time.perf_counter()
         torch.mm(a, b, out=out)
         ts.append(time.perf_counter() - t0)
-    return {"engine": "gemm", "threads": threads, "n": n, "flops_per_s": 2 * n**3 / statistics.median(ts),
-            "best_flops_per_s": 2 * n**3 / min(ts)}
+    return {
+        "engine": "gemm",
+        "threads": threads,
+        "n": n,
+        "flops_per_s": 2 * n**3 / statistics.median(ts),
+        "best_flops_per_s": 2 * n**3 / min(ts),
+    }
 
 
-def run_gapo(policy: str, n_steps: int, threads: int, mu: int, *, warmup: int = 1, seed: int = 0,
-             extra: list[str] | None = None, shape: str = "tiny", max_tokens: int = 16) -> dict:
+def run_gapo(
+    policy: str,
+    n_steps: int,
+    threads: int,
+    mu: int,
+    *,
+    warmup: int = 1,
+    seed: int = 0,
+    extra: list[str] | None = None,
+    shape: str = "tiny",
+    max_tokens: int = 16,
+) -> dict:
     """Time ``n_steps`` gapo steps (after ``warmup``) on the benchmark's work; returns a dict."""
     if n_steps < 1 or warmup < 0:
         raise ValueError(f"need n_steps >= 1 and warmup >= 0, got n_steps={n_steps}, warmup={warmup}")
@@ -150,17 +164,39 @@ def run_gapo(policy: str, n_steps: int, threads: int, mu: int, *, warmup: int = 
     from gapo.rl.config import load_config
     from gapo.rl.trainer import Trainer
 
-    cfg = load_config(None, [
-        f"model.path={policy}", f"model.threads={threads}", f"task.name={task}", "task.train_size=64",
-        "train.prompts=8", "train.group_size=8", "train.mini_batches=1", f"train.epochs={mu}",
-        f"train.seed={seed}", "train.progress=false", "train.checkpoint_every=0", "eval.problems=0",
-        f"sampling.max_new_tokens={max_tokens}", "sampling.temperature=1.0", "algo.loss=ppo", "algo.advantage=grpo",
-        "algo.eps_schedule=linear", "algo.eps_low=0.2", "algo.eps_high_max=0.28", "algo.agg=token-mean",
-        "algo.kl_coef=0", "optim.lr=1e-5", "optim.grad_clip=1.0", *(extra or []),
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.path={policy}",
+            f"model.threads={threads}",
+            f"task.name={task}",
+            "task.train_size=64",
+            "train.prompts=8",
+            "train.group_size=8",
+            "train.mini_batches=1",
+            f"train.epochs={mu}",
+            f"train.seed={seed}",
+            "train.progress=false",
+            "train.checkpoint_every=0",
+            "eval.problems=0",
+            f"sampling.max_new_tokens={max_tokens}",
+            "sampling.temperature=1.0",
+            "algo.loss=ppo",
+            "algo.advantage=grpo",
+            "algo.eps_schedule=linear",
+            "algo.eps_low=0.2",
+            "algo.eps_high_max=0.28",
+            "algo.agg=token-mean",
+            "algo.kl_coef=0",
+            "optim.lr=1e-5",
+            "optim.grad_clip=1.0",
+            *(extra or []),
+        ],
+    )
     with tempfile.TemporaryDirectory() as tmp:
         tr = Trainer(cfg, Path(tmp) / "run")
         import torch
+
         n_params = sum(p.numel() for p in tr.model.parameters())
         recs, ends, cpus = [], [time.perf_counter()], [time.process_time()]
         t_start = time.perf_counter()
@@ -174,14 +210,23 @@ def run_gapo(policy: str, n_steps: int, threads: int, mu: int, *, warmup: int = 
     step_s = [ends[i + 1] - ends[i] for i in range(warmup, warmup + n_steps)]
     cpu_s = [cpus[i + 1] - cpus[i] for i in range(warmup, warmup + n_steps)]
     toks = [r["rollout/response_len"] * 64 for r in recs[warmup:]]
-    parts = {k: statistics.median(r[k] for r in recs[warmup:])
-             for k in ("time/sample_s", "time/score_s", "time/update_s")}
+    parts = {
+        k: statistics.median(r[k] for r in recs[warmup:]) for k in ("time/sample_s", "time/score_s", "time/update_s")
+    }
     return {
-        "engine": "gapo", "threads": threads, "num_iterations": mu, "n_steps": n_steps, "n_params": n_params,
-        "shape": shape, "max_tokens": max_tokens,
+        "engine": "gapo",
+        "threads": threads,
+        "num_iterations": mu,
+        "n_steps": n_steps,
+        "n_params": n_params,
+        "shape": shape,
+        "max_tokens": max_tokens,
         "torch_threads": torch.get_num_threads(),
-        "step_s_median": statistics.median(step_s), "step_s": step_s, "cpu_s_median": statistics.median(cpu_s),
-        "gen_s_median": parts["time/sample_s"], "score_s_median": parts["time/score_s"],
+        "step_s_median": statistics.median(step_s),
+        "step_s": step_s,
+        "cpu_s_median": statistics.median(cpu_s),
+        "gen_s_median": parts["time/sample_s"],
+        "score_s_median": parts["time/score_s"],
         "update_s_median": parts["time/update_s"],
         "completion_tokens_per_step": statistics.median(toks),
         "completion_tokens_per_s": statistics.median(t / s for t, s in zip(toks, step_s)),
@@ -193,13 +238,44 @@ def run_gapo(policy: str, n_steps: int, threads: int, mu: int, *, warmup: int = 
 PROMPT_LEN = 7  # <bos> + "ab+cd=": every prompt of bench_trl_step._prompts
 
 
-def _child(system: str, policy: str, steps: int, threads: int, mu: int, extra: list[str], *, shape: str = "tiny",
-           max_tokens: int = 16, warmup: int = 1) -> dict:
-    cmd = [sys.executable, __file__, "--one", system, "--policy", policy, "--steps", str(steps),
-           "--threads", str(threads), "--mu", str(mu), "--shape", shape, "--max-tokens", str(max_tokens),
-           "--warmup", str(warmup)] + [f"--extra={e}" for e in extra]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "TOKENIZERS_PARALLELISM": "false"}
+def _child(
+    system: str,
+    policy: str,
+    steps: int,
+    threads: int,
+    mu: int,
+    extra: list[str],
+    *,
+    shape: str = "tiny",
+    max_tokens: int = 16,
+    warmup: int = 1,
+) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--one",
+        system,
+        "--policy",
+        policy,
+        "--steps",
+        str(steps),
+        "--threads",
+        str(threads),
+        "--mu",
+        str(mu),
+        "--shape",
+        shape,
+        "--max-tokens",
+        str(max_tokens),
+        "--warmup",
+        str(warmup),
+    ] + [f"--extra={e}" for e in extra]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode:
         sys.exit(f"{system} child failed:\n{out.stderr[-3000:]}")
@@ -212,24 +288,43 @@ def _child(system: str, policy: str, steps: int, threads: int, mu: int, extra: l
 def _policy(tmp: str, shape: str) -> str:
     path = str(Path(tmp) / f"policy-{shape}")
     if not Path(path).exists():
-        subprocess.run([sys.executable, __file__, "--make-policy", path, "--shape", shape], check=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+        subprocess.run(
+            [sys.executable, __file__, "--make-policy", path, "--shape", shape],
+            check=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
     return path
 
 
-HEADER = (f"{'rep':>3} {'system':>6} {'shape':>5} {'T':>4} {'mu':>2} {'thr':>3} {'step_s':>7} {'cpu_s':>7} "
-          f"{'gen_s':>7} {'tok/step':>8} {'tok/s':>6} {'rss_MB':>6}")
+HEADER = (
+    f"{'rep':>3} {'system':>6} {'shape':>5} {'T':>4} {'mu':>2} {'thr':>3} {'step_s':>7} {'cpu_s':>7} "
+    f"{'gen_s':>7} {'tok/step':>8} {'tok/s':>6} {'rss_MB':>6}"
+)
 
 
 def _row(r: dict) -> str:
-    return (f"{r['rep']:>3} {r['system']:>6} {r['shape']:>5} {r['max_tokens']:>4} {r['num_iterations']:>2} "
-            f"{r['threads']:>3} {r['step_s_median']:>7.3f} {r['cpu_s_median']:>7.3f} {r['gen_s_median']:>7.3f} "
-            f"{r['completion_tokens_per_step']:>8.0f} {r['completion_tokens_per_s']:>6.0f} {r['peak_rss_mb']:>6.0f}")
+    return (
+        f"{r['rep']:>3} {r['system']:>6} {r['shape']:>5} {r['max_tokens']:>4} {r['num_iterations']:>2} "
+        f"{r['threads']:>3} {r['step_s_median']:>7.3f} {r['cpu_s_median']:>7.3f} {r['gen_s_median']:>7.3f} "
+        f"{r['completion_tokens_per_step']:>8.0f} {r['completion_tokens_per_s']:>6.0f} {r['peak_rss_mb']:>6.0f}"
+    )
 
 
-def interleaved(policy: str, reps: int, steps: int, threads: list[int], mus: list[int], systems: list[str],
-                extra: list[str], *, shape: str = "tiny", max_tokens: int = 16, warmup: int = 1,
-                gemm: bool = False, first_rep: int = 0) -> list[dict]:
+def interleaved(
+    policy: str,
+    reps: int,
+    steps: int,
+    threads: list[int],
+    mus: list[int],
+    systems: list[str],
+    extra: list[str],
+    *,
+    shape: str = "tiny",
+    max_tokens: int = 16,
+    warmup: int = 1,
+    gemm: bool = False,
+    first_rep: int = 0,
+) -> list[dict]:
     """``reps`` repetitions of a fresh process per system (order alternating), per μ and thread
     count; with ``gemm`` each repetition first measures the GEMM rate (``gemm_rate``)."""
     results = []
@@ -250,8 +345,18 @@ def interleaved(policy: str, reps: int, steps: int, threads: list[int], mus: lis
     return results
 
 
-KEYS = ("step_s_median", "cpu_s_median", "gen_s_median", "update_s_median", "completion_tokens_per_s",
-        "completion_tokens_per_step", "peak_rss_mb", "step_flops", "update_flops", "sample_flops")
+KEYS = (
+    "step_s_median",
+    "cpu_s_median",
+    "gen_s_median",
+    "update_s_median",
+    "completion_tokens_per_s",
+    "completion_tokens_per_step",
+    "peak_rss_mb",
+    "step_flops",
+    "update_flops",
+    "sample_flops",
+)
 
 
 def summary(results: list[dict], system: str, mu: int, th: int) -> dict:
@@ -266,27 +371,40 @@ def paired(results: list[dict], mu: int, tg: int, tt: int, key: str = "step_s_me
     """Median over repetitions of gapo/TRL within a repetition (the processes ran back to back)."""
     return statistics.median(
         x[key] / y[key]
-        for x in results if x["system"] == "gapo" and x["num_iterations"] == mu and x["threads"] == tg
-        for y in results if y["system"] == "trl" and y["num_iterations"] == mu and y["threads"] == tt
-        and y["rep"] == x["rep"])
+        for x in results
+        if x["system"] == "gapo" and x["num_iterations"] == mu and x["threads"] == tg
+        for y in results
+        if y["system"] == "trl" and y["num_iterations"] == mu and y["threads"] == tt and y["rep"] == x["rep"]
+    )
 
 
-def report(results: list[dict], mus: list[int], threads: list[int], systems: list[str], title: str,
-           gemm: float | None = None) -> dict:
+def report(
+    results: list[dict], mus: list[int], threads: list[int], systems: list[str], title: str, gemm: float | None = None
+) -> dict:
     """Print the medians and gapo/TRL ratios; returns the worse ratios over μ (and limit fractions)."""
     print(f"\n{title}: medians over repetitions")
-    print(f"{'system':>6} {'mu':>2} {'thr':>3} {'step_s':>7} {'cpu_s':>7} {'gen_s':>7} {'upd_s':>7} {'tok/s':>6} "
-          f"{'rss_MB':>6}" + (f" {'step%lim':>8} {'upd%lim':>8}" if gemm else ""))
+    print(
+        f"{'system':>6} {'mu':>2} {'thr':>3} {'step_s':>7} {'cpu_s':>7} {'gen_s':>7} {'upd_s':>7} {'tok/s':>6} "
+        f"{'rss_MB':>6}" + (f" {'step%lim':>8} {'upd%lim':>8}" if gemm else "")
+    )
     best: dict = {}
     for mu in mus:
         for system in systems:
             for th in threads:
                 s = summary(results, system, mu, th)
-                lim = (f" {s['step_flops'] / s['step_s_median'] / gemm:>8.1%} "
-                       f"{s['update_flops'] / s['update_s_median'] / gemm:>8.1%}") if gemm else ""
-                print(f"{system:>6} {mu:>2} {th:>3} {s['step_s_median']:>7.3f} {s['cpu_s_median']:>7.3f} "
-                      f"{s['gen_s_median']:>7.3f} {s['update_s_median']:>7.3f} {s['completion_tokens_per_s']:>6.0f} "
-                      f"{s['peak_rss_mb']:>6.0f}" + lim)
+                lim = (
+                    (
+                        f" {s['step_flops'] / s['step_s_median'] / gemm:>8.1%} "
+                        f"{s['update_flops'] / s['update_s_median'] / gemm:>8.1%}"
+                    )
+                    if gemm
+                    else ""
+                )
+                print(
+                    f"{system:>6} {mu:>2} {th:>3} {s['step_s_median']:>7.3f} {s['cpu_s_median']:>7.3f} "
+                    f"{s['gen_s_median']:>7.3f} {s['update_s_median']:>7.3f} {s['completion_tokens_per_s']:>6.0f} "
+                    f"{s['peak_rss_mb']:>6.0f}" + lim
+                )
                 if (system, mu) not in best or s["step_s_median"] < best[system, mu][1]["step_s_median"]:
                     best[system, mu] = (th, s)
     if set(systems) != {"gapo", "trl"}:  # no ratio without both systems
@@ -297,16 +415,22 @@ def report(results: list[dict], mus: list[int], threads: list[int], systems: lis
         (tg, g), (tt, t) = best["gapo", mu], best["trl", mu]
         rt, rr = g["step_s_median"] / t["step_s_median"], g["peak_rss_mb"] / t["peak_rss_mb"]
         rc = g["cpu_s_median"] / t["cpu_s_median"]
-        print(f"mu={mu}: gapo {g['step_s_median']:.3f} s/step ({tg} thr, {g['completion_tokens_per_s']:.0f} tok/s, "
-              f"{g['peak_rss_mb']:.0f} MB) | trl {t['step_s_median']:.3f} s/step ({tt} thr, "
-              f"{t['completion_tokens_per_s']:.0f} tok/s, {t['peak_rss_mb']:.0f} MB) | step_time {rt:.3f} "
-              f"(paired median {paired(results, mu, tg, tt):.3f}, cpu {rc:.3f}) peak_rss {rr:.3f}")
+        print(
+            f"mu={mu}: gapo {g['step_s_median']:.3f} s/step ({tg} thr, {g['completion_tokens_per_s']:.0f} tok/s, "
+            f"{g['peak_rss_mb']:.0f} MB) | trl {t['step_s_median']:.3f} s/step ({tt} thr, "
+            f"{t['completion_tokens_per_s']:.0f} tok/s, {t['peak_rss_mb']:.0f} MB) | step_time {rt:.3f} "
+            f"(paired median {paired(results, mu, tg, tt):.3f}, cpu {rc:.3f}) peak_rss {rr:.3f}"
+        )
         if gemm:
-            fr = {k: (x["step_flops"] / x["step_s_median"] / gemm, x["update_flops"] / x["update_s_median"] / gemm)
-                  for k, x in (("gapo", g), ("trl", t))}
-            print(f"mu={mu}: nominal {g['step_flops'] / 1e12:.2f} TFLOP/step ({g['update_flops'] / 1e12:.2f} in the "
-                  f"update); GEMM {gemm / 1e9:.1f} GFLOP/s; achieved step / update: gapo {fr['gapo'][0]:.1%} / "
-                  f"{fr['gapo'][1]:.1%}, trl {fr['trl'][0]:.1%} / {fr['trl'][1]:.1%} of the GEMM rate")
+            fr = {
+                k: (x["step_flops"] / x["step_s_median"] / gemm, x["update_flops"] / x["update_s_median"] / gemm)
+                for k, x in (("gapo", g), ("trl", t))
+            }
+            print(
+                f"mu={mu}: nominal {g['step_flops'] / 1e12:.2f} TFLOP/step ({g['update_flops'] / 1e12:.2f} in the "
+                f"update); GEMM {gemm / 1e9:.1f} GFLOP/s; achieved step / update: gapo {fr['gapo'][0]:.1%} / "
+                f"{fr['gapo'][1]:.1%}, trl {fr['trl'][0]:.1%} / {fr['trl'][1]:.1%} of the GEMM rate"
+            )
             out["limit_frac"], out["update_limit_frac"] = fr["gapo"]
         out["step_time"], out["peak_rss"] = max(out["step_time"], rt), max(out["peak_rss"], rr)
     return out
@@ -343,12 +467,21 @@ def main() -> None:
         if a.one == "gemm":
             r = gemm_rate(th)
         elif a.one == "gapo":
-            r = run_gapo(a.policy, a.steps, th, mu, extra=a.extra, shape=a.shape, max_tokens=a.max_tokens,
-                         warmup=a.warmup)
+            r = run_gapo(
+                a.policy, a.steps, th, mu, extra=a.extra, shape=a.shape, max_tokens=a.max_tokens, warmup=a.warmup
+            )
         else:
             from bench_trl_step import run_trl
-            r = run_trl(a.steps, th, mu, shape=a.shape, max_tokens=a.max_tokens, warmup=a.warmup,
-                        gradient_checkpointing=False if a.trl_no_gc else None)
+
+            r = run_trl(
+                a.steps,
+                th,
+                mu,
+                shape=a.shape,
+                max_tokens=a.max_tokens,
+                warmup=a.warmup,
+                gradient_checkpointing=False if a.trl_no_gc else None,
+            )
         print(json.dumps(r))
         return
 
@@ -360,8 +493,19 @@ def main() -> None:
             res = interleaved(_policy(tmp, "tiny"), a.reps, a.steps, a.threads, a.mu, a.systems, a.extra)
             results += res
         if "big" in a.configs:
-            bres = interleaved(_policy(tmp, a.big_shape), a.big_reps, a.big_steps, a.threads, [1], a.systems,
-                               a.extra, shape=a.big_shape, max_tokens=a.big_tokens, warmup=a.big_warmup, gemm=True)
+            bres = interleaved(
+                _policy(tmp, a.big_shape),
+                a.big_reps,
+                a.big_steps,
+                a.threads,
+                [1],
+                a.systems,
+                a.extra,
+                shape=a.big_shape,
+                max_tokens=a.big_tokens,
+                warmup=a.big_warmup,
+                gemm=True,
+            )
             results += bres
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
@@ -369,11 +513,15 @@ def main() -> None:
         tiny = report(res, a.mu, a.threads, a.systems, "tiny (1.06M, <= 16 tokens)")
     if "big" in a.configs:
         gemm = statistics.median(r["flops_per_s"] for r in bres if r["system"] == "gemm")
-        print(f"\nGEMM fp32 {2048}x{2048}, {a.threads} thread(s): median {gemm / 1e9:.1f} GFLOP/s over "
-              f"{sum(r['system'] == 'gemm' for r in bres)} measurements (each the median of 7 products)")
+        print(
+            f"\nGEMM fp32 {2048}x{2048}, {a.threads} thread(s): median {gemm / 1e9:.1f} GFLOP/s over "
+            f"{sum(r['system'] == 'gemm' for r in bres)} measurements (each the median of 7 products)"
+        )
         big = report(bres, [1], a.threads, a.systems, f"compute-bound ({a.big_shape}, {a.big_tokens} tokens)", gemm)
-    print(f"ratio step_time={tiny['step_time']:.3f} peak_rss={tiny['peak_rss']:.3f} big_step_time={big['step_time']:.3f} "
-          f"big_peak_rss={big['peak_rss']:.3f} big_limit_frac={big['limit_frac'] or float('nan'):.3f}")
+    print(
+        f"ratio step_time={tiny['step_time']:.3f} peak_rss={tiny['peak_rss']:.3f} big_step_time={big['step_time']:.3f} "
+        f"big_peak_rss={big['peak_rss']:.3f} big_limit_frac={big['limit_frac'] or float('nan'):.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -41,12 +41,36 @@ def _prompts(n: int) -> list[dict]:
 # attention and tied embeddings. With V = 8192 or 32000 a random model samples EOS with p ≈ 1/V per
 # token, so completions practically always run to the length limit in both systems.
 SHAPES = {
-    "tiny": dict(vocab=22, hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=4, tie_word_embeddings=False, max_position_embeddings=128),
-    "5m": dict(vocab=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-               num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=512),
-    "30m": dict(vocab=32000, hidden_size=512, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8,
-                num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=512),
+    "tiny": dict(
+        vocab=22,
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        max_position_embeddings=128,
+    ),
+    "5m": dict(
+        vocab=8192,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        max_position_embeddings=512,
+    ),
+    "30m": dict(
+        vocab=32000,
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        max_position_embeddings=512,
+    ),
 }
 
 
@@ -80,15 +104,21 @@ def build_policy(seed: int = 0, shape: str = "tiny"):
     tok = build_tokenizer(ALPHABET + _filler(vocab - 22))
     assert len(tok) == vocab, (len(tok), vocab)
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, **kw,
-    )).float()
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tok),
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            **kw,
+        )
+    ).float()
     return model, tok
 
 
-def flops_per_step(shape: str, n_params: int, prompt_len: int, completion_tokens: float, rows: int = 64,
-                   mu: int = 1) -> dict:
+def flops_per_step(
+    shape: str, n_params: int, prompt_len: int, completion_tokens: float, rows: int = 64, mu: int = 1
+) -> dict:
     """Nominal FLOPs of one step's work (the same for both systems, whatever either skips): 2·N per
     prompt and generated token of sampling (every row's prompt counted), 6·N per trained token
     (a completion token, the ones with a loss) for each of the μ updates, plus attention: 4·d
@@ -106,8 +136,17 @@ def flops_per_step(shape: str, n_params: int, prompt_len: int, completion_tokens
     return {"n_flop_params": n, "sample_flops": sample, "update_flops": update, "step_flops": sample + update}
 
 
-def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1, seed: int = 0, shape: str = "tiny",
-            max_tokens: int = 16, gradient_checkpointing: bool | None = None) -> dict:
+def run_trl(
+    n_steps: int,
+    threads: int,
+    num_iterations: int,
+    *,
+    warmup: int = 1,
+    seed: int = 0,
+    shape: str = "tiny",
+    max_tokens: int = 16,
+    gradient_checkpointing: bool | None = None,
+) -> dict:
     """Time ``n_steps`` GRPO steps (after ``warmup``) of TRL's GRPOTrainer; returns a dict of results.
 
     Step 0 is timed from the start of the training loop (``on_train_begin``), so with ``warmup=0``
@@ -153,18 +192,37 @@ def run_trl(n_steps: int, threads: int, num_iterations: int, *, warmup: int = 1,
 
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
-            output_dir=tmp, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-            disable_tqdm=True, logging_steps=10**6, seed=seed,
-            per_device_train_batch_size=prompts_per_step * group, num_generations=group,
-            gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=num_iterations,
-            max_steps=total * num_iterations, max_completion_length=max_tokens, temperature=1.0,
-            loss_type="dapo", importance_sampling_level="token", beta=0.0, learning_rate=1e-5,
+            output_dir=tmp,
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            logging_steps=10**6,
+            seed=seed,
+            per_device_train_batch_size=prompts_per_step * group,
+            num_generations=group,
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            num_iterations=num_iterations,
+            max_steps=total * num_iterations,
+            max_completion_length=max_tokens,
+            temperature=1.0,
+            loss_type="dapo",
+            importance_sampling_level="token",
+            beta=0.0,
+            learning_rate=1e-5,
             dataloader_num_workers=0,
             **({} if gradient_checkpointing is None else {"gradient_checkpointing": gradient_checkpointing}),
         )
-        trainer = Timed(model=model, reward_funcs=lambda completions, **kw: [reward(c) for c in completions],
-                        args=args, train_dataset=Dataset.from_list(_prompts(64)), processing_class=tok,
-                        callbacks=[Clock()])
+        trainer = Timed(
+            model=model,
+            reward_funcs=lambda completions, **kw: [reward(c) for c in completions],
+            args=args,
+            train_dataset=Dataset.from_list(_prompts(64)),
+            processing_class=tok,
+            callbacks=[Clock()],
+        )
         t_start = time.perf_counter()
         trainer.train()
         wall = time.perf_counter() - t_start
@@ -210,20 +268,43 @@ def main() -> None:
         print(json.dumps(run_trl(a.steps, a.threads[0], a.num_iterations[0], shape=a.shape, max_tokens=a.max_tokens)))
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    print(f"{'threads':>7} {'mu':>3} {'step_s':>8} {'cpu_s':>7} {'gen_s':>7} {'tok/step':>8} {'tok/s':>8} {'rss_MB':>7}")
+    print(
+        f"{'threads':>7} {'mu':>3} {'step_s':>8} {'cpu_s':>7} {'gen_s':>7} {'tok/step':>8} {'tok/s':>8} {'rss_MB':>7}"
+    )
     for mu in a.num_iterations:
         for th in a.threads:
             out = subprocess.run(
-                [sys.executable, __file__, "--one", "--steps", str(a.steps), "--threads", str(th),
-                 "--num-iterations", str(mu), "--shape", a.shape, "--max-tokens", str(a.max_tokens)],
-                env={**env, "OMP_NUM_THREADS": str(th)}, capture_output=True, text=True, check=True,
+                [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    "--steps",
+                    str(a.steps),
+                    "--threads",
+                    str(th),
+                    "--num-iterations",
+                    str(mu),
+                    "--shape",
+                    a.shape,
+                    "--max-tokens",
+                    str(a.max_tokens),
+                ],
+                env={**env, "OMP_NUM_THREADS": str(th)},
+                capture_output=True,
+                text=True,
+                check=True,
             )
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"{th:>7} {mu:>3} {r['step_s_median']:>8.3f} {r['cpu_s_median']:>7.3f} {r['gen_s_median']:>7.3f} "
-                  f"{r['completion_tokens_per_step']:>8.0f} {r['completion_tokens_per_s']:>8.0f} "
-                  f"{r['peak_rss_mb']:>7.0f}", flush=True)
-    print(f"# {r['engine']}, {r['n_params'] / 1e6:.2f}M-parameter Qwen2, {r['completions_per_step']} completions "
-          f"of <= {a.max_tokens} tokens per step, median of {a.steps} steps after 1 warm-up")
+            print(
+                f"{th:>7} {mu:>3} {r['step_s_median']:>8.3f} {r['cpu_s_median']:>7.3f} {r['gen_s_median']:>7.3f} "
+                f"{r['completion_tokens_per_step']:>8.0f} {r['completion_tokens_per_s']:>8.0f} "
+                f"{r['peak_rss_mb']:>7.0f}",
+                flush=True,
+            )
+    print(
+        f"# {r['engine']}, {r['n_params'] / 1e6:.2f}M-parameter Qwen2, {r['completions_per_step']} completions "
+        f"of <= {a.max_tokens} tokens per step, median of {a.steps} steps after 1 warm-up"
+    )
 
 
 if __name__ == "__main__":

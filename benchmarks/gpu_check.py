@@ -26,14 +26,39 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Qwen2.5-0.5B's architecture (its config.json values); "tiny" keeps the shape family for a CPU test
 SHAPES = {
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-                         rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, vocab_size=512, max_position_embeddings=2048, tie_word_embeddings=True),
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=512,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    ),
     # the tests' checkpoint (tests/checkpoints.py): ~0.1M parameters, vocabulary = the tokenizer's
-    "test": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, vocab_size=None, max_position_embeddings=512, tie_word_embeddings=True),
+    "test": dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=None,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    ),
 }
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
@@ -52,12 +77,21 @@ def build(path: Path, shape: str, *, seed: int = 0) -> None:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    corpus = [f"{a} {b} {c} > {a * b + c}: {a}*{b}={a * b},{a * b}+{c}={a * b + c}" for a in range(1, 11)
-              for b in range(1, 11) for c in range(1, 11)] + ["system user assistant"] * 10
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  additional_special_tokens=specials[1:])
+    corpus = [
+        f"{a} {b} {c} > {a * b + c}: {a}*{b}={a * b},{a * b}+{c}={a * b + c}"
+        for a in range(1, 11)
+        for b in range(1, 11)
+        for c in range(1, 11)
+    ] + ["system user assistant"] * 10
+    bpe.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", additional_special_tokens=specials[1:]
+    )
     tok.chat_template = CHAT_TEMPLATE
     dims = dict(SHAPES[shape], vocab_size=SHAPES[shape]["vocab_size"] or len(tok))
     cfg = Qwen2Config(**dims, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
@@ -69,21 +103,46 @@ def build(path: Path, shape: str, *, seed: int = 0) -> None:
 
 
 def run(model: Path, out: Path, device: str, steps: int, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "gapo.cli", "train", "--out", str(out), "--model", str(model),
-           "task.params.n_numbers=3", "task.params.num_range=[1,10]", f"train.steps={steps}", "train.prompts=16",
-           "train.group_size=8", "train.mini_batches=4", "train.micro_batch_size=16", "sampling.max_new_tokens=64",
-           f"model.device={device}", "model.dtype=bfloat16", "model.gradient_checkpointing=true",
-           "algo.eps_schedule=linear", "algo.eps_high_max=0.28", "optim.lr=1e-6", "eval.problems=0",
-           "train.progress=false", "train.checkpoint_every=0", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gapo.cli",
+        "train",
+        "--out",
+        str(out),
+        "--model",
+        str(model),
+        "task.params.n_numbers=3",
+        "task.params.num_range=[1,10]",
+        f"train.steps={steps}",
+        "train.prompts=16",
+        "train.group_size=8",
+        "train.mini_batches=4",
+        "train.micro_batch_size=16",
+        "sampling.max_new_tokens=64",
+        f"model.device={device}",
+        "model.dtype=bfloat16",
+        "model.gradient_checkpointing=true",
+        "algo.eps_schedule=linear",
+        "algo.eps_high_max=0.28",
+        "optim.lr=1e-6",
+        "eval.problems=0",
+        "train.progress=false",
+        "train.checkpoint_every=0",
+        *extra,
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, env=env)
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     tr = [r for r in recs if r["kind"] == "train"]
     tok_s = [r["rollout/response_len"] * 16 * 8 / max(r["time/sample_s"], 1e-9) for r in tr]
-    return {"wall_s": round(time.perf_counter() - t0, 1), "step_s": round(statistics.median(r["time/step_s"] for r in tr), 3),
-            "sample_tok_s": round(statistics.median(tok_s), 1),
-            "peak_gpu_gb": max((r.get("memory/peak_gpu_gb", 0.0) for r in tr), default=0.0)}
+    return {
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "step_s": round(statistics.median(r["time/step_s"] for r in tr), 3),
+        "sample_tok_s": round(statistics.median(tok_s), 1),
+        "peak_gpu_gb": max((r.get("memory/peak_gpu_gb", 0.0) for r in tr), default=0.0),
+    }
 
 
 def main() -> int:

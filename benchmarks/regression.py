@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import platform
 import signal
@@ -71,10 +70,22 @@ IGNORED_PREFIXES = ("time/",)
 DEMO_ARGS = ["--steps", "3", "--eval-every", "2", "--eval-problems", "16", "--eval-samples", "8", "--seed", "0"]
 
 RESUME_OVERRIDES = [
-    "model.base_preset=low", "train.steps=6", "train.prompts=4", "train.group_size=4", "train.mini_batches=2",
-    "train.epochs=2", "train.checkpoint_every=2", "train.progress=false", "train.seed=3",
-    "algo.eps_schedule=linear", "algo.eps_low=0.2", "algo.eps_high=0.28", "optim.lr=1e-4",
-    "eval.problems=4", "eval.samples=2", "eval.every=3",
+    "model.base_preset=low",
+    "train.steps=6",
+    "train.prompts=4",
+    "train.group_size=4",
+    "train.mini_batches=2",
+    "train.epochs=2",
+    "train.checkpoint_every=2",
+    "train.progress=false",
+    "train.seed=3",
+    "algo.eps_schedule=linear",
+    "algo.eps_low=0.2",
+    "algo.eps_high=0.28",
+    "optim.lr=1e-4",
+    "eval.problems=4",
+    "eval.samples=2",
+    "eval.every=3",
 ]
 
 EVAL_ARGS = ["--problems", "16", "--n", "8"]
@@ -89,22 +100,55 @@ GRID = {
     "seeds": [0],
     "workers": 2,
     "method_defs": {
-        "cispo": {"algo.loss": "cispo", "algo.eps_schedule": "fixed", "algo.advantage": "drgrpo",
-                  "algo.advantage_params": {}, "algo.eps_low": 0.2, "algo.eps_high": 0.28},
+        "cispo": {
+            "algo.loss": "cispo",
+            "algo.eps_schedule": "fixed",
+            "algo.advantage": "drgrpo",
+            "algo.advantage_params": {},
+            "algo.eps_low": 0.2,
+            "algo.eps_high": 0.28,
+        },
     },
     "regime_defs": {
-        "high_mini": {"base": {"name": "high_mini", "sft_mix": HIGH_MIX, "rl_task": HIGH_TASK, "pool_size": 200,
-                               "max_steps": 60, "time_budget_s": None, "warmup_steps": 10},
-                      "methods": ["gapo"]},
-        "arith_mini": {"base": {"name": "arith_mini", "task": "arithmetic", "sft_mix": [[ARITH_TASK, 1.0]],
-                                "rl_task": ARITH_TASK, "pool_size": 300, "max_steps": 60, "time_budget_s": None,
-                                "warmup_steps": 10},
-                       "task": {"name": "arithmetic", "params": ARITH_TASK},
-                       "methods": ["gapo"]},
+        "high_mini": {
+            "base": {
+                "name": "high_mini",
+                "sft_mix": HIGH_MIX,
+                "rl_task": HIGH_TASK,
+                "pool_size": 200,
+                "max_steps": 60,
+                "time_budget_s": None,
+                "warmup_steps": 10,
+            },
+            "methods": ["gapo"],
+        },
+        "arith_mini": {
+            "base": {
+                "name": "arith_mini",
+                "task": "arithmetic",
+                "sft_mix": [[ARITH_TASK, 1.0]],
+                "rl_task": ARITH_TASK,
+                "pool_size": 300,
+                "max_steps": 60,
+                "time_budget_s": None,
+                "warmup_steps": 10,
+            },
+            "task": {"name": "arithmetic", "params": ARITH_TASK},
+            "methods": ["gapo"],
+        },
     },
-    "common": {"optim.lr": 1e-4, "train.steps": 3, "train.prompts": 8, "train.group_size": 8,
-               "train.mini_batches": 4, "train.epochs": 2, "train.checkpoint_every": 0,
-               "eval.problems": 8, "eval.samples": 4, "eval.every": 0},
+    "common": {
+        "optim.lr": 1e-4,
+        "train.steps": 3,
+        "train.prompts": 8,
+        "train.group_size": 8,
+        "train.mini_batches": 4,
+        "train.epochs": 2,
+        "train.checkpoint_every": 0,
+        "eval.problems": 8,
+        "eval.samples": 4,
+        "eval.every": 0,
+    },
 }
 
 UNITS = ["demo", "grid", "resume", "eval", "parity", "resume_quick"]
@@ -123,8 +167,9 @@ class Env:
         self.work = work
         self.verbose = verbose
         self.cache = work / "cache"  # empty: presets come from the package, mini presets are trained
-        self.env = dict(os.environ, GAPO_CACHE=str(self.cache), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                        PYTHONUNBUFFERED="1")
+        self.env = dict(
+            os.environ, GAPO_CACHE=str(self.cache), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1"
+        )
         self.renames: dict[str, dict[str, str]] = {"fixed": {}, "gapo": {}}  # by kind of eps schedule
 
     def gapo(self, *args: str) -> list[str]:
@@ -155,8 +200,15 @@ class Env:
         error naming the new one), asked separately for fixed and GAPO schedules. Each probe fails
         validation on purpose (``train.group_size=1``), so nothing runs."""
         for kind, schedule in (("fixed", "fixed"), ("gapo", "linear")):
-            probe = self.gapo("train", "--out", str(self.work / "probe"), f"algo.eps_schedule={schedule}",
-                              "algo.eps_low=0.2", "algo.eps_high=0.28", "train.group_size=1")
+            probe = self.gapo(
+                "train",
+                "--out",
+                str(self.work / "probe"),
+                f"algo.eps_schedule={schedule}",
+                "algo.eps_low=0.2",
+                "algo.eps_high=0.28",
+                "train.group_size=1",
+            )
             p = subprocess.run(probe, env=self.env, capture_output=True, text=True, timeout=300, cwd=self.work)
             msg = p.stdout + p.stderr
             if "must be >= 2" in msg or ("group_size" in msg and "eps_high_max" not in msg):
@@ -237,14 +289,16 @@ def _interrupt(env: Env, out: Path, sig: int, after: int) -> None:
     """Start the run, send ``sig`` once ``after`` train records are written; it must not finish."""
     if env.verbose:
         print(f"  $ gapo train --out {out} … (signal {sig} after {after} steps)", flush=True)
-    p = subprocess.Popen(_train_args(env, out), env=env.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, cwd=env.work)
+    p = subprocess.Popen(
+        _train_args(env, out), env=env.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=env.work
+    )
     log = out / "metrics.jsonl"
     while p.poll() is None and _n_train(log) < after:
         time.sleep(0.01)
     if p.poll() is not None:
-        raise RuntimeError(f"resume: the run ended before it could be interrupted (rc {p.returncode}):\n"
-                           f"{p.stdout.read()[-3000:]}")
+        raise RuntimeError(
+            f"resume: the run ended before it could be interrupted (rc {p.returncode}):\n{p.stdout.read()[-3000:]}"
+        )
     p.send_signal(sig)
     text, _ = p.communicate(timeout=600)
     want = 130 if sig == signal.SIGTERM else -signal.SIGKILL
@@ -265,19 +319,20 @@ def unit_resume(env: Env, interruptions=(("term", signal.SIGTERM, 2), ("kill", s
         got = read_metrics(d / "metrics.jsonl", "resume")
         where = first_difference(golden, got)
         if where:
-            raise RuntimeError(f"resume: run stopped by {signal.Signals(sig).name} and resumed differs from "
-                               f"the straight run: {where}")
+            raise RuntimeError(
+                f"resume: run stopped by {signal.Signals(sig).name} and resumed differs from the straight run: {where}"
+            )
     return golden
 
 
 def unit_eval(env: Env) -> list[dict]:
     p = env.run(env.gapo("eval", *EVAL_ARGS))
     text = p.stdout
-    res = json.loads(text[text.index("{"): text.rindex("}") + 1])
+    res = json.loads(text[text.index("{") : text.rindex("}") + 1])
     return [{"_src": "eval/low", **normalise(res)}]
 
 
-PARITY = r'''
+PARITY = r"""
 import json, math, tempfile
 import torch
 
@@ -373,14 +428,15 @@ if have_trl:
                                           if not any(s in k for s in ("runtime", "per_second", "time"))}})
     emit({"_src": "trl/params", "sum": float(sum(p.detach().double().sum() for p in tr.model.parameters())),
           "abs_sum": float(sum(p.detach().double().abs().sum() for p in tr.model.parameters()))})
-'''
+"""
 
 
 def unit_parity(env: Env) -> list[dict]:
     if env.verbose:
         print("  $ python -c <verl/TRL adapter values>", flush=True)
-    p = subprocess.run([sys.executable, "-c", PARITY], env=env.env, capture_output=True, text=True, timeout=900,
-                       cwd=env.work)
+    p = subprocess.run(
+        [sys.executable, "-c", PARITY], env=env.env, capture_output=True, text=True, timeout=900, cwd=env.work
+    )
     if p.returncode != 0:
         raise RuntimeError(f"parity snippet exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
     return [json.loads(ln[6:]) for ln in p.stdout.splitlines() if ln.startswith("@@REC ")]
@@ -394,8 +450,14 @@ def unit_resume_quick(env: Env) -> list[dict]:
 # growing over training steps); a token, reward or count that moves is a real difference at any tolerance.
 OTHER_CPU_RTOL = 1e-3
 
-RUNNERS = {"demo": unit_demo, "grid": unit_grid, "resume": unit_resume, "eval": unit_eval, "parity": unit_parity,
-           "resume_quick": unit_resume_quick}
+RUNNERS = {
+    "demo": unit_demo,
+    "grid": unit_grid,
+    "resume": unit_resume,
+    "eval": unit_eval,
+    "parity": unit_parity,
+    "resume_quick": unit_resume_quick,
+}
 
 
 # --------------------------------------------------------------------------------- comparison
@@ -502,10 +564,16 @@ def cpu_fingerprint() -> str:
 
 def _meta() -> dict:
     code = "import gapo, torch, json; print(json.dumps([gapo.__file__, torch.__version__]))"
-    where, tv = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                          check=True).stdout)
-    return {"gapo": where, "torch": tv, "python": platform.python_version(), "machine": platform.machine(),
-            "cpu": cpu_fingerprint()}
+    where, tv = json.loads(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    )
+    return {
+        "gapo": where,
+        "torch": tv,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu": cpu_fingerprint(),
+    }
 
 
 # --------------------------------------------------------------------------------- main
@@ -518,10 +586,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", help="keep the run folders here (default: a temporary folder, removed)")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--note", default="", help="record: stored in golden/meta.json (e.g. the commit recorded from)")
-    ap.add_argument("--rtol", type=float, default=None,
-                    help="check: compare floats to this relative tolerance (ints, strings and bools stay exact). "
-                         f"Default: exact when the golden records come from this CPU (meta.json's cpu), else "
-                         f"{OTHER_CPU_RTOL:g}: another processor changes the last bits of floats, not tokens or counts")
+    ap.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="check: compare floats to this relative tolerance (ints, strings and bools stay exact). "
+        f"Default: exact when the golden records come from this CPU (meta.json's cpu), else "
+        f"{OTHER_CPU_RTOL:g}: another processor changes the last bits of floats, not tokens or counts",
+    )
     args = ap.parse_args(argv)
     if args.command == "list":
         for u in UNITS:
@@ -539,13 +611,19 @@ def main(argv: list[str] | None = None) -> int:
         mf = golden / "meta.json"
         gmeta = json.loads(mf.read_text()) if mf.is_file() else {}
         if gmeta.get("torch") != meta["torch"]:
-            print(f"warning: golden values were recorded with torch {gmeta.get('torch')}, "
-                  f"this is {meta['torch']}; floats may differ for that reason alone", flush=True)
+            print(
+                f"warning: golden values were recorded with torch {gmeta.get('torch')}, "
+                f"this is {meta['torch']}; floats may differ for that reason alone",
+                flush=True,
+            )
         rtol = args.rtol if args.rtol is not None else 0.0 if gmeta.get("cpu") == meta["cpu"] else OTHER_CPU_RTOL
         if rtol:
-            print(f"golden records from another CPU ({gmeta.get('cpu', 'not recorded')}; this is {meta['cpu']}): "
-                  f"floats compared to rtol {rtol:g}, ints and strings exactly (a token that moves changes a reward "
-                  "mean or a pass rate by far more)", flush=True)
+            print(
+                f"golden records from another CPU ({gmeta.get('cpu', 'not recorded')}; this is {meta['cpu']}): "
+                f"floats compared to rtol {rtol:g}, ints and strings exactly (a token that moves changes a reward "
+                "mean or a pass rate by far more)",
+                flush=True,
+            )
     else:
         rtol = 0.0
     tmp = None
@@ -587,8 +665,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"       differing keys: {', '.join(d['keys']) or '-'}")
             if bad:
                 failed.append(u)
-            print(f"  {'differs' if bad else 'identical'}: {len(res) - len(bad)}/{len(res)} sources ({dt:.0f}s)",
-                  flush=True)
+            print(
+                f"  {'differs' if bad else 'identical'}: {len(res) - len(bad)}/{len(res)} sources ({dt:.0f}s)",
+                flush=True,
+            )
         if args.command == "record" and not failed:
             meta.pop("gapo")  # a path of this machine
             meta.update(units=[u for u in units if u not in GOLDEN_OF], note=args.note)
@@ -597,8 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         if tmp is not None:
             tmp.cleanup()
     ok = ("all identical" if not rtol else f"all equal within rtol {rtol:g}") if args.command == "check" else "done"
-    print(f"{'FAILED: ' + ', '.join(failed) if failed else ok}"
-          f" ({time.perf_counter() - t_all:.0f}s)")
+    print(f"{'FAILED: ' + ', '.join(failed) if failed else ok} ({time.perf_counter() - t_all:.0f}s)")
     return 1 if failed else 0
 
 

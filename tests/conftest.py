@@ -12,8 +12,18 @@ torch.set_num_threads(int(os.environ.get("GAPO_TEST_THREADS", "1")))
 TASK = dict(n_numbers=2, num_range=(1, 10))
 # an easy supervised base: 2-number Countdown over 1-10, 150 SFT steps of a micro Llama (~5 s);
 # measured base pass@1 ≈ 0.35 on held-out instances
-EASY = PretrainConfig(name="test-easy", sft_mix=((TASK, 1.0),), rl_task=TASK, model_preset="micro", pool_size=300,
-                      batch_size=32, max_steps=150, time_budget_s=None, lr=1e-2, warmup_steps=10)
+EASY = PretrainConfig(
+    name="test-easy",
+    sft_mix=((TASK, 1.0),),
+    rl_task=TASK,
+    model_preset="micro",
+    pool_size=300,
+    batch_size=32,
+    max_steps=150,
+    time_budget_s=None,
+    lr=1e-2,
+    warmup_steps=10,
+)
 
 
 @pytest.fixture(scope="session")

@@ -17,19 +17,48 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _last_line(*args: str) -> str:
-    out = timing.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=1800, quiet_s=120,
-                     what=" ".join(args), env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = timing.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        quiet_s=120,
+        what=" ".join(args),
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
 
 
 def test_bench_step_both_sizes_last_line():
     pytest.importorskip("trl")
-    line = _last_line("benchmarks/bench_step.py", "--configs", "tiny", "big", "--reps", "1", "--steps", "1",
-                      "--mu", "1", "--big-reps", "1", "--big-shape", "5m", "--big-tokens", "4")
+    line = _last_line(
+        "benchmarks/bench_step.py",
+        "--configs",
+        "tiny",
+        "big",
+        "--reps",
+        "1",
+        "--steps",
+        "1",
+        "--mu",
+        "1",
+        "--big-reps",
+        "1",
+        "--big-shape",
+        "5m",
+        "--big-tokens",
+        "4",
+    )
     fields = dict(re.findall(r"(\w+)=([^\s]+)", line))
-    assert line.startswith("ratio ") and set(fields) == {"step_time", "peak_rss", "big_step_time", "big_peak_rss",
-                                                         "big_limit_frac"}, line
+    assert line.startswith("ratio ") and set(fields) == {
+        "step_time",
+        "peak_rss",
+        "big_step_time",
+        "big_peak_rss",
+        "big_limit_frac",
+    }, line
     for k, v in fields.items():
         assert math.isfinite(float(v)) and float(v) > 0, (k, v)
     assert float(fields["big_limit_frac"]) < 1.5  # a fraction of the measured GEMM rate, not a raw rate

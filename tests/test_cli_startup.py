@@ -21,17 +21,24 @@ CMDS = [[], ["train"], ["eval"], ["export"], ["demo"], ["compare"], ["report"], 
 
 # runs gapo.cli.main in a fresh interpreter; its last stdout line: the exit code and which heavy
 # modules are loaded at that moment (nothing imports after the error is printed)
-_CHILD = ("import json, sys\nfrom gapo.cli import main\ntry:\n    rc = main(sys.argv[1:])\n"
-          "except SystemExit as e:\n    rc = e.code\n"
-          f"print(json.dumps({{'rc': rc, 'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))")
+_CHILD = (
+    "import json, sys\nfrom gapo.cli import main\ntry:\n    rc = main(sys.argv[1:])\n"
+    "except SystemExit as e:\n    rc = e.code\n"
+    f"print(json.dumps({{'rc': rc, 'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))"
+)
 
 
 def _run(argv, cwd, env=None):
     """``(rc, heavy modules loaded, stderr, CPU seconds of the child)``."""
     out, err = cwd / ".child-out", cwd / ".child-err"
     with open(out, "w") as fo, open(err, "w") as fe:
-        p = subprocess.Popen([sys.executable, "-c", _CHILD, *argv], stdout=fo, stderr=fe, cwd=cwd,
-                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        p = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, *argv],
+            stdout=fo,
+            stderr=fe,
+            cwd=cwd,
+            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        )
         _, status, ru = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
     last = json.loads(out.read_text().strip().splitlines()[-1])
@@ -87,9 +94,11 @@ def test_config_errors_come_before_torch(argv, match, tmp_path):
 
 
 def test_modules_that_validate_a_config_do_not_import_torch():
-    code = ("import sys\nimport gapo.cli, gapo.rl.config, gapo.rl.domains, gapo.rl.names, gapo.rl.run_dir, "
-            "gapo.core.checks, gapo.policy.chat, gapo.policy.lora\n"
-            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    code = (
+        "import sys\nimport gapo.cli, gapo.rl.config, gapo.rl.domains, gapo.rl.names, gapo.rl.run_dir, "
+        "gapo.core.checks, gapo.policy.chat, gapo.policy.lora\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
 

@@ -8,10 +8,30 @@ import timing  # tests/timing.py: timeouts that say they are timeouts
 def test_demo_smoke(tmp_path):
     out = tmp_path / "demo"
     env_cache = tmp_path / "cache"  # empty cache: the shipped low-preset policy must be used, not rebuilt
-    p = timing.run([sys.executable, "-m", "gapo.cli", "demo", "--out", str(out), "--steps", "2", "--eval-every", "0",
-                    "--eval-problems", "8", "--eval-samples", "4"], capture_output=True, text=True, timeout=900,
-                   quiet_s=60, what="the shrunk gapo demo",
-                   env={"GAPO_CACHE": str(env_cache), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    p = timing.run(
+        [
+            sys.executable,
+            "-m",
+            "gapo.cli",
+            "demo",
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            "--eval-every",
+            "0",
+            "--eval-problems",
+            "8",
+            "--eval-samples",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        quiet_s=60,
+        what="the shrunk gapo demo",
+        env={"GAPO_CACHE": str(env_cache), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "| fixed |" in p.stdout and "| gapo |" in p.stdout
     assert p.stdout.startswith("estimate: about ")  # said before anything runs

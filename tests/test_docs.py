@@ -54,8 +54,10 @@ def _expand(p: str) -> list[str]:
     """``a/{b,c}.py`` -> ``a/b.py``, ``a/c.py`` (nested braces are not used in the docs)."""
     parts = re.split(r"\{([^{}]*)\}", p)
     fixed, options = parts[0::2], [o.split(",") for o in parts[1::2]]
-    return ["".join(x for pair in itertools.zip_longest(fixed, combo, fillvalue="") for x in pair)
-            for combo in itertools.product(*options)]
+    return [
+        "".join(x for pair in itertools.zip_longest(fixed, combo, fillvalue="") for x in pair)
+        for combo in itertools.product(*options)
+    ]
 
 
 def _path_exists(token: str) -> str | None:
@@ -70,8 +72,11 @@ def _path_exists(token: str) -> str | None:
         hits = list(ROOT.glob(p)) if "*" in p else ([ROOT / p] if (ROOT / p).exists() else [])
         if not hits:
             return f"{p} does not exist"
-        if func and not re.search(rf"^\s*(?:async\s+)?def {re.escape(func)}\b|^class {re.escape(func)}\b",
-                                  hits[0].read_text(encoding="utf-8"), flags=re.M):
+        if func and not re.search(
+            rf"^\s*(?:async\s+)?def {re.escape(func)}\b|^class {re.escape(func)}\b",
+            hits[0].read_text(encoding="utf-8"),
+            flags=re.M,
+        ):
             return f"{p} has no test {func}"
     return None
 
@@ -180,8 +185,9 @@ def test_version_has_one_source():
     except importlib.metadata.PackageNotFoundError:
         installed = None
     if installed is not None and Path(gapo.__file__).resolve().is_relative_to(ROOT / "src"):
-        assert installed == gapo.__version__, (f"installed metadata says {installed}, gapo.__version__ "
-                                               f"{gapo.__version__}: reinstall (pip install -e .)")
+        assert installed == gapo.__version__, (
+            f"installed metadata says {installed}, gapo.__version__ {gapo.__version__}: reinstall (pip install -e .)"
+        )
     # the README's latest "Changes in X.Y" heading is this version's
     heads = re.findall(r"^#+ Changes in (\d+\.\d+)", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.M)
     latest = max(heads, key=lambda v: tuple(map(int, v.split(".")))) if heads else None
@@ -196,8 +202,10 @@ def test_the_checks_catch_drift():
     assert _path_exists("tests/integrations/test_verl.py") is None
     assert _path_exists("src/gapo/{core,rl}/") is None
     assert PATH.findall("TRL logs gapo/eps_high_mean; see gapo/core/losses.py") == ["gapo/core/losses.py"]
-    assert PATH.findall("see `tests/core/test_losses.py`, and docs/design.md.") == ["tests/core/test_losses.py",
-                                                                                  "docs/design.md"]
+    assert PATH.findall("see `tests/core/test_losses.py`, and docs/design.md.") == [
+        "tests/core/test_losses.py",
+        "docs/design.md",
+    ]
     assert _resolve_module_path("gapo.core.clipping.gapo_eps_high") is None
     assert _resolve_module_path("gapo.core.clipping.no_such_name")
     assert _resolve_module_path("gapo.no_such_module")

@@ -13,7 +13,7 @@ import pytest
 
 from gapo import _MOVED
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import importlib, json, sys, warnings
     old, new = sys.argv[1], sys.argv[2]
     real = importlib.import_module(new)
@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent('''
         importlib.import_module(old)
     out["second_import_warnings"] = len(again)
     print(json.dumps(out))
-''')
+""")
 
 
 def _run(tmp_path, old, new):
@@ -47,8 +47,17 @@ def _run(tmp_path, old, new):
     return json.loads(proc.stdout.splitlines()[-1]), str(script)
 
 
-@pytest.mark.parametrize("old", ["gapo.clipping", "gapo.advantages", "gapo._checks", "gapo.tasks.sandbox", "gapo.tasks.scoring",
-                                 "gapo.rl.allocator"])
+@pytest.mark.parametrize(
+    "old",
+    [
+        "gapo.clipping",
+        "gapo.advantages",
+        "gapo._checks",
+        "gapo.tasks.sandbox",
+        "gapo.tasks.scoring",
+        "gapo.rl.allocator",
+    ],
+)
 def test_old_path_is_the_new_module_with_a_warning_and_its_spec_untouched(tmp_path, old):
     new = _MOVED[old]
     out, script = _run(tmp_path, old, new)
@@ -62,7 +71,7 @@ def test_old_path_is_the_new_module_with_a_warning_and_its_spec_untouched(tmp_pa
 
 
 def test_every_old_path_imports_as_its_new_module():
-    code = textwrap.dedent('''
+    code = textwrap.dedent("""
         import importlib, json, warnings
         from gapo import _MOVED
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -73,14 +82,14 @@ def test_every_old_path_imports_as_its_new_module():
             if importlib.import_module(old) is not real or real.__spec__ is not spec:
                 bad[old] = new
         print(json.dumps(bad))
-    ''')
+    """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1]) == {}
 
 
 def test_from_gapo_import_old_name_and_unknown_paths():
-    code = textwrap.dedent('''
+    code = textwrap.dedent("""
         import warnings
         warnings.simplefilter("error", DeprecationWarning)
         try:
@@ -95,7 +104,7 @@ def test_from_gapo_import_old_name_and_unknown_paths():
             import gapo.no_such_module
         except ModuleNotFoundError as e:
             print("missing:", e.name)
-    ''')
+    """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "warned: gapo.clipping moved to gapo.core.clipping" in proc.stdout

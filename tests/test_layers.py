@@ -34,15 +34,23 @@ def test_imports_point_down_only():
             targets = [module] + [f"{module}.{n}" for n in names] if module == "gapo" else [module]
             for target in targets:
                 there = _package(target)
-                if there is not None and there != here and (there not in ORDER or ORDER.index(there) > ORDER.index(here)):
+                if (
+                    there is not None
+                    and there != here
+                    and (there not in ORDER or ORDER.index(there) > ORDER.index(here))
+                ):
                     bad.append(f"{path.relative_to(SRC)}:{line} ({here}) imports {target} ({there})")
     assert not bad, "\n".join(bad)
 
 
 def test_no_private_name_is_imported_from_another_module():
-    bad = [f"{path.relative_to(SRC)}:{line}: from {module} import {name}"
-           for path in SRC.rglob("*.py") for line, module, names in _imports(path)
-           for name in names if name.startswith("_") and not name.startswith("__")]
+    bad = [
+        f"{path.relative_to(SRC)}:{line}: from {module} import {name}"
+        for path in SRC.rglob("*.py")
+        for line, module, names in _imports(path)
+        for name in names
+        if name.startswith("_") and not name.startswith("__")
+    ]
     assert not bad, "\n".join(bad)
 
 

@@ -20,8 +20,11 @@ def test_readme_example_runs(capsys):
 def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
     text = README.read_text()
     section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    commands = [ln.split("#")[0].strip() for ln in re.findall(r"```bash\n(.*?)```", section, flags=re.S)[0].splitlines()
-                if ln.strip()]
+    commands = [
+        ln.split("#")[0].strip()
+        for ln in re.findall(r"```bash\n(.*?)```", section, flags=re.S)[0].splitlines()
+        if ln.strip()
+    ]
     assert commands == ["./run demo", "./run test"]
     ci = (README.parent / ".ci" / "run").read_text()
     assert "exec ./run test" in ci

@@ -38,8 +38,15 @@ def test_quick_subset_is_identical_to_golden():
     env = {k: v for k, v in os.environ.items() if k != "GAPO_CACHE"}
     # quiet 2-core machine: about 70 s (its CPU time); measured 372 s at a load average of 10-12 on
     # 2 cores, a fifth of the limit
-    p = timing.run([sys.executable, str(SCRIPT), "check", "--quick", "--quiet"], capture_output=True, text=True,
-                   timeout=1800, quiet_s=70, what="benchmarks/regression.py check --quick", env=env)
+    p = timing.run(
+        [sys.executable, str(SCRIPT), "check", "--quick", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        quiet_s=70,
+        what="benchmarks/regression.py check --quick",
+        env=env,
+    )
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     # exact on the CPU the golden records come from; elsewhere floats to benchmarks/regression.py's
     # OTHER_CPU_RTOL (ints and strings still exact)

@@ -30,5 +30,7 @@ def test_within_bound_passes_and_past_it_says_timeout():
     timing.assert_within(1.0, 2.0, quiet_s=1, what="x")
     with pytest.raises(AssertionError, match="TIMEOUT, not a wrong result: x .* It took 3.0 s"):
         timing.assert_within(3.0, 2.0, quiet_s=1, what="x")
-    assert timing.run([sys.executable, "-c", "print(1)"], timeout=600, quiet_s=1, capture_output=True,
-                      text=True).stdout == "1\n"
+    assert (
+        timing.run([sys.executable, "-c", "print(1)"], timeout=600, quiet_s=1, capture_output=True, text=True).stdout
+        == "1\n"
+    )

@@ -18,7 +18,6 @@ pd = pytest.importorskip("pandas")
 pytest.importorskip("datasets")
 
 from checkpoints import build_instruct_checkpoint  # noqa: E402  (tests/checkpoints.py; tests/ is on sys.path under pytest)
-
 from gapo.cli import main  # noqa: E402
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -51,10 +50,16 @@ def readme_after() -> list[list[str]]:
 
 def gsm8k_folder(root: Path) -> Path:
     """GSM8K's layout and columns: question, answer (worked solution, final answer after ####)."""
+
     def rows(lo, hi):
-        return [{"question": f"Tom has {i} apples and buys {i + 3} more. How many apples does he have now?",
-                 "answer": f"He has {i} + {i + 3} = <<{i}+{i + 3}={2 * i + 3}>>{2 * i + 3} apples.\n#### {2 * i + 3:,}"}
-                for i in range(lo, hi)]
+        return [
+            {
+                "question": f"Tom has {i} apples and buys {i + 3} more. How many apples does he have now?",
+                "answer": f"He has {i} + {i + 3} = <<{i}+{i + 3}={2 * i + 3}>>{2 * i + 3} apples.\n#### {2 * i + 3:,}",
+            }
+            for i in range(lo, hi)
+        ]
+
     main_dir = root / "gsm8k" / "main"
     main_dir.mkdir(parents=True)
     long = [{"question": f"Tom has {k} apple. " * 40 + "How many apples?", "answer": f"#### {k}"} for k in (1, 2, 3)]
@@ -144,17 +149,26 @@ def test_readme_your_own_model_command_runs(tmp_path, capsys, monkeypatch):
     export_argv = [str(run) if a == "runs/qwen-gsm8k" else str(out) if a == "qwen-gsm8k-rl" else a for a in export_argv]
     assert main(export_argv) == 0, capsys.readouterr().err
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     m = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
     assert tok.chat_template and (out / "generation_config.json").is_file()
     import torch
+
     from gapo.policy.model import load_policy
+
     trained, _ = load_policy(run / "policy")
     for k, v in trained.state_dict().items():  # the base is float32: the export keeps float32, exactly
         assert torch.equal(m.state_dict()[k], v), k
     eval_argv = [str(run) if a == "runs/qwen-gsm8k" else a for a in eval_argv]
     eval_argv = [a for a in eval_argv if a not in ("--problems", "128", "--n", "8")] + [
-        "--problems", "2", "--n", "2", "model.device=cpu", "sampling.max_new_tokens=8"]
+        "--problems",
+        "2",
+        "--n",
+        "2",
+        "model.device=cpu",
+        "sampling.max_new_tokens=8",
+    ]
     capsys.readouterr()
     assert main(eval_argv) == 0, capsys.readouterr().err
     res = json.loads(capsys.readouterr().out)

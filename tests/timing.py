@@ -28,9 +28,11 @@ def _children_cpu() -> float:
 
 def timeout_message(what: str, limit_s: float, quiet_s: float, cpu_s: float | None = None) -> str:
     cpu = f"; its processes used {cpu_s:.0f} s of CPU" if cpu_s is not None else ""
-    return (f"TIMEOUT, not a wrong result: {what} ran past its {limit_s:.0f} s wall-clock limit (about "
-            f"{quiet_s:.0f} s on a quiet 2-core machine{cpu}). The machine is probably busy: rerun it, or set "
-            f"GAPO_TEST_TIMEOUT_SCALE=3 on a slow machine.")
+    return (
+        f"TIMEOUT, not a wrong result: {what} ran past its {limit_s:.0f} s wall-clock limit (about "
+        f"{quiet_s:.0f} s on a quiet 2-core machine{cpu}). The machine is probably busy: rerun it, or set "
+        f"GAPO_TEST_TIMEOUT_SCALE=3 on a slow machine."
+    )
 
 
 def run(cmd, *, timeout: float, quiet_s: float, what: str | None = None, **kwargs) -> subprocess.CompletedProcess:
@@ -41,8 +43,10 @@ def run(cmd, *, timeout: float, quiet_s: float, what: str | None = None, **kwarg
     try:
         return subprocess.run(cmd, timeout=limit, **kwargs)
     except subprocess.TimeoutExpired:
-        pytest.fail(timeout_message(what or " ".join(map(str, cmd))[:200], limit, quiet_s, _children_cpu() - cpu0),
-                    pytrace=False)
+        pytest.fail(
+            timeout_message(what or " ".join(map(str, cmd))[:200], limit, quiet_s, _children_cpu() - cpu0),
+            pytrace=False,
+        )
 
 
 def communicate(p: subprocess.Popen, *, timeout: float, quiet_s: float, what: str):

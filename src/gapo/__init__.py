@@ -29,17 +29,25 @@ __version__ = "0.2.0"
 
 # name -> module that defines it
 _API = {
-    "gapo_eps_high": "gapo.core.clipping", "eps_high_for": "gapo.core.clipping", "success_weight": "gapo.core.clipping",
+    "gapo_eps_high": "gapo.core.clipping",
+    "eps_high_for": "gapo.core.clipping",
+    "success_weight": "gapo.core.clipping",
     "EPS_SCHEDULES": "gapo.core.clipping",
-    "policy_loss": "gapo.core.losses", "cispo_loss": "gapo.core.losses", "LOSSES": "gapo.core.losses",
+    "policy_loss": "gapo.core.losses",
+    "cispo_loss": "gapo.core.losses",
+    "LOSSES": "gapo.core.losses",
     "agg_loss": "gapo.core.aggregation",
-    "compute_advantages": ("gapo.core.advantages", "compute"), "ADVANTAGES": "gapo.core.advantages",
+    "compute_advantages": ("gapo.core.advantages", "compute"),
+    "ADVANTAGES": "gapo.core.advantages",
     "success_count": "gapo.core.advantages",
     "group_success_count": "gapo.core.advantages",  # deprecated: success_count's 0.2 name (warns when called)
-    "pass_at_k": "gapo.core.metrics", "clip_stats_by_c": "gapo.core.metrics",
-    "Config": "gapo.rl.config", "load_config": "gapo.rl.config",
+    "pass_at_k": "gapo.core.metrics",
+    "clip_stats_by_c": "gapo.core.metrics",
+    "Config": "gapo.rl.config",
+    "load_config": "gapo.rl.config",
     "Trainer": "gapo.rl.trainer",
-    "load_policy": "gapo.policy.model", "get_base_policy": "gapo.policy.base_policy",
+    "load_policy": "gapo.policy.model",
+    "get_base_policy": "gapo.policy.base_policy",
 }
 __all__ = sorted(_API)
 
@@ -54,19 +62,30 @@ def __getattr__(name: str):
 
 # gapo 0.1's flat modules -> where they live now
 _MOVED = {
-    "gapo.clipping": "gapo.core.clipping", "gapo.losses": "gapo.core.losses",
-    "gapo.aggregation": "gapo.core.aggregation", "gapo.advantages": "gapo.core.advantages",
-    "gapo.metrics": "gapo.core.metrics", "gapo._checks": "gapo.core.checks",
-    "gapo.model": "gapo.policy.model", "gapo.sampling": "gapo.policy.sampling",
+    "gapo.clipping": "gapo.core.clipping",
+    "gapo.losses": "gapo.core.losses",
+    "gapo.aggregation": "gapo.core.aggregation",
+    "gapo.advantages": "gapo.core.advantages",
+    "gapo.metrics": "gapo.core.metrics",
+    "gapo._checks": "gapo.core.checks",
+    "gapo.model": "gapo.policy.model",
+    "gapo.sampling": "gapo.policy.sampling",
     "gapo.pretrain": "gapo.policy.pretrain",
-    "gapo.config": "gapo.rl.config", "gapo.trainer": "gapo.rl.trainer", "gapo.evaluate": "gapo.rl.evaluate",
-    "gapo.scoring": "gapo.exec.scoring", "gapo.sandbox": "gapo.exec.sandbox",
-    "gapo.compare": "gapo.experiments.grid", "gapo.report": "gapo.experiments.report",
+    "gapo.config": "gapo.rl.config",
+    "gapo.trainer": "gapo.rl.trainer",
+    "gapo.evaluate": "gapo.rl.evaluate",
+    "gapo.scoring": "gapo.exec.scoring",
+    "gapo.sandbox": "gapo.exec.sandbox",
+    "gapo.compare": "gapo.experiments.grid",
+    "gapo.report": "gapo.experiments.report",
     # 0.2: the execution runtime left tasks/ for exec/
-    **{f"gapo.tasks.{m}": f"gapo.exec.{m}" for m in (
-        "sandbox", "sandbox_ns", "sandbox_boot", "sandbox_proc", "judge", "scoring", "scoring_pool")},
+    **{
+        f"gapo.tasks.{m}": f"gapo.exec.{m}"
+        for m in ("sandbox", "sandbox_ns", "sandbox_boot", "sandbox_proc", "judge", "scoring", "scoring_pool")
+    },
     # 0.2: machine tuning left rl/ for machine/
-    "gapo.rl.threads": "gapo.machine.threads", "gapo.rl.allocator": "gapo.machine.allocator",
+    "gapo.rl.threads": "gapo.machine.threads",
+    "gapo.rl.allocator": "gapo.machine.allocator",
 }
 
 
@@ -86,8 +105,11 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         new = _MOVED[spec.name]
-        warnings.warn(f"{spec.name} moved to {new}; the old path will be removed", DeprecationWarning,
-                      stacklevel=_importer_stacklevel())
+        warnings.warn(
+            f"{spec.name} moved to {new}; the old path will be removed",
+            DeprecationWarning,
+            stacklevel=_importer_stacklevel(),
+        )
         module = importlib.import_module(new)
         spec.loader_state = module.__spec__  # the real spec, restored by exec_module
         return module

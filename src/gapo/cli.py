@@ -16,8 +16,16 @@ from gapo.rl.names import BASE_PRESETS
 # The update regime is the grid's calibrated one (RESULTS.md): 8 mini-batches × 2 epochs at lr 5e-5,
 # where fixed clipping binds on a few percent of positive-advantage tokens, so the clip bound matters.
 DEMO_COMMON = [
-    "model.base_preset=low", "train.prompts=16", "train.group_size=8", "train.mini_batches=8", "train.epochs=2",
-    "optim.lr=5e-5", "algo.advantage=drgrpo", "algo.eps_low=0.2", "eval.problems=64", "eval.samples=16",
+    "model.base_preset=low",
+    "train.prompts=16",
+    "train.group_size=8",
+    "train.mini_batches=8",
+    "train.epochs=2",
+    "optim.lr=5e-5",
+    "algo.advantage=drgrpo",
+    "algo.eps_low=0.2",
+    "eval.problems=64",
+    "eval.samples=16",
     "train.checkpoint_every=0",
 ]
 DEMO_METHODS = {
@@ -44,6 +52,7 @@ def parse_task(spec: str) -> list[str]:
 
 def _int_at_least(lo: int):
     """An argparse type: an integer >= ``lo``, with a message that says so."""
+
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -52,6 +61,7 @@ def _int_at_least(lo: int):
         if v < lo:
             raise argparse.ArgumentTypeError(f"must be an integer >= {lo}, got {v}")
         return v
+
     parse.__name__ = f"integer >= {lo}"
     return parse
 
@@ -76,53 +86,77 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 # one example per command, each with keys that command reads
 EXAMPLES = {
     "demo": "examples:\n  gapo demo\n  gapo demo --steps 30 --eval-samples 8 --out runs/demo-short",
-    "train": ("examples:\n  gapo train --out runs/gapo algo.eps_schedule=linear algo.eps_high_max=0.28 train.steps=200\n"
-              "  gapo train --out runs/gapo --resume\n"
-              "  gapo train --out runs/gapo --resume --allow-change train.steps=400\n"
-              "  gapo train --out runs/math --task math:data/gsm8k.jsonl --model ./Qwen2.5-0.5B-Instruct "
-              "model.device=cuda\n"
-              "  gapo train --out runs/mine --task data:my.jsonl task.params.prompt_field=instruction --model ./my-model "
-              "--reward my_rewards.py:score --reward my_rewards.py:brevity reward.weights=[1,0.5] task.max_prompt_tokens=512"),
-    "eval": ("examples:\n  gapo eval --model runs/gapo/policy --n 16 --problems 128\n"
-             "  gapo eval runs/gapo --step 50 eval.temperature=0.6\n"
-             "  gapo eval --model ./Qwen2.5-0.5B-Instruct --task math:data/gsm8k.jsonl eval.temperature=0.6 "
-             "sampling.max_new_tokens=512"),
-    "export": ("examples:\n  gapo export runs/qwen-gsm8k\n  gapo export runs/qwen-gsm8k --step 150 --out qwen-rl "
-               "--dtype bfloat16\n  gapo export runs/qwen-lora --merge-lora --out qwen-lora-merged"),
+    "train": (
+        "examples:\n  gapo train --out runs/gapo algo.eps_schedule=linear algo.eps_high_max=0.28 train.steps=200\n"
+        "  gapo train --out runs/gapo --resume\n"
+        "  gapo train --out runs/gapo --resume --allow-change train.steps=400\n"
+        "  gapo train --out runs/math --task math:data/gsm8k.jsonl --model ./Qwen2.5-0.5B-Instruct "
+        "model.device=cuda\n"
+        "  gapo train --out runs/mine --task data:my.jsonl task.params.prompt_field=instruction --model ./my-model "
+        "--reward my_rewards.py:score --reward my_rewards.py:brevity reward.weights=[1,0.5] task.max_prompt_tokens=512"
+    ),
+    "eval": (
+        "examples:\n  gapo eval --model runs/gapo/policy --n 16 --problems 128\n"
+        "  gapo eval runs/gapo --step 50 eval.temperature=0.6\n"
+        "  gapo eval --model ./Qwen2.5-0.5B-Instruct --task math:data/gsm8k.jsonl eval.temperature=0.6 "
+        "sampling.max_new_tokens=512"
+    ),
+    "export": (
+        "examples:\n  gapo export runs/qwen-gsm8k\n  gapo export runs/qwen-gsm8k --step 150 --out qwen-rl "
+        "--dtype bfloat16\n  gapo export runs/qwen-lora --merge-lora --out qwen-lora-merged"
+    ),
     "pretrain": "examples:\n  gapo pretrain\n  gapo pretrain --preset three --preset medium --eval 200",
     "report": "examples:\n  gapo report runs/demo/fixed runs/demo/gapo --out runs/demo/report",
-    "compare": ("examples:\n  gapo compare --quick\n  gapo compare --config configs/grid.yaml --out runs/full\n"
-                "  gapo compare --config configs/grid.yaml --out runs/full --report-only"),
+    "compare": (
+        "examples:\n  gapo compare --quick\n  gapo compare --config configs/grid.yaml --out runs/full\n"
+        "  gapo compare --config configs/grid.yaml --out runs/full --report-only"
+    ),
 }
 # the overrides' example per command: a key that command reads
 OVERRIDE_EXAMPLES = {"train": "algo.eps_high_max=0.28", "eval": "eval.temperature=0.6"}
 
 
 def _common_train_args(p: argparse.ArgumentParser, cmd: str = "train") -> None:
-    p.add_argument("--config", help="YAML config file (sections: task, reward, model, sampling, algo, optim, train, "
-                   "eval, log; default: none, the defaults of src/gapo/rl/config.py)")
-    p.add_argument("--task", help="countdown | arithmetic | math:PATH | data:PATH | rg:NAME | humaneval | mbpp:PATH "
-                   "(PATH: JSONL, JSON, Parquet, CSV, a save_to_disk folder or a dataset folder; data:PATH names "
-                   "its columns with task.params.prompt_field / answer_fields and needs --reward; default: the config's "
-                   "task.name, countdown)")
-    p.add_argument("--model", help="local Hugging Face checkpoint folder (default: the embedded base policy of "
-                   "model.base_preset, low | high | three | medium)")
-    p.add_argument("--reward", action="append", metavar="MODULE:FN",
-                   help="a reward of your own, module.path:function or my_rewards.py:function, called as "
-                   "fn(prompt, completion, **fields) -> float or None (skip); repeat for several, weighted by "
-                   "reward.weights=[1, 0.5]; 'task' is the task's own verifier as one term (without it --reward "
-                   "replaces the verifier). Sets reward.funcs (default: none, the task's verifier)")
-    p.add_argument("overrides", nargs="*", help=f"section.key=value overrides, e.g. {OVERRIDE_EXAMPLES[cmd]} "
-                   "(keys: src/gapo/rl/config.py; applied after --config)")
+    p.add_argument(
+        "--config",
+        help="YAML config file (sections: task, reward, model, sampling, algo, optim, train, "
+        "eval, log; default: none, the defaults of src/gapo/rl/config.py)",
+    )
+    p.add_argument(
+        "--task",
+        help="countdown | arithmetic | math:PATH | data:PATH | rg:NAME | humaneval | mbpp:PATH "
+        "(PATH: JSONL, JSON, Parquet, CSV, a save_to_disk folder or a dataset folder; data:PATH names "
+        "its columns with task.params.prompt_field / answer_fields and needs --reward; default: the config's "
+        "task.name, countdown)",
+    )
+    p.add_argument(
+        "--model",
+        help="local Hugging Face checkpoint folder (default: the embedded base policy of "
+        "model.base_preset, low | high | three | medium)",
+    )
+    p.add_argument(
+        "--reward",
+        action="append",
+        metavar="MODULE:FN",
+        help="a reward of your own, module.path:function or my_rewards.py:function, called as "
+        "fn(prompt, completion, **fields) -> float or None (skip); repeat for several, weighted by "
+        "reward.weights=[1, 0.5]; 'task' is the task's own verifier as one term (without it --reward "
+        "replaces the verifier). Sets reward.funcs (default: none, the task's verifier)",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help=f"section.key=value overrides, e.g. {OVERRIDE_EXAMPLES[cmd]} "
+        "(keys: src/gapo/rl/config.py; applied after --config)",
+    )
 
 
-def _load(args, base: dict | None = None) -> "object":
+def _load(args, base: dict | None = None) -> object:
     """The config: ``base`` (a resumed run's saved config) or the defaults, then ``--config``,
     ``--task``/``--model`` and the overrides."""
-    from gapo.rl.config import load_config
-
     import json
 
+    from gapo.rl.config import load_config
     from gapo.tasks.custom import absolute_spec
 
     overrides = []
@@ -196,8 +230,10 @@ def _say_train_result(out, res: dict, steps: int) -> None:
         m = ev.get("step", "?")
         when = " (before training)" if m == 0 else ""
         lead = "last evaluation" if res["stopped"] or m != res["step"] else "evaluation"
-        print(f"{lead} at step {m}{when}: "
-              + "  ".join(f"{k[5:]}={v:.3f}" for k, v in ev.items() if k.startswith("eval/pass@")))
+        print(
+            f"{lead} at step {m}{when}: "
+            + "  ".join(f"{k[5:]}={v:.3f}" for k, v in ev.items() if k.startswith("eval/pass@"))
+        )
     elif res["stopped"]:
         print("no evaluation yet (eval.problems=0, or none was due)")
     if res["stopped"]:
@@ -230,12 +266,16 @@ def _eval_run(args) -> str | None:
         return str(p.parent)
     if given or args.step is not None:  # a run was meant
         what = "a model folder, not a run folder" if (p / "config.json").is_file() else "not a gapo run folder"
-        raise ValueError(f"{str(p)!r} is {what}: gapo eval RUN wants the --out folder of a gapo train run "
-                         "(with .gapo-run and config.yaml; its policy/ or, with --step N, its checkpoint is "
-                         "evaluated); for a Hugging Face model folder use --model PATH")
+        raise ValueError(
+            f"{str(p)!r} is {what}: gapo eval RUN wants the --out folder of a gapo train run "
+            "(with .gapo-run and config.yaml; its policy/ or, with --step N, its checkpoint is "
+            "evaluated); for a Hugging Face model folder use --model PATH"
+        )
     if p.is_dir() and not (p / "config.json").is_file():
-        raise ValueError(f"--model {str(p)!r} has no config.json and is not a gapo run folder: give a Hugging Face "
-                         "model folder (config.json + weights), a run's policy/ folder, or a run folder (gapo eval RUN)")
+        raise ValueError(
+            f"--model {str(p)!r} has no config.json and is not a gapo run folder: give a Hugging Face "
+            "model folder (config.json + weights), a run's policy/ folder, or a run folder (gapo eval RUN)"
+        )
     return None
 
 
@@ -246,6 +286,7 @@ def cmd_eval(args) -> int:
     saved = None
     if run is not None:  # the run's own task, reward and prompt settings; --config/overrides change them
         from gapo.rl.run_dir import RunFolder
+
         saved = RunFolder(run).saved_config()
     cfg = _load(args, saved)  # checked before torch and transformers load
 
@@ -262,29 +303,57 @@ def cmd_eval(args) -> int:
     torch.set_num_threads(args.threads)
     if run is not None:
         from gapo.rl.export import load_run_model
+
         model, tok, info = load_run_model(run, args.step, cfg.model.device)
         model_path = f"{run} ({info['source']}, step {info['step']})"
         print(f"[gapo] evaluating {model_path}", file=sys.stderr)
     else:
         from gapo.rl.trainer import with_policy
+
         cfg, model_path = with_policy(cfg)
         model, tok = load_policy(model_path, cfg.model.device)
     task = tasks.build(cfg.task.name, cfg.task.params)
     max_new_tokens = cfg.sampling.max_new_tokens or task.max_completion_len + 1
     encoder = PromptEncoder(tok, chat=cfg.task.chat, system_prompt=cfg.task.system_prompt)
-    problems, dropped = draw_problems(task, encoder, args.split, args.problems, cfg.eval.seed, cfg.task.max_prompt_tokens)
+    problems, dropped = draw_problems(
+        task, encoder, args.split, args.problems, cfg.eval.seed, cfg.task.max_prompt_tokens
+    )
     if dropped is not None:
-        print(f"[gapo] task.max_prompt_tokens={cfg.task.max_prompt_tokens}: dropped {dropped[args.split + '_dropped']} "
-              f"of {dropped[args.split + '_prompts']} {args.split} prompts", file=sys.stderr)
-    task = with_rewards(task, cfg.reward.funcs, cfg.reward.weights, probe=problems[0] if problems else None,
-                        reward_range=cfg.algo.reward_range)
+        print(
+            f"[gapo] task.max_prompt_tokens={cfg.task.max_prompt_tokens}: dropped {dropped[args.split + '_dropped']} "
+            f"of {dropped[args.split + '_prompts']} {args.split} prompts",
+            file=sys.stderr,
+        )
+    task = with_rewards(
+        task,
+        cfg.reward.funcs,
+        cfg.reward.weights,
+        probe=problems[0] if problems else None,
+        reward_range=cfg.algo.reward_range,
+    )
     lengths = [len(encoder.ids(p.prompt)) for p in problems]
-    check_context(model, lengths, max_new_tokens, key="sampling.max_new_tokens", where=model_path,
-                  longest=problem_name(problems[lengths.index(max(lengths))]) if lengths else None)
+    check_context(
+        model,
+        lengths,
+        max_new_tokens,
+        key="sampling.max_new_tokens",
+        where=model_path,
+        longest=problem_name(problems[lengths.index(max(lengths))]) if lengths else None,
+    )
     with autocast(torch.device(cfg.model.device), cfg.model.dtype):
-        res = evaluate(model, tok, task, problems, n=args.n, temperature=cfg.eval.temperature,
-                       max_new_tokens=max_new_tokens, seed=cfg.eval.seed, progress=True, encode=encoder.ids,
-                       stop=cfg.sampling.stop)  # stop tokens: the tokenizer's EOS + generation_config's
+        res = evaluate(
+            model,
+            tok,
+            task,
+            problems,
+            n=args.n,
+            temperature=cfg.eval.temperature,
+            max_new_tokens=max_new_tokens,
+            seed=cfg.eval.seed,
+            progress=True,
+            encode=encoder.ids,
+            stop=cfg.sampling.stop,
+        )  # stop tokens: the tokenizer's EOS + generation_config's
     res.pop("eval/correct")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}, indent=1))
     return 0
@@ -295,8 +364,10 @@ def cmd_export(args) -> int:
 
     out, info = export(args.run, args.out, step=args.step, dtype=args.dtype, merge_lora=args.merge_lora)
     kind = "LoRA adapter (peft; base " + repr(info["base"]) + ")" if info["adapter"] else "model"
-    print(f"exported the {kind} of {args.run} at step {info['step']} (from its {info['source']}) as "
-          f"{info['dtype']} to {out}")
+    print(
+        f"exported the {kind} of {args.run} at step {info['step']} (from its {info['source']}) as "
+        f"{info['dtype']} to {out}"
+    )
     return 0
 
 
@@ -315,8 +386,14 @@ def cmd_pretrain(args) -> int:
         if args.eval:
             model, tok = load_policy(path)
             task = tasks.get("countdown", **resolve(preset).rl_task)
-            res = evaluate(model, tok, task, task.generate("eval", args.eval, 1234), n=16,
-                           max_new_tokens=task.max_completion_len + 1)
+            res = evaluate(
+                model,
+                tok,
+                task,
+                task.generate("eval", args.eval, 1234),
+                n=16,
+                max_new_tokens=task.max_completion_len + 1,
+            )
             print("  " + "  ".join(f"{k[5:]}={v:.3f}" for k, v in res.items() if k.startswith("eval/pass@")))
     return 0
 
@@ -357,20 +434,40 @@ def cmd_demo(args) -> int:
     runs = []
     for i, (name, extra) in enumerate(DEMO_METHODS.items()):
         print(f"[2/3] RL run {i + 1}/{len(DEMO_METHODS)}: {name}", flush=True)
-        cfg = load_config(None, DEMO_COMMON + extra + [f"train.steps={args.steps}", f"eval.every={args.eval_every}",
-                                                       f"train.seed={args.seed}", f"eval.problems={args.eval_problems}",
-                                                       f"eval.samples={args.eval_samples}"])
+        cfg = load_config(
+            None,
+            DEMO_COMMON
+            + extra
+            + [
+                f"train.steps={args.steps}",
+                f"eval.every={args.eval_every}",
+                f"train.seed={args.seed}",
+                f"eval.problems={args.eval_problems}",
+                f"eval.samples={args.eval_samples}",
+            ],
+        )
         Trainer(cfg, out / name, overwrite=True).fit()
         runs.append(load_run(out / name))
     print("[3/3] report", flush=True)
-    notes = (f"Embedded base policy (preset `low`, 4-number Countdown), {args.steps} RL steps of 16 prompts × 8 "
-             f"rollouts, 8 mini-batches × 2 epochs at lr 5e-5, seed {args.seed}; held-out pass@k from "
-             f"{args.eval_samples} samples on {args.eval_problems} problems. One seed: differences between the "
-             "two runs of a few points are within seed-to-seed noise; RESULTS.md has the multi-seed comparison.")
-    md = write_report(runs, out / "report", title="gapo demo: fixed clipping vs GAPO (Countdown, low regime)",
-                      notes=notes)
-    keys = ["before/pass@1", "after/pass@1", "before/pass@8", "after/pass@8", "after/pass@16",
-            "after/coverage", "train/clip/frac_high_pos", "train/time/step_s"]
+    notes = (
+        f"Embedded base policy (preset `low`, 4-number Countdown), {args.steps} RL steps of 16 prompts × 8 "
+        f"rollouts, 8 mini-batches × 2 epochs at lr 5e-5, seed {args.seed}; held-out pass@k from "
+        f"{args.eval_samples} samples on {args.eval_problems} problems. One seed: differences between the "
+        "two runs of a few points are within seed-to-seed noise; RESULTS.md has the multi-seed comparison."
+    )
+    md = write_report(
+        runs, out / "report", title="gapo demo: fixed clipping vs GAPO (Countdown, low regime)", notes=notes
+    )
+    keys = [
+        "before/pass@1",
+        "after/pass@1",
+        "before/pass@8",
+        "after/pass@8",
+        "after/pass@16",
+        "after/coverage",
+        "train/clip/frac_high_pos",
+        "train/time/step_s",
+    ]
     print(format_table([summarise(r) for r in runs], keys))
     print(f"report: {md}   (total {time.perf_counter() - t0:.0f}s)")
     return 0
@@ -388,9 +485,11 @@ def demo_estimate(steps: int, eval_every: int, problems: int, samples: int) -> s
     work = 0.5 * steps / DEMO_DEFAULT_WORK[0] + 0.5 * n_evals * problems * samples / DEMO_DEFAULT_WORK[1]
     s = 10.0 + (DEMO_MEASURED_S - 10.0) * work  # about 10 s of it is start-up (imports, the base policy)
     est = f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min"
-    return (f"estimate: about {est} on 2 quiet CPU cores for 2 runs x {steps} steps and {n_evals} evaluations "
-            f"of {problems} x {samples} samples each (the default demo measured {DEMO_MEASURED_S:.0f} s there; "
-            "a busy machine takes 3-5 times longer; the progress bars show the live ETA)")
+    return (
+        f"estimate: about {est} on 2 quiet CPU cores for 2 runs x {steps} steps and {n_evals} evaluations "
+        f"of {problems} x {samples} samples each (the default demo measured {DEMO_MEASURED_S:.0f} s there; "
+        "a busy machine takes 3-5 times longer; the progress bars show the live ETA)"
+    )
 
 
 def cmd_compare(args) -> int:
@@ -403,93 +502,163 @@ def cmd_compare(args) -> int:
     out = Path(args.out or grid.get("out") or "runs/compare")
     if not args.report_only:
         stats = run_grid(grid, out, retry_failed=args.retry_failed, say=lambda s: print(s, flush=True))
-        print(f"grid: {stats['done']} cells run, {stats['failed']} failed, {stats['skipped']} skipped "
-              f"of {stats['total']} in {stats['wall_s']:.0f}s")
+        print(
+            f"grid: {stats['done']} cells run, {stats['failed']} failed, {stats['skipped']} skipped "
+            f"of {stats['total']} in {stats['wall_s']:.0f}s"
+        )
     grid_report(grid, out, args.report_dir, args.figures_dir)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="gapo", description="GAPO (Group Adaptive Clipping Policy Optimization) and "
-                                 "its baselines for RL with verifiable rewards.")
+    ap = argparse.ArgumentParser(
+        prog="gapo",
+        description="GAPO (Group Adaptive Clipping Policy Optimization) and "
+        "its baselines for RL with verifiable rewards.",
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     sub_kw = dict(formatter_class=_Help)
-    p = sub.add_parser("demo", help="fixed clipping vs GAPO from the embedded base policy, with a report",
-                       epilog=EXAMPLES["demo"], **sub_kw)
+    p = sub.add_parser(
+        "demo",
+        help="fixed clipping vs GAPO from the embedded base policy, with a report",
+        epilog=EXAMPLES["demo"],
+        **sub_kw,
+    )
     p.add_argument("--out", default="runs/demo", help="folder of the two runs (OUT/fixed, OUT/gapo) and OUT/report")
     p.add_argument("--steps", type=_int_at_least(1), default=60, help="RL steps of each run")
-    p.add_argument("--eval-every", type=_int_at_least(0), default=20,
-                   help="held-out evaluation every N steps (0: only before and after)")
+    p.add_argument(
+        "--eval-every",
+        type=_int_at_least(0),
+        default=20,
+        help="held-out evaluation every N steps (0: only before and after)",
+    )
     p.add_argument("--seed", type=_int_at_least(0), default=0, help="train.seed of both runs")
     p.add_argument("--eval-problems", type=_int_at_least(1), default=64, help="held-out problems per evaluation")
-    p.add_argument("--eval-samples", type=_int_at_least(1), default=16,
-                   help="samples per held-out problem (pass@k for k up to this)")
+    p.add_argument(
+        "--eval-samples",
+        type=_int_at_least(1),
+        default=16,
+        help="samples per held-out problem (pass@k for k up to this)",
+    )
     p.set_defaults(fn=cmd_demo)
 
-    p = sub.add_parser("train", help="train with a config file and/or key=value overrides", epilog=EXAMPLES["train"],
-                       **sub_kw)
+    p = sub.add_parser(
+        "train", help="train with a config file and/or key=value overrides", epilog=EXAMPLES["train"], **sub_kw
+    )
     _common_train_args(p, "train")
     p.add_argument("--out", help="run folder (default: runs/<timestamp>)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--resume", action="store_true",
-                   help="continue the run in --out from its checkpoint, with its saved config")
-    g.add_argument("--overwrite", action="store_true",
-                   help="replace the gapo run in --out (only once the new run has validated)")
-    p.add_argument("--allow-change", action="store_true",
-                   help="with --resume: apply config/overrides that differ from the saved config (logged)")
+    g.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its checkpoint, with its saved config"
+    )
+    g.add_argument(
+        "--overwrite", action="store_true", help="replace the gapo run in --out (only once the new run has validated)"
+    )
+    p.add_argument(
+        "--allow-change",
+        action="store_true",
+        help="with --resume: apply config/overrides that differ from the saved config (logged)",
+    )
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("eval", help="held-out pass@k (and coverage) of a policy", epilog=EXAMPLES["eval"],
-                       usage="gapo eval [RUN] [options] [section.key=value ...]",
-                       description="Evaluate a run folder (gapo eval RUN: its policy/, or --step N; with the\n"
-                       "run's task, reward and prompt settings), a model folder (--model PATH) or the\n"
-                       "embedded base policy.", **sub_kw)
+    p = sub.add_parser(
+        "eval",
+        help="held-out pass@k (and coverage) of a policy",
+        epilog=EXAMPLES["eval"],
+        usage="gapo eval [RUN] [options] [section.key=value ...]",
+        description="Evaluate a run folder (gapo eval RUN: its policy/, or --step N; with the\n"
+        "run's task, reward and prompt settings), a model folder (--model PATH) or the\n"
+        "embedded base policy.",
+        **sub_kw,
+    )
     _common_train_args(p, "eval")
     p.add_argument("--n", type=_int_at_least(1), default=16, help="samples per problem (pass@k for k up to n)")
     p.add_argument("--problems", type=_int_at_least(1), default=64, help="problems to evaluate on")
     p.add_argument("--split", default="eval", choices=["train", "eval"], help="the task's split the problems come from")
     p.add_argument("--threads", type=_int_at_least(1), default=1, help="torch CPU threads")
-    p.add_argument("--step", type=_int_at_least(0), metavar="N",
-                   help="with a run folder (gapo eval RUN): the model at step N, its policy/ or its last checkpoint "
-                   "(default: the latest); the run's task, reward and prompt settings are reused, overrides change them")
+    p.add_argument(
+        "--step",
+        type=_int_at_least(0),
+        metavar="N",
+        help="with a run folder (gapo eval RUN): the model at step N, its policy/ or its last checkpoint "
+        "(default: the latest); the run's task, reward and prompt settings are reused, overrides change them",
+    )
     p.set_defaults(fn=cmd_eval)
 
-    p = sub.add_parser("export", help="a plain Hugging Face model folder from a run (final policy or checkpoint)",
-                       epilog=EXAMPLES["export"], **sub_kw)
+    p = sub.add_parser(
+        "export",
+        help="a plain Hugging Face model folder from a run (final policy or checkpoint)",
+        epilog=EXAMPLES["export"],
+        **sub_kw,
+    )
     p.add_argument("run", help="the run folder (gapo train --out), finished or stopped early")
-    p.add_argument("--step", type=_int_at_least(0), metavar="N",
-                   help="the model at step N: the final policy's or the last checkpoint's step (default: the latest)")
-    p.add_argument("--out", help="the folder to write (default: RUN-step<N> beside the run folder, outside it, so that an --overwrite of the run keeps it); must not exist or be empty")
-    p.add_argument("--dtype", default="keep", choices=["keep", "float32", "bfloat16", "float16"],
-                   help="weights' dtype; keep: the base model's (a bfloat16 base gives bfloat16, not the float32 "
-                   "master weights of the checkpoint)")
-    p.add_argument("--merge-lora", action="store_true",
-                   help="a LoRA run: write the merged model (default: the peft adapter folder)")
+    p.add_argument(
+        "--step",
+        type=_int_at_least(0),
+        metavar="N",
+        help="the model at step N: the final policy's or the last checkpoint's step (default: the latest)",
+    )
+    p.add_argument(
+        "--out",
+        help="the folder to write (default: RUN-step<N> beside the run folder, outside it, so that an "
+        "--overwrite of the run keeps it); must not exist or be empty",
+    )
+    p.add_argument(
+        "--dtype",
+        default="keep",
+        choices=["keep", "float32", "bfloat16", "float16"],
+        help="weights' dtype; keep: the base model's (a bfloat16 base gives bfloat16, not the float32 "
+        "master weights of the checkpoint)",
+    )
+    p.add_argument(
+        "--merge-lora",
+        action="store_true",
+        help="a LoRA run: write the merged model (default: the peft adapter folder)",
+    )
     p.set_defaults(fn=cmd_export)
 
-    p = sub.add_parser("pretrain", help="build (or rebuild) the embedded base policies", epilog=EXAMPLES["pretrain"],
-                       **sub_kw)
-    p.add_argument("--preset", action="append", choices=BASE_PRESETS,
-                   help=f"{' | '.join(BASE_PRESETS)}; repeat for several (default: low and high)")
+    p = sub.add_parser(
+        "pretrain", help="build (or rebuild) the embedded base policies", epilog=EXAMPLES["pretrain"], **sub_kw
+    )
+    p.add_argument(
+        "--preset",
+        action="append",
+        choices=BASE_PRESETS,
+        help=f"{' | '.join(BASE_PRESETS)}; repeat for several (default: low and high)",
+    )
     p.add_argument("--rebuild", action="store_true", help="train anew even if a cached copy exists")
-    p.add_argument("--eval", type=_int_at_least(0), default=0, metavar="N",
-                   help="then report pass@k on N held-out problems (0: no evaluation)")
+    p.add_argument(
+        "--eval",
+        type=_int_at_least(0),
+        default=0,
+        metavar="N",
+        help="then report pass@k on N held-out problems (0: no evaluation)",
+    )
     p.add_argument("--threads", type=_int_at_least(1), default=1, help="torch CPU threads")
     p.set_defaults(fn=cmd_pretrain)
 
     p = sub.add_parser("report", help="tables and plots from run folders", epilog=EXAMPLES["report"], **sub_kw)
     p.add_argument("runs", nargs="+", help="one or more run folders (required)")
-    p.add_argument("--out", help="report folder (default: RUN/report/ for one run; for several, report-<names>/ in "
-                   "their common parent)")
+    p.add_argument(
+        "--out",
+        help="report folder (default: RUN/report/ for one run; for several, report-<names>/ in their common parent)",
+    )
     p.set_defaults(fn=cmd_report)
 
-    p = sub.add_parser("compare", help="a grid of methods × regimes × seeds (see gapo.experiments.grid)",
-                       epilog=EXAMPLES["compare"], **sub_kw)
+    p = sub.add_parser(
+        "compare",
+        help="a grid of methods × regimes × seeds (see gapo.experiments.grid)",
+        epilog=EXAMPLES["compare"],
+        **sub_kw,
+    )
     p.add_argument("--config", help="grid YAML (default: the --quick grid, configs/grid-quick.yaml)")
-    p.add_argument("--quick", action="store_true",
-                   help="the CI-sized grid, configs/grid-quick.yaml (about 3 min on 2 quiet cores from an empty cache; "
-                        "measured 22 min on 2 cores at a load average of 10-12)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="the CI-sized grid, configs/grid-quick.yaml (about 3 min on 2 quiet cores from an empty cache; "
+        "measured 22 min on 2 cores at a load average of 10-12)",
+    )
     p.add_argument("--out", help="the cells' folder (default: the grid's `out`, else runs/compare)")
     p.add_argument("--report-only", action="store_true", help="only (re)write the report from finished cells")
     p.add_argument("--retry-failed", action="store_true", help="rerun cells that failed (default: skip them)")
@@ -505,8 +674,11 @@ def main(argv: list[str] | None = None) -> int:
     # key=value overrides may come before and after flags (argparse takes one run of positionals)
     stray = [x for x in extra if x.startswith("-") or "=" not in x or not hasattr(args, "overrides")]
     if stray:
-        hint = ("; quote an override whose value has spaces: 'task.params={a: 1, b: 2}'"
-                if any(not x.startswith("-") for x in stray) else "")
+        hint = (
+            "; quote an override whose value has spaces: 'task.params={a: 1, b: 2}'"
+            if any(not x.startswith("-") for x in stray)
+            else ""
+        )
         ap.error(f"unrecognized arguments: {' '.join(stray)}{hint}")
     if extra:
         args.overrides = list(args.overrides) + extra

@@ -41,8 +41,9 @@ def _passk_brute(group, k):
     sigma = math.sqrt(r_bar * (1 - r_bar))
     if sigma == 0:
         return [0.0] * G
-    return [sum(rew[s] - r_bar for s in subsets if i in s) / sum(1 for s in subsets if i in s) / sigma
-            for i in range(G)]
+    return [
+        sum(rew[s] - r_bar for s in subsets if i in s) / sum(1 for s in subsets if i in s) / sigma for i in range(G)
+    ]
 
 
 @pytest.mark.parametrize("G", [2, 3, 4, 5, 6])
@@ -136,8 +137,11 @@ def test_success_count_under_group_and_batch_ranges_hand_computed():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from([0.0, 1.0]), min_size=4, max_size=24)
-       .filter(lambda x: len(x) % 4 == 0 and 0 < sum(x) < len(x)))
+@given(
+    st.lists(st.sampled_from([0.0, 1.0]), min_size=4, max_size=24).filter(
+        lambda x: len(x) % 4 == 0 and 0 < sum(x) < len(x)
+    )
+)
 def test_binary_success_count_is_the_same_under_every_range(rewards):
     # 0/1 rewards, a batch holding both values: c is the number of successes under (0,1), "group", "batch"
     r = torch.tensor(rewards)
@@ -167,16 +171,19 @@ def test_focal_under_group_range():
 
 
 # --- arguments: one signature, nothing accepted silently --------------------------------------------
-@pytest.mark.parametrize("name, kwargs, bad, accepted", [
-    ("drgrpo", {"eps": 0.0}, "eps", "none"),
-    ("rloo", {"k": 2}, "k", "none"),
-    ("grpo", {"k": 2}, "k", "['eps', 'std']"),
-    ("grpo", {"stdd": "population"}, "stdd", "Did you mean 'std'"),
-    ("passk", {"kk": 2}, "kk", "['k']"),
-    ("focal", {"gama": 2.0}, "gama", "Did you mean 'gamma'"),
-    ("focal", {"k": 2}, "k", "['base', 'gamma']"),  # drgrpo, the default base, takes no k
-    ("focal", {"base": "grpo", "k": 2}, "k", "['base', 'eps', 'gamma', 'std']"),
-])
+@pytest.mark.parametrize(
+    "name, kwargs, bad, accepted",
+    [
+        ("drgrpo", {"eps": 0.0}, "eps", "none"),
+        ("rloo", {"k": 2}, "k", "none"),
+        ("grpo", {"k": 2}, "k", "['eps', 'std']"),
+        ("grpo", {"stdd": "population"}, "stdd", "Did you mean 'std'"),
+        ("passk", {"kk": 2}, "kk", "['k']"),
+        ("focal", {"gama": 2.0}, "gama", "Did you mean 'gamma'"),
+        ("focal", {"k": 2}, "k", "['base', 'gamma']"),  # drgrpo, the default base, takes no k
+        ("focal", {"base": "grpo", "k": 2}, "k", "['base', 'eps', 'gamma', 'std']"),
+    ],
+)
 def test_unknown_arguments_are_errors_naming_estimator_argument_and_accepted(name, kwargs, bad, accepted):
     with pytest.raises(ValueError) as err:
         compute(name, R, 4, **kwargs)
@@ -229,12 +236,23 @@ def test_an_estimator_registered_at_run_time_gets_the_same_checks(monkeypatch):
     assert compute("mine_range", R, 4, reward_range=(0, 5)).tolist() == [5.0] * 8
 
 
-@pytest.mark.parametrize("name, params", [
-    ("drgrpo", {}), ("drgrpo", {"eps": 0.0}), ("grpo", {"eps": 0.0, "std": "population"}), ("grpo", {"k": 2}),
-    ("rloo", {"gamma": 1.0}), ("passk", {"k": 2}), ("passk", {"eps": 0.0}), ("focal", {"gamma": 2.0}),
-    ("focal", {"k": 2}), ("focal", {"base": "passk", "k": 2}), ("focal", {"base": "grpo", "std": "population"}),
-    ("focal", {"base": "rloo", "eps": 0.0}),
-])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("drgrpo", {}),
+        ("drgrpo", {"eps": 0.0}),
+        ("grpo", {"eps": 0.0, "std": "population"}),
+        ("grpo", {"k": 2}),
+        ("rloo", {"gamma": 1.0}),
+        ("passk", {"k": 2}),
+        ("passk", {"eps": 0.0}),
+        ("focal", {"gamma": 2.0}),
+        ("focal", {"k": 2}),
+        ("focal", {"base": "passk", "k": 2}),
+        ("focal", {"base": "grpo", "std": "population"}),
+        ("focal", {"base": "rloo", "eps": 0.0}),
+    ],
+)
 def test_config_validation_accepts_exactly_what_the_estimator_accepts(name, params):
     # a config the trainer would fail on at its first step must fail at load, before any run folder
     from gapo.rl.config import load_config
@@ -253,17 +271,20 @@ def test_config_validation_accepts_exactly_what_the_estimator_accepts(name, para
             load_config(None, overrides)
 
 
-@pytest.mark.parametrize("name, kwargs, match", [
-    ("grpo", {"eps": None}, "grpo's eps must be a finite number >= 0, got None"),
-    ("grpo", {"eps": float("nan")}, "grpo's eps"),
-    ("grpo", {"eps": "1e-4"}, "grpo's eps"),
-    ("focal", {"gamma": float("inf")}, "focal's gamma"),
-    ("focal", {"gamma": True}, "focal's gamma"),
-    ("passk", {"k": True}, "k must be an int"),
-    ("passk", {"k": 2.0}, "k must be an int"),
-    ("focal", {"base": "gae"}, "base advantage estimator of focal 'gae'"),
-    ("focal", {"base": "focal"}, "its own base"),
-])
+@pytest.mark.parametrize(
+    "name, kwargs, match",
+    [
+        ("grpo", {"eps": None}, "grpo's eps must be a finite number >= 0, got None"),
+        ("grpo", {"eps": float("nan")}, "grpo's eps"),
+        ("grpo", {"eps": "1e-4"}, "grpo's eps"),
+        ("focal", {"gamma": float("inf")}, "focal's gamma"),
+        ("focal", {"gamma": True}, "focal's gamma"),
+        ("passk", {"k": True}, "k must be an int"),
+        ("passk", {"k": 2.0}, "k must be an int"),
+        ("focal", {"base": "gae"}, "base advantage estimator of focal 'gae'"),
+        ("focal", {"base": "focal"}, "its own base"),
+    ],
+)
 def test_parameter_values_of_the_wrong_kind_are_value_errors(name, kwargs, match):
     with pytest.raises(ValueError, match=match):
         compute(name, R, 4, **kwargs)
@@ -273,6 +294,7 @@ def test_group_success_count_is_a_deprecated_alias_of_success_count():
     """gapo 0.2's name still works, warns, and gives success_count's result; both are in the lazy API."""
     import gapo
     from gapo.core.advantages import group_success_count
+
     r = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
     with pytest.warns(DeprecationWarning, match="success_count"):
         old = group_success_count(r, 3)

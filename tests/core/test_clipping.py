@@ -180,27 +180,32 @@ def test_binary_rewards_group_and_batch_equal_unit_range(rewards):
 
 
 @settings(max_examples=150, deadline=None)
-@given(rewards=st.lists(st.floats(-10, 10, width=32), min_size=8, max_size=8),
-       scale=st.lists(st.floats(0.1, 10), min_size=2, max_size=2),
-       shift=st.lists(st.floats(-50, 50), min_size=2, max_size=2))
+@given(
+    rewards=st.lists(st.floats(-10, 10, width=32), min_size=8, max_size=8),
+    scale=st.lists(st.floats(0.1, 10), min_size=2, max_size=2),
+    shift=st.lists(st.floats(-50, 50), min_size=2, max_size=2),
+)
 def test_group_range_is_per_group_min_max_and_affine_invariant(rewards, scale, shift):
     r = torch.tensor(rewards)
     w = success_weight(r, 4, reward_range="group")
     assert torch.isfinite(w).all() and ((w >= 0) & (w <= 1)).all()
     # equals the fixed-range formula with each group's own (min, max)
     for p in range(2):
-        grp = r[4 * p:4 * p + 4]
+        grp = r[4 * p : 4 * p + 4]
         if grp.max() > grp.min():
-            torch.testing.assert_close(w[4 * p:4 * p + 4],
-                                       _reference_weight(grp, 4, grp.min().item(), grp.max().item(), torch.float64),
-                                       rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(
+                w[4 * p : 4 * p + 4],
+                _reference_weight(grp, 4, grp.min().item(), grp.max().item(), torch.float64),
+                rtol=1e-4,
+                atol=1e-5,
+            )
         else:
-            assert (w[4 * p:4 * p + 4] == 0).all()
+            assert (w[4 * p : 4 * p + 4] == 0).all()
     # a positive affine map of each group's rewards leaves w unchanged (up to float32 rounding)
     a = torch.tensor(scale).repeat_interleave(4)
     b = torch.tensor(shift).repeat_interleave(4)
     moved = (r.double() * a + b).float()
-    spread_ok = all((r[4 * p:4 * p + 4].max() - r[4 * p:4 * p + 4].min()).item() > 1e-2 for p in range(2))
+    spread_ok = all((r[4 * p : 4 * p + 4].max() - r[4 * p : 4 * p + 4].min()).item() > 1e-2 for p in range(2))
     if spread_ok:
         torch.testing.assert_close(success_weight(moved, 4, reward_range="group"), w, rtol=0, atol=2e-3)
 
@@ -226,8 +231,16 @@ def test_every_schedule_takes_a_string_range(name, rr):
     assert torch.allclose(out[1:], torch.tensor(0.2 if name != "fixed" else 0.28))
 
 
-@pytest.mark.parametrize("bad, match", [("grup", "Did you mean 'group'"), ("minmax", "one of"), ((0, 1, 2), "R_min"),
-                                        ((0, float("inf")), "R_max > R_min"), (None, "R_min")])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ("grup", "Did you mean 'group'"),
+        ("minmax", "one of"),
+        ((0, 1, 2), "R_min"),
+        ((0, float("inf")), "R_max > R_min"),
+        (None, "R_min"),
+    ],
+)
 def test_bad_reward_range_is_a_clear_error(bad, match):
     with pytest.raises(ValueError, match=match):
         success_weight(torch.tensor([1.0, 0.0]), 2, reward_range=bad)

@@ -62,8 +62,7 @@ def test_dual_clip_hand_computed():
     # A = -1, rho = 4: max(4, -(-1)*1.28) = 4 > c = 3 -> loss 3, no gradient
     logp = torch.log(torch.tensor([[4.0], [2.0]])).requires_grad_(True)
     adv = torch.tensor([-1.0, -1.0])
-    loss, m = policy_loss(logp, torch.zeros(2, 1), adv, torch.ones(2, 1), eps_low=0.2, eps_high=0.28,
-                          clip_ratio_c=3.0)
+    loss, m = policy_loss(logp, torch.zeros(2, 1), adv, torch.ones(2, 1), eps_low=0.2, eps_high=0.28, clip_ratio_c=3.0)
     assert loss.item() == pytest.approx((3.0 + 2.0) / 2)
     loss.backward()
     assert logp.grad.flatten().tolist() == pytest.approx([0.0, 2.0 / 2])
@@ -167,13 +166,13 @@ def test_cispo_keeps_gradient_of_clipped_tokens():
 def test_every_loss_has_one_signature(name):
     logp, old, mask, rewards = _batch()
     adv = compute("drgrpo", rewards, 4)
-    loss, metrics = LOSSES[name](logp, old, adv, mask, eps_low=0.2, eps_high=0.28, agg="token-mean",
-                                 clip_ratio_c=None)
+    loss, metrics = LOSSES[name](logp, old, adv, mask, eps_low=0.2, eps_high=0.28, agg="token-mean", clip_ratio_c=None)
     assert loss.ndim == 0 and loss.requires_grad
     for key, value in metrics.items():
         assert "/" in key
-        assert isinstance(value, float) or (isinstance(value, torch.Tensor) and value.ndim == 0
-                                            and not value.requires_grad)
+        assert isinstance(value, float) or (
+            isinstance(value, torch.Tensor) and value.ndim == 0 and not value.requires_grad
+        )
     for key in ("loss/clipfrac", "loss/clipfrac_high", "loss/clipfrac_low", "loss/approx_kl", "clip/eps_high_mean"):
         assert key in metrics
 
@@ -208,8 +207,12 @@ def test_bad_input_is_a_clear_error(mutate, match):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10_000), eps_low=st.floats(0.05, 0.4), extra=st.floats(0.0, 0.4),
-       level=st.sampled_from(["token", "sequence"]))
+@given(
+    seed=st.integers(0, 10_000),
+    eps_low=st.floats(0.05, 0.4),
+    extra=st.floats(0.0, 0.4),
+    level=st.sampled_from(["token", "sequence"]),
+)
 def test_property_wider_upper_bound_never_lowers_positive_token_objective(seed, eps_low, extra, level):
     # for A > 0 the surrogate -L = min(A rho, A clip(rho)) is non-decreasing in eps_high
     logp, old, mask, _ = _batch(seed=seed, scale=0.5)

@@ -42,8 +42,9 @@ def test_pass_at_k_hand_and_stable():
     assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
     # large n: no overflow, matches the closed form via lgamma
     n, c, k = 10_000, 7, 256
-    exact = 1 - math.exp(math.lgamma(n - c + 1) - math.lgamma(n - c - k + 1)
-                         - math.lgamma(n + 1) + math.lgamma(n - k + 1))
+    exact = 1 - math.exp(
+        math.lgamma(n - c + 1) - math.lgamma(n - c - k + 1) - math.lgamma(n + 1) + math.lgamma(n - k + 1)
+    )
     assert pass_at_k(n, c, k) == pytest.approx(exact, rel=1e-9)
 
 
@@ -105,8 +106,9 @@ def test_clip_counts_merge_equals_whole_batch():
     whole = clip_stats_by_c(ratio, adv, mask, c, eps_low=0.2, eps_high=eps)
     total = {}
     for rows in (slice(0, 3), slice(3, 8)):
-        merge_counts(total, clip_counts_by_c(ratio[rows], adv[rows], mask[rows], c[rows], eps_low=0.2,
-                                             eps_high=eps[rows]))
+        merge_counts(
+            total, clip_counts_by_c(ratio[rows], adv[rows], mask[rows], c[rows], eps_low=0.2, eps_high=eps[rows])
+        )
     parts = clip_stats_from_counts(total)
     assert parts.keys() == whole.keys()
     for k in whole:
@@ -139,8 +141,9 @@ def test_positive_advantage_ratio_and_advantage_by_c_hand_computed():
     """G = 4. Group c = 1: the correct row (A = 0.75) has ratios (1.5, 1.1), the others 0.9.
     Group c = 2: correct rows A = 0.5 with ratios (1.2, 1.2) and (1.0, 0.8 masked out).
     |ρ−1| of positive tokens: c = 1 (0.5 + 0.1)/2 = 0.3; c = 2 (0.2 + 0.2 + 0.0)/3 = 0.1333."""
-    ratio = torch.tensor([[1.5, 1.1], [0.9, 0.9], [0.9, 0.9], [0.9, 0.9],
-                          [1.2, 1.2], [1.0, 0.8], [0.7, 0.7], [0.7, 0.7]])
+    ratio = torch.tensor(
+        [[1.5, 1.1], [0.9, 0.9], [0.9, 0.9], [0.9, 0.9], [1.2, 1.2], [1.0, 0.8], [0.7, 0.7], [0.7, 0.7]]
+    )
     mask = torch.ones(8, 2)
     mask[5, 1] = 0
     adv = torch.tensor([0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5])
@@ -160,6 +163,7 @@ def test_positive_advantage_ratio_and_advantage_by_c_hand_computed():
 @given(st.lists(st.tuples(st.floats(-5, 5), st.floats(-5, 5)), min_size=3, max_size=30))
 def test_pearson_matches_the_standard_library(pts):
     import statistics
+
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
     r = pearson(xs, ys)
     try:

@@ -13,32 +13,66 @@ from gapo.experiments.dose import analyse, dose_report, dose_spec, pack, unpack,
 from gapo.experiments.grid import grid_cells, load_grid
 from gapo.experiments.stats import mean_ci, t_pvalue
 
-COMMON = {"train.epochs": 2, "train.prompts": 8, "train.group_size": 8, "train.steps": 4, "eval.problems": 4,
-          "eval.samples": 4, "eval.every": 4}
+COMMON = {
+    "train.epochs": 2,
+    "train.prompts": 8,
+    "train.group_size": 8,
+    "train.steps": 4,
+    "eval.problems": 4,
+    "eval.samples": 4,
+    "eval.every": 4,
+}
 
 
 def _grid(**kw):
-    g = {"name": "dose-test", "seeds": [0, 1, 2], "order": "regime",
-         "methods": ["drgrpo", "dapo", "gapo", "gapo_w40", "dapo_w40"],
-         "method_defs": {"gapo_w40": {"algo.eps_schedule": "linear", "algo.eps_low": 0.2, "algo.eps_high_max": 0.4},
-                         "dapo_w40": {"algo.eps_schedule": "fixed", "algo.eps_low": 0.2, "algo.eps_high_max": 0.4}},
-         "regimes": ["u32", "u4", "w"],
-         "regime_defs": {"u32": {"base": "low", "methods": ["drgrpo", "dapo", "gapo"],
-                                 "overrides": {"train.mini_batches": 16, "optim.lr": 5e-5}},
-                         "u4": {"base": "low", "methods": ["drgrpo", "dapo", "gapo"],
-                                "overrides": {"train.mini_batches": 2, "optim.lr": 2e-5}},
-                         "w": {"base": "low", "methods": ["gapo_w40", "dapo_w40"],
-                               "overrides": {"train.mini_batches": 16, "optim.lr": 5e-5}}},
-         "dose": {"keys": ["after/pass@1", "after/pass@4"], "bootstrap": 200,
-                  "width": {"regime": "w", "at": "u32", "pairs": [["gapo", "dapo", 0.28], ["gapo_w40", "dapo_w40", 0.4]]}},
-         "common": dict(COMMON)}
+    g = {
+        "name": "dose-test",
+        "seeds": [0, 1, 2],
+        "order": "regime",
+        "methods": ["drgrpo", "dapo", "gapo", "gapo_w40", "dapo_w40"],
+        "method_defs": {
+            "gapo_w40": {"algo.eps_schedule": "linear", "algo.eps_low": 0.2, "algo.eps_high_max": 0.4},
+            "dapo_w40": {"algo.eps_schedule": "fixed", "algo.eps_low": 0.2, "algo.eps_high_max": 0.4},
+        },
+        "regimes": ["u32", "u4", "w"],
+        "regime_defs": {
+            "u32": {
+                "base": "low",
+                "methods": ["drgrpo", "dapo", "gapo"],
+                "overrides": {"train.mini_batches": 16, "optim.lr": 5e-5},
+            },
+            "u4": {
+                "base": "low",
+                "methods": ["drgrpo", "dapo", "gapo"],
+                "overrides": {"train.mini_batches": 2, "optim.lr": 2e-5},
+            },
+            "w": {
+                "base": "low",
+                "methods": ["gapo_w40", "dapo_w40"],
+                "overrides": {"train.mini_batches": 16, "optim.lr": 5e-5},
+            },
+        },
+        "dose": {
+            "keys": ["after/pass@1", "after/pass@4"],
+            "bootstrap": 200,
+            "width": {"regime": "w", "at": "u32", "pairs": [["gapo", "dapo", 0.28], ["gapo_w40", "dapo_w40", 0.4]]},
+        },
+        "common": dict(COMMON),
+    }
     g.update(kw)
     return load_grid(g)
 
 
 def _cell(p1, clip, correct, clip_c1=None, before=0.1):
-    s = {"after/pass@1": p1, "before/pass@1": before, "after/pass@4": min(1.0, 2 * p1), "train/clip/frac_high_pos": clip,
-         "train/pass_rate_rise": 0.05, "clip_by_c/1": clip if clip_c1 is None else clip_c1, "clip_by_c/7": clip / 2}
+    s = {
+        "after/pass@1": p1,
+        "before/pass@1": before,
+        "after/pass@4": min(1.0, 2 * p1),
+        "train/clip/frac_high_pos": clip,
+        "train/pass_rate_rise": 0.05,
+        "clip_by_c/1": clip if clip_c1 is None else clip_c1,
+        "clip_by_c/7": clip / 2,
+    }
     return {"summary": s, "G": 8, "correct": {"before": [0, 0, 0, 0], "after": correct, "n": 4}}
 
 
@@ -95,8 +129,11 @@ def test_analyse_hand_computed():
     assert u4["learns"] == "undetermined (1 of 3 seeds)"
     # the primary family is every planned test: 2 cells x 2 comparisons x 2 keys
     assert res["family_size"] == 8 and len(res["primary"]) == 8
-    p = next(x for x in res["primary"] if x["a"] == ["u32", "gapo"] and x["b"] == ["u32", "drgrpo"]
-             and x["key"] == "after/pass@1")
+    p = next(
+        x
+        for x in res["primary"]
+        if x["a"] == ["u32", "gapo"] and x["b"] == ["u32", "drgrpo"] and x["key"] == "after/pass@1"
+    )
     d = [0.03, 0.04, 0.01]
     assert p["mean"] == pytest.approx(mean_ci(d)["mean"]) and p["ci"] == pytest.approx(mean_ci(d)["ci"])
     assert p["p"] == pytest.approx(t_pvalue(d))
@@ -156,8 +193,13 @@ def test_pack_and_unpack_keep_only_the_raw_records(tmp_path):
     assert pack(runs, tmp_path / "raw.tar.xz") == 1
     unpack(tmp_path / "raw.tar.xz", tmp_path / "back")
     got = sorted(str(p.relative_to(tmp_path / "back")) for p in (tmp_path / "back").rglob("*") if p.is_file())
-    assert got == ["u32/base_eval.json", "u32/gapo/seed0.json", "u32/gapo/seed0/config.yaml",
-                   "u32/gapo/seed0/done.json", "u32/gapo/seed0/metrics.jsonl"]
+    assert got == [
+        "u32/base_eval.json",
+        "u32/gapo/seed0.json",
+        "u32/gapo/seed0/config.yaml",
+        "u32/gapo/seed0/done.json",
+        "u32/gapo/seed0/metrics.jsonl",
+    ]
     # a hostile archive (a member outside the destination) is refused
     bad = tmp_path / "bad.tar"
     with tarfile.open(bad, "w") as tar:
@@ -173,11 +215,29 @@ def test_pack_and_unpack_keep_only_the_raw_records(tmp_path):
 
 def _write_cell(d, pass1, clip, correct):
     d.mkdir(parents=True)
-    train = [{"step": i, "kind": "train", "rollout/pass_rate": 0.1 * i, "clip/frac_high_pos": clip,
-              "clip/frac_high_by_c/1": clip, "clip/tokens_pos_by_c/1": 10.0, "time/step_s": 1.0} for i in (1, 2)]
-    evals = [{"kind": "eval", "step": 0, "eval/pass@1": 0.05, "eval/pass@4": 0.1, "eval/n": 4, "eval/correct": [0, 0, 1, 0]},
-             {"kind": "eval", "step": 2, "eval/pass@1": pass1, "eval/pass@4": min(1, 2 * pass1), "eval/n": 4,
-              "eval/correct": correct}]
+    train = [
+        {
+            "step": i,
+            "kind": "train",
+            "rollout/pass_rate": 0.1 * i,
+            "clip/frac_high_pos": clip,
+            "clip/frac_high_by_c/1": clip,
+            "clip/tokens_pos_by_c/1": 10.0,
+            "time/step_s": 1.0,
+        }
+        for i in (1, 2)
+    ]
+    evals = [
+        {"kind": "eval", "step": 0, "eval/pass@1": 0.05, "eval/pass@4": 0.1, "eval/n": 4, "eval/correct": [0, 0, 1, 0]},
+        {
+            "kind": "eval",
+            "step": 2,
+            "eval/pass@1": pass1,
+            "eval/pass@4": min(1, 2 * pass1),
+            "eval/n": 4,
+            "eval/correct": correct,
+        },
+    ]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [evals[0], *train, evals[1]]))
     (d / "config.yaml").write_text("train: {group_size: 8}\neval: {samples: 4}\n")
     (d / "done.json").write_text(json.dumps({"step": 2, "correct": correct}))
@@ -204,8 +264,11 @@ def test_compare_report_only_writes_the_dose_report_from_run_folders(tmp_path):
     pp = json.loads((tmp_path / "rep" / "per_problem.json").read_text())
     assert pp["u32/gapo/seed0"] == {"before": [0, 0, 1, 0], "after": [1, 1, 0, 0], "n": 4} and len(pp) == 9
     res = json.loads((tmp_path / "rep" / "dose.json").read_text())
-    row = next(p for p in res["primary"] if p["a"] == ["u32", "gapo"] and p["b"] == ["u32", "drgrpo"]
-               and p["key"] == "after/pass@1")
+    row = next(
+        p
+        for p in res["primary"]
+        if p["a"] == ["u32", "gapo"] and p["b"] == ["u32", "drgrpo"] and p["key"] == "after/pass@1"
+    )
     assert row["mean"] == pytest.approx(0.04) and row["boot_lo"] == pytest.approx(0.0)
 
 
@@ -218,10 +281,15 @@ def test_a_rerun_reuses_every_regimes_base_evaluation(tmp_path, monkeypatch):
     g = _grid()
     for r in g["regimes"]:
         spec = g["_regimes"][r]
-        ev = {**gridmod._eval_cfg(g, r), "base_key": gridmod.pretrain_config(spec).cache_key(),
-              "task": gridmod.regime_task(spec)}
+        ev = {
+            **gridmod._eval_cfg(g, r),
+            "base_key": gridmod.pretrain_config(spec).cache_key(),
+            "task": gridmod.regime_task(spec),
+        }
         assert isinstance(ev["task"]["params"]["num_range"], tuple)  # what made the old comparison fail
-        gridmod.write_json(tmp_path / r / "base_eval.json", {"policy": "p", "eval_cfg": ev, "eval": {"eval/pass@1": 0.1}})
+        gridmod.write_json(
+            tmp_path / r / "base_eval.json", {"policy": "p", "eval_cfg": ev, "eval": {"eval/pass@1": 0.1}}
+        )
     jobs = []
     monkeypatch.setattr(gridmod, "_pool", lambda prep, workers, say, *a, **kw: jobs.extend(prep))
     bases = gridmod._prepare_regimes(g, tmp_path, 0.0, lambda s: None)

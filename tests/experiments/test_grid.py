@@ -11,16 +11,43 @@ from gapo.experiments.report import grid_report
 
 TASK = {"n_numbers": 2, "num_range": [1, 10]}
 # the tiny base of tests/test_trainer.py (EASY): 2-number Countdown, micro Llama, 150 SFT steps
-EASY = {"name": "test-easy", "task": "countdown", "sft_mix": [[TASK, 1.0]], "rl_task": TASK, "model_preset": "micro",
-        "pool_size": 300, "batch_size": 32, "max_steps": 150, "time_budget_s": None, "lr": 1e-2, "warmup_steps": 10}
-COMMON = {"train.steps": 2, "train.prompts": 4, "train.group_size": 4, "train.mini_batches": 2,
-          "train.checkpoint_every": 1, "task.train_size": 200, "eval.problems": 6, "eval.samples": 4, "eval.every": 0,
-          "optim.lr": 1e-3}
+EASY = {
+    "name": "test-easy",
+    "task": "countdown",
+    "sft_mix": [[TASK, 1.0]],
+    "rl_task": TASK,
+    "model_preset": "micro",
+    "pool_size": 300,
+    "batch_size": 32,
+    "max_steps": 150,
+    "time_budget_s": None,
+    "lr": 1e-2,
+    "warmup_steps": 10,
+}
+COMMON = {
+    "train.steps": 2,
+    "train.prompts": 4,
+    "train.group_size": 4,
+    "train.mini_batches": 2,
+    "train.checkpoint_every": 1,
+    "task.train_size": 200,
+    "eval.problems": 6,
+    "eval.samples": 4,
+    "eval.every": 0,
+    "optim.lr": 1e-3,
+}
 
 
 def _grid(**kw):
-    g = {"name": "test", "regimes": ["easy"], "regime_defs": {"easy": {"base": EASY}}, "methods": ["drgrpo", "gapo"],
-         "seeds": [0], "common": dict(COMMON), "workers": 2}
+    g = {
+        "name": "test",
+        "regimes": ["easy"],
+        "regime_defs": {"easy": {"base": EASY}},
+        "methods": ["drgrpo", "gapo"],
+        "seeds": [0],
+        "common": dict(COMMON),
+        "workers": 2,
+    }
     g.update(kw)
     return g
 
@@ -57,8 +84,13 @@ def test_unknown_names_are_listed():
 def test_regime_method_subsets():
     from gapo.experiments.grid import grid_cells
 
-    g = load_grid(_grid(regimes=["easy", "easy2"], seeds=[0, 1], regime_defs={
-        "easy": {"base": EASY}, "easy2": {"base": EASY, "methods": ["gapo"]}}))
+    g = load_grid(
+        _grid(
+            regimes=["easy", "easy2"],
+            seeds=[0, 1],
+            regime_defs={"easy": {"base": EASY}, "easy2": {"base": EASY, "methods": ["gapo"]}},
+        )
+    )
     cells = grid_cells(g)
     assert len(cells) == 2 * (2 + 1) and ("easy2", "drgrpo", 0) not in cells
     assert cells[:3] == [("easy", "drgrpo", 0), ("easy", "gapo", 0), ("easy2", "gapo", 0)]  # seed-major
@@ -72,6 +104,7 @@ def test_quick_grid_file_is_valid():
     assert set(full["regimes"]) == {"low", "three", "high"} and len(full["methods"]) == 10
     # the learning rates the calibration's rule picked (configs/calibrate-regimes.yaml)
     from gapo.experiments.grid import cell_config
+
     lrs = {r: cell_config(full, r, "gapo", 0, base_path="x").optim.lr for r in full["regimes"]}
     assert lrs == {"low": 2e-5, "three": 1e-5, "high": 5e-5}
 
@@ -80,8 +113,11 @@ def test_every_committed_grid_file_loads():
     """RESULTS.md's commands name these files: each must still load (methods, regimes, keys)."""
     import glob
 
-    files = [f for f in glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "*.yaml"))
-             if "name:" in open(f).read() and "methods:" in open(f).read()]
+    files = [
+        f
+        for f in glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "*.yaml"))
+        if "name:" in open(f).read() and "methods:" in open(f).read()
+    ]
     assert len(files) >= 5
     for f in files:
         g = load_grid(f)
@@ -96,8 +132,9 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     g = load_grid(_grid(method_defs={"boom": {"model.path": boom}}, methods=["drgrpo", "gapo", "boom"]))
     out = tmp_path / "grid"
     # an interrupted cell: one of two steps done and checkpointed before the grid starts
-    from gapo.policy.base_policy import get_base_policy
     from gapo.experiments.grid import pretrain_config
+    from gapo.policy.base_policy import get_base_policy
+
     base = str(get_base_policy(pretrain_config(g["_regimes"]["easy"]), progress=False))
     d = cell_dir(out, "easy", "gapo", 0)
     Trainer(cell_config(g, "easy", "gapo", 0, base_path=base), d).fit(stop_after=1)
@@ -116,7 +153,10 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     failed = json.loads((cell_dir(out, "easy", "boom", 0) / "failed.json").read_text())
     assert failed["error"] and cell_dir(out, "easy", "boom", 0).with_name("seed0.log").is_file()
     # the pre-training evaluation is shared: identical in every cell
-    evals = [json.loads((cell_dir(out, "easy", m, 0) / "metrics.jsonl").read_text().splitlines()[0]) for m in ("drgrpo", "gapo")]
+    evals = [
+        json.loads((cell_dir(out, "easy", m, 0) / "metrics.jsonl").read_text().splitlines()[0])
+        for m in ("drgrpo", "gapo")
+    ]
     assert evals[0]["eval/pass@1"] == evals[1]["eval/pass@1"] and evals[0]["step"] == 0
 
     # a second invocation redoes nothing
@@ -128,9 +168,15 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     # a grid that would run a finished cell differently stops before anything runs or is written
     def snapshot():
         return {str(f): f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()}
+
     before = snapshot()
-    lr = load_grid(_grid(common={**COMMON, "optim.lr": 2e-3}, method_defs={"boom": {"model.path": boom}},
-                         methods=["drgrpo", "gapo", "boom"]))
+    lr = load_grid(
+        _grid(
+            common={**COMMON, "optim.lr": 2e-3},
+            method_defs={"boom": {"model.path": boom}},
+            methods=["drgrpo", "gapo", "boom"],
+        )
+    )
     with pytest.raises(ValueError, match=r"easy/drgrpo/seed0 \(optim.lr: 0.001 -> 0.002\)"):
         run_grid(lr, out, say=lambda s: None)
     rebased = load_grid(_grid(regime_defs={"easy": {"base": {**EASY, "max_steps": 149}}}))
@@ -145,6 +191,7 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     assert "*ratio_adv_corr.png: r(|ρ−1|, A), windowed: Pearson's r" in text
     # every table row has its header's number of cells (a '|' inside a name would break one)
     import re
+
     ncols = None
     for line in text.splitlines():
         if not line.startswith("|"):
@@ -165,6 +212,7 @@ def test_cli_report_only_without_cells_fails_clearly(tmp_path, capsys):
     p = tmp_path / "g.yaml"
     p.write_text(yaml.safe_dump(_grid()))
     from gapo.cli import main as cli_main
+
     rc = cli_main(["compare", "--config", str(p), "--out", str(tmp_path / "none"), "--report-only"])
     assert rc == 2 and "no finished cells" in capsys.readouterr().err
 

@@ -21,12 +21,29 @@ def test_the_quick_grid_is_package_data_equal_to_the_user_facing_copy():
     assert load_grid(QUICK_GRID)["name"] == "quick"
 
 
-@pytest.mark.skipif(shutil.which("pip") is None and not (Path(sys.executable).parent / "pip").exists(),
-                    reason="pip is needed to build the wheel")
+@pytest.mark.skipif(
+    shutil.which("pip") is None and not (Path(sys.executable).parent / "pip").exists(),
+    reason="pip is needed to build the wheel",
+)
 def test_the_wheel_carries_the_quick_grid(tmp_path):
     # no build isolation: the venv's setuptools, no network
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           str(ROOT), "-w", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            str(ROOT),
+            "-w",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0 and "No module named" in proc.stderr:
         pytest.skip(f"cannot build a wheel here: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr

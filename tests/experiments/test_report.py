@@ -14,16 +14,36 @@ from gapo.experiments.report import below_base, default_report_dir, format_sampl
 def _run(name, after, *, samples=None):
     ev0 = {"kind": "eval", "step": 0, "eval/pass@1": 0.10, "eval/pass@4": 0.30, "eval/pass@16": 0.40}
     ev1 = {"kind": "eval", "step": 4, **{f"eval/pass@{k}": v for k, v in zip((1, 4, 16), after)}}
-    train = [{"kind": "train", "step": s, "rollout/reward": 0.1 * s, "policy/entropy": 1.0 - 0.1 * s,
-              "clip/frac_high_pos": 0.01, "clip/ratio_adv_corr": 0.3, "clip/frac_high_by_c/1": 0.02,
-              "clip/eps_high_pos_by_c/1": 0.28, "loss/clipfrac": 0.01, "loss/approx_kl": 1e-4,
-              "time/step_s": 1.0} for s in range(1, 5)]
+    train = [
+        {
+            "kind": "train",
+            "step": s,
+            "rollout/reward": 0.1 * s,
+            "policy/entropy": 1.0 - 0.1 * s,
+            "clip/frac_high_pos": 0.01,
+            "clip/ratio_adv_corr": 0.3,
+            "clip/frac_high_by_c/1": 0.02,
+            "clip/eps_high_pos_by_c/1": 0.28,
+            "loss/clipfrac": 0.01,
+            "loss/approx_kl": 1e-4,
+            "time/step_s": 1.0,
+        }
+        for s in range(1, 5)
+    ]
     return {"name": name, "dir": f"runs/{name}", "train": train, "eval": [ev0, ev1], "samples": samples or []}
 
 
 def _rows(step, group, rewards):
-    return [{"step": step, "group": group, "prompt": f"Numbers: 3 5 7 9 Target: {step}{group}\n",
-             "completion": f"c{step}.{group}.{i}", "reward": r} for i, r in enumerate(rewards)]
+    return [
+        {
+            "step": step,
+            "group": group,
+            "prompt": f"Numbers: 3 5 7 9 Target: {step}{group}\n",
+            "completion": f"c{step}.{group}.{i}",
+            "reward": r,
+        }
+        for i, r in enumerate(rewards)
+    ]
 
 
 def test_report_has_captions_below_base_note_and_best_worst_samples(tmp_path):

@@ -10,8 +10,11 @@ from gapo.experiments.stats import by_c, mean_ci, paired_diffs, run_summary, t97
 
 
 def test_mean_ci():
-    assert mean_ci([]) == {"mean": pytest.approx(math.nan, nan_ok=True), "ci": pytest.approx(math.nan, nan_ok=True),
-                           "n": 0}
+    assert mean_ci([]) == {
+        "mean": pytest.approx(math.nan, nan_ok=True),
+        "ci": pytest.approx(math.nan, nan_ok=True),
+        "n": 0,
+    }
     one = mean_ci([0.5, float("nan"), "x"])  # non-finite and non-numbers are dropped
     assert one["n"] == 1 and one["mean"] == 0.5 and math.isnan(one["ci"])
     d = mean_ci([1.0, 2.0, 3.0])
@@ -24,9 +27,13 @@ def _cell(**summary):
 
 
 def test_paired_diffs_pair_by_seed_only():
-    cells = {("r", "a", 0): _cell(x=1.0), ("r", "b", 0): _cell(x=0.25),
-             ("r", "a", 1): _cell(x=2.0),  # no partner: left out
-             ("r", "a", 2): _cell(), ("r", "b", 2): _cell(x=1.0)}  # key missing: NaN, dropped by mean_ci
+    cells = {
+        ("r", "a", 0): _cell(x=1.0),
+        ("r", "b", 0): _cell(x=0.25),
+        ("r", "a", 1): _cell(x=2.0),  # no partner: left out
+        ("r", "a", 2): _cell(),
+        ("r", "b", 2): _cell(x=1.0),
+    }  # key missing: NaN, dropped by mean_ci
     d = paired_diffs(cells, "r", "a", "b", "x", [0, 1, 2])
     assert d[0] == 0.75 and len(d) == 2 and math.isnan(d[1])
     assert mean_ci(d) == {"mean": 0.75, "ci": pytest.approx(math.nan, nan_ok=True), "n": 1}
@@ -47,19 +54,35 @@ def test_claim_rows_use_roles_and_skip_missing_methods():
     grid = {"seeds": [0, 1], "regimes": ["cd-low"], "methods": ["drgrpo", "gapo"], "roles": {"low": "cd-low"}}
     rows = claim_rows(grid, cells)
     first = rows[0]
-    assert (first["claim"], first["regime"], first["method"], first["vs"], first["key"]) == \
-        ("1 pass@1", "cd-low", "gapo", "drgrpo", "after/pass@1")
+    assert (first["claim"], first["regime"], first["method"], first["vs"], first["key"]) == (
+        "1 pass@1",
+        "cd-low",
+        "gapo",
+        "drgrpo",
+        "after/pass@1",
+    )
     assert first["mean"] == 0.25 and first["n"] == 2 and first["ci"] == 0.0
     assert not [r for r in rows if r["vs"] in ("grpo", "dapo")]  # not in the grid: skipped
     base = [r for r in rows if r["vs"] == "base" and r["key"] == "pass@1"]
     assert [(r["method"], r["mean"]) for r in base] == [("drgrpo", pytest.approx(0.65)), ("gapo", pytest.approx(0.9))]
 
 
-TRAIN = [{"step": i, "kind": "train", "policy/entropy": e, "loss/clipfrac": 0.1,
-          "clip/frac_high_by_c/1": 0.5, "clip/tokens_pos_by_c/1": w, "clip/ratio_dev_by_c/2": 0.1 * i}
-         for i, (e, w) in enumerate([(4.0, 1.0), (3.0, 3.0), (2.0, 0.0), (1.0, 1.0)], 1)]
-EVAL = [{"step": 0, "kind": "eval", "eval/pass@1": 0.1, "eval/pass@2": 0.2, "eval/coverage": 0.3},
-        {"step": 4, "kind": "eval", "eval/pass@1": 0.4, "eval/pass@2": 0.5, "eval/coverage": 0.6, "eval/correct": [1]}]
+TRAIN = [
+    {
+        "step": i,
+        "kind": "train",
+        "policy/entropy": e,
+        "loss/clipfrac": 0.1,
+        "clip/frac_high_by_c/1": 0.5,
+        "clip/tokens_pos_by_c/1": w,
+        "clip/ratio_dev_by_c/2": 0.1 * i,
+    }
+    for i, (e, w) in enumerate([(4.0, 1.0), (3.0, 3.0), (2.0, 0.0), (1.0, 1.0)], 1)
+]
+EVAL = [
+    {"step": 0, "kind": "eval", "eval/pass@1": 0.1, "eval/pass@2": 0.2, "eval/coverage": 0.3},
+    {"step": 4, "kind": "eval", "eval/pass@1": 0.4, "eval/pass@2": 0.5, "eval/coverage": 0.6, "eval/correct": [1]},
+]
 
 
 def test_run_summary_vocabulary():
@@ -75,9 +98,21 @@ def test_run_summary_vocabulary():
 def test_single_run_summary_is_a_selection_of_the_run_summary():
     row = summarise({"name": "r", "train": TRAIN, "eval": EVAL})
     s = run_summary(TRAIN, EVAL)
-    assert list(row) == ["name", "before/pass@1", "after/pass@1", "before/pass@2", "after/pass@2", "before/coverage",
-                         "after/coverage", "train/loss/clipfrac", "train/clip/frac_high_pos", "train/loss/approx_kl",
-                         "train/policy/entropy", "train/time/step_s", "steps"]
+    assert list(row) == [
+        "name",
+        "before/pass@1",
+        "after/pass@1",
+        "before/pass@2",
+        "after/pass@2",
+        "before/coverage",
+        "after/coverage",
+        "train/loss/clipfrac",
+        "train/clip/frac_high_pos",
+        "train/loss/approx_kl",
+        "train/policy/entropy",
+        "train/time/step_s",
+        "steps",
+    ]
     assert all(row[k] == s[k] for k in row if k in s)
     assert math.isnan(row["train/time/step_s"]) and row["steps"] == 4  # the table shows a never-logged key as NaN
 
@@ -86,11 +121,20 @@ def test_premise_and_learning_rows_hand_computed():
     """G = 8. The premise row is |ρ−1| of A>0 tokens at c = 1 minus its mean over c >= 4; the
     learning row counts the runs whose training pass rate rose."""
     cells = {}
-    for seed, (d1, d4, d6, rise, corr) in enumerate([(0.30, 0.10, 0.20, 0.02, 0.5), (0.20, 0.20, 0.10, -0.01, 0.3),
-                                                    (0.40, 0.10, 0.10, 0.03, 0.7)]):
-        cells[("low", "drgrpo", seed)] = {"G": 8, "summary": {
-            "dev_pos_by_c/1": d1, "dev_pos_by_c/2": 9.9, "dev_pos_by_c/4": d4, "dev_pos_by_c/6": d6,
-            "train/pass_rate_rise": rise, "train/clip/ratio_adv_corr": corr}}
+    for seed, (d1, d4, d6, rise, corr) in enumerate(
+        [(0.30, 0.10, 0.20, 0.02, 0.5), (0.20, 0.20, 0.10, -0.01, 0.3), (0.40, 0.10, 0.10, 0.03, 0.7)]
+    ):
+        cells[("low", "drgrpo", seed)] = {
+            "G": 8,
+            "summary": {
+                "dev_pos_by_c/1": d1,
+                "dev_pos_by_c/2": 9.9,
+                "dev_pos_by_c/4": d4,
+                "dev_pos_by_c/6": d6,
+                "train/pass_rate_rise": rise,
+                "train/clip/ratio_adv_corr": corr,
+            },
+        }
     grid = {"seeds": [0, 1, 2], "regimes": ["low"], "methods": ["drgrpo"]}
     rows = {r["claim"]: r for r in claim_rows(grid, cells) if r["regime"] == "low"}
     premise = rows["8 premise: ratio deviation of A>0 tokens, c=1 − c≥G/2"]
@@ -115,8 +159,9 @@ def test_scale_figure_draws_the_paired_gapo_difference_per_size(tmp_path, monkey
 
     drawn = []
     save = figures._save
-    monkeypatch.setattr(figures, "_save",
-                        lambda fig, fdir, name, **kw: drawn.append(fig) or save(fig, fdir, name, **kw))
+    monkeypatch.setattr(
+        figures, "_save", lambda fig, fdir, name, **kw: drawn.append(fig) or save(fig, fdir, name, **kw)
+    )
     cells = {}
     for s_ in (0, 1, 2):
         # small: pass@1 diffs 0, .03, .06 (mean 3 points); pass@64 diffs 0, 0, 0
@@ -132,8 +177,10 @@ def test_scale_figure_draws_the_paired_gapo_difference_per_size(tmp_path, monkey
     assert (tmp_path / "scale.png").is_file() and len(drawn) == 1
     t2 = 4.303  # t_{0.975} with 2 degrees of freedom, as tabulated (4.3027 exactly)
     half = lambda sd: 100 * t2 * sd / math.sqrt(3)  # noqa: E731  (points)
-    expected = {"pass@1": [(1e6, 3.0, half(0.03)), (5e6, 1.0, half(0.01))],
-                "pass@64": [(1e6, 0.0, 0.0), (5e6, 2.0, half(0.02))]}
+    expected = {
+        "pass@1": [(1e6, 3.0, half(0.03)), (5e6, 1.0, half(0.01))],
+        "pass@64": [(1e6, 0.0, 0.0), (5e6, 2.0, half(0.02))],
+    }
     axes = drawn[0].axes
     assert [ax.get_title() for ax in axes] == ["GAPO − Dr.GRPO, pass@1 (points)", "GAPO − Dr.GRPO, pass@64 (points)"]
     for ax, key in zip(axes, ("pass@1", "pass@64")):
@@ -215,9 +262,13 @@ def test_paired_problem_diffs_per_problem_pass_at_k():
     def cell(after, n=4):
         return {"correct": {"before": [0] * len(after), "after": after, "n": n}}
 
-    cells = {("r", "a", 0): cell([2, 0]), ("r", "b", 0): cell([1, 1]),
-             ("q", "b", 1): cell([0, 0]), ("r", "a", 1): cell([4, 4]),  # cross-regime pairing
-             ("r", "a", 2): cell([1, 1])}  # no partner: left out
+    cells = {
+        ("r", "a", 0): cell([2, 0]),
+        ("r", "b", 0): cell([1, 1]),
+        ("q", "b", 1): cell([0, 0]),
+        ("r", "a", 1): cell([4, 4]),  # cross-regime pairing
+        ("r", "a", 2): cell([1, 1]),
+    }  # no partner: left out
     assert paired_problem_diffs(cells, ("r", "a"), ("r", "b"), [0, 1, 2], 1) == [[0.25, -0.25]]
     assert paired_problem_diffs(cells, ("r", "a"), ("q", "b"), [0, 1, 2], 1) == [[1.0, 1.0]]
     cells[("r", "b", 2)] = cell([1, 1, 1])
@@ -232,9 +283,11 @@ def test_load_cell_returns_per_problem_counts(tmp_path):
 
     d = tmp_path / "seed0"
     d.mkdir()
-    recs = [{"kind": "eval", "step": 0, "eval/pass@1": 0.25, "eval/n": 4, "eval/correct": [1, 0]},
-            {"step": 1, "rollout/pass_rate": 0.1},
-            {"kind": "eval", "step": 1, "eval/pass@1": 0.5, "eval/n": 4, "eval/correct": [3, 1]}]
+    recs = [
+        {"kind": "eval", "step": 0, "eval/pass@1": 0.25, "eval/n": 4, "eval/correct": [1, 0]},
+        {"step": 1, "rollout/pass_rate": 0.1},
+        {"kind": "eval", "step": 1, "eval/pass@1": 0.5, "eval/n": 4, "eval/correct": [3, 1]},
+    ]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (d / "config.yaml").write_text("train: {group_size: 8}\neval: {samples: 4}\n")
     assert load_cell(d) is None  # unfinished
@@ -258,8 +311,12 @@ def test_gapo_log_is_reported_as_a_variant_and_not_counted_where_identical():
     # without stored counts, every after/* value must agree
     bare = {k: {"summary": v["summary"], "G": 4} for k, v in cells.items()}
     assert identical_runs(bare, "cd-low", "gapo_log", "gapo", [0, 1, 2]) == (3, 3)
-    grid = {"seeds": [0, 1, 2], "regimes": ["cd-low"], "methods": ["drgrpo", "gapo", "gapo_log"],
-            "roles": {"low": "cd-low"}}
+    grid = {
+        "seeds": [0, 1, 2],
+        "regimes": ["cd-low"],
+        "methods": ["drgrpo", "gapo", "gapo_log"],
+        "roles": {"low": "cd-low"},
+    }
     rows = claim_rows(grid, cells)
     logs = [r for r in rows if r["method"] == "gapo_log"]
     assert logs and all(r["variant_of"] == "gapo" and r["identical"] == [2, 3] for r in logs)
@@ -287,7 +344,9 @@ def test_claim_rows_carry_a_seed_problem_interval_where_counts_are_stored():
 def test_paired_problem_diffs_skip_undefined_pass_at_k():
     from gapo.experiments.stats import paired_problem_diffs
 
-    cells = {("r", "a", 0): {"correct": {"after": [1, 0], "n": 4}},
-             ("r", "b", 0): {"correct": {"after": [0, 0], "n": 4}}}
+    cells = {
+        ("r", "a", 0): {"correct": {"after": [1, 0], "n": 4}},
+        ("r", "b", 0): {"correct": {"after": [0, 0], "n": 4}},
+    }
     assert paired_problem_diffs(cells, ("r", "a"), ("r", "b"), [0], 8) == []  # 4 samples: no pass@8
     assert paired_problem_diffs(cells, ("r", "a"), ("r", "b"), [0], 4) == [[1.0, 0.0]]

@@ -28,8 +28,14 @@ def tokenizer(path: Path) -> PreTrainedTokenizerFast:
     tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tk.decoder = decoders.Fuse()
     tk.save(str(path / "tokenizer.json"))
-    return PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"), pad_token="<pad>",
-                                   bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", padding_side="left")
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(path / "tokenizer.json"),
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
 
 
 def has_a(completions, **kwargs):
@@ -62,22 +68,51 @@ def main(out: str) -> None:
     work = Path(tempfile.mkdtemp())
     tok = tokenizer(work)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(SPECIALS) + len(ALPHABET), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0,
-        bos_token_id=1, eos_token_id=2, tie_word_embeddings=True))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(SPECIALS) + len(ALPHABET),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            tie_word_embeddings=True,
+        )
+    )
     data = Dataset.from_list([{"prompt": ALPHABET[i % 5] + ALPHABET[(i + 1) % 5] + "="} for i in range(16)])
     args = GAPOConfig(
-        output_dir=str(work / "out"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-        per_device_train_batch_size=4, num_generations=4, max_completion_length=6, logging_steps=1,
-        learning_rate=3e-2, max_steps=4, num_iterations=2, steps_per_generation=2, seed=0,
-        loss_type="dapo", beta=0.0, epsilon=0.2, eps_high_max=0.28, disable_tqdm=True, temperature=1.5,
+        output_dir=str(work / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        logging_steps=1,
+        learning_rate=3e-2,
+        max_steps=4,
+        num_iterations=2,
+        steps_per_generation=2,
+        seed=0,
+        loss_type="dapo",
+        beta=0.0,
+        epsilon=0.2,
+        eps_high_max=0.28,
+        disable_tqdm=True,
+        temperature=1.5,
     )
     trainer = Recording(model=model, reward_funcs=has_a, args=args, train_dataset=data, processing_class=tok)
     trainer.train()
     rank = trainer.accelerator.process_index
-    torch.save({"rank": rank, "world": trainer.accelerator.num_processes, "events": trainer.events},
-               Path(out) / f"rank{rank}.pt")
+    torch.save(
+        {"rank": rank, "world": trainer.accelerator.num_processes, "events": trainer.events},
+        Path(out) / f"rank{rank}.pt",
+    )
 
 
 if __name__ == "__main__":

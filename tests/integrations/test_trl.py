@@ -35,8 +35,12 @@ def _char_tokenizer(path):
     tk.decoder = decoders.Fuse()
     tk.save(str(path / "tokenizer.json"))
     return PreTrainedTokenizerFast(
-        tokenizer_file=str(path / "tokenizer.json"), pad_token="<pad>", bos_token="<bos>",
-        eos_token="<eos>", unk_token="<unk>", padding_side="left",
+        tokenizer_file=str(path / "tokenizer.json"),
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
     )
 
 
@@ -49,9 +53,17 @@ def policy(tmp_path_factory):
     tok = _char_tokenizer(path)
     torch.manual_seed(0)
     cfg = Qwen2Config(
-        vocab_size=len(SPECIALS) + len(ALPHABET), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0,
-        bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+        vocab_size=len(SPECIALS) + len(ALPHABET),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
     )
     Qwen2ForCausalLM(cfg).save_pretrained(path)
     return str(path), tok
@@ -64,10 +76,25 @@ def frac_a(completions, **kwargs):
 
 def _config(tmp_path, **kw):
     base = dict(
-        output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-        per_device_train_batch_size=8, num_generations=4, max_completion_length=6, logging_steps=1,
-        learning_rate=3e-2, max_steps=2, num_iterations=2, steps_per_generation=2, seed=0,
-        loss_type="dapo", beta=0.0, epsilon=0.2, eps_high_max=0.28, disable_tqdm=True,
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=6,
+        logging_steps=1,
+        learning_rate=3e-2,
+        max_steps=2,
+        num_iterations=2,
+        steps_per_generation=2,
+        seed=0,
+        loss_type="dapo",
+        beta=0.0,
+        epsilon=0.2,
+        eps_high_max=0.28,
+        disable_tqdm=True,
     )
     base.update(kw)
     return GAPOConfig(**base)
@@ -79,8 +106,9 @@ def _dataset(n=8):
 
 def _trainer(policy, tmp_path, **kw):
     path, tok = policy
-    return GAPOTrainer(model=path, reward_funcs=frac_a, args=_config(tmp_path, **kw),
-                       train_dataset=_dataset(), processing_class=tok)
+    return GAPOTrainer(
+        model=path, reward_funcs=frac_a, args=_config(tmp_path, **kw), train_dataset=_dataset(), processing_class=tok
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,8 +124,13 @@ def test_end_to_end_learns_and_logs_gapo_metrics(policy, tmp_path):
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 4
     for h in logs:
-        for key in ("gapo/eps_high_mean", "gapo/clipfrac_pos", "gapo/clipfrac_pos_at_eps_low",
-                    "clip_ratio/high_mean", "clip_ratio/low_mean"):
+        for key in (
+            "gapo/eps_high_mean",
+            "gapo/clipfrac_pos",
+            "gapo/clipfrac_pos_at_eps_low",
+            "clip_ratio/high_mean",
+            "clip_ratio/low_mean",
+        ):
             assert key in h and math.isfinite(h[key]), (key, h)
         assert 0.2 - 1e-6 <= h["gapo/eps_high_mean"] <= 0.28 + 1e-6
         # GAPO's bound is never tighter than fixed clipping at epsilon
@@ -114,17 +147,46 @@ def test_fixed_eps_training_matches_trl(policy, tmp_path):
     path, tok = policy
     gapo = _trainer(policy, tmp_path / "gapo", max_steps=4, eps_high_max=0.2)
     gapo.train()
-    cfg = {k: v for k, v in _config(tmp_path, max_steps=4).to_dict().items()
-           if k in ("per_device_train_batch_size", "num_generations", "max_completion_length", "learning_rate",
-                    "max_steps", "num_iterations", "steps_per_generation", "seed", "loss_type", "beta", "epsilon")}
-    grpo = GRPOTrainer(model=path, reward_funcs=frac_a, train_dataset=_dataset(), processing_class=tok,
-                       args=GRPOConfig(output_dir=str(tmp_path / "grpo"), use_cpu=True, bf16=False, report_to="none",
-                                       save_strategy="no", disable_tqdm=True, logging_steps=1, **cfg))
+    cfg = {
+        k: v
+        for k, v in _config(tmp_path, max_steps=4).to_dict().items()
+        if k
+        in (
+            "per_device_train_batch_size",
+            "num_generations",
+            "max_completion_length",
+            "learning_rate",
+            "max_steps",
+            "num_iterations",
+            "steps_per_generation",
+            "seed",
+            "loss_type",
+            "beta",
+            "epsilon",
+        )
+    }
+    grpo = GRPOTrainer(
+        model=path,
+        reward_funcs=frac_a,
+        train_dataset=_dataset(),
+        processing_class=tok,
+        args=GRPOConfig(
+            output_dir=str(tmp_path / "grpo"),
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            logging_steps=1,
+            **cfg,
+        ),
+    )
     grpo.train()
     for (n, a), b in zip(gapo.model.named_parameters(), grpo.model.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=n)
-    assert [h["loss"] for h in gapo.state.log_history if "loss" in h] == \
-        [h["loss"] for h in grpo.state.log_history if "loss" in h]
+    assert [h["loss"] for h in gapo.state.log_history if "loss" in h] == [
+        h["loss"] for h in grpo.state.log_history if "loss" in h
+    ]
 
 
 def test_hand_computed_eps_for_binary_groups(policy, tmp_path):
@@ -203,7 +265,8 @@ def _inputs_with_stale_policy(trainer, seed=0):
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
         am = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
         logps, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
-            trainer, trainer.model, ids, am, inputs["completion_ids"].size(1))
+            trainer, trainer.model, ids, am, inputs["completion_ids"].size(1)
+        )
     g = torch.Generator().manual_seed(seed)
     inputs["old_per_token_logps"] = logps + 0.3 * torch.randn(logps.shape, generator=g)
     inputs["ref_per_token_logps"] = logps + 0.1 * torch.randn(logps.shape, generator=g)
@@ -237,8 +300,9 @@ def test_fixed_eps_equals_trl_loss(policy, tmp_path):
                 torch.testing.assert_close(ours, ref, rtol=0, atol=1e-7)
                 for a, b in zip(g_ours, g_ref):
                     torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
-                max_diff = max(max_diff, (ours - ref).abs().item(), *((a - b).abs().max().item()
-                                                                     for a, b in zip(g_ours, g_ref)))
+                max_diff = max(
+                    max_diff, (ours - ref).abs().item(), *((a - b).abs().max().item() for a, b in zip(g_ours, g_ref))
+                )
     print(f"max |GAPO(fixed) − TRL| over loss and grads: {max_diff:.3g}")
     # TRL's clip metrics were logged by both calls and agree
     m = trainer._metrics["train"]
@@ -280,10 +344,18 @@ def test_clip_stats_by_c_hand_computed(policy, tmp_path):
     trainer = _trainer(policy, tmp_path)
     trainer.model.train()
     third = 0.2 + 0.08 / 3  # ε_high of a correct rollout when c = 3: w = (4 − 3)/3
-    ratio = torch.tensor([
-        [1.25, 1.30], [0.70, 1.00], [1.00, 1.00], [0.90, 5.00],  # c = 1, rewards [1, 0, 0, 0]
-        [1.25, 1.10], [1.00, 1.00], [1.21, 1.23], [0.50, 1.50],  # c = 3, rewards [1, 1, 1, 0]
-    ])
+    ratio = torch.tensor(
+        [
+            [1.25, 1.30],
+            [0.70, 1.00],
+            [1.00, 1.00],
+            [0.90, 5.00],  # c = 1, rewards [1, 0, 0, 0]
+            [1.25, 1.10],
+            [1.00, 1.00],
+            [1.21, 1.23],
+            [0.50, 1.50],  # c = 3, rewards [1, 1, 1, 0]
+        ]
+    )
     inputs = {
         "completion_mask": torch.tensor([[1, 1]] * 3 + [[1, 0]] + [[1, 1]] * 4),
         "old_per_token_logps": torch.zeros(8, 2),
@@ -296,23 +368,34 @@ def test_clip_stats_by_c_hand_computed(policy, tmp_path):
     expected = {
         # c = 1: A > 0 tokens 1.25, 1.30 vs 1.28 → 1 of 2 clipped; A < 0 tokens 0.70, 1.00, 1.00, 1.00,
         # 0.90 (the masked 5.00 is ignored) vs 0.8 → 1 of 5; |ρ−1| (.25+.30+.30+0+0+0+.10)/7 = .95/7
-        "clip/frac_high_by_c/1": 1 / 2, "clip/frac_low_by_c/1": 1 / 5, "clip/ratio_dev_by_c/1": 0.95 / 7,
-        "clip/eps_high_by_c/1": (0.28 + 3 * 0.2) / 4, "clip/eps_high_pos_by_c/1": 0.28,
-        "clip/adv_by_c/1": (0.75 + 3 * 0.25) / 4, "clip/tokens_pos_by_c/1": 2.0,
+        "clip/frac_high_by_c/1": 1 / 2,
+        "clip/frac_low_by_c/1": 1 / 5,
+        "clip/ratio_dev_by_c/1": 0.95 / 7,
+        "clip/eps_high_by_c/1": (0.28 + 3 * 0.2) / 4,
+        "clip/eps_high_pos_by_c/1": 0.28,
+        "clip/adv_by_c/1": (0.75 + 3 * 0.25) / 4,
+        "clip/tokens_pos_by_c/1": 2.0,
         # c = 3: A > 0 tokens 1.25, 1.10, 1.00, 1.00, 1.21, 1.23 vs 1.226667 → 1.25, 1.23 clipped (2 of 6);
         # A < 0 tokens 0.50, 1.50 vs 0.8 → 1 of 2; |ρ−1| (.25+.10+0+0+.21+.23+.50+.50)/8 = 1.79/8
-        "clip/frac_high_by_c/3": 2 / 6, "clip/frac_low_by_c/3": 1 / 2, "clip/ratio_dev_by_c/3": 1.79 / 8,
-        "clip/eps_high_by_c/3": (3 * third + 0.2) / 4, "clip/eps_high_pos_by_c/3": third,
-        "clip/adv_by_c/3": (3 * 0.25 + 0.75) / 4, "clip/tokens_pos_by_c/3": 6.0,
+        "clip/frac_high_by_c/3": 2 / 6,
+        "clip/frac_low_by_c/3": 1 / 2,
+        "clip/ratio_dev_by_c/3": 1.79 / 8,
+        "clip/eps_high_by_c/3": (3 * third + 0.2) / 4,
+        "clip/eps_high_pos_by_c/3": third,
+        "clip/adv_by_c/3": (3 * 0.25 + 0.75) / 4,
+        "clip/tokens_pos_by_c/3": 6.0,
         # positive-advantage tokens alone: c = 1 (.25+.30)/2, A = 0.75; c = 3 (.25+.10+0+0+.21+.23)/6, A = 0.25
-        "clip/ratio_dev_pos_by_c/1": 0.55 / 2, "clip/adv_pos_by_c/1": 0.75,
-        "clip/ratio_dev_pos_by_c/3": 0.79 / 6, "clip/adv_pos_by_c/3": 0.25,
+        "clip/ratio_dev_pos_by_c/1": 0.55 / 2,
+        "clip/adv_pos_by_c/1": 0.75,
+        "clip/ratio_dev_pos_by_c/3": 0.79 / 6,
+        "clip/adv_pos_by_c/3": 0.25,
     }
     assert stats.keys() == expected.keys()
     for k, v in expected.items():
         assert stats[k] == pytest.approx(v, abs=1e-6), k
     # the paper's ratio-advantage pairs read TRL's logged keys as they read gapo's own
     from gapo.core.metrics import ratio_adv_pairs
+
     pairs = sorted(ratio_adv_pairs(stats), key=lambda p: p[1])
     assert pairs == [(pytest.approx(0.79 / 6), 0.25), (pytest.approx(0.55 / 2), 0.75)]
     # the whole-batch metrics come from the same sums: 3 of 8 A > 0 tokens above their ε_high, 5 above 1.2
@@ -344,11 +427,13 @@ def test_clip_stats_by_c_pooled_over_micro_batches_match_gapo_trainer(policy, tm
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
         am = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
         logp = GRPOTrainer._get_per_token_logps_and_entropies(
-            trainer, trainer.model, ids, am, inputs["completion_ids"].size(1))[0]
+            trainer, trainer.model, ids, am, inputs["completion_ids"].size(1)
+        )[0]
     mask = inputs["completion_mask"].float()
     ratio = torch.exp(log_ratio(logp, inputs["old_per_token_logps"], mask, "token"))
-    ref = clip_stats_by_c(ratio, inputs["advantages"], mask, inputs["gapo_success_count"], eps_low=0.2,
-                          eps_high=inputs["gapo_eps_high"])
+    ref = clip_stats_by_c(
+        ratio, inputs["advantages"], mask, inputs["gapo_success_count"], eps_low=0.2, eps_high=inputs["gapo_eps_high"]
+    )
     assert pooled.keys() == ref.keys() and any(k.startswith("clip/frac_high_by_c/") for k in ref)
     for k in ref:
         assert pooled[k] == pytest.approx(ref[k], rel=1e-5, abs=1e-6), k
@@ -369,8 +454,13 @@ def test_training_logs_clip_stats_by_c(policy, tmp_path):
     # Binary rewards: every positive-advantage completion of a group with c successes has
     # ε_high = 0.2 + 0.08·(G − c)/(G − 1), so the logged clip/eps_high_pos_by_c/{c} is exactly that.
     path, tok = policy
-    trainer = GAPOTrainer(model=path, reward_funcs=has_a, args=_config(tmp_path, max_steps=2),
-                          train_dataset=_dataset(), processing_class=tok)
+    trainer = GAPOTrainer(
+        model=path,
+        reward_funcs=has_a,
+        args=_config(tmp_path, max_steps=2),
+        train_dataset=_dataset(),
+        processing_class=tok,
+    )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 2
@@ -429,10 +519,17 @@ def test_eval_with_one_generation_per_prompt_runs(policy, tmp_path):
     # num_generations_eval=1: no group, so ε_high = ε_low for every completion, c = 0, and no per-c
     # metrics; the eval loop (generation, rewards, _compute_loss) must run as it does in GRPOTrainer.
     path, tok = policy
-    args = _config(tmp_path, max_steps=1, num_generations_eval=1, per_device_eval_batch_size=4,
-                   eval_strategy="steps", eval_steps=1)
-    trainer = GAPOTrainer(model=path, reward_funcs=frac_a, args=args, train_dataset=_dataset(),
-                          eval_dataset=_dataset(4), processing_class=tok)
+    args = _config(
+        tmp_path, max_steps=1, num_generations_eval=1, per_device_eval_batch_size=4, eval_strategy="steps", eval_steps=1
+    )
+    trainer = GAPOTrainer(
+        model=path,
+        reward_funcs=frac_a,
+        args=args,
+        train_dataset=_dataset(),
+        eval_dataset=_dataset(4),
+        processing_class=tok,
+    )
     assert trainer.compute_eps_high(torch.tensor([1.0, 0.0, 0.5]), 1).tolist() == pytest.approx([0.2] * 3)
     assert trainer.compute_success_count(torch.tensor([1.0, 0.0, 0.5]), 1).tolist() == [0, 0, 0]
     trainer.train()
@@ -452,21 +549,37 @@ def test_warns_once_when_every_ratio_is_one(policy, tmp_path):
     path, tok = policy
     # TRL's defaults: num_iterations=1, steps_per_generation = gradient_accumulation_steps → ratio ≡ 1
     with pytest.warns(GAPOWarning) as record:
-        GAPOTrainer(model=path, reward_funcs=frac_a, train_dataset=_dataset(), processing_class=tok,
-                    args=_config(tmp_path, num_iterations=1, steps_per_generation=None, gradient_accumulation_steps=2))
+        GAPOTrainer(
+            model=path,
+            reward_funcs=frac_a,
+            train_dataset=_dataset(),
+            processing_class=tok,
+            args=_config(tmp_path, num_iterations=1, steps_per_generation=None, gradient_accumulation_steps=2),
+        )
     msgs = _gapo_warnings(record)
     assert len(msgs) == 1
-    assert "exactly 1" in msgs[0] and "num_iterations > 1" in msgs[0] and \
-        "steps_per_generation > gradient_accumulation_steps" in msgs[0]
+    assert (
+        "exactly 1" in msgs[0]
+        and "num_iterations > 1" in msgs[0]
+        and "steps_per_generation > gradient_accumulation_steps" in msgs[0]
+    )
     # reuse of the generation batch (either way), or eps_high_max == epsilon (GRPO on purpose): no warning
-    for kw in (dict(num_iterations=2, steps_per_generation=1), dict(num_iterations=1, steps_per_generation=4),
-               dict(num_iterations=1, steps_per_generation=1, eps_high_max=0.2)):
+    for kw in (
+        dict(num_iterations=2, steps_per_generation=1),
+        dict(num_iterations=1, steps_per_generation=4),
+        dict(num_iterations=1, steps_per_generation=1, eps_high_max=0.2),
+    ):
         import warnings
 
         with warnings.catch_warnings(record=True) as rec:
             warnings.simplefilter("always")
-            GAPOTrainer(model=path, reward_funcs=frac_a, train_dataset=_dataset(), processing_class=tok,
-                        args=_config(tmp_path, **kw))
+            GAPOTrainer(
+                model=path,
+                reward_funcs=frac_a,
+                train_dataset=_dataset(),
+                processing_class=tok,
+                args=_config(tmp_path, **kw),
+            )
         assert not _gapo_warnings(rec), (kw, _gapo_warnings(rec))
 
 
@@ -480,20 +593,33 @@ def test_widths_are_checked_against_the_ratio_level(policy, tmp_path):
     with pytest.raises(ValueError, match="sequence-level width"):  # the same mix at token level
         GAPOConfig(epsilon=3e-3, eps_high_max=0.28, **common)
     # consistent widths of the other level: a loud warning naming the paper's values
-    for kw, match in ((dict(importance_sampling_level="sequence"), "rarely leaves"),
-                      (dict(importance_sampling_level="token", epsilon=3e-3, eps_high_max=5e-3), "almost every token")):
+    for kw, match in (
+        (dict(importance_sampling_level="sequence"), "rarely leaves"),
+        (dict(importance_sampling_level="token", epsilon=3e-3, eps_high_max=5e-3), "almost every token"),
+    ):
         with pytest.warns(GAPOWarning, match=match) as record:
-            GAPOTrainer(model=path, reward_funcs=frac_a, train_dataset=_dataset(), processing_class=tok,
-                        args=_config(tmp_path, **kw))
+            GAPOTrainer(
+                model=path,
+                reward_funcs=frac_a,
+                train_dataset=_dataset(),
+                processing_class=tok,
+                args=_config(tmp_path, **kw),
+            )
         assert "epsilon=0.003, eps_high_max=0.005" in _gapo_warnings(record)[0]
     # the paper's GSPO widths at sequence level: no warning
     import warnings
 
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        GAPOTrainer(model=path, reward_funcs=frac_a, train_dataset=_dataset(), processing_class=tok,
-                    args=_config(tmp_path, importance_sampling_level="sequence", loss_type="grpo",
-                                 epsilon=3e-3, eps_high_max=5e-3))
+        GAPOTrainer(
+            model=path,
+            reward_funcs=frac_a,
+            train_dataset=_dataset(),
+            processing_class=tok,
+            args=_config(
+                tmp_path, importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-3, eps_high_max=5e-3
+            ),
+        )
     assert not _gapo_warnings(rec)
 
 
@@ -507,13 +633,19 @@ def test_default_group_range_takes_rewards_of_any_scale(policy, tmp_path):
     # The default reward_range="group" is invariant to an affine map of the rewards, so a reward model's
     # scores give the widths of their [0, 1] version, and training runs where [0, 1] would raise.
     path, tok = policy
-    trainer = GAPOTrainer(model=path, reward_funcs=reward_model_score, args=_config(tmp_path, max_steps=2),
-                          train_dataset=_dataset(), processing_class=tok)
+    trainer = GAPOTrainer(
+        model=path,
+        reward_funcs=reward_model_score,
+        args=_config(tmp_path, max_steps=2),
+        train_dataset=_dataset(),
+        processing_class=tok,
+    )
     assert trainer.args.reward_range == "group"
     g = torch.Generator().manual_seed(0)
     r = torch.rand(16, generator=g)
-    torch.testing.assert_close(trainer.compute_eps_high(10 * r - 3, 4), trainer.compute_eps_high(r, 4),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        trainer.compute_eps_high(10 * r - 3, 4), trainer.compute_eps_high(r, 4), rtol=0, atol=1e-6
+    )
     # [5, NaN, 3, 3]: the NaN becomes the mean of the others, 11/3; span 2 → w(5) = (4/3)·(4/3)/2 = 8/9;
     # it counts as a failure (its group's lowest reward, 3): c = 1
     eps = trainer.compute_eps_high(torch.tensor([5.0, float("nan"), 3.0, 3.0]), 4)
@@ -534,8 +666,9 @@ def test_batch_range_hand_computed(policy, tmp_path):
     # Group [1, 1, 0, 0]: mean .5, w(1) = .5·(4/3)/4 = 1/6 → 0.2 + 0.08/6. An all-unscorable group: ε_low, c = 0.
     rewards = torch.tensor([3.0, -1, -1, -1, 1, 1, 0, 0] + [float("nan")] * 4)
     eps = trainer.compute_eps_high(rewards, 4)
-    torch.testing.assert_close(eps, torch.tensor([0.28, 0.2, 0.2, 0.2] + [0.2 + 0.08 / 6] * 2 + [0.2] * 6),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        eps, torch.tensor([0.28, 0.2, 0.2, 0.2] + [0.2 + 0.08 / 6] * 2 + [0.2] * 6), rtol=0, atol=1e-6
+    )
     # c = round(Σ (R − min_B)/(max_B − min_B)): 1 + 0 + 0 + 0 = 1; .5 + .5 + .25 + .25 = 1.5 → 2;
     # the unscorable group counts as failures at the batch's lowest reward: 0
     assert trainer.compute_success_count(rewards, 4).tolist() == [1] * 4 + [2] * 4 + [0] * 4
@@ -545,10 +678,14 @@ def test_reward_range_from_the_command_line(tmp_path):
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(GAPOConfig)
-    for argv, expected in ((["--reward_range", "batch"], "batch"), (["--reward_range", "-1", "1"], [-1.0, 1.0]),
-                           ([], "group")):
-        (cfg,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--use_cpu", "true",
-                                                      "--report_to", "none", *argv])
+    for argv, expected in (
+        (["--reward_range", "batch"], "batch"),
+        (["--reward_range", "-1", "1"], [-1.0, 1.0]),
+        ([], "group"),
+    ):
+        (cfg,) = parser.parse_args_into_dataclasses(
+            ["--output_dir", str(tmp_path), "--use_cpu", "true", "--report_to", "none", *argv]
+        )
         assert cfg.reward_range == expected
 
 
@@ -570,8 +707,15 @@ def test_cispo_caps_the_is_weight_per_rollout_like_gapo_cispo_loss(policy, tmp_p
         am = torch.cat([x["prompt_mask"], x["completion_mask"]], 1)
         logp = GRPOTrainer._get_per_token_logps_and_entropies(trainer, model, ids, am, x["completion_ids"].size(1))[0]
         mask = x["completion_mask"].float()
-        loss, _ = cispo_loss(logp, x["old_per_token_logps"], x["advantages"], mask, eps_low=1 - 1e-6,
-                             eps_high=x["gapo_eps_high"], agg="token-mean")
+        loss, _ = cispo_loss(
+            logp,
+            x["old_per_token_logps"],
+            x["advantages"],
+            mask,
+            eps_low=1 - 1e-6,
+            eps_high=x["gapo_eps_high"],
+            agg="token-mean",
+        )
         # TRL's cispo normaliser: num_items_in_batch / processes · grad-accum / steps_per_generation (1 · 1 / 2)
         normaliser = x["num_items_in_batch"].float() * trainer.current_gradient_accumulation_steps / 2
         return loss * mask.sum() / normaliser
@@ -584,7 +728,9 @@ def test_cispo_caps_the_is_weight_per_rollout_like_gapo_cispo_loss(policy, tmp_p
     with torch.no_grad():
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
         am = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-        logp = GRPOTrainer._get_per_token_logps_and_entropies(trainer, trainer.model, ids, am, ids.size(1) - inputs["prompt_ids"].size(1))[0]
+        logp = GRPOTrainer._get_per_token_logps_and_entropies(
+            trainer, trainer.model, ids, am, ids.size(1) - inputs["prompt_ids"].size(1)
+        )[0]
     ratio = torch.exp(logp - inputs["old_per_token_logps"])
     mask = inputs["completion_mask"].bool()
     capped = (ratio > 1 + inputs["gapo_eps_high"].unsqueeze(1)) & (inputs["advantages"] > 0).unsqueeze(1) & mask
@@ -611,17 +757,29 @@ def test_liger_kernel_leaves_the_loss_to_the_adapter(policy, tmp_path, monkeypat
     calls = []
     monkeypatch.setattr(hf_trainer, "apply_liger_kernel", lambda model, cfg: calls.append(dict(cfg or {})))
     path, tok = policy
-    trainer = GAPOTrainer(model=path, reward_funcs=has_a, args=_config(tmp_path, max_steps=2, use_liger_kernel=True),
-                          train_dataset=_dataset(), processing_class=tok)
+    trainer = GAPOTrainer(
+        model=path,
+        reward_funcs=has_a,
+        args=_config(tmp_path, max_steps=2, use_liger_kernel=True),
+        train_dataset=_dataset(),
+        processing_class=tok,
+    )
     trainer.train()
     assert calls == [{"fused_linear_cross_entropy": False}]
     logs = [h for h in trainer.state.log_history if "loss" in h]
-    seen = [(int(k.rsplit("/", 1)[1]), v) for h in logs for k, v in h.items() if k.startswith("clip/eps_high_pos_by_c/")]
+    seen = [
+        (int(k.rsplit("/", 1)[1]), v) for h in logs for k, v in h.items() if k.startswith("clip/eps_high_pos_by_c/")
+    ]
     assert seen and all(v == pytest.approx(0.2 + 0.08 * (4 - c) / 3, abs=1e-6) for c, v in seen)
     # Liger's fused cross-entropy would replace the forward: TRL refuses it
     with pytest.raises(ValueError, match="fused_linear_cross_entropy"):
-        GAPOTrainer(model=path, reward_funcs=has_a, train_dataset=_dataset(), processing_class=tok,
-                    args=_config(tmp_path, use_liger_kernel=True, liger_kernel_config={"fused_linear_cross_entropy": True}))
+        GAPOTrainer(
+            model=path,
+            reward_funcs=has_a,
+            train_dataset=_dataset(),
+            processing_class=tok,
+            args=_config(tmp_path, use_liger_kernel=True, liger_kernel_config={"fused_linear_cross_entropy": True}),
+        )
 
 
 def test_quick_start_block_of_the_docs_builds_without_gapo_warnings(tmp_path, monkeypatch):

@@ -42,10 +42,25 @@ def ranks(tmp_path_factory):
         pytest.skip("torchrun not found")
     out = tmp_path_factory.mktemp("ddp")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = timing.run([torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                       "--master_port", str(_free_port()), str(WORKER), str(out)],
-                      env=env, capture_output=True, text=True, timeout=1200, quiet_s=90,
-                      what="two TRL ranks under torchrun")
+    proc = timing.run(
+        [
+            torchrun,
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(_free_port()),
+            str(WORKER),
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        quiet_s=90,
+        what="two TRL ranks under torchrun",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     recs = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
     assert [r["rank"] for r in recs] == [0, 1] and all(r["world"] == 2 for r in recs)
@@ -104,8 +119,14 @@ def test_per_c_sums_across_ranks_equal_single_process_totals(ranks):
         for m in mb0 + mb1:
             old = m["old_per_token_logps"]
             ratio = torch.exp(m["logps"] - old)
-            counts = clip_counts_by_c(ratio.float(), m["advantages"], m["completion_mask"].float(),
-                                      m["gapo_success_count"], eps_low=0.2, eps_high=m["gapo_eps_high"].float())
+            counts = clip_counts_by_c(
+                ratio.float(),
+                m["advantages"],
+                m["completion_mask"].float(),
+                m["gapo_success_count"],
+                eps_low=0.2,
+                eps_high=m["gapo_eps_high"].float(),
+            )
             merge_counts(total, counts)
             if any(m is x for x in mb0):
                 merge_counts(local0, counts)

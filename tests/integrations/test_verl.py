@@ -42,15 +42,22 @@ from gapo.core.losses import log_ratio  # noqa: E402
 from gapo.core.metrics import clip_stats_by_c, ratio_adv_pairs  # noqa: E402
 from gapo.integrations.verl import GAPOPolicyLossConfig, clip_stats_from_verl, success_weight_from_advantages  # noqa: E402
 
-VERL_AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum",
-                  "seq-mean-token-sum-norm"]
+VERL_AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 TOL = 1e-6
 
 
 def actor(G=8, low=0.2, high=0.2, agg="token-mean", policy_loss=None, **kw):
-    return ActorConfig(strategy="fsdp", rollout_n=G, ppo_micro_batch_size_per_gpu=1, clip_ratio=low,
-                       clip_ratio_low=low, clip_ratio_high=high, loss_agg_mode=agg,
-                       policy_loss=policy_loss or PolicyLossConfig(), **kw)
+    return ActorConfig(
+        strategy="fsdp",
+        rollout_n=G,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio=low,
+        clip_ratio_low=low,
+        clip_ratio_high=high,
+        loss_agg_mode=agg,
+        policy_loss=policy_loss or PolicyLossConfig(),
+        **kw,
+    )
 
 
 def group_batch(seed, G=8, prompts=4, T=16, noise=0.3, rewards=None, estimator="drgrpo"):
@@ -71,8 +78,9 @@ def group_batch(seed, G=8, prompts=4, T=16, noise=0.3, rewards=None, estimator="
     elif estimator == "grpo_vectorized":
         adv, _ = compute_grpo_vectorized_outcome_advantage(token_rewards, mask.float(), index)
     else:
-        adv, _ = compute_grpo_outcome_advantage(token_rewards, mask.float(), index,
-                                                norm_adv_by_std_in_grpo=(estimator == "grpo"))
+        adv, _ = compute_grpo_outcome_advantage(
+            token_rewards, mask.float(), index, norm_adv_by_std_in_grpo=(estimator == "grpo")
+        )
     old = -torch.rand(B, T, generator=g) * 3.0
     logp = old + torch.randn(B, T, generator=g) * noise
     return old, logp, adv, mask, rewards
@@ -80,8 +88,15 @@ def group_batch(seed, G=8, prompts=4, T=16, noise=0.3, rewards=None, estimator="
 
 def call(name, old, logp, adv, mask, cfg, agg=None, **kw):
     x = logp.clone().requires_grad_(True)
-    loss, metrics = get_policy_loss_fn(name)(old_log_prob=old, log_prob=x, advantages=adv, response_mask=mask,
-                                             loss_agg_mode=agg or cfg.loss_agg_mode, config=cfg, **kw)
+    loss, metrics = get_policy_loss_fn(name)(
+        old_log_prob=old,
+        log_prob=x,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode=agg or cfg.loss_agg_mode,
+        config=cfg,
+        **kw,
+    )
     loss.backward()
     return loss.detach(), x.grad, metrics
 
@@ -133,8 +148,14 @@ _PROBE = textwrap.dedent("""
 def _fresh(env_extra, pre="", post=""):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
     env.update(env_extra)
-    return subprocess.Popen([sys.executable, "-c", _PROBE.format(pre=pre, post=post)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    return subprocess.Popen(
+        [sys.executable, "-c", _PROBE.format(pre=pre, post=post)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
 
 
 def test_loading_in_fresh_processes():
@@ -149,13 +170,13 @@ def test_loading_in_fresh_processes():
     """)
     procs = {
         "entry_point": _fresh({}),
-        "env_var": _fresh({"VERL_USE_EXTERNAL_PLUGINS": "none",
-                           "VERL_USE_EXTERNAL_MODULES": "gapo.integrations.verl"}),
+        "env_var": _fresh({"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "gapo.integrations.verl"}),
         # the core cannot be imported: verl's loader alone would hide that at DEBUG level
         "broken": _fresh({}, pre="sys.modules['gapo.core.losses'] = None", post=broken_post),
     }
-    out = {k: timing.communicate(p, timeout=900, quiet_s=60, what=f"a fresh `import verl` ({k})")
-           for k, p in procs.items()}
+    out = {
+        k: timing.communicate(p, timeout=900, quiet_s=60, what=f"a fresh `import verl` ({k})") for k, p in procs.items()
+    }
     ok = "REGISTERED ['gapo', 'gapo_seq'] gapo.integrations.verl"
     for how in ("entry_point", "env_var"):
         stdout = out[how][0]
@@ -234,8 +255,9 @@ def test_plain_policy_loss_config_uses_documented_defaults():
     G = 4
     rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0])  # c = 1 and c = 2
     old, logp, adv, mask, _ = group_batch(4, G=G, prompts=2, rewards=rewards)
-    _, _, m = call("gapo", old, logp, adv, mask, actor(G=G, low=0.2, high=0.28,
-                                                       policy_loss=PolicyLossConfig(loss_mode="gapo")))
+    _, _, m = call(
+        "gapo", old, logp, adv, mask, actor(G=G, low=0.2, high=0.28, policy_loss=PolicyLossConfig(loss_mode="gapo"))
+    )
     # w: c=1 correct → 1; c=2 correct → 2/3 (×2 rows); others 0 → ε = 0.2 + 0.08·w
     expected = 0.2 + 0.08 * (1 + 2 / 3 + 2 / 3) / 8
     assert abs(m["actor/gapo_eps_high_mean"] - expected) < 1e-6
@@ -274,8 +296,10 @@ def test_eps_hand_computed_binary_group():
     assert abs(m["actor/gapo_clipfrac_high"] - 2 / 12) < 1e-6
 
 
-@pytest.mark.parametrize("estimator,norm", [("drgrpo", False), ("grpo", True), ("rloo", False),
-                                            ("grpo_vectorized", True), ("rloo_vectorized", False)])
+@pytest.mark.parametrize(
+    "estimator,norm",
+    [("drgrpo", False), ("grpo", True), ("rloo", False), ("grpo_vectorized", True), ("rloo_vectorized", False)],
+)
 @pytest.mark.parametrize("G", [2, 5, 8, 16])
 def test_success_weight_recovered_from_verl_advantages_in_any_row_order(estimator, norm, G):
     """Advantages from verl's own estimators, rows shuffled as in a verl micro-batch: the weight of
@@ -286,18 +310,26 @@ def test_success_weight_recovered_from_verl_advantages_in_any_row_order(estimato
     _, _, adv, mask, _ = group_batch(G, G=G, prompts=prompts, rewards=rewards, estimator=estimator)
     perm = torch.randperm(G * prompts, generator=g)
     est = "grpo" if estimator == "drgrpo" else estimator
-    w = success_weight_from_advantages(gv._row_advantages(adv[perm], mask[perm]), G, adv_estimator=est,
-                                       norm_adv_by_std_in_grpo=norm)
+    w = success_weight_from_advantages(
+        gv._row_advantages(adv[perm], mask[perm]), G, adv_estimator=est, norm_adv_by_std_in_grpo=norm
+    )
     assert torch.allclose(w, success_weight(rewards, G)[perm], atol=1e-5)
     # ε of a row equals the core's gapo_eps_high on the full group, for both schedules
     for schedule in ("linear", "log"):
-        pl = GAPOPolicyLossConfig(loss_mode="gapo", eps_high_max=0.28, schedule=schedule,
-                                  adv_estimator=est, norm_adv_by_std_in_grpo=norm)
+        pl = GAPOPolicyLossConfig(
+            loss_mode="gapo", eps_high_max=0.28, schedule=schedule, adv_estimator=est, norm_adv_by_std_in_grpo=norm
+        )
         ref = gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28, schedule=schedule)[perm]
         for mb in range(0, 12, 3):  # micro-batches of three shuffled rows
             rows = slice(mb, mb + 3)
-            _, _, m = call("gapo", torch.zeros(3, mask.shape[1]), torch.zeros(3, mask.shape[1]),
-                           adv[perm][rows], mask[perm][rows], actor(G=G, policy_loss=pl))
+            _, _, m = call(
+                "gapo",
+                torch.zeros(3, mask.shape[1]),
+                torch.zeros(3, mask.shape[1]),
+                adv[perm][rows],
+                mask[perm][rows],
+                actor(G=G, policy_loss=pl),
+            )
             assert abs(m["actor/gapo_eps_high_mean"] - ref[rows].mean().item()) < 1e-5
 
 
@@ -320,21 +352,31 @@ def test_success_count_recovered_from_advantages():
     for estimator, norm in (("drgrpo", False), ("grpo", True), ("rloo", False)):
         _, _, adv, mask, _ = group_batch(0, G=G, prompts=4, rewards=rewards, estimator=estimator)
         est = "grpo" if estimator == "drgrpo" else estimator
-        w, c = gv.success_from_advantages(gv._row_advantages(adv, mask), G, adv_estimator=est,
-                                          norm_adv_by_std_in_grpo=norm)
+        w, c = gv.success_from_advantages(
+            gv._row_advantages(adv, mask), G, adv_estimator=est, norm_adv_by_std_in_grpo=norm
+        )
         assert torch.equal(c, expected), (estimator, c)
         assert torch.allclose(w, success_weight(rewards, G), atol=1e-5)
-    assert gv.success_from_advantages(gv._row_advantages(adv, mask), G, adv_estimator="rloo",
-                                      binary_rewards=False)[1] is None
+    assert (
+        gv.success_from_advantages(gv._row_advantages(adv, mask), G, adv_estimator="rloo", binary_rewards=False)[1]
+        is None
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # per-success-count metrics
 
 
-BY_C_KEYS = ("actor/gapo_tokens_by_c", "actor/gapo_ratio_dev_sum_by_c", "actor/gapo_tokens_pos_by_c",
-             "actor/gapo_clipped_high_by_c", "actor/gapo_eps_high_pos_by_c", "actor/gapo_ratio_dev_pos_sum_by_c",
-             "actor/gapo_rows_pos_by_c", "actor/gapo_adv_pos_sum_by_c")
+BY_C_KEYS = (
+    "actor/gapo_tokens_by_c",
+    "actor/gapo_ratio_dev_sum_by_c",
+    "actor/gapo_tokens_pos_by_c",
+    "actor/gapo_clipped_high_by_c",
+    "actor/gapo_eps_high_pos_by_c",
+    "actor/gapo_ratio_dev_pos_sum_by_c",
+    "actor/gapo_rows_pos_by_c",
+    "actor/gapo_adv_pos_sum_by_c",
+)
 
 
 def test_metrics_by_c_hand_computed():
@@ -349,8 +391,10 @@ def test_metrics_by_c_hand_computed():
     Bucket c = 3 is empty: zeros; its ε_high = 0.2 + 0.08·1/3."""
     G = 4
     adv_row = torch.tensor([0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5, 0, 0, 0, 0])
-    ratio = torch.tensor([[1.26, 1.30], [0.9, 0.9], [0.9, 0.9], [0.9, 0.9], [1.26, 1.26], [1.10, 1.20],
-                          [1.0, 1.0], [1.0, 1.0]] + [[2.0, 2.0]] * 4)
+    ratio = torch.tensor(
+        [[1.26, 1.30], [0.9, 0.9], [0.9, 0.9], [0.9, 0.9], [1.26, 1.26], [1.10, 1.20], [1.0, 1.0], [1.0, 1.0]]
+        + [[2.0, 2.0]] * 4
+    )
     mask = torch.ones(12, 2, dtype=torch.bool)
     mask[3, 1] = False
     old = torch.full((12, 2), -2.0)
@@ -360,8 +404,11 @@ def test_metrics_by_c_hand_computed():
     _, _, m = call("gapo", old, logp, adv, mask, actor(G=G, low=0.2, high=0.2, policy_loss=pl))
     # positive-advantage rows alone: c = 1 Σ|ρ−1| = 0.26 + 0.30, 1 row, ΣA = 0.75;
     # c = 2 Σ|ρ−1| = 0.52 + 0.30 = 0.82, 2 rows, ΣA = 1.0
-    expected = {1: (7, 1.06, 2, 1, 0.28, 0.56, 1, 0.75), 2: (8, 0.82, 4, 2, 0.2 + 0.08 * 2 / 3, 0.82, 2, 1.0),
-                3: (0, 0, 0, 0, 0.2 + 0.08 / 3, 0, 0, 0)}
+    expected = {
+        1: (7, 1.06, 2, 1, 0.28, 0.56, 1, 0.75),
+        2: (8, 0.82, 4, 2, 0.2 + 0.08 * 2 / 3, 0.82, 2, 1.0),
+        3: (0, 0, 0, 0, 0.2 + 0.08 / 3, 0, 0, 0),
+    }
     for c, values in expected.items():
         for key, v in zip(BY_C_KEYS, values):
             assert abs(m[f"{key}/{c}"] - v) < 1e-5, (key, c, m[f"{key}/{c}"], v)
@@ -369,13 +416,29 @@ def test_metrics_by_c_hand_computed():
     # the rates they give are gapo.core.metrics' own (c from the raw rewards, zero-advantage groups left out)
     rewards = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1])
     rows = slice(0, 8)
-    ref = clip_stats_by_c(ratio[rows], adv_row[rows], mask[rows], success_count(rewards, G)[rows],
-                          eps_low=0.2, eps_high=gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28)[rows])
+    ref = clip_stats_by_c(
+        ratio[rows],
+        adv_row[rows],
+        mask[rows],
+        success_count(rewards, G)[rows],
+        eps_low=0.2,
+        eps_high=gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28)[rows],
+    )
     for c in (1, 2):
-        assert abs(m[f"actor/gapo_clipped_high_by_c/{c}"] / m[f"actor/gapo_tokens_pos_by_c/{c}"]
-                   - ref[f"clip/frac_high_by_c/{c}"]) < 1e-6
-        assert abs(m[f"actor/gapo_ratio_dev_sum_by_c/{c}"] / m[f"actor/gapo_tokens_by_c/{c}"]
-                   - ref[f"clip/ratio_dev_by_c/{c}"]) < 1e-6
+        assert (
+            abs(
+                m[f"actor/gapo_clipped_high_by_c/{c}"] / m[f"actor/gapo_tokens_pos_by_c/{c}"]
+                - ref[f"clip/frac_high_by_c/{c}"]
+            )
+            < 1e-6
+        )
+        assert (
+            abs(
+                m[f"actor/gapo_ratio_dev_sum_by_c/{c}"] / m[f"actor/gapo_tokens_by_c/{c}"]
+                - ref[f"clip/ratio_dev_by_c/{c}"]
+            )
+            < 1e-6
+        )
         assert abs(m[f"actor/gapo_eps_high_pos_by_c/{c}"] - ref[f"clip/eps_high_pos_by_c/{c}"]) < 1e-6
     # clip_stats_from_verl turns the logged sums into gapo's own per-c rates, so the
     # ratio-advantage correlation reads verl runs as it reads gapo's
@@ -389,8 +452,11 @@ def test_metrics_by_c_hand_computed():
     # docs/scale-out.md's recipe for the windowed correlation from verl's logs runs as written
     import re
     from pathlib import Path
+
     doc = (Path(__file__).resolve().parents[2] / "docs" / "scale-out.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "clip_stats_from_verl(step_metrics)" in b)
+    block = next(
+        b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "clip_stats_from_verl(step_metrics)" in b
+    )
     printed = []
     exec(compile(block, "docs/scale-out.md", "exec"), {"logged_steps": [m, m], "print": printed.append})
     # two buckets a step, (0.28, 0.75) and (0.205, 0.5): undefined on 2 points, r = +1 on 4
@@ -424,11 +490,18 @@ def verl_ppo_loss(cfg, old, logp, adv, mask, *, dp_size, batch_num_tokens, globa
     B, T = mask.shape
     lens = mask.sum(-1).tolist()
     flat = torch.cat([torch.cat([logp[i, :n], torch.zeros(1)]) for i, n in enumerate(lens)])
-    data = TensorDict({"prompts": torch.zeros(B, 1, dtype=torch.long), "responses": torch.zeros(B, T, dtype=torch.long),
-                       "attention_mask": torch.cat([torch.ones(B, 1, dtype=torch.long), mask.long()], 1),
-                       "response_mask": mask.float(), "old_log_probs": old, "advantages": adv}, batch_size=[B])
-    tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=batch_num_tokens,
-                         global_batch_size=global_batch_size)
+    data = TensorDict(
+        {
+            "prompts": torch.zeros(B, 1, dtype=torch.long),
+            "responses": torch.zeros(B, T, dtype=torch.long),
+            "attention_mask": torch.cat([torch.ones(B, 1, dtype=torch.long), mask.long()], 1),
+            "response_mask": mask.float(),
+            "old_log_probs": old,
+            "advantages": adv,
+        },
+        batch_size=[B],
+    )
+    tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size)
     return ppo_loss(cfg, {"log_probs": flat}, data)[1]
 
 
@@ -449,8 +522,16 @@ def test_metrics_by_c_survive_verl_aggregation_and_pool_exactly(name):
         for rank_rows in mb_rows.view(ranks, -1):
             rank_metrics: dict = {}
             for rows in rank_rows.view(micro, -1):
-                m = verl_ppo_loss(cfg, old[rows], logp[rows], adv[rows], mask[rows], dp_size=ranks,
-                                  batch_num_tokens=int(mask[mb_rows].sum()), global_batch_size=len(mb_rows))
+                m = verl_ppo_loss(
+                    cfg,
+                    old[rows],
+                    logp[rows],
+                    adv[rows],
+                    mask[rows],
+                    dp_size=ranks,
+                    batch_num_tokens=int(mask[mb_rows].sum()),
+                    global_batch_size=len(mb_rows),
+                )
                 append_to_dict(rank_metrics, m)
             per_rank.append(rank_metrics)
         gathered = {k: [r[k] for r in per_rank] for k in per_rank[0]}  # allgather_dict_into_dict
@@ -460,18 +541,34 @@ def test_metrics_by_c_survive_verl_aggregation_and_pool_exactly(name):
     known = (rewards.view(-1, G).sum(1) % G != 0).repeat_interleave(G)  # groups with 0 < c < G
     level = "token" if name == "gapo" else "sequence"
     ratio = torch.exp(log_ratio(logp, old, mask, level))
-    ref = clip_stats_by_c(ratio[known], adv[known, 0], mask[known], success_count(rewards, G)[known],
-                          eps_low=0.2, eps_high=gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28)[known])
+    ref = clip_stats_by_c(
+        ratio[known],
+        adv[known, 0],
+        mask[known],
+        success_count(rewards, G)[known],
+        eps_low=0.2,
+        eps_high=gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28)[known],
+    )
     checked = 0
     for c in range(1, G):
         if f"clip/ratio_dev_by_c/{c}" not in ref:
             assert logged[f"actor/gapo_tokens_by_c/{c}"] == 0
             continue
-        assert abs(logged[f"actor/gapo_ratio_dev_sum_by_c/{c}"] / logged[f"actor/gapo_tokens_by_c/{c}"]
-                   - ref[f"clip/ratio_dev_by_c/{c}"]) < 1e-6
+        assert (
+            abs(
+                logged[f"actor/gapo_ratio_dev_sum_by_c/{c}"] / logged[f"actor/gapo_tokens_by_c/{c}"]
+                - ref[f"clip/ratio_dev_by_c/{c}"]
+            )
+            < 1e-6
+        )
         if f"clip/frac_high_by_c/{c}" in ref:
-            assert abs(logged[f"actor/gapo_clipped_high_by_c/{c}"] / logged[f"actor/gapo_tokens_pos_by_c/{c}"]
-                       - ref[f"clip/frac_high_by_c/{c}"]) < 1e-6
+            assert (
+                abs(
+                    logged[f"actor/gapo_clipped_high_by_c/{c}"] / logged[f"actor/gapo_tokens_pos_by_c/{c}"]
+                    - ref[f"clip/frac_high_by_c/{c}"]
+                )
+                < 1e-6
+            )
             assert abs(logged[f"actor/gapo_eps_high_pos_by_c/{c}"] - ref[f"clip/eps_high_pos_by_c/{c}"]) < 1e-6
             checked += ref[f"clip/frac_high_by_c/{c}"] > 0
     assert checked >= 2  # several buckets with clipping, so the comparison means something
@@ -527,24 +624,30 @@ def test_rollout_correction_weights_match_verl(name, ref):
     assert abs(theirs[0].item() - unweighted[0].item()) > 1e-4  # the weights matter
 
 
-@pytest.mark.parametrize("fields,match", [
-    ({"loss_mode": "vanilla"}, "loss_mode must be one of"),
-    ({"schedule": "cubic"}, "schedule must be one of"),
-    ({"reward_min": 1.0, "reward_max": 1.0}, "reward_max"),
-    ({"adv_estimator": "gae"}, "adv_estimator='gae'"),
-    ({"norm_adv_by_std_in_grpo": True, "binary_rewards": False}, "only for binary rewards"),
-    ({"eps_high_max": -0.1}, "eps_high_max must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        ({"loss_mode": "vanilla"}, "loss_mode must be one of"),
+        ({"schedule": "cubic"}, "schedule must be one of"),
+        ({"reward_min": 1.0, "reward_max": 1.0}, "reward_max"),
+        ({"adv_estimator": "gae"}, "adv_estimator='gae'"),
+        ({"norm_adv_by_std_in_grpo": True, "binary_rewards": False}, "only for binary rewards"),
+        ({"eps_high_max": -0.1}, "eps_high_max must be >= 0"),
+    ],
+)
 def test_invalid_gapo_config_fields(fields, match):
     with pytest.raises(ValueError, match=match):
         GAPOPolicyLossConfig(**fields)
 
 
-@pytest.mark.parametrize("kw,pl,match", [
-    ({"low": 0.2, "high": 0.25}, {"eps_high_max": 0.28}, "ambiguous GAPO clip range"),
-    ({"low": 0.2, "high": 0.2}, {"eps_high_max": 0.1}, "eps_high_max .* >= clip_ratio_low"),
-    ({"G": 1}, {"eps_high_max": 0.28}, "rollout_n"),
-])
+@pytest.mark.parametrize(
+    "kw,pl,match",
+    [
+        ({"low": 0.2, "high": 0.25}, {"eps_high_max": 0.28}, "ambiguous GAPO clip range"),
+        ({"low": 0.2, "high": 0.2}, {"eps_high_max": 0.1}, "eps_high_max .* >= clip_ratio_low"),
+        ({"G": 1}, {"eps_high_max": 0.28}, "rollout_n"),
+    ],
+)
 def test_invalid_actor_combinations(kw, pl, match):
     old, logp, adv, mask, _ = group_batch(9)
     with pytest.raises(ValueError, match=match):
@@ -567,13 +670,18 @@ def test_reward_range_group_batch_from_std_grpo_advantages_equals_core(mode, val
     g = torch.Generator().manual_seed(G)
     hit = (torch.rand(G * prompts, generator=g) < torch.rand(prompts, generator=g).repeat_interleave(G)).float()
     hit[:G] = 1.0  # an all-correct group and an all-wrong one
-    hit[G:2 * G] = 0.0
+    hit[G : 2 * G] = 0.0
     lo, hi = values
     rewards = lo + (hi - lo) * hit
     _, _, adv, mask, _ = group_batch(G, G=G, prompts=prompts, rewards=rewards, estimator="grpo")
     perm = torch.randperm(G * prompts, generator=g)
-    w, c = gv.success_from_advantages(gv._row_advantages(adv[perm], mask[perm]), G, adv_estimator="grpo",
-                                      norm_adv_by_std_in_grpo=True, reward_range=mode)
+    w, c = gv.success_from_advantages(
+        gv._row_advantages(adv[perm], mask[perm]),
+        G,
+        adv_estimator="grpo",
+        norm_adv_by_std_in_grpo=True,
+        reward_range=mode,
+    )
     core = success_weight(rewards, G, reward_range=mode)
     assert torch.allclose(w, core[perm], atol=1e-5)
     known = c >= 0
@@ -585,8 +693,9 @@ def test_reward_range_group_batch_from_std_grpo_advantages_equals_core(mode, val
     for mb in range(0, G * prompts, 5):
         rows = slice(mb, mb + 5)
         n = perm[rows].numel()
-        _, _, m = call("gapo", torch.zeros(n, T), torch.zeros(n, T), adv[perm][rows], mask[perm][rows],
-                       actor(G=G, policy_loss=pl))
+        _, _, m = call(
+            "gapo", torch.zeros(n, T), torch.zeros(n, T), adv[perm][rows], mask[perm][rows], actor(G=G, policy_loss=pl)
+        )
         assert abs(m["actor/gapo_eps_high_mean"] - ref[rows].mean().item()) < 1e-5
 
 
@@ -602,12 +711,15 @@ def test_reward_range_group_with_nonbinary_rewards_the_core_would_differ():
         gv.success_from_advantages(a, G, reward_range="group", binary_rewards=False)
 
 
-@pytest.mark.parametrize("fields", [
-    {"reward_range": "group"},                                                  # Dr.GRPO
-    {"reward_range": "batch", "adv_estimator": "rloo"},
-    {"reward_range": "group", "adv_estimator": "rloo", "norm_adv_by_std_in_grpo": True},  # rloo has no std
-    {"reward_range": "batch", "binary_rewards": False},
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"reward_range": "group"},  # Dr.GRPO
+        {"reward_range": "batch", "adv_estimator": "rloo"},
+        {"reward_range": "group", "adv_estimator": "rloo", "norm_adv_by_std_in_grpo": True},  # rloo has no std
+        {"reward_range": "batch", "binary_rewards": False},
+    ],
+)
 def test_reward_range_group_batch_rejected_where_not_recoverable(fields):
     with pytest.raises(ValueError, match="verl's policy loss is given only each row's advantage"):
         GAPOPolicyLossConfig(loss_mode="gapo", **fields)
@@ -617,10 +729,17 @@ def test_reward_range_fixed_spelling_and_errors():
     G = 4
     rewards = torch.tensor([1.0, -1, -1, -1, 1, 1, -1, -1])
     old, logp, adv, mask, _ = group_batch(5, G=G, prompts=2, rewards=rewards)
-    a = call("gapo", old, logp, adv, mask, actor(G=G, high=0.28, policy_loss=GAPOPolicyLossConfig(
-        reward_range=[-1, 1])))
-    b = call("gapo", old, logp, adv, mask, actor(G=G, high=0.28, policy_loss=GAPOPolicyLossConfig(
-        reward_min=-1.0, reward_max=1.0)))
+    a = call(
+        "gapo", old, logp, adv, mask, actor(G=G, high=0.28, policy_loss=GAPOPolicyLossConfig(reward_range=[-1, 1]))
+    )
+    b = call(
+        "gapo",
+        old,
+        logp,
+        adv,
+        mask,
+        actor(G=G, high=0.28, policy_loss=GAPOPolicyLossConfig(reward_min=-1.0, reward_max=1.0)),
+    )
     assert_same(a, b, keys=("actor/gapo_eps_high_mean", "actor/pg_clipfrac"))
     expected = gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28, reward_range=(-1.0, 1.0)).mean()
     assert abs(a[2]["actor/gapo_eps_high_mean"] - expected.item()) < 1e-6

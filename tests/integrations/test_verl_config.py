@@ -42,10 +42,17 @@ CONF_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
 PL = "actor_rollout_ref.actor.policy_loss"
 
 # what a minimal run needs besides the override under test
-BASE = ["data.train_files=/d/train.parquet", "data.val_files=/d/val.parquet", "actor_rollout_ref.model.path=/m",
-        "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "trainer.n_gpus_per_node=1"]
+BASE = [
+    "data.train_files=/d/train.parquet",
+    "data.val_files=/d/val.parquet",
+    "actor_rollout_ref.model.path=/m",
+    "actor_rollout_ref.rollout.n=4",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    "trainer.n_gpus_per_node=1",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,7 +62,7 @@ BASE = ["data.train_files=/d/train.parquet", "data.val_files=/d/val.parquet", "a
 def doc_scripts() -> dict[str, str]:
     """The bash blocks of the verl section that run ``main_ppo``, by their ``loss_mode``."""
     text = DOCS.read_text()
-    section = text[text.index("\n## verl\n"):text.index("\n## TRL\n")]
+    section = text[text.index("\n## verl\n") : text.index("\n## TRL\n")]
     blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
     scripts = [b for b in blocks if "python3 -m verl.trainer.main_ppo" in b]
     modes = [re.search(rf"{PL}\.loss_mode=(\w+)", b).group(1) for b in scripts]
@@ -68,8 +75,8 @@ def doc_overrides(script: str, env: dict | None = None) -> list[str]:
     env = {"PWD": "/work", **(env or {})}
     for name, default in re.findall(r"^(\w+)=\$\{\1:-(.*)\}$", script, flags=re.M):
         env.setdefault(name, re.sub(r"\$(\w+)", lambda m: env[m.group(1)], default))
-    cmd = script[script.index("python3 -m verl.trainer.main_ppo"):]
-    cmd = cmd[:cmd.index('"$@"')].replace("\\\n", " ")
+    cmd = script[script.index("python3 -m verl.trainer.main_ppo") :]
+    cmd = cmd[: cmd.index('"$@"')].replace("\\\n", " ")
     cmd = re.sub(r"\$(\w+)", lambda m: env[m.group(1)], cmd)  # leaves '${algorithm.*}' alone
     return shlex.split(cmd)[3:]
 
@@ -130,7 +137,9 @@ def test_docs_command_composes_validates_and_instantiates_gapo(mode):
     pl = act.policy_loss
     assert type(pl) is GAPOPolicyLossConfig and pl.loss_mode == mode
     in_dataclass = check_every_override(overrides, cfg, act)
-    assert {f"{PL}.{k}" for k in ("loss_mode", "eps_high_max", "adv_estimator", "norm_adv_by_std_in_grpo")} <= set(in_dataclass)
+    assert {f"{PL}.{k}" for k in ("loss_mode", "eps_high_max", "adv_estimator", "norm_adv_by_std_in_grpo")} <= set(
+        in_dataclass
+    )
     assert cfg.data.train_batch_size == 256 and cfg.actor_rollout_ref.rollout.n == 8
     lo, hi = {"gapo_seq": (3e-3, 5e-3), "gapo": (0.2, 0.28)}[mode]
     assert (act.clip_ratio_low, act.clip_ratio_high, pl.eps_high_max) == (lo, lo, hi)
@@ -190,20 +199,33 @@ def test_docs_scripts_start_main_ppo(tmp_path):
         run_dir = tmp_path / mode
         run_dir.mkdir()
         (run_dir / "launch.sh").write_text(script)
-        procs[mode] = subprocess.Popen(["bash", "launch.sh", "trainer.logger=[console]"], cwd=run_dir, env=env,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs[mode] = subprocess.Popen(
+            ["bash", "launch.sh", "trainer.logger=[console]"],
+            cwd=run_dir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     for mode, p in procs.items():
         stdout, stderr = timing.communicate(p, timeout=1800, quiet_s=120, what=f"verl's main_ppo start-up ({mode})")
         assert p.returncode == 0, (mode, stderr[-4000:])
         line = [ln for ln in stdout.splitlines() if ln.startswith("GAPO_CAPTURE ")]
         assert len(line) == 1, (stdout[-2000:], stderr[-4000:])
-        out = json.loads(line[0][len("GAPO_CAPTURE "):])
+        out = json.loads(line[0][len("GAPO_CAPTURE ") :])
         assert out["trainer"] == "PPOTrainerSync"
         assert out["policy_loss_type"] == "gapo.integrations.verl.GAPOPolicyLossConfig"
         lo, hi = {"gapo_seq": (3e-3, 5e-3), "gapo": (0.2, 0.28)}[mode]
         assert out["clip"] == [lo, lo]
-        assert out["policy_loss"] == {"loss_mode": mode, "eps_high_max": hi, "schedule": "linear", "reward_min": 0.0,
-                                      "reward_max": 1.0, "adv_estimator": "grpo", "norm_adv_by_std_in_grpo": False}
+        assert out["policy_loss"] == {
+            "loss_mode": mode,
+            "eps_high_max": hi,
+            "schedule": "linear",
+            "reward_min": 0.0,
+            "reward_max": 1.0,
+            "adv_estimator": "grpo",
+            "norm_adv_by_std_in_grpo": False,
+        }
         cfg = OmegaConf.create(out["config"])
         overrides = doc_overrides(doc_scripts()[mode], env={"PWD": str(tmp_path / mode)})
         overrides.append("trainer.logger=[console]")  # "$@" of the script: extra overrides pass through
@@ -223,13 +245,27 @@ def test_docs_scripts_start_main_ppo(tmp_path):
 
 @pytest.mark.parametrize("mode", ["gapo", "gapo_seq"])
 def test_gapo_keys_work_without_target_override(mode):
-    cfg = _compose(BASE + [f"{PL}.loss_mode={mode}", f"+{PL}.eps_high_max=0.28", f"+{PL}.schedule=log",
-                           f"+{PL}.reward_min=-1", f"+{PL}.binary_rewards=false"])
+    cfg = _compose(
+        BASE
+        + [
+            f"{PL}.loss_mode={mode}",
+            f"+{PL}.eps_high_max=0.28",
+            f"+{PL}.schedule=log",
+            f"+{PL}.reward_min=-1",
+            f"+{PL}.binary_rewards=false",
+        ]
+    )
     assert cfg.actor_rollout_ref.actor.policy_loss._target_ == "verl.workers.config.PolicyLossConfig"
     validate_config(cfg, use_reference_policy=False, use_critic=False)
     pl = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss
     assert type(pl) is GAPOPolicyLossConfig
-    assert (pl.loss_mode, pl.eps_high_max, pl.schedule, pl.reward_min, pl.binary_rewards) == (mode, 0.28, "log", -1.0, False)
+    assert (pl.loss_mode, pl.eps_high_max, pl.schedule, pl.reward_min, pl.binary_rewards) == (
+        mode,
+        0.28,
+        "log",
+        -1.0,
+        False,
+    )
     assert pl.rollout_correction == PolicyLossConfig().rollout_correction  # verl's own fields kept
 
 
@@ -237,13 +273,26 @@ def test_gapo_loss_mode_alone_gets_gapo_config_with_defaults():
     cfg = _compose(BASE + [f"{PL}.loss_mode=gapo"])
     pl = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss
     assert type(pl) is GAPOPolicyLossConfig
-    assert (pl.eps_high_max, pl.schedule, pl.reward_min, pl.reward_max, pl.adv_estimator,
-            pl.norm_adv_by_std_in_grpo, pl.binary_rewards) == (None, "linear", 0.0, 1.0, "grpo", False, True)
+    assert (
+        pl.eps_high_max,
+        pl.schedule,
+        pl.reward_min,
+        pl.reward_max,
+        pl.adv_estimator,
+        pl.norm_adv_by_std_in_grpo,
+        pl.binary_rewards,
+    ) == (None, "linear", 0.0, 1.0, "grpo", False, True)
 
 
 def test_explicit_target_still_works():
-    cfg = _compose(BASE + [f"{PL}.loss_mode=gapo_seq", f"{PL}._target_=gapo.integrations.verl.GAPOPolicyLossConfig",
-                           f"+{PL}.eps_high_max=5e-3"])
+    cfg = _compose(
+        BASE
+        + [
+            f"{PL}.loss_mode=gapo_seq",
+            f"{PL}._target_=gapo.integrations.verl.GAPOPolicyLossConfig",
+            f"+{PL}.eps_high_max=5e-3",
+        ]
+    )
     pl = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss
     assert type(pl) is GAPOPolicyLossConfig and pl.eps_high_max == 5e-3
 
@@ -323,34 +372,52 @@ def test_misspelt_gapo_key_lists_gapo_keys():
         assert repr(name) in msg
 
 
-@pytest.mark.parametrize("extra, match", [
-    ([f"+{PL}.schedule=cosine"], "policy_loss.schedule must be one of"),
-    ([f"+{PL}.reward_min=1", f"+{PL}.reward_max=0"], r"policy_loss.reward_max \(0.0\) must be > reward_min"),
-    ([f"+{PL}.adv_estimator=gae"], "policy_loss.adv_estimator='gae'"),
-])
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ([f"+{PL}.schedule=cosine"], "policy_loss.schedule must be one of"),
+        ([f"+{PL}.reward_min=1", f"+{PL}.reward_max=0"], r"policy_loss.reward_max \(0.0\) must be > reward_min"),
+        ([f"+{PL}.adv_estimator=gae"], "policy_loss.adv_estimator='gae'"),
+    ],
+)
 def test_invalid_gapo_values_fail_at_startup(extra, match):
     msg = _startup_error([f"{PL}.loss_mode=gapo"] + extra)
     assert re.search(match, msg), msg
 
 
-INTERP = [f"+{PL}.adv_estimator=${{algorithm.adv_estimator}}",
-          f"+{PL}.norm_adv_by_std_in_grpo=${{algorithm.norm_adv_by_std_in_grpo}}"]
+INTERP = [
+    f"+{PL}.adv_estimator=${{algorithm.adv_estimator}}",
+    f"+{PL}.norm_adv_by_std_in_grpo=${{algorithm.norm_adv_by_std_in_grpo}}",
+]
 
 
 @pytest.mark.parametrize("mode", ["group", "batch"])
 def test_reward_range_group_batch_at_startup(mode):
     """Accepted with std-normalised GRPO (the estimator settings interpolated from algorithm.*),
     rejected at start-up under Dr.GRPO with gapo's explanation."""
-    ok = _compose(BASE + INTERP + ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=True",
-                                   f"{PL}.loss_mode=gapo_seq",
-                                   f"+{PL}.reward_range={mode}"])
+    ok = _compose(
+        BASE
+        + INTERP
+        + [
+            "algorithm.adv_estimator=grpo",
+            "algorithm.norm_adv_by_std_in_grpo=True",
+            f"{PL}.loss_mode=gapo_seq",
+            f"+{PL}.reward_range={mode}",
+        ]
+    )
     validate_config(ok, use_reference_policy=False, use_critic=False)
     OmegaConf.resolve(ok)
     pl = omega_conf_to_dataclass(ok.actor_rollout_ref.actor).policy_loss
     assert (type(pl), pl.reward_range, pl.norm_adv_by_std_in_grpo) == (GAPOPolicyLossConfig, mode, True)
-    msg = _startup_error(INTERP + ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False",
-                                   f"{PL}.loss_mode=gapo",
-                                   f"+{PL}.reward_range={mode}"])
+    msg = _startup_error(
+        INTERP
+        + [
+            "algorithm.adv_estimator=grpo",
+            "algorithm.norm_adv_by_std_in_grpo=False",
+            f"{PL}.loss_mode=gapo",
+            f"+{PL}.reward_range={mode}",
+        ]
+    )
     assert f"policy_loss.reward_range={mode!r}" in msg and "norm_adv_by_std_in_grpo=False" in msg
     assert "policy_loss.reward_min/reward_max" in msg
 
@@ -364,7 +431,7 @@ def test_reward_range_fixed_list_at_startup():
 
 def test_gapo_fields_are_the_documented_ones():
     text = DOCS.read_text()
-    section = text[text.index("\n## verl\n"):text.index("\n## TRL\n")]
+    section = text[text.index("\n## verl\n") : text.index("\n## TRL\n")]
     for name in gv.GAPO_FIELDS:
         assert f"`+policy_loss.{name}`" in section or f"+policy_loss.{name}`" in section, name
 
@@ -373,10 +440,21 @@ def test_gapo_fields_are_the_documented_ones():
 # what main_ppo imports at start-up, and the `verl` extra that installs it
 
 STARTUP_MODULES = [
-    "transfer_queue", "cachetools", "fastapi", "uvicorn", "zmq", "msgspec",
-    "verl.trainer.main_ppo", "verl.trainer.main_ppo_v0", "verl.trainer.ppo.v1", "verl.trainer.ppo.ray_trainer",
-    "verl.workers.engine_workers", "verl.workers.rollout.router", "verl.workers.rollout.utils",
-    "verl.experimental.agent_loop", "verl.experimental.reward_loop",
+    "transfer_queue",
+    "cachetools",
+    "fastapi",
+    "uvicorn",
+    "zmq",
+    "msgspec",
+    "verl.trainer.main_ppo",
+    "verl.trainer.main_ppo_v0",
+    "verl.trainer.ppo.v1",
+    "verl.trainer.ppo.ray_trainer",
+    "verl.workers.engine_workers",
+    "verl.workers.rollout.router",
+    "verl.workers.rollout.utils",
+    "verl.experimental.agent_loop",
+    "verl.experimental.reward_loop",
 ]
 
 
@@ -400,8 +478,9 @@ def test_verl_extra_installs_what_the_default_trainer_imports():
 
     from packaging.utils import canonicalize_name
 
-    extra = _requirement_names(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-                               ["optional-dependencies"]["verl"])
+    extra = _requirement_names(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["verl"]
+    )
     assert str(extra["verl"].specifier) == "==0.9.1"
     # the distributions that provide the modules verl's default trainer imports but verl does not require
     dists = packages_distributions()
@@ -414,7 +493,7 @@ def test_verl_extra_installs_what_the_default_trainer_imports():
         if 'extra == "verl-core"' in r:
             req = _requirement_names([r.split(";")[0]])
             core.update(req)
-    for name, req in extra.items():
+    for name in extra:
         if name != "verl":
             assert name in core, name
     # and every new package (with the dependencies they bring that verl's base does not) is pinned
@@ -428,19 +507,35 @@ def test_verl_extra_installs_what_the_default_trainer_imports():
         assert extra.get(name) is None or extra[name].specifier.contains(lock[name]), (name, lock[name])
 
 
-@pytest.mark.parametrize("extra, match", [
-    # ε_high_max below clip_ratio_low: explicit, and through clip_ratio_high when eps_high_max is unset
-    ([f"+{PL}.eps_high_max=0.1", "actor_rollout_ref.actor.clip_ratio_low=0.2",
-      "actor_rollout_ref.actor.clip_ratio_high=0.2"],
-     r"eps_high_max \(0.1, from policy_loss.eps_high_max\) >= clip_ratio_low \(0.2, actor.clip_ratio_low\)"),
-    (["actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.1"],
-     r"eps_high_max \(0.1, from actor.clip_ratio_high .*\) >= clip_ratio_low \(0.2, "),
-    # a clip_ratio_high that is neither clip_ratio_low nor eps_high_max
-    ([f"+{PL}.eps_high_max=0.28", "actor_rollout_ref.actor.clip_ratio_low=0.2",
-      "actor_rollout_ref.actor.clip_ratio_high=0.25"], "ambiguous GAPO clip range"),
-    # a group of one: no group success to adapt to
-    (["actor_rollout_ref.rollout.n=1"], r"rollout_n \(the group size G\) >= 2, got 1"),
-])
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        # ε_high_max below clip_ratio_low: explicit, and through clip_ratio_high when eps_high_max is unset
+        (
+            [
+                f"+{PL}.eps_high_max=0.1",
+                "actor_rollout_ref.actor.clip_ratio_low=0.2",
+                "actor_rollout_ref.actor.clip_ratio_high=0.2",
+            ],
+            r"eps_high_max \(0.1, from policy_loss.eps_high_max\) >= clip_ratio_low \(0.2, actor.clip_ratio_low\)",
+        ),
+        (
+            ["actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.1"],
+            r"eps_high_max \(0.1, from actor.clip_ratio_high .*\) >= clip_ratio_low \(0.2, ",
+        ),
+        # a clip_ratio_high that is neither clip_ratio_low nor eps_high_max
+        (
+            [
+                f"+{PL}.eps_high_max=0.28",
+                "actor_rollout_ref.actor.clip_ratio_low=0.2",
+                "actor_rollout_ref.actor.clip_ratio_high=0.25",
+            ],
+            "ambiguous GAPO clip range",
+        ),
+        # a group of one: no group success to adapt to
+        (["actor_rollout_ref.rollout.n=1"], r"rollout_n \(the group size G\) >= 2, got 1"),
+    ],
+)
 @pytest.mark.parametrize("mode", ["gapo", "gapo_seq"])
 def test_invalid_actor_combinations_fail_in_validate_config(mode, extra, match):
     """The three settings only the whole actor config can judge stop verl's validate_config (the
@@ -454,11 +549,19 @@ def test_invalid_actor_combinations_fail_in_validate_config(mode, extra, match):
 
 def test_actor_validation_leaves_other_loss_modes_and_valid_gapo_alone():
     # vanilla PPO with an asymmetric clip range and n=1 is verl's business, not gapo's
-    vanilla = _compose(BASE + ["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.clip_ratio_low=0.2",
-                               "actor_rollout_ref.actor.clip_ratio_high=0.1"])
+    vanilla = _compose(
+        BASE
+        + [
+            "actor_rollout_ref.rollout.n=1",
+            "actor_rollout_ref.actor.clip_ratio_low=0.2",
+            "actor_rollout_ref.actor.clip_ratio_high=0.1",
+        ]
+    )
     validate_config(vanilla, use_reference_policy=False, use_critic=False)
-    for extra in ([f"+{PL}.eps_high_max=0.28"],  # clip_ratio_high (= clip_ratio 0.2) = clip_ratio_low
-                  ["actor_rollout_ref.actor.clip_ratio_high=0.28"]):  # eps_high_max unset: clip_ratio_high
+    for extra in (
+        [f"+{PL}.eps_high_max=0.28"],  # clip_ratio_high (= clip_ratio 0.2) = clip_ratio_low
+        ["actor_rollout_ref.actor.clip_ratio_high=0.28"],
+    ):  # eps_high_max unset: clip_ratio_high
         ok = _compose(BASE + [f"{PL}.loss_mode=gapo"] + extra)
         validate_config(ok, use_reference_policy=False, use_critic=False)
 

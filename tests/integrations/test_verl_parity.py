@@ -23,9 +23,16 @@ TOL = 1e-6
 
 
 def _actor(eps_low, eps_high, agg="token-mean", clip_ratio_c=3.0):
-    return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=eps_low,
-                       clip_ratio_low=eps_low, clip_ratio_high=eps_high, clip_ratio_c=clip_ratio_c,
-                       loss_agg_mode=agg)
+    return ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio=eps_low,
+        clip_ratio_low=eps_low,
+        clip_ratio_high=eps_high,
+        clip_ratio_c=clip_ratio_c,
+        loss_agg_mode=agg,
+    )
 
 
 def _batch(seed, B=12, T=16, noise=0.3, adv_per_token=False):
@@ -43,8 +50,9 @@ def _batch(seed, B=12, T=16, noise=0.3, adv_per_token=False):
 
 def _both(verl_name, agg, old, logp, adv, mask, cfg, **gapo_kwargs):
     x_v = logp.clone().requires_grad_(True)
-    loss_v, m_v = get_policy_loss_fn(verl_name)(old_log_prob=old, log_prob=x_v, advantages=adv,
-                                                 response_mask=mask, loss_agg_mode=agg, config=cfg)
+    loss_v, m_v = get_policy_loss_fn(verl_name)(
+        old_log_prob=old, log_prob=x_v, advantages=adv, response_mask=mask, loss_agg_mode=agg, config=cfg
+    )
     loss_v.backward()
     x_g = logp.clone().requires_grad_(True)
     loss_g, m_g = policy_loss(x_g, old, adv, mask, agg=agg, **gapo_kwargs)
@@ -69,8 +77,19 @@ def test_token_level_equals_verl_vanilla(agg, eps, seed):
     old, logp, adv, mask = _batch(seed)
     # a few tokens far out, so that the dual clip (ratio > 3 with A < 0) is exercised
     logp[3:6, :4] += 1.5
-    v, g = _both("vanilla", agg, old, logp, adv, mask, _actor(*eps, agg=agg),
-                 eps_low=eps[0], eps_high=eps[1], level="token", clip_ratio_c=3.0)
+    v, g = _both(
+        "vanilla",
+        agg,
+        old,
+        logp,
+        adv,
+        mask,
+        _actor(*eps, agg=agg),
+        eps_low=eps[0],
+        eps_high=eps[1],
+        level="token",
+        clip_ratio_c=3.0,
+    )
     _assert_close(v, g)
     assert v[2]["actor/pg_clipfrac"] > 0.05  # the comparison covers clipped tokens ...
     assert v[2]["actor/pg_clipfrac_lower"] > 0  # ... and dual-clipped ones
@@ -80,8 +99,19 @@ def test_token_level_per_token_advantages_and_per_rollout_eps_tensor():
     # advantages (B, T) that vary per token, and a constant per-rollout ε tensor (GAPO's input type)
     old, logp, adv, mask = _batch(5, adv_per_token=True)
     eps_high = torch.full((old.shape[0],), 0.28)
-    v, g = _both("vanilla", "token-mean", old, logp, adv, mask, _actor(0.2, 0.28),
-                 eps_low=0.2, eps_high=eps_high, level="token", clip_ratio_c=3.0)
+    v, g = _both(
+        "vanilla",
+        "token-mean",
+        old,
+        logp,
+        adv,
+        mask,
+        _actor(0.2, 0.28),
+        eps_low=0.2,
+        eps_high=eps_high,
+        level="token",
+        clip_ratio_c=3.0,
+    )
     _assert_close(v, g)
 
 
@@ -90,8 +120,19 @@ def test_token_level_extreme_log_ratios_match():
     old, logp, adv, mask = _batch(2)
     logp[1:4] += 40.0
     logp[5:8] -= 40.0
-    v, g = _both("vanilla", "token-mean", old, logp, adv, mask, _actor(0.2, 0.28),
-                 eps_low=0.2, eps_high=0.28, level="token", clip_ratio_c=3.0)
+    v, g = _both(
+        "vanilla",
+        "token-mean",
+        old,
+        logp,
+        adv,
+        mask,
+        _actor(0.2, 0.28),
+        eps_low=0.2,
+        eps_high=0.28,
+        level="token",
+        clip_ratio_c=3.0,
+    )
     _assert_close(v, g)
 
 
@@ -101,8 +142,19 @@ def test_token_level_extreme_log_ratios_match():
 def test_sequence_level_equals_verl_gspo(agg, eps, seed):
     # per-token noise 0.02 puts the sequence ratio on both sides of GSPO's tiny clip range
     old, logp, adv, mask = _batch(seed, noise=0.02)
-    v, g = _both("gspo", agg, old, logp, adv, mask, _actor(*eps, agg=agg),
-                 eps_low=eps[0], eps_high=eps[1], level="sequence", clip_ratio_c=None)
+    v, g = _both(
+        "gspo",
+        agg,
+        old,
+        logp,
+        adv,
+        mask,
+        _actor(*eps, agg=agg),
+        eps_low=eps[0],
+        eps_high=eps[1],
+        level="sequence",
+        clip_ratio_c=None,
+    )
     _assert_close(v, g)
     assert 0.1 < v[2]["actor/pg_clipfrac"] < 0.9
 
@@ -119,8 +171,19 @@ def test_sequence_level_large_log_ratios_match_verl_gspo(case):
         logp[2:6] += 12.0  # sequence ratio e^12: verl uses e^10
     else:
         logp[7, 0] += 30.0  # mean log-ratio 30/16 for verl, 20/16 if the token is clamped first
-    v, g = _both("gspo", "token-mean", old, logp, adv, mask, _actor(3e-3, 4e-3),
-                 eps_low=3e-3, eps_high=4e-3, level="sequence", clip_ratio_c=None)
+    v, g = _both(
+        "gspo",
+        "token-mean",
+        old,
+        logp,
+        adv,
+        mask,
+        _actor(3e-3, 4e-3),
+        eps_low=3e-3,
+        eps_high=4e-3,
+        level="sequence",
+        clip_ratio_c=None,
+    )
     _assert_close(v, g)
 
 
@@ -138,7 +201,8 @@ def test_agg_loss_equals_verl(mode, global_info):
         # verl normalises by the global mini-batch counts and multiplies by dp_size; gapo divides by
         # the same counts per rank
         dp, n_tok, n_seq, horizon = 4, 301, 37, 2048
-        ref = verl_agg_loss(loss_mat, mask, mode, dp_size=dp, batch_num_tokens=n_tok,
-                            global_batch_size=n_seq, loss_scale_factor=horizon)
+        ref = verl_agg_loss(
+            loss_mat, mask, mode, dp_size=dp, batch_num_tokens=n_tok, global_batch_size=n_seq, loss_scale_factor=horizon
+        )
         ours = agg_loss(loss_mat, mask, mode, num_tokens=n_tok / dp, num_seqs=n_seq / dp, horizon=horizon)
     assert abs(ref.item() - ours.item()) <= TOL * max(1.0, abs(ref.item()))

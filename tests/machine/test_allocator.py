@@ -42,9 +42,16 @@ glibc = pytest.mark.skipif(allocator._libc() is None, reason="mallopt tuning is 
 
 
 def _faults(tuning: str) -> int:
-    out = timing.run([sys.executable, "-c", PROBE, tuning], capture_output=True, text=True, check=True,
-                     env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"}, timeout=900, quiet_s=20,
-                     what=f"the page-fault probe (tuning={tuning})")
+    out = timing.run(
+        [sys.executable, "-c", PROBE, tuning],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"},
+        timeout=900,
+        quiet_s=20,
+        what=f"the page-fault probe (tuning={tuning})",
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["faults"]
 
 
@@ -94,9 +101,18 @@ print(json.dumps([{k: v for k, v in r.items() if not k.startswith("time/")} for 
 def test_tuning_changes_no_value():
     # memory that comes back from the heap instead of fresh (zeroed) pages must not leak into a
     # result: two trainer steps give the same records, bit for bit, with and without the tuning
-    runs = [timing.run([sys.executable, "-c", STEPS, t], capture_output=True, text=True, check=True, timeout=900,
-                       quiet_s=30, what=f"two trainer steps (tuning={t})",
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"}).stdout
-            for t in ("true", "false")]
+    runs = [
+        timing.run(
+            [sys.executable, "-c", STEPS, t],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=900,
+            quiet_s=30,
+            what=f"two trainer steps (tuning={t})",
+            env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"},
+        ).stdout
+        for t in ("true", "false")
+    ]
     a, b = (json.loads(r.strip().splitlines()[-1]) for r in runs)
     assert a == b

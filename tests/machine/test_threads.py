@@ -45,6 +45,7 @@ def test_more_threads_only_when_clearly_faster_in_every_round(monkeypatch):
 
         def run():
             Clock.t += next(it)
+
         return run
 
     monkeypatch.setattr(threads.time, "perf_counter", lambda: Clock.t)
@@ -64,7 +65,7 @@ def test_probe_result_cached_per_machine(clean_env, monkeypatch):
     assert threads.default_threads() == 2
     assert len(calls) == 1
     table = json.loads((clean_env / "threads.json").read_text())
-    (key, entry), = table.items()
+    ((key, entry),) = table.items()
     assert key == threads._key() and entry["threads"] == 2
     monkeypatch.setattr(threads, "_cores", lambda: 1)  # one usable core: no probe at all
     assert threads.default_threads() == 1 and len(calls) == 1

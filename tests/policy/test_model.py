@@ -20,7 +20,9 @@ def tok():
 
 def _strings(n=50, seed=0):
     rng = random.Random(seed)
-    return [rng.choice(["", " ", "\n"]) + "".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 30))) for _ in range(n)]
+    return [
+        rng.choice(["", " ", "\n"]) + "".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 30))) for _ in range(n)
+    ]
 
 
 def test_tokenizer_is_character_level(tok):

@@ -8,8 +8,8 @@ import torch
 
 import gapo.policy.base_policy as pt
 from gapo import tasks
-from gapo.policy.model import load_policy, read_marker
 from gapo.policy.base_policy import PRESETS, get_base_policy
+from gapo.policy.model import load_policy, read_marker
 from gapo.policy.pretrain import PretrainConfig, _Batcher, pretrain
 from gapo.rl.evaluate import evaluate
 
@@ -59,7 +59,12 @@ def test_batches_put_loss_on_completion_and_eos_only():
         first = m.index(True)
         assert tok.decode(row[first : first + n_loss]) == completion + "<eos>"
         nums, target = prompt.split(">")
-        assert task.score(tasks.base.Problem(prompt + ":", int(target), {"numbers": tuple(map(int, nums.split()))}), completion) == 1.0
+        assert (
+            task.score(
+                tasks.base.Problem(prompt + ":", int(target), {"numbers": tuple(map(int, nums.split()))}), completion
+            )
+            == 1.0
+        )
 
 
 def test_demonstrations_are_fresh_each_draw():

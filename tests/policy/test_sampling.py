@@ -89,7 +89,9 @@ def test_no_eos_runs_to_max(model, prompts):
 
 def test_tiny_top_p_equals_greedy(model, prompts):
     g = sample(model, prompts, max_new_tokens=16, temperature=0, eos_token_id=EOS)
-    s = sample(model, prompts, max_new_tokens=16, top_p=1e-6, eos_token_id=EOS, generator=torch.Generator().manual_seed(3))
+    s = sample(
+        model, prompts, max_new_tokens=16, top_p=1e-6, eos_token_id=EOS, generator=torch.Generator().manual_seed(3)
+    )
     assert torch.equal(g.completion_ids, s.completion_ids)
     assert torch.allclose(g.logp, s.logp, atol=1e-6)
 
@@ -171,9 +173,22 @@ def _qwen2_gqa(vocab):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)  # q/k/v biases, 2 key-value heads for 4 query heads (GQA)
-    m = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                     tie_word_embeddings=False)).float().eval()
+    m = (
+        Qwen2ForCausalLM(
+            Qwen2Config(
+                vocab_size=vocab,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=128,
+                tie_word_embeddings=False,
+            )
+        )
+        .float()
+        .eval()
+    )
     with torch.no_grad():
         m.lm_head.weight[EOS] *= 6.0
         for layer in m.model.layers:
@@ -189,8 +204,18 @@ def test_fast_decoder_equals_model_forward(model, tok, prompts, arch):
     m = model if arch == "llama" else _qwen2_gqa(len(tok))
     assert FastLM.build(m) is not None
     for temperature in (0, 0.8):
-        a, b = (sample(m, prompts * 3, max_new_tokens=24, temperature=temperature, eos_token_id=EOS, fast=fast,
-                       generator=torch.Generator().manual_seed(11)) for fast in (True, False))
+        a, b = (
+            sample(
+                m,
+                prompts * 3,
+                max_new_tokens=24,
+                temperature=temperature,
+                eos_token_id=EOS,
+                fast=fast,
+                generator=torch.Generator().manual_seed(11),
+            )
+            for fast in (True, False)
+        )
         assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.response_mask, b.response_mask)
         assert torch.allclose(a.logp, b.logp, atol=1e-6, rtol=0)
         if temperature:
@@ -232,8 +257,9 @@ def test_fast_logprobs_equal_model_forward_with_grads(model, tok, prompts, arch)
         assert torch.allclose(logprobs(m, r.input_ids, r.attention_mask, T)[0] * mk, _full_logp(m, r), atol=1e-5)
 
 
-@pytest.mark.parametrize("arch,chunks", [("llama", {}), ("qwen2-gqa", {}),
-                                         ("llama", {"chunk_size": 3, "max_saved_bytes": 0})])
+@pytest.mark.parametrize(
+    "arch,chunks", [("llama", {}), ("qwen2-gqa", {}), ("llama", {"chunk_size": 3, "max_saved_bytes": 0})]
+)
 def test_packed_completion_forward_equals_padded(model, tok, prompts, arch, chunks, monkeypatch):
     # packing the live completion positions (the decoder's FastLM._packed and logprobs' head)
     # changes no live value: log-probs and entropies bit for bit (to the last bit with tiny
@@ -312,8 +338,15 @@ def test_kept_logits_budget_counts_the_entropy_softmax(model, prompts, monkeypat
     monkeypatch.setattr(sampling, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
     for entropy_grad, checkpointed in ((False, False), (True, True)):
         calls.clear()
-        logprobs(model, r.input_ids, r.attention_mask, T, chunk_size=3, max_saved_bytes=6 * live * V,
-                 entropy_grad=entropy_grad)
+        logprobs(
+            model,
+            r.input_ids,
+            r.attention_mask,
+            T,
+            chunk_size=3,
+            max_saved_bytes=6 * live * V,
+            entropy_grad=entropy_grad,
+        )
         assert bool(calls) == checkpointed, (entropy_grad, len(calls), B)
 
 
@@ -335,8 +368,18 @@ def test_fast_decoder_under_gradient_checkpointing(tok, prompts):
     h = m.model.layers[0].mlp.register_forward_hook(lambda *a: None)  # any other hook still declines
     assert FastLM.build(m) is None
     h.remove()
-    a, b = (sample(m, prompts * 2, max_new_tokens=16, temperature=0.8, eos_token_id=EOS, fast=fast,
-                   generator=torch.Generator().manual_seed(21)) for fast in (True, False))
+    a, b = (
+        sample(
+            m,
+            prompts * 2,
+            max_new_tokens=16,
+            temperature=0.8,
+            eos_token_id=EOS,
+            fast=fast,
+            generator=torch.Generator().manual_seed(21),
+        )
+        for fast in (True, False)
+    )
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.allclose(a.logp, b.logp, atol=1e-6, rtol=0)
 
 
@@ -347,8 +390,10 @@ def test_fast_decoder_under_gradient_checkpointing(tok, prompts):
 # and generation_config.json's eos_token_id is [<|im_end|>, <|endoftext|>] (Qwen2.5-Math's layout).
 # It is overfit to answer each question below and then run on, as a base model does.
 
-CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
-          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 QA = {  # question -> (gold, what the model writes after the chat prompt)
     "What is 4 + 1?": ("5", "The answer is \\boxed{5}<|im_end|>\\boxed{7 + 6 + 8}\\boxed{3}<|endoftext|>"),
     "What is 5 * 2?": ("10", "5 * 2 = \\boxed{10}\n\nQuestion: 3 + 3 = \\boxed{6}<|im_end|>\\boxed{6}<|endoftext|>"),
@@ -380,17 +425,36 @@ def build_qwen_base(path, data_root, *, steps: int = 150):
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    corpus = [f"{a} + {b} = \\boxed{{{a + b}}}\n\nQuestion: {a} * {b} = {a * b}" for a in range(1, 11)
-              for b in range(1, 11)] + ["system user assistant The answer is What"] * 10
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tk = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                 additional_special_tokens=specials[1:])
+    corpus = [
+        f"{a} + {b} = \\boxed{{{a + b}}}\n\nQuestion: {a} * {b} = {a * b}" for a in range(1, 11) for b in range(1, 11)
+    ] + ["system user assistant The answer is What"] * 10
+    bpe.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    tk = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=specials[1:],
+    )
     tk.chat_template = CHATML
     eot, im_end = tk.convert_tokens_to_ids("<|endoftext|>"), tk.convert_tokens_to_ids("<|im_end|>")
-    cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=len(tk), max_position_embeddings=256,
-                      tie_word_embeddings=True, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
+    cfg = Qwen2Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=len(tk),
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        pad_token_id=eot,
+    )
     torch.manual_seed(0)
     Qwen2ForCausalLM(cfg).save_pretrained(path)
     tk.save_pretrained(path)
@@ -401,8 +465,10 @@ def build_qwen_base(path, data_root, *, steps: int = 150):
     params = {"path": str(train), "eval_path": str(ev), "template": "{question}"}  # the prompt: the question
     task = tasks.build("math", params)
     enc = PromptEncoder(tok)
-    seqs = [(enc.ids(p.prompt), tok(QA[p.meta["question"]][1], add_special_tokens=False).input_ids)
-            for p in task.generate("train", 2, 0)[:2] + task.generate("eval", 1, 0)[:1]]
+    seqs = [
+        (enc.ids(p.prompt), tok(QA[p.meta["question"]][1], add_special_tokens=False).input_ids)
+        for p in task.generate("train", 2, 0)[:2] + task.generate("eval", 1, 0)[:1]
+    ]
     assert len({tuple(p) for p, _ in seqs}) == 3
     L = max(len(p) + len(a) for p, a in seqs)
     ids = torch.tensor([[eot] * (L - len(p) - len(a)) + p + a for p, a in seqs])
@@ -488,18 +554,28 @@ def test_a_stop_string_that_is_a_special_token_stops_at_it(qwen_base):
     _, _, model, tok = qwen_base
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     q = "What is 4 + 1?"
-    r = sample(model, [_chat_ids(tok, q)], max_new_tokens=40, temperature=0, eos_token_id=tok.eos_token_id,
-               stop=["<|im_end|>"], tokenizer=tok)
+    r = sample(
+        model,
+        [_chat_ids(tok, q)],
+        max_new_tokens=40,
+        temperature=0,
+        eos_token_id=tok.eos_token_id,
+        stop=["<|im_end|>"],
+        tokenizer=tok,
+    )
     assert r.completion_ids[0, int(r.lengths[0]) - 1] == im_end and im_end in r.eos_ids and r.stop == ()
     assert r.texts(tok) == ["The answer is \\boxed{5}"]
 
 
 @pytest.mark.parametrize("fast", [True, False])
-@pytest.mark.parametrize("stop,text", [
-    ("\n\nQuestion:", "5 * 2 = \\boxed{10}"),  # spans four tokens: '\n' '\n' 'Question' ':'
-    ("xed{1", "5 * 2 = \\bo"),  # starts inside 'boxed' and ends inside '10'
-    ("estio", "5 * 2 = \\boxed{10}\n\nQu"),  # starts and ends inside the one token 'Question'
-])
+@pytest.mark.parametrize(
+    "stop,text",
+    [
+        ("\n\nQuestion:", "5 * 2 = \\boxed{10}"),  # spans four tokens: '\n' '\n' 'Question' ':'
+        ("xed{1", "5 * 2 = \\bo"),  # starts inside 'boxed' and ends inside '10'
+        ("estio", "5 * 2 = \\boxed{10}\n\nQu"),  # starts and ends inside the one token 'Question'
+    ],
+)
 def test_stop_string_across_tokens_cuts_text_and_mask(qwen_base, fast, stop, text):
     from gapo.policy.model import eos_token_ids
 
@@ -512,8 +588,16 @@ def test_stop_string_across_tokens_cuts_text_and_mask(qwen_base, fast, stop, tex
     ids = free.completion_ids[0, : int(free.lengths[0])].tolist()
     # the token that completes the stop string: the first prefix whose text contains it
     k = next(j for j in range(1, len(ids) + 1) if stop in tok.decode(ids[:j]))
-    r = sample(model, [prompt], max_new_tokens=40, temperature=0, eos_token_id=eos, stop=[stop, "never here"],
-               tokenizer=tok, fast=fast)
+    r = sample(
+        model,
+        [prompt],
+        max_new_tokens=40,
+        temperature=0,
+        eos_token_id=eos,
+        stop=[stop, "never here"],
+        tokenizer=tok,
+        fast=fast,
+    )
     assert int(r.lengths[0]) == k and r.completion_ids.shape[1] == k  # nothing sampled past it
     assert r.completion_ids[0].tolist() == ids[:k]
     assert r.texts(tok) == [text]  # cut before the stop string: it is not part of the text
@@ -522,8 +606,10 @@ def test_stop_string_across_tokens_cuts_text_and_mask(qwen_base, fast, stop, tex
 
 def _first_stop(tok, ids, stops):
     """Brute force: the first j such that the text of ids[:j + 1] contains a stop string, else None."""
-    return next((j for j in range(len(ids)) if any(s in tok.decode(ids[: j + 1], skip_special_tokens=True)
-                                                    for s in stops)), None)
+    return next(
+        (j for j in range(len(ids)) if any(s in tok.decode(ids[: j + 1], skip_special_tokens=True) for s in stops)),
+        None,
+    )
 
 
 @pytest.mark.parametrize("fast", [True, False])
@@ -535,8 +621,17 @@ def test_sampled_rows_end_at_their_first_stop(qwen_base, fast):
     _, _, model, tok = qwen_base
     eos, N, stops = eos_token_ids(model, tok), 30, ["\n\n", "+ 6", "xed{1"]
     prompts = [_chat_ids(tok, q) for q in QA] * 6
-    r = sample(model, prompts, max_new_tokens=N, temperature=1.3, eos_token_id=eos, stop=stops, tokenizer=tok,
-               generator=torch.Generator().manual_seed(0), fast=fast)
+    r = sample(
+        model,
+        prompts,
+        max_new_tokens=N,
+        temperature=1.3,
+        eos_token_id=eos,
+        stop=stops,
+        tokenizer=tok,
+        generator=torch.Generator().manual_seed(0),
+        fast=fast,
+    )
     kinds = set()
     for i in range(len(prompts)):
         n = int(r.lengths[i])
@@ -567,9 +662,19 @@ def test_fast_and_hf_paths_agree_with_stops(qwen_base):
     runs = {}
     for fast in (True, False):
         for every in (1, 8):  # 8: how often an accelerator checks (and the stop scan runs)
-            runs[fast, every] = sample(model, prompts, max_new_tokens=32, temperature=1.5, eos_token_id=eos,
-                                       stop=stops, tokenizer=tok, generator=torch.Generator().manual_seed(3),
-                                       fast=fast, compact=False, _check_every=every)
+            runs[fast, every] = sample(
+                model,
+                prompts,
+                max_new_tokens=32,
+                temperature=1.5,
+                eos_token_id=eos,
+                stop=stops,
+                tokenizer=tok,
+                generator=torch.Generator().manual_seed(3),
+                fast=fast,
+                compact=False,
+                _check_every=every,
+            )
     ref = runs[True, 1]
     assert len(set(ref.lengths.tolist())) > 2
     for key, r in runs.items():
@@ -578,8 +683,20 @@ def test_fast_and_hf_paths_agree_with_stops(qwen_base):
         assert torch.allclose(r.logp, ref.logp, atol=1e-5, rtol=0), key
         assert r.texts(tok) == ref.texts(tok), key
     # compaction (rows leaving the cache) gives both paths the same draws too
-    a, b = (sample(model, prompts, max_new_tokens=32, temperature=1.5, eos_token_id=eos, stop=stops, tokenizer=tok,
-                   generator=torch.Generator().manual_seed(4), fast=fast) for fast in (True, False))
+    a, b = (
+        sample(
+            model,
+            prompts,
+            max_new_tokens=32,
+            temperature=1.5,
+            eos_token_id=eos,
+            stop=stops,
+            tokenizer=tok,
+            generator=torch.Generator().manual_seed(4),
+            fast=fast,
+        )
+        for fast in (True, False)
+    )
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.response_mask, b.response_mask)
 
 
@@ -593,13 +710,40 @@ def test_train_and_eval_stop_where_the_model_stops(qwen_base, tmp_path, capsys):
     from gapo.cli import main
 
     path, params, _, _ = qwen_base
-    args = ["--model", str(path), "--task", f"math:{params['path']}", f"task.params.eval_path={params['eval_path']}",
-            'task.params.template="{question}"', "sampling.max_new_tokens=40", 'sampling.stop=["\\n\\nQuestion:"]',
-            "sampling.temperature=0.05", "eval.temperature=0.05"]
+    args = [
+        "--model",
+        str(path),
+        "--task",
+        f"math:{params['path']}",
+        f"task.params.eval_path={params['eval_path']}",
+        'task.params.template="{question}"',
+        "sampling.max_new_tokens=40",
+        'sampling.stop=["\\n\\nQuestion:"]',
+        "sampling.temperature=0.05",
+        "eval.temperature=0.05",
+    ]
     run = tmp_path / "run"
-    assert main(["train", "--out", str(run), *args, "train.steps=1", "train.prompts=2", "train.group_size=2",
-                 "train.mini_batches=1", "eval.problems=1", "eval.samples=2", "eval.every=0", "log.samples=4",
-                 "optim.lr=1e-9", "train.progress=false"]) == 0, capsys.readouterr().err
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(run),
+                *args,
+                "train.steps=1",
+                "train.prompts=2",
+                "train.group_size=2",
+                "train.mini_batches=1",
+                "eval.problems=1",
+                "eval.samples=2",
+                "eval.every=0",
+                "log.samples=4",
+                "optim.lr=1e-9",
+                "train.progress=false",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
     want = {"What is 4 + 1?": "The answer is \\boxed{5}", "What is 5 * 2?": "5 * 2 = \\boxed{10}"}
     assert len(samples) == 4
@@ -621,8 +765,14 @@ def test_texts_leave_out_a_stop_token_that_is_not_special(model, tok, prompts):
     """A stop token is left out of the text even when decoding would keep it (an EOS id of
     generation_config that is an ordinary token): here ``=`` of the character tokenizer."""
     eq = tok.convert_tokens_to_ids("=")
-    r = sample(model, prompts * 4, max_new_tokens=20, eos_token_id=[EOS, eq], pad_token_id=PAD,
-               generator=torch.Generator().manual_seed(21))
+    r = sample(
+        model,
+        prompts * 4,
+        max_new_tokens=20,
+        eos_token_id=[EOS, eq],
+        pad_token_id=PAD,
+        generator=torch.Generator().manual_seed(21),
+    )
     ended = 0
     for i, text in enumerate(r.texts(tok)):
         n = int(r.lengths[i])
@@ -645,14 +795,20 @@ def _tokenizers():
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     out["bytelevel"] = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>")
     sp = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
     sp.pre_tokenizer = pre_tokenizers.Metaspace()
     sp.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace()])
-    sp.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<eos>"]
-                                                       + [f"<0x{b:02X}>" for b in range(256)]))
+    sp.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<eos>"] + [f"<0x{b:02X}>" for b in range(256)]),
+    )
     out["metaspace"] = PreTrainedTokenizerFast(tokenizer_object=sp, eos_token="<eos>", unk_token="<unk>")
     out["char"] = build_tokenizer("".join(sorted(set("".join(corpus)))))
     # decoding that cleans up spaces (" ." -> "."): the scan decodes through tokenizer.decode
@@ -672,10 +828,33 @@ def test_stop_scan_finds_the_first_stop_like_brute_force(kind):
 
     tk = _tokenizers()[kind]
     rng = random.Random(0)
-    pieces = ["the", " answer", " is", " 42", ".", " Question", ":", " what", " 6 * 7", "?", " Résumé", " naïve",
-              " café", ",", " 5 €", " or", " 🙂", " Answer", " done", "\n", "\n\n", " .", " ,"]
+    pieces = [
+        "the",
+        " answer",
+        " is",
+        " 42",
+        ".",
+        " Question",
+        ":",
+        " what",
+        " 6 * 7",
+        "?",
+        " Résumé",
+        " naïve",
+        " café",
+        ",",
+        " 5 €",
+        " or",
+        " 🙂",
+        " Answer",
+        " done",
+        "\n",
+        "\n\n",
+        " .",
+        " ,",
+    ]
     cases = 0
-    for trial in range(60):
+    for _trial in range(60):
         texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(3, 12))) for _ in range(4)]
         rows = [tk(t, add_special_tokens=False).input_ids for t in texts]
         src = rng.choice(texts)
@@ -706,8 +885,12 @@ def test_sampling_stop_config_key():
     cfg = load_config(None, ['sampling.stop=["\\n\\nQuestion:", "</answer>"]'])
     assert cfg.sampling.stop == ["\n\nQuestion:", "</answer>"]
     assert Config().sampling.stop == []
-    for bad, why in (('sampling.stop=[""]', "non-empty strings"), ("sampling.stop=[3]", "expected a string"),
-                     ("sampling.stop=</answer>", "expected a list"), ("sampling.stop={a: 1}", "expected a list")):
+    for bad, why in (
+        ('sampling.stop=[""]', "non-empty strings"),
+        ("sampling.stop=[3]", "expected a string"),
+        ("sampling.stop=</answer>", "expected a list"),
+        ("sampling.stop={a: 1}", "expected a list"),
+    ):
         with pytest.raises(ValueError, match="sampling.stop") as e:
             load_config(None, [bad])
         assert why in str(e.value), (bad, str(e.value))

@@ -6,9 +6,20 @@ from gapo.rl.config import Config, load_config
 
 
 def test_overrides_are_typed():
-    cfg = load_config(None, ["algo.eps_high_max=0.28", "train.steps=7", "algo.reward_range=[-1, 1]",
-                             "algo.advantage=passk", "algo.advantage_params={k: 4}", "task.params.n_numbers=3", "algo.clip_ratio_c=none",
-                             "algo.dynamic_sampling=true", "model.threads=2"])
+    cfg = load_config(
+        None,
+        [
+            "algo.eps_high_max=0.28",
+            "train.steps=7",
+            "algo.reward_range=[-1, 1]",
+            "algo.advantage=passk",
+            "algo.advantage_params={k: 4}",
+            "task.params.n_numbers=3",
+            "algo.clip_ratio_c=none",
+            "algo.dynamic_sampling=true",
+            "model.threads=2",
+        ],
+    )
     assert cfg.algo.eps_high_max == 0.28 and cfg.train.steps == 7 and cfg.algo.reward_range == (-1.0, 1.0)
     assert cfg.algo.advantage_params == {"k": 4} and cfg.task.params == {"n_numbers": 3}
     assert cfg.algo.clip_ratio_c is None and cfg.algo.dynamic_sampling is True and cfg.model.threads == 2
@@ -21,27 +32,36 @@ def test_yaml_file_then_overrides(tmp_path):
     assert cfg.algo.eps_schedule == "linear" and cfg.train.steps == 9
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["algo.eps_hgh=0.3"], r"unknown config key 'algo.eps_hgh'.*Did you mean algo.eps_high_max"),
-    (["algo.eps_high=0.3"], r"'algo.eps_high' is now 'algo.eps_high_max'.*write algo.eps_high_max=0.3"),
-    (["trian.steps=3"], r"unknown config key 'trian.steps'"),
-    (["train.steps=abc"], r"train.steps: expected int"),
-    (["train.steps=2.5"], r"train.steps: expected int"),
-    (["algo.dynamic_sampling=maybe"], r"expected true/false"),
-    (["train.group_size=1"], r"train.group_size \(command line\): must be an integer >= 2"),
-    (["train.mini_batches=5"], r"does not divide the rollout batch"),
-    (["algo.eps_schedule=linear", "algo.eps_high_max=0.1"], r"needs algo.eps_high_max >= algo.eps_low"),
-    (["algo.loss=ppo2"], r"unknown policy loss 'ppo2'.*Did you mean 'ppo'"),
-    (["algo.advantage=gae"], r"unknown advantage estimator 'gae'"),
-    (["task.name=countdwn"], r"unknown task 'countdwn'"),
-    (["algo.loss=cispo", "algo.clip_ratio_c=3"], r"not defined for the cispo loss"),
-    (["sampling.temperature=0"], r"sampling.temperature \(command line\): must be a finite number > 0"),
-    (["model.base_preset=hihg"], r"unknown base-policy preset 'hihg'.*'high'"),
-    (["steps=3"], r"must look like section.key=value|unknown config key"),
-    (["algo.advantage=passk", "algo.advantage_params={k: 4"], r"algo.advantage_params: cannot read '\{k: 4' as a YAML"),
-    (["algo.reward_range=[0, 1"], r"algo.reward_range \(command line\): must be \[R_min, R_max\], 'group' or 'batch'"),
-    (["algo.advantage=passk", "algo.advantage_params={k: 4, k: 5}"], r"duplicate key 'k'"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["algo.eps_hgh=0.3"], r"unknown config key 'algo.eps_hgh'.*Did you mean algo.eps_high_max"),
+        (["algo.eps_high=0.3"], r"'algo.eps_high' is now 'algo.eps_high_max'.*write algo.eps_high_max=0.3"),
+        (["trian.steps=3"], r"unknown config key 'trian.steps'"),
+        (["train.steps=abc"], r"train.steps: expected int"),
+        (["train.steps=2.5"], r"train.steps: expected int"),
+        (["algo.dynamic_sampling=maybe"], r"expected true/false"),
+        (["train.group_size=1"], r"train.group_size \(command line\): must be an integer >= 2"),
+        (["train.mini_batches=5"], r"does not divide the rollout batch"),
+        (["algo.eps_schedule=linear", "algo.eps_high_max=0.1"], r"needs algo.eps_high_max >= algo.eps_low"),
+        (["algo.loss=ppo2"], r"unknown policy loss 'ppo2'.*Did you mean 'ppo'"),
+        (["algo.advantage=gae"], r"unknown advantage estimator 'gae'"),
+        (["task.name=countdwn"], r"unknown task 'countdwn'"),
+        (["algo.loss=cispo", "algo.clip_ratio_c=3"], r"not defined for the cispo loss"),
+        (["sampling.temperature=0"], r"sampling.temperature \(command line\): must be a finite number > 0"),
+        (["model.base_preset=hihg"], r"unknown base-policy preset 'hihg'.*'high'"),
+        (["steps=3"], r"must look like section.key=value|unknown config key"),
+        (
+            ["algo.advantage=passk", "algo.advantage_params={k: 4"],
+            r"algo.advantage_params: cannot read '\{k: 4' as a YAML",
+        ),
+        (
+            ["algo.reward_range=[0, 1"],
+            r"algo.reward_range \(command line\): must be \[R_min, R_max\], 'group' or 'batch'",
+        ),
+        (["algo.advantage=passk", "algo.advantage_params={k: 4, k: 5}"], r"duplicate key 'k'"),
+    ],
+)
 def test_bad_input_fails_before_any_work(overrides, match):
     with pytest.raises(ValueError, match=match):
         load_config(None, overrides)
@@ -94,26 +114,29 @@ def test_non_finite_floats_are_rejected_everywhere(key, value):
         load_config(None, [f"{key}={value}"])
 
 
-@pytest.mark.parametrize("override, match", [
-    ("optim.warmup_steps=-5", r"optim.warmup_steps \(command line\): must be an integer >= 0"),
-    ("optim.grad_clip=-1", r"optim.grad_clip .*> 0"),
-    ("optim.grad_clip=0", r"optim.grad_clip .*> 0, got 0.0"),
-    ("optim.lr=2", r"optim.lr .*<= 1"),
-    ("optim.betas=[0.9, 1.0]", r"optim.betas .*< 1"),
-    ("algo.kl_coef=-1", r"algo.kl_coef .*>= 0"),
-    ("algo.eps_low=1", r"algo.eps_low .*< 1"),
-    ("task.train_size=0", r"task.train_size .*>= 1"),
-    ("task.scoring_workers=-1", r"task.scoring_workers .*>= 0"),
-    ("model.threads=0", r"model.threads .*>= 1"),
-    ("sampling.top_p=0", r"sampling.top_p .*> 0"),
-    ("sampling.max_new_tokens=100000000", r"sampling.max_new_tokens .*<= 1048576"),
-    ("eval.samples=0", r"eval.samples .*>= 1"),
-    ("train.seed=-1", r"train.seed .*>= 0"),
-    ("algo.reward_range=[0, inf]", r"algo.reward_range .*finite"),
-    ("algo.reward_range=everything", r"algo.reward_range .*'group' or 'batch'"),
-    ("model.device=tpu9", r"model.device .*not a device name"),
-    ("model.device=cuda:3", r"model.device .*(not available|does not exist)"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("optim.warmup_steps=-5", r"optim.warmup_steps \(command line\): must be an integer >= 0"),
+        ("optim.grad_clip=-1", r"optim.grad_clip .*> 0"),
+        ("optim.grad_clip=0", r"optim.grad_clip .*> 0, got 0.0"),
+        ("optim.lr=2", r"optim.lr .*<= 1"),
+        ("optim.betas=[0.9, 1.0]", r"optim.betas .*< 1"),
+        ("algo.kl_coef=-1", r"algo.kl_coef .*>= 0"),
+        ("algo.eps_low=1", r"algo.eps_low .*< 1"),
+        ("task.train_size=0", r"task.train_size .*>= 1"),
+        ("task.scoring_workers=-1", r"task.scoring_workers .*>= 0"),
+        ("model.threads=0", r"model.threads .*>= 1"),
+        ("sampling.top_p=0", r"sampling.top_p .*> 0"),
+        ("sampling.max_new_tokens=100000000", r"sampling.max_new_tokens .*<= 1048576"),
+        ("eval.samples=0", r"eval.samples .*>= 1"),
+        ("train.seed=-1", r"train.seed .*>= 0"),
+        ("algo.reward_range=[0, inf]", r"algo.reward_range .*finite"),
+        ("algo.reward_range=everything", r"algo.reward_range .*'group' or 'batch'"),
+        ("model.device=tpu9", r"model.device .*not a device name"),
+        ("model.device=cuda:3", r"model.device .*(not available|does not exist)"),
+    ],
+)
 def test_out_of_domain_values_name_key_and_accepted_range(override, match):
     with pytest.raises(ValueError, match=match):
         load_config(None, [override])
@@ -124,20 +147,30 @@ def test_reward_range_accepts_group_and_batch():
     assert load_config(None, ["algo.reward_range=batch"]).algo.reward_range == "batch"
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["algo.advantage_params={eps: 1e-4}"], r"algo.advantage_params .*unknown entry 'eps'; accepted: \[\]"),
-    (["algo.advantage=grpo", "algo.advantage_params={esp: 1e-4}"], r"unknown entry 'esp'.*Did you mean eps"),
-    (["algo.advantage=passk", "algo.advantage_params={k: 4, kk: 2}"], r"unknown entry 'kk'"),
-    (["task.params.n_numbrs=3"], r"task.params: unknown entry 'n_numbrs'.*Did you mean n_numbers"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["algo.advantage_params={eps: 1e-4}"], r"algo.advantage_params .*unknown entry 'eps'; accepted: \[\]"),
+        (["algo.advantage=grpo", "algo.advantage_params={esp: 1e-4}"], r"unknown entry 'esp'.*Did you mean eps"),
+        (["algo.advantage=passk", "algo.advantage_params={k: 4, kk: 2}"], r"unknown entry 'kk'"),
+        (["task.params.n_numbrs=3"], r"task.params: unknown entry 'n_numbrs'.*Did you mean n_numbers"),
+    ],
+)
 def test_dict_params_are_checked_against_the_component(overrides, match):
     with pytest.raises(ValueError, match=match):
         load_config(None, overrides)
 
 
 def test_dict_params_the_component_accepts_pass():
-    cfg = load_config(None, ["algo.advantage=focal", "algo.advantage_params={gamma: 2, base: grpo, eps: 1e-4}",
-                             "task.params.n_numbers=3", "task.params.min_solutions=2"])
+    cfg = load_config(
+        None,
+        [
+            "algo.advantage=focal",
+            "algo.advantage_params={gamma: 2, base: grpo, eps: 1e-4}",
+            "task.params.n_numbers=3",
+            "task.params.min_solutions=2",
+        ],
+    )
     assert cfg.algo.advantage_params == {"gamma": 2, "base": "grpo", "eps": 1e-4}
 
 
@@ -180,11 +213,14 @@ def test_config_diff_lists_changed_keys():
     assert diff(a, a) == {}
 
 
-@pytest.mark.parametrize("override, match", [
-    ("task.params.n_numbers=abc", r"task.params.n_numbers: cannot interpret 'abc' as int.*\(task 'countdown'\)"),
-    ("task.params.num_range=[1, 2, 3]", r"task.params.num_range: expected a list of 2 values"),
-    ("task.params.min_solutions=1.5", r"task.params.min_solutions"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("task.params.n_numbers=abc", r"task.params.n_numbers: cannot interpret 'abc' as int.*\(task 'countdown'\)"),
+        ("task.params.num_range=[1, 2, 3]", r"task.params.num_range: expected a list of 2 values"),
+        ("task.params.min_solutions=1.5", r"task.params.min_solutions"),
+    ],
+)
 def test_task_params_have_the_types_the_task_declares(override, match):
     with pytest.raises(ValueError, match=match):
         load_config(None, [override])
@@ -207,8 +243,11 @@ def test_the_names_lists_equal_the_registries():
     assert names.DTYPES == tuple(precision.DTYPES)
     assert names.BASE_PRESETS == tuple(base_policy.PRESETS)
     for name, fn in advantages.ADVANTAGES.items():
-        own = {p.name for p in inspect.signature(fn).parameters.values()
-               if p.kind is p.KEYWORD_ONLY and p.name != "reward_range"}
+        own = {
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind is p.KEYWORD_ONLY and p.name != "reward_range"
+        }
         assert set(names.ADVANTAGE_PARAMS[name]) == own, name
     assert inspect.signature(advantages.passk).parameters["k"].default == names.PASSK_DEFAULT_K
 
@@ -216,8 +255,8 @@ def test_the_names_lists_equal_the_registries():
 def test_accepted_advantage_params_are_the_same_with_and_without_the_registry(monkeypatch):
     import sys
 
-    from gapo.rl.domains import advantage_params
     import gapo.core.advantages  # noqa: F401  (the live registry)
+    from gapo.rl.domains import advantage_params
 
     live = {n: advantage_params(n) for n in ("drgrpo", "grpo", "rloo", "passk", "focal")}
     monkeypatch.delitem(sys.modules, "gapo.core.advantages")
@@ -235,11 +274,14 @@ def test_an_estimator_registered_at_run_time_is_accepted(monkeypatch):
 
 
 # ------------------------------------------------------------------ the unknown-key message
-@pytest.mark.parametrize("key, close, section", [
-    ("algo.eps_hgh", "algo.eps_high_max", "algo"),
-    ("train.step", "train.steps", "train"),
-    ("optim.learning_rate", None, "optim"),
-])
+@pytest.mark.parametrize(
+    "key, close, section",
+    [
+        ("algo.eps_hgh", "algo.eps_high_max", "algo"),
+        ("train.step", "train.steps", "train"),
+        ("optim.learning_rate", None, "optim"),
+    ],
+)
 def test_unknown_key_says_did_you_mean_first_then_only_its_section(key, close, section):
     from gapo.rl.config import _all_keys
 
@@ -276,19 +318,30 @@ def test_a_section_written_as_a_value_says_so(tmp_path):
 
 
 # ------------------------------------------------------------------ values of advantage params
-@pytest.mark.parametrize("overrides, match", [
-    (["algo.advantage=passk", "algo.advantage_params={k: 9}"],
-     r"passk's k=9 exceeds the group size train.group_size=8"),
-    (["algo.advantage=passk", "train.group_size=3"], r"passk's default k=4 exceeds the group size train.group_size=3"),
-    (["algo.advantage=passk", "algo.advantage_params={k: 0}"], r"passk's k must be an integer >= 1"),
-    (["algo.advantage=passk", "algo.advantage_params={k: 2.5}"], r"passk's k must be an integer >= 1"),
-    (["algo.advantage=focal", "algo.advantage_params={base: passk, k: 16}"], r"passk's k=16 exceeds"),
-    (["algo.advantage=focal", "algo.advantage_params={base: grpp}"], r"focal's base must be another .*'grpo'"),
-    (["algo.advantage=focal", "algo.advantage_params={base: focal}"], r"focal's base must be another"),
-    (["algo.advantage=focal", "algo.advantage_params={gamma: -1}"], r"focal's gamma must be a finite number >= 0"),
-    (["algo.advantage=grpo", "algo.advantage_params={std: sample}"], r"grpo's std must be 'unbiased' or 'population'"),
-    (["algo.advantage=grpo", "algo.advantage_params={eps: -1}"], r"grpo's eps must be a finite number >= 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (
+            ["algo.advantage=passk", "algo.advantage_params={k: 9}"],
+            r"passk's k=9 exceeds the group size train.group_size=8",
+        ),
+        (
+            ["algo.advantage=passk", "train.group_size=3"],
+            r"passk's default k=4 exceeds the group size train.group_size=3",
+        ),
+        (["algo.advantage=passk", "algo.advantage_params={k: 0}"], r"passk's k must be an integer >= 1"),
+        (["algo.advantage=passk", "algo.advantage_params={k: 2.5}"], r"passk's k must be an integer >= 1"),
+        (["algo.advantage=focal", "algo.advantage_params={base: passk, k: 16}"], r"passk's k=16 exceeds"),
+        (["algo.advantage=focal", "algo.advantage_params={base: grpp}"], r"focal's base must be another .*'grpo'"),
+        (["algo.advantage=focal", "algo.advantage_params={base: focal}"], r"focal's base must be another"),
+        (["algo.advantage=focal", "algo.advantage_params={gamma: -1}"], r"focal's gamma must be a finite number >= 0"),
+        (
+            ["algo.advantage=grpo", "algo.advantage_params={std: sample}"],
+            r"grpo's std must be 'unbiased' or 'population'",
+        ),
+        (["algo.advantage=grpo", "algo.advantage_params={eps: -1}"], r"grpo's eps must be a finite number >= 0"),
+    ],
+)
 def test_advantage_param_values_are_checked_against_the_group(overrides, match):
     with pytest.raises(ValueError, match=match):
         load_config(None, overrides)
@@ -296,7 +349,9 @@ def test_advantage_param_values_are_checked_against_the_group(overrides, match):
 
 def test_passk_with_k_up_to_g_is_accepted():
     assert load_config(None, ["algo.advantage=passk", "algo.advantage_params={k: 8}"]).algo.advantage_params == {"k": 8}
-    assert load_config(None, ["algo.advantage=passk", "train.group_size=4", "train.mini_batches=2"]).train.group_size == 4
+    assert (
+        load_config(None, ["algo.advantage=passk", "train.group_size=4", "train.mini_batches=2"]).train.group_size == 4
+    )
 
 
 # ------------------------------------------------------------------ files, before the model loads

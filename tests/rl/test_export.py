@@ -32,10 +32,25 @@ def instruct_bf16(instruct, tmp_path_factory):
 
 
 def _cfg(model, *extra):
-    return load_config(None, [f"model.path={model}", "task.params.n_numbers=2", "task.params.num_range=[1,10]",
-                              "task.train_size=64", "train.prompts=2", "train.group_size=4", "train.mini_batches=2",
-                              "train.progress=false", "eval.problems=0", "sampling.max_new_tokens=8",
-                              "train.checkpoint_every=0", "optim.lr=1e-2", "train.steps=5", *extra])
+    return load_config(
+        None,
+        [
+            f"model.path={model}",
+            "task.params.n_numbers=2",
+            "task.params.num_range=[1,10]",
+            "task.train_size=64",
+            "train.prompts=2",
+            "train.group_size=4",
+            "train.mini_batches=2",
+            "train.progress=false",
+            "eval.problems=0",
+            "sampling.max_new_tokens=8",
+            "train.checkpoint_every=0",
+            "optim.lr=1e-2",
+            "train.steps=5",
+            *extra,
+        ],
+    )
 
 
 def _varied_reward(where):
@@ -138,11 +153,13 @@ def test_eval_from_a_run_folder_reuses_its_prompt_settings(instruct, tmp_path, c
     _stopped_run(instruct, tmp_path / "run", f"task.system_prompt={system}")
     seen = []
     import gapo.rl.evaluate as ev
+
     real = ev.evaluate
 
     def spy(model, tok, task, problems, **kw):
         seen.append([kw["encode"](p.prompt) for p in problems[:1]][0])
         return real(model, tok, task, problems, **kw)
+
     monkeypatch.setattr(ev, "evaluate", spy)
     assert main(["eval", str(tmp_path / "run"), "--problems", "2", "--n", "2"]) == 0, capsys.readouterr().err
     res = json.loads(capsys.readouterr().out)
@@ -156,7 +173,8 @@ def test_eval_from_a_run_folder_reuses_its_prompt_settings(instruct, tmp_path, c
     model, _, info = load_run_model(tmp_path / "run", 2)
     base = transformers.AutoModelForCausalLM.from_pretrained(instruct)
     assert info["source"] == "checkpoint" and any(
-        not torch.equal(a, b) for a, b in zip(model.state_dict().values(), base.state_dict().values()))
+        not torch.equal(a, b) for a, b in zip(model.state_dict().values(), base.state_dict().values())
+    )
     assert main(["eval", str(tmp_path / "run"), "--step", "4", "--problems", "2"]) == 2
     assert "no model at step 4" in capsys.readouterr().err
 
@@ -176,8 +194,9 @@ def test_eval_names_what_it_expects(instruct, tmp_path, capsys):
 def test_a_stopped_run_extended_to_its_own_step_writes_its_policy(instruct, tmp_path, capsys):
     tr = _stopped_run(instruct, tmp_path / "run")
     want = {k: v.clone() for k, v in tr.model.state_dict().items()}
-    assert main(["train", "--out", str(tmp_path / "run"), "--resume", "--allow-change", "train.steps=2"]) == 0, \
+    assert main(["train", "--out", str(tmp_path / "run"), "--resume", "--allow-change", "train.steps=2"]) == 0, (
         capsys.readouterr().err
+    )
     m = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "policy")
     for k, v in m.state_dict().items():
         assert torch.equal(v, want[k]), k

@@ -30,10 +30,25 @@ def data(tmp_path):
 
 
 def _cfg(model, data, *extra):
-    return load_config(None, [f"model.path={model}", "task.name=math", f"task.params.path={data}",
-                              "task.params.eval_fraction=0.5", "train.prompts=2", "train.group_size=2",
-                              "train.mini_batches=1", "train.steps=1", "train.progress=false", "eval.problems=4",
-                              "eval.samples=2", "sampling.max_new_tokens=8", "train.checkpoint_every=0", *extra])
+    return load_config(
+        None,
+        [
+            f"model.path={model}",
+            "task.name=math",
+            f"task.params.path={data}",
+            "task.params.eval_fraction=0.5",
+            "train.prompts=2",
+            "train.group_size=2",
+            "train.mini_batches=1",
+            "train.steps=1",
+            "train.progress=false",
+            "eval.problems=4",
+            "eval.samples=2",
+            "sampling.max_new_tokens=8",
+            "train.checkpoint_every=0",
+            *extra,
+        ],
+    )
 
 
 def test_an_over_long_row_is_named_and_max_prompt_tokens_is_offered(instruct, data, tmp_path):
@@ -61,18 +76,36 @@ def test_max_prompt_tokens_drops_long_prompts_from_both_pools(instruct, data, tm
 
 
 def test_max_prompt_tokens_that_drops_everything_is_an_error(instruct, data, tmp_path):
-    with pytest.raises(ValueError, match=r"task.max_prompt_tokens.*: 5 drops every training prompt \(the shortest has \d+ tokens"):
+    with pytest.raises(
+        ValueError, match=r"task.max_prompt_tokens.*: 5 drops every training prompt \(the shortest has \d+ tokens"
+    ):
         Trainer(_cfg(instruct, data, "task.max_prompt_tokens=5"), tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 
 def test_gapo_eval_filters_too(instruct, data, capsys):
     from gapo import tasks
+
     task = tasks.get("math", path=str(data), eval_fraction=0.5)
-    split = "train" if any(len(p.prompt) > 1000 for p in task.generate("train", task.split_size("train"), 0)) else "eval"
+    split = (
+        "train" if any(len(p.prompt) > 1000 for p in task.generate("train", task.split_size("train"), 0)) else "eval"
+    )
     n = task.split_size(split) - 1  # every short problem of the split holding the long row
-    args = ["eval", "--model", instruct, "--task", f"math:{data}", "--split", split, "--problems", str(n),
-            "--n", "1", "task.params.eval_fraction=0.5", "sampling.max_new_tokens=4"]
+    args = [
+        "eval",
+        "--model",
+        instruct,
+        "--task",
+        f"math:{data}",
+        "--split",
+        split,
+        "--problems",
+        str(n),
+        "--n",
+        "1",
+        "task.params.eval_fraction=0.5",
+        "sampling.max_new_tokens=4",
+    ]
     assert main(args) == 2
     assert f"{data}:7" in capsys.readouterr().err
     assert main(args + ["task.max_prompt_tokens=200"]) == 0, capsys.readouterr().err

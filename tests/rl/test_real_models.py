@@ -20,10 +20,24 @@ def instruct(tmp_path_factory):
 
 
 def _cfg(model, *extra):
-    return load_config(None, [f"model.path={model}", "task.params.n_numbers=2", "task.params.num_range=[1,10]",
-                              "task.train_size=64", "train.prompts=4", "train.group_size=4", "train.mini_batches=2",
-                              "train.progress=false", "eval.problems=0", "sampling.max_new_tokens=12",
-                              "train.checkpoint_every=0", "optim.lr=1e-3", *extra])
+    return load_config(
+        None,
+        [
+            f"model.path={model}",
+            "task.params.n_numbers=2",
+            "task.params.num_range=[1,10]",
+            "task.train_size=64",
+            "train.prompts=4",
+            "train.group_size=4",
+            "train.mini_batches=2",
+            "train.progress=false",
+            "eval.problems=0",
+            "sampling.max_new_tokens=12",
+            "train.checkpoint_every=0",
+            "optim.lr=1e-3",
+            *extra,
+        ],
+    )
 
 
 def _samples(run):
@@ -46,8 +60,9 @@ def test_system_prompt_and_chat_false(instruct, tmp_path):
     _, tok = load_policy(instruct)
     enc = PromptEncoder(tok, chat="auto", system_prompt="Answer briefly.")
     text = enc.text("2 3 > 6:")
-    assert text == ("<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n2 3 > 6:<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n2 3 > 6:<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert enc.ids("2 3 > 6:") == tok(text, add_special_tokens=False).input_ids
     raw = PromptEncoder(tok, chat=False)
     assert raw.text("2 3 > 6:") == "2 3 > 6:" and raw.ids("2 3 > 6:") == tok("2 3 > 6:").input_ids
@@ -56,15 +71,30 @@ def test_system_prompt_and_chat_false(instruct, tmp_path):
 
 
 def test_embedded_policy_keeps_raw_prompts(easy_policy, tmp_path):
-    Trainer(load_config(None, [f"model.path={easy_policy}", "task.params.n_numbers=2", "task.params.num_range=[1,10]",
-                               "train.prompts=4", "train.group_size=4", "train.mini_batches=2", "train.steps=1",
-                               "train.progress=false", "eval.problems=0", "train.checkpoint_every=0"]),
-            tmp_path / "r").fit()
+    Trainer(
+        load_config(
+            None,
+            [
+                f"model.path={easy_policy}",
+                "task.params.n_numbers=2",
+                "task.params.num_range=[1,10]",
+                "train.prompts=4",
+                "train.group_size=4",
+                "train.mini_batches=2",
+                "train.steps=1",
+                "train.progress=false",
+                "eval.problems=0",
+                "train.checkpoint_every=0",
+            ],
+        ),
+        tmp_path / "r",
+    ).fit()
     row = _samples(tmp_path / "r")[0]
     assert "<|im_start|>" not in row["prompt"] and row["prompt"].endswith(":")
     with pytest.raises(ValueError, match="no chat template"):
-        Trainer(load_config(None, [f"model.path={easy_policy}", "task.chat=true", "train.progress=false"]),
-                tmp_path / "r2")
+        Trainer(
+            load_config(None, [f"model.path={easy_policy}", "task.chat=true", "train.progress=false"]), tmp_path / "r2"
+        )
 
 
 # ------------------------------------------------------------------ precision and memory
@@ -72,8 +102,10 @@ def _one_step_params(model, tmp_path, name, *extra, forwards=None):
     tr = Trainer(_cfg(model, "train.steps=1", "train.mini_batches=1", *extra), tmp_path / name)
     if forwards is not None:  # record the rows of every forward pass of the update
         inner = tr._logprobs
-        tr._logprobs = lambda m, batch, rows=None: (forwards.append(None if rows is None else rows.numel()),
-                                                    inner(m, batch, rows))[1]
+        tr._logprobs = lambda m, batch, rows=None: (
+            forwards.append(None if rows is None else rows.numel()),
+            inner(m, batch, rows),
+        )[1]
     rec = tr.train_step()
     return {n: p.detach().clone() for n, p in tr.model.named_parameters()}, rec, tr
 
@@ -82,12 +114,18 @@ def _one_step_params(model, tmp_path, name, *extra, forwards=None):
 def test_micro_batches_give_the_same_update(instruct, tmp_path, agg):
     """Splitting each mini-batch into micro-batches of 3 rows (16 = 3+3+3+3+3+1) changes nothing
     but float rounding: same parameters after the step, same loss."""
-    extra = [f"algo.agg={agg}", "algo.kl_coef=0.05", "algo.entropy_coef=0.01", "algo.eps_schedule=linear",
-             "algo.eps_high_max=0.28"]
+    extra = [
+        f"algo.agg={agg}",
+        "algo.kl_coef=0.05",
+        "algo.entropy_coef=0.01",
+        "algo.eps_schedule=linear",
+        "algo.eps_high_max=0.28",
+    ]
     sizes_full, sizes_micro = [], []
     full, rec_full, _ = _one_step_params(instruct, tmp_path, "full", *extra, forwards=sizes_full)
-    micro, rec_micro, _ = _one_step_params(instruct, tmp_path, "micro", *extra, "train.micro_batch_size=3",
-                                           forwards=sizes_micro)
+    micro, rec_micro, _ = _one_step_params(
+        instruct, tmp_path, "micro", *extra, "train.micro_batch_size=3", forwards=sizes_micro
+    )
     assert 16 in sizes_full and max(s for s in sizes_micro if s) == 3  # the split really happened
     assert sorted(s for s in sizes_micro if s)[-6:] == [1, 3, 3, 3, 3, 3]
     for n in full:
@@ -127,8 +165,10 @@ def test_lora_trains_adapters_only_and_the_reference_is_the_base(instruct, tmp_p
 
     base = AutoModelForCausalLM.from_pretrained(instruct)
     # the entropy bonus moves the adapters even when a random policy earns no reward
-    tr = Trainer(_cfg(instruct, "train.steps=2", LORA, "algo.kl_coef=0.1", "algo.entropy_coef=0.01", "train.mini_batches=1"),
-                 tmp_path / "lora")
+    tr = Trainer(
+        _cfg(instruct, "train.steps=2", LORA, "algo.kl_coef=0.1", "algo.entropy_coef=0.01", "train.mini_batches=1"),
+        tmp_path / "lora",
+    )
     assert tr.ref_model is None  # no second copy: the reference is the base with adapters disabled
     rec = tr.train_step()
     assert rec["loss/kl_ref"] == 0.0  # LoRA's B starts at 0: policy == base before the first step
@@ -162,14 +202,17 @@ def test_lora_checkpoint_holds_the_adapter_and_resumes_exactly(instruct, tmp_pat
     assert tok.chat_template == CHAT_TEMPLATE and tok.eos_token == "<|im_end|>"  # the tokenizer survives the save
 
 
-@pytest.mark.parametrize("bad, match", [
-    ("model.lora={rank: 4}", r"model.lora .*unknown entries \['rank'\]"),
-    ("model.lora={r: 0}", r"model.lora .*: r must be an integer >= 1"),
-    ("model.lora={r: 4, dropout: 1.5}", r"model.lora .*: dropout must be a number in \[0, 1\)"),
-    ("model.dtype=bf16", r"model.dtype .*unknown dtype 'bf16'.*bfloat16"),
-    ("task.chat=maybe", r"task.chat .*auto, true or false"),
-    ("train.micro_batch_size=0", r"train.micro_batch_size .*>= 1"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ("model.lora={rank: 4}", r"model.lora .*unknown entries \['rank'\]"),
+        ("model.lora={r: 0}", r"model.lora .*: r must be an integer >= 1"),
+        ("model.lora={r: 4, dropout: 1.5}", r"model.lora .*: dropout must be a number in \[0, 1\)"),
+        ("model.dtype=bf16", r"model.dtype .*unknown dtype 'bf16'.*bfloat16"),
+        ("task.chat=maybe", r"task.chat .*auto, true or false"),
+        ("train.micro_batch_size=0", r"train.micro_batch_size .*>= 1"),
+    ],
+)
 def test_bad_real_model_options_are_clear(bad, match):
     with pytest.raises(ValueError, match=match):
         load_config(None, [bad])
@@ -188,8 +231,17 @@ def test_fast_sampler_matches_model_forward_under_autocast(instruct, dtype):
     runs = []
     for fast in (True, False):
         with autocast(torch.device("cpu"), dtype):
-            runs.append(sample(model, prompts, max_new_tokens=8, generator=torch.Generator().manual_seed(0),
-                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, fast=fast))
+            runs.append(
+                sample(
+                    model,
+                    prompts,
+                    max_new_tokens=8,
+                    generator=torch.Generator().manual_seed(0),
+                    eos_token_id=tok.eos_token_id,
+                    pad_token_id=tok.pad_token_id,
+                    fast=fast,
+                )
+            )
     assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)
     assert torch.equal(runs[0].logp, runs[1].logp) and runs[0].logp.dtype == torch.float32
 
@@ -203,9 +255,24 @@ def test_gpu_check_script_runs_on_cpu_at_a_tiny_shape():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    out = timing.run([sys.executable, str(root / "benchmarks" / "gpu_check.py"), "--shape", "tiny", "--device", "cpu",
-                      "--steps", "1"], capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"},
-                     timeout=900, quiet_s=60, what="benchmarks/gpu_check.py --shape tiny --device cpu")
+    out = timing.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "gpu_check.py"),
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+        timeout=900,
+        quiet_s=60,
+        what="benchmarks/gpu_check.py --shape tiny --device cpu",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("gpu_check ") and "full_step_s=" in last and "lora_step_s=" in last

@@ -15,30 +15,54 @@ def _batch(problems, rewards, *, prompt_w=1, comp_w=2, tag=0, stats=None, score_
     can tell where each row of a concatenated batch came from."""
     B = len(rewards)
     rows = torch.arange(B)
-    return Batch(list(problems),
-                 Rollout(prompt_ids=(100 * tag + rows).unsqueeze(1).repeat(1, prompt_w),
-                         prompt_mask=torch.ones(B, prompt_w, dtype=torch.long),
-                         completion_ids=(1000 * (tag + 1) + rows).unsqueeze(1).repeat(1, comp_w),
-                         response_mask=torch.ones(B, comp_w, dtype=torch.long),
-                         logp=-(tag + 1 + rows.float() / 10).unsqueeze(1).repeat(1, comp_w),
-                         eos_ids=(7,), stop=("###",)),
-                 torch.tensor(rewards, dtype=torch.float32), dict(stats or {}), score_s,
-                 texts=[f"t{tag}r{i}" for i in range(B)])
+    return Batch(
+        list(problems),
+        Rollout(
+            prompt_ids=(100 * tag + rows).unsqueeze(1).repeat(1, prompt_w),
+            prompt_mask=torch.ones(B, prompt_w, dtype=torch.long),
+            completion_ids=(1000 * (tag + 1) + rows).unsqueeze(1).repeat(1, comp_w),
+            response_mask=torch.ones(B, comp_w, dtype=torch.long),
+            logp=-(tag + 1 + rows.float() / 10).unsqueeze(1).repeat(1, comp_w),
+            eos_ids=(7,),
+            stop=("###",),
+        ),
+        torch.tensor(rewards, dtype=torch.float32),
+        dict(stats or {}),
+        score_s,
+        texts=[f"t{tag}r{i}" for i in range(B)],
+    )
 
 
 # ---------------------------------------------------------------------------------------- concat
 def _two_parts():
-    a = Batch(["A0", "A1"],
-              Rollout(prompt_ids=torch.tensor([[1], [1], [2], [2]]), prompt_mask=torch.ones(4, 1, dtype=torch.long),
-                      completion_ids=torch.tensor([[11, 12], [13, PAD], [21, 22], [23, 24]]),
-                      response_mask=torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]]),
-                      logp=torch.tensor([[-.1, -.2], [-.3, 0], [-.4, -.5], [-.6, -.7]]), eos_ids=(7,), stop=("##",)),
-              torch.tensor([1.0, 0.0, 1.0, 1.0]), texts=["a0", "a1", "a2", "a3"])
-    b = Batch(["B0"],
-              Rollout(prompt_ids=torch.tensor([[5, 3], [5, 3]]), prompt_mask=torch.ones(2, 2, dtype=torch.long),
-                      completion_ids=torch.tensor([[31], [32]]), response_mask=torch.ones(2, 1, dtype=torch.long),
-                      logp=torch.tensor([[-.8], [-.9]]), eos_ids=(7,), stop=("##",)),
-              torch.tensor([0.0, 1.0]), texts=["b0", "b1"])
+    a = Batch(
+        ["A0", "A1"],
+        Rollout(
+            prompt_ids=torch.tensor([[1], [1], [2], [2]]),
+            prompt_mask=torch.ones(4, 1, dtype=torch.long),
+            completion_ids=torch.tensor([[11, 12], [13, PAD], [21, 22], [23, 24]]),
+            response_mask=torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]]),
+            logp=torch.tensor([[-0.1, -0.2], [-0.3, 0], [-0.4, -0.5], [-0.6, -0.7]]),
+            eos_ids=(7,),
+            stop=("##",),
+        ),
+        torch.tensor([1.0, 0.0, 1.0, 1.0]),
+        texts=["a0", "a1", "a2", "a3"],
+    )
+    b = Batch(
+        ["B0"],
+        Rollout(
+            prompt_ids=torch.tensor([[5, 3], [5, 3]]),
+            prompt_mask=torch.ones(2, 2, dtype=torch.long),
+            completion_ids=torch.tensor([[31], [32]]),
+            response_mask=torch.ones(2, 1, dtype=torch.long),
+            logp=torch.tensor([[-0.8], [-0.9]]),
+            eos_ids=(7,),
+            stop=("##",),
+        ),
+        torch.tensor([0.0, 1.0]),
+        texts=["b0", "b1"],
+    )
     return a, b
 
 
@@ -53,7 +77,7 @@ def test_concat_pads_prompts_left_and_completions_right_in_the_chosen_order():
     assert r.prompt_mask.tolist() == [[1, 1], [1, 1], [0, 1], [0, 1]]
     assert r.completion_ids.tolist() == [[31, PAD], [32, PAD], [21, 22], [23, 24]]  # completions: on the right
     assert r.response_mask.tolist() == [[1, 0], [1, 0], [1, 1], [1, 1]]
-    torch.testing.assert_close(r.logp, torch.tensor([[-.8, 0], [-.9, 0], [-.4, -.5], [-.6, -.7]]))
+    torch.testing.assert_close(r.logp, torch.tensor([[-0.8, 0], [-0.9, 0], [-0.4, -0.5], [-0.6, -0.7]]))
     assert r.eos_ids == (7,) and r.stop == ("##",)
     assert r.prompt_ids.dtype == torch.long and r.logp.dtype == torch.float32
 
@@ -72,8 +96,14 @@ def test_concat_keeps_a_groups_own_padding_and_repeats_nothing():
 
 # --------------------------------------------------------------------------------- merge_stats
 def test_merge_stats_adds_counts_and_reweights_fractions_and_means():
-    first = {"reward/n": 4.0, "reward/mean": 0.5, "reward/n_timeout": 1.0, "reward/timeout_frac": 0.25,
-             "reward/n_fmt": 3.0, "reward/fmt": 0.5}
+    first = {
+        "reward/n": 4.0,
+        "reward/mean": 0.5,
+        "reward/n_timeout": 1.0,
+        "reward/timeout_frac": 0.25,
+        "reward/n_fmt": 3.0,
+        "reward/fmt": 0.5,
+    }
     second = {"reward/n": 2.0, "reward/mean": 1.0, "reward/n_fmt": 1.0, "reward/fmt": 1.0}  # no timeouts
     out = merge_stats([(4, first), (2, second)])
     assert out["reward/n"] == 6.0 and out["reward/n_timeout"] == 1.0 and out["reward/n_fmt"] == 4.0
@@ -101,20 +131,22 @@ class _Script:
     def make(self, problems):
         r = int(problems[0][1:].split("g")[0])
         flat = [x for group in self.rounds[r] for x in group]
-        return _batch(problems, flat, comp_w=r + 1, tag=r, stats={"reward/n": float(len(flat)), "round": r},
-                      score_s=0.5)
+        return _batch(
+            problems, flat, comp_w=r + 1, tag=r, stats={"reward/n": float(len(flat)), "round": r}, score_s=0.5
+        )
 
 
-ROUNDS = [[[1, 1], [0, 1], [0, 0]],   # round 0: only g1 has signal
-          [[0, 0], [1, 0], [1, 1]],   # round 1: only g1
-          [[0, 1], [1, 0], [0, 0]],   # round 2: g0 and g1
-          [[0, 1], [0, 1], [0, 1]]]   # never reached
+ROUNDS = [
+    [[1, 1], [0, 1], [0, 0]],  # round 0: only g1 has signal
+    [[0, 0], [1, 0], [1, 1]],  # round 1: only g1
+    [[0, 1], [1, 0], [0, 0]],  # round 2: g0 and g1
+    [[0, 1], [0, 1], [0, 1]],
+]  # never reached
 
 
 def _collect(rounds, *, dynamic=True, max_rounds=3):
     s = _Script(rounds)
-    return collect(s.draw, s.make, n_groups=3, dynamic_sampling=dynamic, max_refill_rounds=max_rounds,
-                   pad_id=PAD), s
+    return collect(s.draw, s.make, n_groups=3, dynamic_sampling=dynamic, max_refill_rounds=max_rounds, pad_id=PAD), s
 
 
 def test_dynamic_sampling_replaces_zero_variance_groups_with_fresh_ones():
@@ -129,8 +161,14 @@ def test_dynamic_sampling_replaces_zero_variance_groups_with_fresh_ones():
     assert batch.stats == {"reward/n": 6.0, "round": 0}  # the first draw's, not a merge
     assert batch.score_s == batch.info["time/score_s"] == pytest.approx(1.5)  # every round's wait
     # rows from rounds with 1-, 2- and 3-token completions: right-padded to 3 with pad and mask 0
-    assert batch.rollout.completion_ids.tolist() == [[1002, PAD, PAD], [1003, PAD, PAD], [2002, 2002, PAD],
-                                                     [2003, 2003, PAD], [3000] * 3, [3001] * 3]
+    assert batch.rollout.completion_ids.tolist() == [
+        [1002, PAD, PAD],
+        [1003, PAD, PAD],
+        [2002, 2002, PAD],
+        [2003, 2003, PAD],
+        [3000] * 3,
+        [3001] * 3,
+    ]
     assert batch.rollout.response_mask.sum(1).tolist() == [1, 1, 2, 2, 3, 3]
     assert batch.rollout.logp[0].tolist() == pytest.approx([-1.2, 0.0, 0.0])
 

@@ -17,15 +17,29 @@ from gapo.rl.config import load_config
 from gapo.rl.run_dir import MARKER, RunFolder
 from gapo.rl.trainer import RunExists, Trainer
 
-BASE = ["task.name=countdown", "task.params.n_numbers=2", "task.params.num_range=[1,10]", "task.train_size=300",
-        "train.prompts=4", "train.group_size=4", "train.mini_batches=2", "train.progress=false", "eval.problems=4",
-        "eval.samples=2", "eval.every=0", "train.checkpoint_every=0"]
+BASE = [
+    "task.name=countdown",
+    "task.params.n_numbers=2",
+    "task.params.num_range=[1,10]",
+    "task.train_size=300",
+    "train.prompts=4",
+    "train.group_size=4",
+    "train.mini_batches=2",
+    "train.progress=false",
+    "eval.problems=4",
+    "eval.samples=2",
+    "eval.every=0",
+    "train.checkpoint_every=0",
+]
 
 
 def snapshot(folder: Path) -> dict:
     """Relative path -> sha256 of every file under ``folder`` (and its siblings' names)."""
-    files = {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in sorted(folder.rglob("*")) if p.is_file()}
+    files = {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
     return {"files": files, "siblings": sorted(p.name for p in folder.parent.iterdir())}
 
 

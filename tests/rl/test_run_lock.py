@@ -2,7 +2,6 @@
 resume is checked against, symlinked --out, a full disk. Each scenario checks the folder's
 contents afterwards (tests/rl/test_run_dir.py's snapshot), not only the message."""
 
-import errno
 import json
 import os
 import signal
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_run_dir import BASE, snapshot, train
 
 from gapo.cli import main
 from gapo.rl import run_dir as rd
@@ -20,12 +20,12 @@ from gapo.rl.config import load_config
 from gapo.rl.run_dir import MARKER, RunFolder
 from gapo.rl.trainer import Trainer
 
-from test_run_dir import BASE, snapshot, train
-
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 # holds the lock of the folder argv[1] (through the public API) until its stdin is closed
-HOLD = ("import sys\nfrom gapo.rl.run_dir import RunFolder\nf = RunFolder(sys.argv[1])\nf.lock.acquire()\n"
-        "print('locked', flush=True)\nsys.stdin.read()\n")
+HOLD = (
+    "import sys\nfrom gapo.rl.run_dir import RunFolder\nf = RunFolder(sys.argv[1])\nf.lock.acquire()\n"
+    "print('locked', flush=True)\nsys.stdin.read()\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +46,14 @@ def run(finished, tmp_path):
 
 def hold(folder: Path) -> subprocess.Popen:
     """Another process holding ``folder``'s lock (``.stdin.close()`` lets go)."""
-    p = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=ENV)
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     assert p.stdout.readline().strip() == "locked", p.stderr.read()
     return p
 
@@ -62,8 +68,11 @@ def records(run: Path) -> list[dict]:
 
 
 # ------------------------------------------------------------------ one writer
-@pytest.mark.parametrize("flags", [["--resume", "--allow-change", "train.steps=3"], ["--overwrite", "train.steps=1"]],
-                         ids=["resume", "overwrite"])
+@pytest.mark.parametrize(
+    "flags",
+    [["--resume", "--allow-change", "train.steps=3"], ["--overwrite", "train.steps=1"]],
+    ids=["resume", "overwrite"],
+)
 def test_a_second_writer_is_refused_naming_the_holder(run, easy_policy, capsys, flags):
     holder = hold(run)
     try:
@@ -93,8 +102,19 @@ def test_two_real_trainers_one_folder(tmp_path, easy_policy, capsys):
     """A trainer runs; a second --resume and an --overwrite of its folder are refused with its
     PID; once it has stopped, the run resumes, and its steps neither repeat nor lag the checkpoint."""
     out = tmp_path / "live"
-    cmd = [sys.executable, "-m", "gapo.cli", "train", "--out", str(out), f"model.path={easy_policy}", *BASE,
-           "train.steps=100000", "train.checkpoint_every=1", "eval.problems=0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gapo.cli",
+        "train",
+        "--out",
+        str(out),
+        f"model.path={easy_policy}",
+        *BASE,
+        "train.steps=100000",
+        "train.checkpoint_every=1",
+        "eval.problems=0",
+    ]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, text=True)
     try:
         deadline = time.time() + 300
@@ -103,8 +123,9 @@ def test_two_real_trainers_one_folder(tmp_path, easy_policy, capsys):
         assert (out / "checkpoint.pt").is_file(), p.communicate(timeout=5)[0]
         assert main(["train", "--out", str(out), "--resume", "--allow-change", "train.steps=1"]) == 2
         assert f"pid {p.pid}" in capsys.readouterr().err
-        assert main(["train", "--out", str(out), "--overwrite", f"model.path={easy_policy}", *BASE,
-                     "train.steps=1"]) == 2
+        assert (
+            main(["train", "--out", str(out), "--overwrite", f"model.path={easy_policy}", *BASE, "train.steps=1"]) == 2
+        )
         assert f"pid {p.pid}" in capsys.readouterr().err
         assert not [q for q in tmp_path.iterdir() if ".replaced-" in q.name]
     finally:
@@ -165,11 +186,17 @@ def test_lock_takeover_has_no_race(tmp_path, monkeypatch):
 def test_many_processes_racing_for_one_lock_one_wins(tmp_path):
     flag = tmp_path / "hold"
     flag.write_text("")
-    code = ("import sys, os, time\nfrom gapo.rl.run_dir import RunLock, RunLocked\nl = RunLock(sys.argv[1])\n"
-            "try:\n    l.acquire()\nexcept RunLocked:\n    print('busy', flush=True)\n    sys.exit(0)\n"
-            "print('got', flush=True)\nwhile os.path.exists(sys.argv[2]):\n    time.sleep(0.05)\n")
-    ps = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "r"), str(flag)], stdout=subprocess.PIPE,
-                           text=True, env=ENV) for _ in range(4)]
+    code = (
+        "import sys, os, time\nfrom gapo.rl.run_dir import RunLock, RunLocked\nl = RunLock(sys.argv[1])\n"
+        "try:\n    l.acquire()\nexcept RunLocked:\n    print('busy', flush=True)\n    sys.exit(0)\n"
+        "print('got', flush=True)\nwhile os.path.exists(sys.argv[2]):\n    time.sleep(0.05)\n"
+    )
+    ps = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path / "r"), str(flag)], stdout=subprocess.PIPE, text=True, env=ENV
+        )
+        for _ in range(4)
+    ]
     answers = [p.stdout.readline().strip() for p in ps]
     flag.unlink()
     for p in ps:
@@ -223,8 +250,18 @@ def test_overwrite_killed_before_its_first_checkpoint_is_undone(run, easy_policy
     """SIGKILL after the new run's first step (no checkpoint yet: checkpoint_every=0): the old run
     was moved aside under a printed name, and the next gapo command on --out puts it back."""
     before = snapshot(run)
-    cmd = [sys.executable, "-m", "gapo.cli", "train", "--out", str(run), "--overwrite", f"model.path={easy_policy}",
-           *BASE, "train.steps=100000"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gapo.cli",
+        "train",
+        "--out",
+        str(run),
+        "--overwrite",
+        f"model.path={easy_policy}",
+        *BASE,
+        "train.steps=100000",
+    ]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV, text=True)
     try:
         deadline = time.time() + 300
@@ -318,9 +355,14 @@ def test_overwrite_without_room_for_a_checkpoint_changes_nothing(run, easy_polic
 
 
 # ------------------------------------------------------------------ resume checks what the run was
-@pytest.mark.parametrize("edit,key", [({"train": {"seed": 7}}, "train.seed"),
-                                      ({"task": {"params": {"n_numbers": 3}}}, "task.params"),
-                                      ({"optim": {"lr": 0.01}}, "optim.lr")])
+@pytest.mark.parametrize(
+    "edit,key",
+    [
+        ({"train": {"seed": 7}}, "train.seed"),
+        ({"task": {"params": {"n_numbers": 3}}}, "task.params"),
+        ({"optim": {"lr": 0.01}}, "optim.lr"),
+    ],
+)
 def test_a_hand_edited_config_yaml_is_caught_like_an_override(run, capsys, edit, key):
     import yaml
 
@@ -413,7 +455,9 @@ def _torch_full_disk(monkeypatch):
     monkeypatch.setattr(torch, "save", save)
     real_du = rd.shutil.disk_usage
     state = {"full": False}
-    monkeypatch.setattr(rd.shutil, "disk_usage", lambda p: real_du(p)._replace(free=1000) if state["full"] else real_du(p))
+    monkeypatch.setattr(
+        rd.shutil, "disk_usage", lambda p: real_du(p)._replace(free=1000) if state["full"] else real_du(p)
+    )
     return state
 
 
@@ -432,8 +476,11 @@ def test_a_full_disk_at_a_checkpoint_is_one_error_line(easy_policy, tmp_path, mo
 
     monkeypatch.setattr(RunFolder, "check_space", fill_after_check)
     flags = ["--resume", "--allow-change"] if mode == "resume" else []
-    code = (main(["train", "--out", str(out), *flags, "train.steps=2"]) if mode == "resume"
-            else train(out, easy_policy, "train.steps=1"))
+    code = (
+        main(["train", "--out", str(out), *flags, "train.steps=2"])
+        if mode == "resume"
+        else train(out, easy_policy, "train.steps=1")
+    )
     assert code == 2
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if "error:" in ln]
@@ -466,15 +513,25 @@ def test_a_real_write_failure_at_a_checkpoint(easy_policy, finished, tmp_path):
 
     out = tmp_path / "r"
     base = [sys.executable, "-m", "gapo.cli", "train", "--out", str(out)]
-    r = subprocess.run(base + [f"model.path={easy_policy}", *BASE, "train.steps=1"], capture_output=True, text=True,
-                       env=ENV, preexec_fn=small_files)
+    r = subprocess.run(
+        base + [f"model.path={easy_policy}", *BASE, "train.steps=1"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        preexec_fn=small_files,
+    )
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and r.stderr.count("error:") == 1
     assert "cannot write the checkpoint" in r.stderr and "a checkpoint needs about" in r.stderr
     assert not (out / "checkpoint.pt").exists() and not [q for q in out.iterdir() if q.name.endswith(".tmp")]
     assert train(out, easy_policy, "train.steps=1", flags=["--overwrite"]) == 0  # a good checkpoint, then resume
     good = (out / "checkpoint.pt").read_bytes()
-    r = subprocess.run(base + ["--resume", "--allow-change", "train.steps=2"], capture_output=True, text=True,
-                       env=ENV, preexec_fn=small_files)
+    r = subprocess.run(
+        base + ["--resume", "--allow-change", "train.steps=2"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        preexec_fn=small_files,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr and "cannot write the checkpoint" in r.stderr, r.stderr
     assert (out / "checkpoint.pt").read_bytes() == good

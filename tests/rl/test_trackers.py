@@ -19,10 +19,25 @@ def instruct(tmp_path_factory):
 
 
 def _cfg(model, *extra):
-    return load_config(None, [f"model.path={model}", "task.params.n_numbers=2", "task.params.num_range=[1,10]",
-                              "task.train_size=64", "train.prompts=2", "train.group_size=2", "train.mini_batches=1",
-                              "train.progress=false", "eval.problems=0", "sampling.max_new_tokens=6",
-                              "train.checkpoint_every=0", "train.steps=3", "log.samples=3", *extra])
+    return load_config(
+        None,
+        [
+            f"model.path={model}",
+            "task.params.n_numbers=2",
+            "task.params.num_range=[1,10]",
+            "task.train_size=64",
+            "train.prompts=2",
+            "train.group_size=2",
+            "train.mini_batches=1",
+            "train.progress=false",
+            "eval.problems=0",
+            "sampling.max_new_tokens=6",
+            "train.checkpoint_every=0",
+            "train.steps=3",
+            "log.samples=3",
+            *extra,
+        ],
+    )
 
 
 def test_tensorboard_gets_the_completions_as_text(instruct, tmp_path):
@@ -51,8 +66,9 @@ def test_wandb_gets_a_table(instruct, tmp_path, monkeypatch):
         def __init__(self, columns, data):
             self.columns, self.data = columns, data
 
-    fake = types.SimpleNamespace(init=lambda **kw: None, finish=lambda: None, Table=Table,
-                                 log=lambda d, step: logged.append((step, d)))
+    fake = types.SimpleNamespace(
+        init=lambda **kw: None, finish=lambda: None, Table=Table, log=lambda d, step: logged.append((step, d))
+    )
     monkeypatch.setitem(sys.modules, "wandb", fake)
     run = tmp_path / "run"
     Trainer(_cfg(instruct, "log.wandb=true", "log.samples_every=1"), run).fit()

@@ -24,9 +24,27 @@ def ascii_policy(tmp_path_factory):
 
 def _train(tmp_path, policy, task, *extra):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "gapo.cli", "train", "--task", task, "--model", policy, "--out", str(run),
-           "train.steps=1", "train.prompts=2", "train.group_size=2", "train.mini_batches=1",
-           "sampling.max_new_tokens=24", "eval.problems=2", "eval.samples=2", "train.progress=false", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gapo.cli",
+        "train",
+        "--task",
+        task,
+        "--model",
+        policy,
+        "--out",
+        str(run),
+        "train.steps=1",
+        "train.prompts=2",
+        "train.group_size=2",
+        "train.mini_batches=1",
+        "sampling.max_new_tokens=24",
+        "eval.problems=2",
+        "eval.samples=2",
+        "train.progress=false",
+        *extra,
+    ]
     p = timing.run(cmd, capture_output=True, text=True, timeout=1200, quiet_s=60, what=f"one gapo train step on {task}")
     assert p.returncode == 0, p.stdout + p.stderr
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -34,8 +52,14 @@ def _train(tmp_path, policy, task, *extra):
 
 
 def test_math_jsonl_with_scoring_pool(tmp_path, ascii_policy):
-    train, evals = _train(tmp_path, ascii_policy, f"math:{FIXTURES / 'math_gsm8k.jsonl'}", "task.scoring_workers=2",
-                          "task.params.eval_fraction=0.3", "eval.problems=1")
+    train, evals = _train(
+        tmp_path,
+        ascii_policy,
+        f"math:{FIXTURES / 'math_gsm8k.jsonl'}",
+        "task.scoring_workers=2",
+        "task.params.eval_fraction=0.3",
+        "eval.problems=1",
+    )
     assert train[-1]["step"] == 1
     # random weights: nothing is correct, and garbage completions are counted as unparsable
     assert train[-1]["rollout/reward"] == 0.0
@@ -55,14 +79,36 @@ def test_reasoning_gym_task(tmp_path, ascii_policy):
 
 
 def test_unknown_task_is_a_clear_cli_error(tmp_path, ascii_policy):
-    p = timing.run([sys.executable, "-m", "gapo.cli", "train", "--task", "countdwn", "--model", ascii_policy,
-                    "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=600, quiet_s=3,
-                   what="a CLI error")
+    p = timing.run(
+        [
+            sys.executable,
+            "-m",
+            "gapo.cli",
+            "train",
+            "--task",
+            "countdwn",
+            "--model",
+            ascii_policy,
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        quiet_s=3,
+        what="a CLI error",
+    )
     assert p.returncode == 2
     assert "unknown task 'countdwn'" in p.stderr and "countdown" in p.stderr
 
 
 def test_unknown_config_key_is_a_clear_cli_error(tmp_path):
-    p = timing.run([sys.executable, "-m", "gapo.cli", "train", "--out", str(tmp_path / "r"), "algo.eps_hihg=0.3"],
-                   capture_output=True, text=True, timeout=600, quiet_s=3, what="a CLI error")
+    p = timing.run(
+        [sys.executable, "-m", "gapo.cli", "train", "--out", str(tmp_path / "r"), "algo.eps_hihg=0.3"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        quiet_s=3,
+        what="a CLI error",
+    )
     assert p.returncode == 2 and "algo.eps_hihg" in p.stderr and "algo.eps_high" in p.stderr

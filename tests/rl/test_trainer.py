@@ -15,11 +15,25 @@ from gapo.rl.trainer import RunExists, Trainer
 
 
 def _cfg(policy, *extra):
-    return load_config(None, [f"model.path={policy}", "task.name=countdown", "task.params.n_numbers=2",
-                              "task.params.num_range=[1,10]", "task.train_size=300", "train.prompts=8",
-                              "train.group_size=4", "train.mini_batches=2", "train.progress=false",
-                              "eval.problems=16", "eval.samples=4", "eval.every=0", "train.checkpoint_every=0",
-                              *extra])
+    return load_config(
+        None,
+        [
+            f"model.path={policy}",
+            "task.name=countdown",
+            "task.params.n_numbers=2",
+            "task.params.num_range=[1,10]",
+            "task.train_size=300",
+            "train.prompts=8",
+            "train.group_size=4",
+            "train.mini_batches=2",
+            "train.progress=false",
+            "eval.problems=16",
+            "eval.samples=4",
+            "eval.every=0",
+            "train.checkpoint_every=0",
+            *extra,
+        ],
+    )
 
 
 def _records(run):
@@ -33,9 +47,18 @@ def test_rl_raises_the_pass_rate(easy_policy, tmp_path):
     # of float rounding in the trainer moved the gain across the 0.05 bar (seeds 0-2 gave
     # +0.03..+0.16); at 64 x 16 seeds 0-2 gave +0.07..+0.16 with the shared-prompt forward and
     # +0.11..+0.16 without it
-    cfg = _cfg(easy_policy, "train.steps=60", "optim.lr=3e-4", "train.epochs=2", "train.group_size=8",
-               "train.prompts=16", "algo.eps_schedule=linear", "algo.eps_high_max=0.28", "eval.problems=64",
-               "eval.samples=16")
+    cfg = _cfg(
+        easy_policy,
+        "train.steps=60",
+        "optim.lr=3e-4",
+        "train.epochs=2",
+        "train.group_size=8",
+        "train.prompts=16",
+        "algo.eps_schedule=linear",
+        "algo.eps_high_max=0.28",
+        "eval.problems=64",
+        "eval.samples=16",
+    )
     res = Trainer(cfg, tmp_path / "run").fit()
     recs = _records(tmp_path / "run")
     train = [r for r in recs if r["kind"] == "train"]
@@ -43,11 +66,23 @@ def test_rl_raises_the_pass_rate(easy_policy, tmp_path):
     early = sum(r["rollout/pass_rate"] for r in train[:10]) / 10
     late = sum(r["rollout/pass_rate"] for r in train[-10:]) / 10
     assert late > early + 0.03, (early, late)
-    assert evals[-1]["eval/pass@1"] > evals[0]["eval/pass@1"] + 0.05, (evals[0]["eval/pass@1"], evals[-1]["eval/pass@1"])
+    assert evals[-1]["eval/pass@1"] > evals[0]["eval/pass@1"] + 0.05, (
+        evals[0]["eval/pass@1"],
+        evals[-1]["eval/pass@1"],
+    )
     assert res["step"] == 60
     # the diagnostics the issue asks for are there
-    for key in ("loss/clipfrac", "loss/approx_kl", "policy/entropy", "rollout/frac_zero_std", "time/sample_s",
-                "time/score_s", "time/update_s", "clip/frac_high_pos", "rollout/response_len"):
+    for key in (
+        "loss/clipfrac",
+        "loss/approx_kl",
+        "policy/entropy",
+        "rollout/frac_zero_std",
+        "time/sample_s",
+        "time/score_s",
+        "time/update_s",
+        "clip/frac_high_pos",
+        "rollout/response_len",
+    ):
         assert key in train[-1], key
     assert any(k.startswith("clip/frac_high_by_c/") for r in train for k in r)
     assert any(k.startswith("clip/eps_high_by_c/") for r in train for k in r)
@@ -63,8 +98,19 @@ def _strip_times(recs):
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in recs]
 
 
-@pytest.mark.parametrize("extra", [[], ["algo.loss=gspo", "algo.eps_low=3e-3", "algo.eps_high_max=5e-3",
-                                        "algo.eps_schedule=linear", "algo.dynamic_sampling=true"]])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        [
+            "algo.loss=gspo",
+            "algo.eps_low=3e-3",
+            "algo.eps_high_max=5e-3",
+            "algo.eps_schedule=linear",
+            "algo.dynamic_sampling=true",
+        ],
+    ],
+)
 def test_resume_is_bit_exact(easy_policy, tmp_path, extra):
     cfg = lambda: _cfg(easy_policy, "train.steps=4", "optim.lr=1e-3", "train.epochs=2", *extra)  # noqa: E731
     full = Trainer(cfg(), tmp_path / "full")
@@ -89,8 +135,9 @@ def test_ratio_adv_corr_is_the_window_over_the_logged_pairs_and_survives_resume(
     logs the same values (the window is in the checkpoint)."""
     import numpy as np
 
-    cfg = lambda: _cfg(easy_policy, "train.steps=11", "optim.lr=1e-3", "train.epochs=2",  # noqa: E731
-                       "eval.problems=0")
+    def cfg():
+        return _cfg(easy_policy, "train.steps=11", "optim.lr=1e-3", "train.epochs=2", "eval.problems=0")
+
     Trainer(cfg(), tmp_path / "full").fit()
     train = [r for r in _records(tmp_path / "full") if r["kind"] == "train"]
 
@@ -100,7 +147,7 @@ def test_ratio_adv_corr_is_the_window_over_the_logged_pairs_and_survives_resume(
 
     seen = 0
     for t, rec in enumerate(train):
-        pts = np.array([p for r in train[max(0, t - 7): t + 1] for p in pairs(r)]).reshape(-1, 2)  # 8 steps
+        pts = np.array([p for r in train[max(0, t - 7) : t + 1] for p in pairs(r)]).reshape(-1, 2)  # 8 steps
         spread = len(pts) >= 3 and pts[:, 0].std() > 1e-12 and pts[:, 1].std() > 1e-12
         if spread:
             seen += 1
@@ -116,11 +163,20 @@ def test_ratio_adv_corr_is_the_window_over_the_logged_pairs_and_survives_resume(
 
 
 def test_every_loss_and_option_runs(easy_policy, tmp_path):
-    for i, extra in enumerate([["algo.loss=cispo", "algo.eps_high_max=0.28"],
-                               ["algo.kl_coef=0.1", "algo.kl_estimator=k3", "algo.entropy_coef=0.01"],
-                               ["algo.advantage=passk", "algo.advantage_params={k: 2}", "algo.clip_ratio_c=3.0"],
-                               ["algo.advantage=focal", "algo.advantage_params={gamma: 1.0}", "algo.eps_schedule=log",
-                                "algo.eps_high_max=0.28", "algo.old_logp=sampler"]]):
+    for i, extra in enumerate(
+        [
+            ["algo.loss=cispo", "algo.eps_high_max=0.28"],
+            ["algo.kl_coef=0.1", "algo.kl_estimator=k3", "algo.entropy_coef=0.01"],
+            ["algo.advantage=passk", "algo.advantage_params={k: 2}", "algo.clip_ratio_c=3.0"],
+            [
+                "algo.advantage=focal",
+                "algo.advantage_params={gamma: 1.0}",
+                "algo.eps_schedule=log",
+                "algo.eps_high_max=0.28",
+                "algo.old_logp=sampler",
+            ],
+        ]
+    ):
         tr = Trainer(_cfg(easy_policy, "train.steps=1", "eval.problems=0", *extra), tmp_path / f"r{i}")
         tr.fit()
         rec = _records(tmp_path / f"r{i}")[-1]
@@ -133,8 +189,10 @@ def test_gapo_eps_in_force_per_c(easy_policy, tmp_path):
     # with binary rewards and G = 4, a correct rollout of a group with c successes gets
     # eps_low + (eps_high_max - eps_low) (G - c)/(G - 1); the per-c mean over the group's rows
     # mixes its c correct rows with G - c incorrect ones at eps_low
-    Trainer(_cfg(easy_policy, "train.steps=2", "eval.problems=0", "algo.eps_schedule=linear", "algo.eps_high_max=0.5"),
-            tmp_path / "r").fit()
+    Trainer(
+        _cfg(easy_policy, "train.steps=2", "eval.problems=0", "algo.eps_schedule=linear", "algo.eps_high_max=0.5"),
+        tmp_path / "r",
+    ).fit()
     seen_pos = False
     for rec in _records(tmp_path / "r"):
         for key, v in rec.items():
@@ -174,14 +232,36 @@ def test_bad_model_path_is_clear(tmp_path):
 
 def test_sigterm_checkpoints_and_exits_cleanly(easy_policy, tmp_path):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "gapo.cli", "train", "--out", str(run), f"model.path={easy_policy}",
-           "task.params.n_numbers=2", "task.params.num_range=[1,10]", "task.train_size=300", "train.prompts=8",
-           "train.group_size=4", "train.mini_batches=2", "train.steps=100000", "eval.problems=0",
-           "train.checkpoint_every=0", "train.progress=false"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "gapo.cli",
+        "train",
+        "--out",
+        str(run),
+        f"model.path={easy_policy}",
+        "task.params.n_numbers=2",
+        "task.params.num_range=[1,10]",
+        "task.train_size=300",
+        "train.prompts=8",
+        "train.group_size=4",
+        "train.mini_batches=2",
+        "train.steps=100000",
+        "eval.problems=0",
+        "train.checkpoint_every=0",
+        "train.progress=false",
+    ]
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ | {"OMP_NUM_THREADS": "1"}
+    )
     try:
-        timing.wait_for(lambda: (run / "metrics.jsonl").is_file() or p.poll() is not None, timeout=600, quiet_s=15,
-                        what="the first training step of a gapo train run", poll_s=0.2)
+        timing.wait_for(
+            lambda: (run / "metrics.jsonl").is_file() or p.poll() is not None,
+            timeout=600,
+            quiet_s=15,
+            what="the first training step of a gapo train run",
+            poll_s=0.2,
+        )
     finally:
         if p.poll() is None and not (run / "metrics.jsonl").is_file():
             p.kill()
@@ -197,8 +277,9 @@ def test_sigterm_checkpoints_and_exits_cleanly(easy_policy, tmp_path):
     assert f"stopped at step {state['step']} of 100000" in text
     assert f"resume with: gapo train --out {run} --resume" in text
     # and it resumes from there
-    resumed = Trainer(load_config(None, cmd[6:] + ["train.steps=" + str(state["step"] + 1)]), run, resume=True,
-                      allow_change=True)
+    resumed = Trainer(
+        load_config(None, cmd[6:] + ["train.steps=" + str(state["step"] + 1)]), run, resume=True, allow_change=True
+    )
     resumed.fit()
     assert resumed.step == state["step"] + 1
 

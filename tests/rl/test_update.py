@@ -6,17 +6,29 @@ import pytest
 import torch
 
 from gapo.rl.config import load_config
-from gapo.rl.update import (LossSettings, OldPolicy, UpdateBatch, accumulate, micro_batch_loss, micro_batches,
-                            minibatch_norms, token_share)
+from gapo.rl.update import (
+    LossSettings,
+    OldPolicy,
+    UpdateBatch,
+    accumulate,
+    micro_batch_loss,
+    micro_batches,
+    minibatch_norms,
+    token_share,
+)
 
 
 def _batch(logp_old, adv, mask, eps_high, ref=None):
     B = len(adv)
-    return UpdateBatch(rollout=None, mask=torch.tensor(mask, dtype=torch.float32),
-                       advantages=torch.tensor(adv, dtype=torch.float32),
-                       eps_high=torch.tensor(eps_high, dtype=torch.float32), c=torch.zeros(B, dtype=torch.long),
-                       old_logp=torch.tensor(logp_old, dtype=torch.float32),
-                       ref_logp=None if ref is None else torch.tensor(ref, dtype=torch.float32))
+    return UpdateBatch(
+        rollout=None,
+        mask=torch.tensor(mask, dtype=torch.float32),
+        advantages=torch.tensor(adv, dtype=torch.float32),
+        eps_high=torch.tensor(eps_high, dtype=torch.float32),
+        c=torch.zeros(B, dtype=torch.long),
+        old_logp=torch.tensor(logp_old, dtype=torch.float32),
+        ref_logp=None if ref is None else torch.tensor(ref, dtype=torch.float32),
+    )
 
 
 def test_ppo_clip_above_one_plus_eps_high_with_positive_advantage_gives_the_clipped_value():
@@ -52,13 +64,13 @@ def test_kl_and_entropy_terms_by_hand():
     assert mets["loss/policy"].item() == pytest.approx(-1.0)
     assert total.item() == pytest.approx(-1.0 + 0.1 * kl - 0.01 * (1 + 2 + 3) / 3)
     # the terms are off when their settings are
-    total0, mets0 = micro_batch_loss(logp, ent, _batch([[0.0, 0.0]] * 2, [1.0, 1.0], [[1, 1], [1, 0]],
-                                                        [0.2, 0.2]), LossSettings(), {})
+    total0, mets0 = micro_batch_loss(
+        logp, ent, _batch([[0.0, 0.0]] * 2, [1.0, 1.0], [[1, 1], [1, 0]], [0.2, 0.2]), LossSettings(), {}
+    )
     assert total0.item() == pytest.approx(-1.0) and "loss/kl_ref" not in mets0
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm",
-                                 "seq-mean-token-sum"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"])
 @pytest.mark.parametrize("loss", ["ppo", "gspo", "cispo"])
 def test_micro_batch_losses_add_up_to_the_mini_batch_loss(agg, loss):
     g = torch.Generator().manual_seed(0)
@@ -66,9 +78,15 @@ def test_micro_batch_losses_add_up_to_the_mini_batch_loss(agg, loss):
     mask = (torch.rand(B, T, generator=g) > 0.3).float()
     mask[3] = 0.0  # an empty row: it counts in no normaliser
     logp = -torch.rand(B, T, generator=g)
-    ub = UpdateBatch(rollout=None, mask=mask, advantages=torch.randn(B, generator=g),
-                     eps_high=0.2 + 0.1 * torch.rand(B, generator=g), c=torch.zeros(B, dtype=torch.long),
-                     old_logp=logp + 0.3 * torch.randn(B, T, generator=g), ref_logp=-torch.rand(B, T, generator=g))
+    ub = UpdateBatch(
+        rollout=None,
+        mask=mask,
+        advantages=torch.randn(B, generator=g),
+        eps_high=0.2 + 0.1 * torch.rand(B, generator=g),
+        c=torch.zeros(B, dtype=torch.long),
+        old_logp=logp + 0.3 * torch.randn(B, T, generator=g),
+        ref_logp=-torch.rand(B, T, generator=g),
+    )
     ent = torch.rand(B, T, generator=g)
     s = LossSettings(loss=loss, agg=agg, kl_coef=0.05, entropy_coef=0.01)
     rows = torch.tensor([6, 0, 3, 2, 5, 1, 4])
@@ -94,8 +112,9 @@ def test_micro_batch_losses_add_up_to_the_mini_batch_loss(agg, loss):
 def test_old_policy_fills_pending_rows_once_and_measures_each_row_once():
     B, T = 4, 3
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]], dtype=torch.float32)
-    ub = UpdateBatch(None, mask, torch.zeros(B), torch.full((B,), 0.2), torch.zeros(B, dtype=torch.long),
-                     torch.zeros(B, T))
+    ub = UpdateBatch(
+        None, mask, torch.zeros(B), torch.full((B,), 0.2), torch.zeros(B, dtype=torch.long), torch.zeros(B, T)
+    )
     old = OldPolicy(ub, pending=torch.tensor([2, 0]))
     ent = torch.ones(2, T)
     old.first_forward(torch.tensor([1, 3]), torch.full((2, T), -9.0), ent)  # not pending: old_logp kept
@@ -108,8 +127,9 @@ def test_old_policy_fills_pending_rows_once_and_measures_each_row_once():
 
 
 def test_loss_settings_are_the_algo_keys():
-    a = load_config(None, ["algo.kl_coef=0.3", "algo.entropy_coef=0.02", "algo.loss=gspo",
-                           "algo.agg=seq-mean-token-mean"]).algo
+    a = load_config(
+        None, ["algo.kl_coef=0.3", "algo.entropy_coef=0.02", "algo.loss=gspo", "algo.agg=seq-mean-token-mean"]
+    ).algo
     s = LossSettings.from_algo(a)
     assert (s.kl_coef, s.entropy_coef, s.loss, s.agg) == (0.3, 0.02, "gspo", "seq-mean-token-mean")
     assert (s.eps_low, s.clip_ratio_c, s.kl_estimator) == (a.eps_low, a.clip_ratio_c, a.kl_estimator)
@@ -120,10 +140,24 @@ def test_recompute_reuse_gives_the_old_logprobs_of_an_explicit_no_grad_forward(e
     log-probs from the update's first (training) forward; they equal a no-grad forward of every
     row under π_old, i.e. the old log-probs that old_logp=recompute means."""
     from gapo.rl.trainer import Trainer
-    cfg = load_config(None, [f"model.path={easy_policy}", "task.name=countdown", "task.params.n_numbers=2",
-                             "task.params.num_range=[1,10]", "task.train_size=300", "train.prompts=4",
-                             "train.group_size=4", "train.mini_batches=2", "train.progress=false",
-                             "eval.problems=0", "train.checkpoint_every=0", "algo.old_logp=recompute"])
+
+    cfg = load_config(
+        None,
+        [
+            f"model.path={easy_policy}",
+            "task.name=countdown",
+            "task.params.n_numbers=2",
+            "task.params.num_range=[1,10]",
+            "task.train_size=300",
+            "train.prompts=4",
+            "train.group_size=4",
+            "train.mini_batches=2",
+            "train.progress=false",
+            "eval.problems=0",
+            "train.checkpoint_every=0",
+            "algo.old_logp=recompute",
+        ],
+    )
     tr = Trainer(cfg, tmp_path / "run")
     seen = {}
     inner_update = tr._update

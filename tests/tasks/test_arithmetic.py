@@ -20,12 +20,11 @@ def test_hand_checked_scores():
     p = Problem("123+456=", 579, {})  # 123 + 456 = 579
     assert task.score(p, "579") == 1.0
     assert task.score(p, " 579\n") == 1.0
-    for wrong in ("578", "0579", "+579", "5 79", "579579", "", "  ", "abc", "57.9", "-579",
-                  "9" * 10_000):
+    for wrong in ("578", "0579", "+579", "5 79", "579579", "", "  ", "abc", "57.9", "-579", "9" * 10_000):
         assert task.score(p, wrong) == 0.0, wrong
     assert task.score(p, None) == 0.0  # type: ignore[arg-type]
     assert task.score(Problem("907-58=", 849, {}), "849") == 1.0  # 907 - 58 = 849
-    assert task.score(Problem("12*34=", 408, {}), "408") == 1.0   # 12 * 34 = 408
+    assert task.score(Problem("12*34=", 408, {}), "408") == 1.0  # 12 * 34 = 408
     assert task.score(Problem("5-5=", 0, {}), "0") == 1.0
 
 

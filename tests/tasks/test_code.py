@@ -1,5 +1,6 @@
 """Code tasks: HumanEval (all 164 canonical solutions pass, wrong ones fail), MBPP-style data
-loading (JSONL, Parquet, datasets folders) and its errors, and completions that try to fake success (each must score 0)."""
+loading (JSONL, Parquet, datasets folders) and its errors, and completions that try to fake
+success (each must score 0)."""
 
 from __future__ import annotations
 
@@ -55,12 +56,14 @@ def test_all_canonical_solutions_pass_and_wrong_ones_fail(he):
     verdicts = he.verdicts(problems + wrong_problems, canon + wrong)
     dt = time.monotonic() - t0
     print(f"\nHumanEval: {n} completions in {dt:.1f}s ({n / dt:.1f} completions/s)")
-    good, bad = verdicts[: len(problems)], verdicts[len(problems):]
-    failed = [(p.meta["task_id"], v.status, v.result and v.result.stderr[-300:])
-              for p, v in zip(problems, good) if v.reward != 1.0]
+    good, bad = verdicts[: len(problems)], verdicts[len(problems) :]
+    failed = [
+        (p.meta["task_id"], v.status, v.result and v.result.stderr[-300:])
+        for p, v in zip(problems, good)
+        if v.reward != 1.0
+    ]
     assert not failed, failed
-    passed_wrong = [p.meta["task_id"] for p, v in zip(wrong_problems, bad)
-                    if v.reward != 0.0]
+    passed_wrong = [p.meta["task_id"] for p, v in zip(wrong_problems, bad) if v.reward != 0.0]
     assert not passed_wrong
 
 
@@ -81,23 +84,28 @@ CHEATS = {
     "toplevel_os_exit": "    return 0.0\nimport os\nos._exit(0)\n",
     "systemexit_inside_candidate": "    raise SystemExit(0)\n",
     "print_fake_marker": f"    print({MARKER!r} + ' 0' * 16)\n    import os; os._exit(0)\n",
-    "always_equal_object": ("    class E(float):\n        def __eq__(s, o): return True\n"
-                            "        def __lt__(s, o): return True\n        def __sub__(s, o): return s\n"
-                            "        def __abs__(s): return 0\n    return E()\n"),
+    "always_equal_object": (
+        "    class E(float):\n        def __eq__(s, o): return True\n"
+        "        def __lt__(s, o): return True\n        def __sub__(s, o): return s\n"
+        "        def __abs__(s): return 0\n    return E()\n"
+    ),
     "redefine_check": "    return 0.0\ndef check(candidate):\n    pass\n",
     "override_builtins_abs": "    import builtins; builtins.abs = lambda x: 0\n    return 0.0\n",
-    "override_assertion_error": ("    import builtins\n    builtins.AssertionError = SystemExit\n"
-                                 "    return 0.0\n"),
-    "atexit_exit_0": ("    import atexit, os; atexit.register(lambda: os._exit(0))\n"
-                      "    return 0.0\n"),
-    "read_nonce_from_stdin": ("    import os, sys\n    data = os.read(0, 100)\n"
-                              f"    print({MARKER!r}, data.decode().strip())\n"
-                              "    sys.stdout.flush(); os._exit(0)\n"),
-    "read_own_source": ("    import os, sys, re\n    src = open(__file__).read() + open('/proc/self/cmdline').read()\n"
-                        "    m = re.findall(r'[0-9a-f]{32}', src)\n"
-                        f"    print({MARKER!r}, m[0] if m else '')\n    os._exit(0)\n"),
-    "settrace_swallow": ("    import sys\n    def t(f, e, a):\n        return t\n"
-                         "    sys.settrace(t)\n    return 0.0\n"),
+    "override_assertion_error": ("    import builtins\n    builtins.AssertionError = SystemExit\n    return 0.0\n"),
+    "atexit_exit_0": ("    import atexit, os; atexit.register(lambda: os._exit(0))\n    return 0.0\n"),
+    "read_nonce_from_stdin": (
+        "    import os, sys\n    data = os.read(0, 100)\n"
+        f"    print({MARKER!r}, data.decode().strip())\n"
+        "    sys.stdout.flush(); os._exit(0)\n"
+    ),
+    "read_own_source": (
+        "    import os, sys, re\n    src = open(__file__).read() + open('/proc/self/cmdline').read()\n"
+        "    m = re.findall(r'[0-9a-f]{32}', src)\n"
+        f"    print({MARKER!r}, m[0] if m else '')\n    os._exit(0)\n"
+    ),
+    "settrace_swallow": (
+        "    import sys\n    def t(f, e, a):\n        return t\n    sys.settrace(t)\n    return 0.0\n"
+    ),
     "huge_output": "    import sys\n    sys.stdout.write('x' * (8 << 20))\n    return 0.0\n",
     # The candidate runs in its own process: introspection finds no nonce there ...
     "frame_walk_for_nonce": (
@@ -105,7 +113,8 @@ CHEATS = {
         "        found += [v for v in f.f_locals.values() if isinstance(v, (bytes, str))]\n"
         "        f = f.f_back\n"
         f"    for v in found:\n        os.write(1, b'\\n{MARKER} ' + (v if isinstance(v, bytes)"
-        " else v.encode()) + b'\\n')\n    os._exit(0)\n"),
+        " else v.encode()) + b'\\n')\n    os._exit(0)\n"
+    ),
     # ... and the judge's process is out of reach
     "read_judge_memory": (
         "    import os, re\n    pid = os.getppid()\n    try:\n"
@@ -117,27 +126,39 @@ CHEATS = {
         "            except OSError:\n                continue\n"
         "            for m in re.findall(rb'[0-9a-f]{32}', data):\n"
         f"                os.write(1, b'\\n{MARKER} ' + m + b'\\n')\n"
-        "    except OSError:\n        pass\n    os._exit(0)\n"),
-    "ptrace_the_judge": ("    import ctypes, os\n"
-                         "    ctypes.CDLL(None).ptrace(16, os.getppid(), 0, 0)\n    return 0.0\n"),
-    "steal_judge_fds": ("    import os\n    fd = os.pidfd_open(os.getppid())\n"
-                        "    import ctypes\n    for n in range(8):\n"
-                        "        g = ctypes.CDLL(None).syscall(438, fd, n, 0)\n"
-                        f"        if g >= 0: os.write(g, b'\\n{MARKER} x\\n')\n"
-                        "    return 0.0\n"),
-    "kill_the_judge": (f"    import os\n    os.write(1, b'\\n{MARKER} ' + b'0' * 32 + b'\\n')\n"
-                       "    os.kill(os.getppid(), 9)\n    os._exit(0)\n"),
+        "    except OSError:\n        pass\n    os._exit(0)\n"
+    ),
+    "ptrace_the_judge": (
+        "    import ctypes, os\n    ctypes.CDLL(None).ptrace(16, os.getppid(), 0, 0)\n    return 0.0\n"
+    ),
+    "steal_judge_fds": (
+        "    import os\n    fd = os.pidfd_open(os.getppid())\n"
+        "    import ctypes\n    for n in range(8):\n"
+        "        g = ctypes.CDLL(None).syscall(438, fd, n, 0)\n"
+        f"        if g >= 0: os.write(g, b'\\n{MARKER} x\\n')\n"
+        "    return 0.0\n"
+    ),
+    "kill_the_judge": (
+        f"    import os\n    os.write(1, b'\\n{MARKER} ' + b'0' * 32 + b'\\n')\n"
+        "    os.kill(os.getppid(), 9)\n    os._exit(0)\n"
+    ),
     # The pipe to the judge carries return values only: forged or broken traffic fails.
-    "forge_pipe_replies": ("    import os\n    for fd in range(3, 12):\n        try:\n"
-                           "            os.write(fd, b'[\"ret\", 0.5]\\n[\"pass\"]\\n"
-                           "[\"ok\", true]\\n')\n"
-                           "        except OSError:\n            pass\n    return 0.0\n"),
-    "garbage_on_pipe": ("    import os\n    for fd in range(3, 12):\n        try:\n"
-                        "            os.write(fd, b'\\x00{not json\\n')\n"
-                        "        except OSError:\n            pass\n    return 0.0\n"),
-    "close_the_pipes": ("    import os\n    for fd in range(3, 64):\n        try:\n"
-                        "            os.close(fd)\n        except OSError:\n            pass\n"
-                        "    return 0.0\n"),
+    "forge_pipe_replies": (
+        "    import os\n    for fd in range(3, 12):\n        try:\n"
+        '            os.write(fd, b\'["ret", 0.5]\\n["pass"]\\n'
+        '["ok", true]\\n\')\n'
+        "        except OSError:\n            pass\n    return 0.0\n"
+    ),
+    "garbage_on_pipe": (
+        "    import os\n    for fd in range(3, 12):\n        try:\n"
+        "            os.write(fd, b'\\x00{not json\\n')\n"
+        "        except OSError:\n            pass\n    return 0.0\n"
+    ),
+    "close_the_pipes": (
+        "    import os\n    for fd in range(3, 64):\n        try:\n"
+        "            os.close(fd)\n        except OSError:\n            pass\n"
+        "    return 0.0\n"
+    ),
     "exit_0_inside_call": "    import os\n    os._exit(0)\n",
     "return_generator": "    return (x for x in [0.5])\n",
     "return_bool_subclass_of_int": "    return True\n",
@@ -162,9 +183,11 @@ def test_frame_introspection_finds_no_nonce(he):
     """Formerly a documented residual (the candidate shared the harness's interpreter and read
     the nonce from its frame): the candidate now runs in a process that never holds it."""
     p = _by_id(he, "HumanEval/2")
-    cheat = ("    import sys, os\n    f = sys._getframe()\n"
-             "    while f and 'nonce' not in f.f_locals:\n        f = f.f_back\n"
-             f"    os.write(1, b'\\n{MARKER} ' + f.f_locals['nonce'] + b'\\n')\n    os._exit(0)\n")
+    cheat = (
+        "    import sys, os\n    f = sys._getframe()\n"
+        "    while f and 'nonce' not in f.f_locals:\n        f = f.f_back\n"
+        f"    os.write(1, b'\\n{MARKER} ' + f.f_locals['nonce'] + b'\\n')\n    os._exit(0)\n"
+    )
     reward, status = he.score_detailed(p, cheat)
     assert reward == 0.0 and status == "ok"
 
@@ -181,9 +204,14 @@ def test_candidate_limits_and_statuses():
     # 5 s: the memory bomb must end as "memory" before the wall clock, also on a busy machine
     t = HumanEvalTask(timeout_s=5.0, memory_mb=256)
     p = _by_id(t, "HumanEval/2")
-    v = t.verdicts([p] * 3, ["    while True: pass\n", "    return len(bytearray(1 << 30))\n",
-                             "    import os, signal\n    os.kill(os.getppid(), signal.SIGSTOP)\n"
-                             "    return 0.5\n"])
+    v = t.verdicts(
+        [p] * 3,
+        [
+            "    while True: pass\n",
+            "    return len(bytearray(1 << 30))\n",
+            "    import os, signal\n    os.kill(os.getppid(), signal.SIGSTOP)\n    return 0.5\n",
+        ],
+    )
     assert [x.reward for x in v] == [0.0, 0.0, 0.0]
     assert v[0].status == "timeout" and v[2].status == "timeout"
     assert v[1].result.status == "memory"
@@ -211,19 +239,25 @@ def test_parse_ok_first_move_demonstration(he):
 
 def test_fenced_full_function_completion(he):
     p = _by_id(he, "HumanEval/2")
-    completion = ("Here you go:\n```python\ndef truncate_number(number: float) -> float:\n"
-                  "    return number % 1.0\n```\n")
+    completion = "Here you go:\n```python\ndef truncate_number(number: float) -> float:\n    return number % 1.0\n```\n"
     assert he.score(p, completion) == 1.0
 
 
 # ---------------------------------------------------------------------------- MBPP-style JSONL
 MBPP_ROWS = [
-    {"task_id": 1, "prompt": "Write a function to add two numbers.",
-     "code": "def add(a, b):\n    return a + b\n",
-     "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]},
-    {"task_id": 2, "prompt": "Write a function that returns the max of a list.",
-     "code": "def mx(xs):\n    return max(xs)\n", "test_setup_code": "import math",
-     "test_list": ["assert mx([1, 5, 2]) == 5", "assert math.isclose(mx([0.5]), 0.5)"]},
+    {
+        "task_id": 1,
+        "prompt": "Write a function to add two numbers.",
+        "code": "def add(a, b):\n    return a + b\n",
+        "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"],
+    },
+    {
+        "task_id": 2,
+        "prompt": "Write a function that returns the max of a list.",
+        "code": "def mx(xs):\n    return max(xs)\n",
+        "test_setup_code": "import math",
+        "test_list": ["assert mx([1, 5, 2]) == 5", "assert math.isclose(mx([0.5]), 0.5)"],
+    },
 ]
 
 
@@ -238,8 +272,7 @@ def test_mbpp_loads_scores_and_fails_wrong(tmp_path):
     assert len(ps) == 2 and ps[0].meta["task_id"] == "mbpp/1"
     good = [t.demonstration(p, random.Random(0)) for p in ps]
     assert t.score_many(ps, good) == [1.0, 1.0]
-    assert t.score_many(ps, ["def add(a, b):\n    return a - b\n",
-                             "def mx(xs):\n    return min(xs)\n"]) == [0.0, 0.0]
+    assert t.score_many(ps, ["def add(a, b):\n    return a - b\n", "def mx(xs):\n    return min(xs)\n"]) == [0.0, 0.0]
     # the guard: an always-equal object does not pass an MBPP assert either
     cheat = "class E:\n    def __eq__(s, o): return True\ndef add(a, b):\n    return E()\n"
     assert t.score(ps[0], cheat) == 0.0
@@ -247,21 +280,35 @@ def test_mbpp_loads_scores_and_fails_wrong(tmp_path):
 
 
 def test_mbpp_plain_data_kwargs_exceptions_and_shadowing(tmp_path):
-    rows = [{"task_id": 3, "prompt": "Stats of a list.",
-             "code": ("def stats(xs, *, scale=1):\n    if not xs:\n"
-                      "        raise ValueError('empty')\n"
-                      "    return (min(xs) * scale, {'n': len(xs)}, set(xs), 2 ** 100, b'x',"
-                      " None)\n"),
-             "test_list": ["assert stats([3, 1, 2], scale=2) == "
-                           "(2, {'n': 3}, {1, 2, 3}, 2 ** 100, b'x', None)",
-                           "try:\n    stats([])\nexcept ValueError:\n    pass\n"
-                           "else:\n    raise AssertionError"]},
-            {"task_id": 4, "prompt": "Add.", "code": "def add(a, b):\n    return a + b\n",
-             "test_list": ["assert abs(add(0.1, 0.2) - 0.3) < 1e-9"]},
-            # the tests use a module only the solution imports (no setup code)
-            {"task_id": 5, "prompt": "Root.",
-             "code": "import math as m\ndef root(x):\n    return m.sqrt(x)\n",
-             "test_list": ["assert m.isclose(root(2.0), 2 ** 0.5)"]}]
+    rows = [
+        {
+            "task_id": 3,
+            "prompt": "Stats of a list.",
+            "code": (
+                "def stats(xs, *, scale=1):\n    if not xs:\n"
+                "        raise ValueError('empty')\n"
+                "    return (min(xs) * scale, {'n': len(xs)}, set(xs), 2 ** 100, b'x',"
+                " None)\n"
+            ),
+            "test_list": [
+                "assert stats([3, 1, 2], scale=2) == (2, {'n': 3}, {1, 2, 3}, 2 ** 100, b'x', None)",
+                "try:\n    stats([])\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError",
+            ],
+        },
+        {
+            "task_id": 4,
+            "prompt": "Add.",
+            "code": "def add(a, b):\n    return a + b\n",
+            "test_list": ["assert abs(add(0.1, 0.2) - 0.3) < 1e-9"],
+        },
+        # the tests use a module only the solution imports (no setup code)
+        {
+            "task_id": 5,
+            "prompt": "Root.",
+            "code": "import math as m\ndef root(x):\n    return m.sqrt(x)\n",
+            "test_list": ["assert m.isclose(root(2.0), 2 ** 0.5)"],
+        },
+    ]
     t = MBPPTask(_write(tmp_path / "p.jsonl", rows))
     ps = t.problems()
     assert t.score_many(ps, [t.demonstration(p, random.Random(0)) for p in ps]) == [1.0] * 3
@@ -276,12 +323,20 @@ def test_strict_returns_false_keeps_objects(tmp_path):
     """Generators and objects of the candidate's classes cannot cross to the judge: such
     datasets need ``strict_returns=False`` (the single-process harness, no reward integrity
     against a hostile completion)."""
-    rows = [{"prompt": "Count up.", "code": "def up(n):\n    yield from range(n)\n",
-             "test_list": ["assert list(up(3)) == [0, 1, 2]"]},
-            {"prompt": "Pairs.", "code": ("class Pair:\n    def __init__(s, a, b):\n"
-                                          "        s.a, s.b = a, b\n"
-                                          "def first(ps):\n    return ps[0].a\n"),
-             "test_list": ["assert first([Pair(5, 24), Pair(1, 2)]) == 5"]}]
+    rows = [
+        {
+            "prompt": "Count up.",
+            "code": "def up(n):\n    yield from range(n)\n",
+            "test_list": ["assert list(up(3)) == [0, 1, 2]"],
+        },
+        {
+            "prompt": "Pairs.",
+            "code": (
+                "class Pair:\n    def __init__(s, a, b):\n        s.a, s.b = a, b\ndef first(ps):\n    return ps[0].a\n"
+            ),
+            "test_list": ["assert first([Pair(5, 24), Pair(1, 2)]) == 5"],
+        },
+    ]
     path = _write(tmp_path / "o.jsonl", rows)
     t = MBPPTask(path, id_field=None, strict_returns=False)
     ps = t.problems()
@@ -300,8 +355,13 @@ def test_strict_returns_false_keeps_objects(tmp_path):
         warnings.simplefilter("error")
         assert [x.status for x in t.verdicts(ps[1:], sols[1:])] == ["error"]  # warned once
     # A completion that returns a generator where the reference returns a list only fails.
-    rows = [{"prompt": "Count up.", "code": "def up(n):\n    return list(range(n))\n",
-             "test_list": ["assert list(up(3)) == [0, 1, 2]"]}]
+    rows = [
+        {
+            "prompt": "Count up.",
+            "code": "def up(n):\n    return list(range(n))\n",
+            "test_list": ["assert list(up(3)) == [0, 1, 2]"],
+        }
+    ]
     t = MBPPTask(_write(tmp_path / "l.jsonl", rows), id_field=None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -314,6 +374,7 @@ def test_codec_round_trip_and_rejections():
     import math
 
     from gapo.tasks import code as code_mod
+
     ns = {}
     exec(code_mod.CODEC, ns)
     enc, dec = ns["__gapo_codec"]()
@@ -321,12 +382,33 @@ def test_codec_round_trip_and_rejections():
     def rt(v):
         return dec(json.loads(json.dumps(enc(v))))
 
-    values = [None, True, False, 0, -1, 2 ** 53, -(2 ** 70), 10 ** 5000, 1.5, -0.0,
-              float("inf"), 1 + 2j, "é\udc80\n", b"\x00\xff", bytearray(b"ab"), (1, (2,)),
-              [1, [2, []]], {1, 2}, frozenset({(1, 2)}), {"a": [1], (1, 2): {3}},
-              collections.OrderedDict(b=1, a=2), collections.Counter("abca"),
-              collections.defaultdict(list, {1: [2]}), collections.deque([1, 2], maxlen=3),
-              range(1, 10, 2)]
+    values = [
+        None,
+        True,
+        False,
+        0,
+        -1,
+        2**53,
+        -(2**70),
+        10**5000,
+        1.5,
+        -0.0,
+        float("inf"),
+        1 + 2j,
+        "é\udc80\n",
+        b"\x00\xff",
+        bytearray(b"ab"),
+        (1, (2,)),
+        [1, [2, []]],
+        {1, 2},
+        frozenset({(1, 2)}),
+        {"a": [1], (1, 2): {3}},
+        collections.OrderedDict(b=1, a=2),
+        collections.Counter("abca"),
+        collections.defaultdict(list, {1: [2]}),
+        collections.deque([1, 2], maxlen=3),
+        range(1, 10, 2),
+    ]
     for v in values:
         out = rt(v)
         assert out == v and type(out) is type(v), v
@@ -338,19 +420,40 @@ def test_codec_round_trip_and_rejections():
     class F(float):
         def __eq__(self, other):
             return True
+
     for bad in (lambda: 0, F(1.0), [object()], (x for x in [1]), {1: type}):
         with pytest.raises(TypeError):
             enc(bad)
-    for bad in ({"a": 1}, [], ["zz"], ["d", 1], ["I", 5], [["l"]], ["D", "eval"], ["q", "x"],
-                ["j", "1", "2"], ["s", ["l"]], ["r", 1.0, 2, 1], ["b", "zz"], [1, 2]):
-        with pytest.raises(Exception):
+    for bad in (
+        {"a": 1},
+        [],
+        ["zz"],
+        ["d", 1],
+        ["I", 5],
+        [["l"]],
+        ["D", "eval"],
+        ["q", "x"],
+        ["j", "1", "2"],
+        ["s", ["l"]],
+        ["r", 1.0, 2, 1],
+        ["b", "zz"],
+        [1, 2],
+    ):
+        with pytest.raises(Exception):  # noqa: B017 - a malformed message must not decode, whatever the error
             dec(bad)
 
 
 def test_mbpp_configurable_fields_and_prompt_is_code(tmp_path):
     rows = [{"q": "def sq(x):\n", "asserts": "assert sq(3) == 9\nassert sq(-2) == 4\n"}]
-    t = MBPPTask(_write(tmp_path / "c.jsonl", rows), prompt_field="q", tests_field="asserts",
-                 solution_field=None, setup_field=None, id_field=None, prompt_is_code=True)
+    t = MBPPTask(
+        _write(tmp_path / "c.jsonl", rows),
+        prompt_field="q",
+        tests_field="asserts",
+        solution_field=None,
+        setup_field=None,
+        id_field=None,
+        prompt_is_code=True,
+    )
     p = t.problems()[0]
     assert t.score(p, "    return x * x\n") == 1.0
     assert t.score(p, "    return x + x\n") == 0.0
@@ -381,17 +484,36 @@ def test_mbpp_bad_files(tmp_path):
         MBPPTask(str(emptyprompt))
 
 
-
 # ------------------------------------------------------------ MBPP in other formats (Parquet, datasets)
 # the columns MBPP ships with on the hub: full ("text", test_setup_code) and sanitized ("prompt", test_imports)
-MBPP_FULL = [{"task_id": 11, "text": "Write a function to add two numbers.", "code": "def add(a, b):\n    return a + b\n",
-              "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"], "test_setup_code": "",
-              "challenge_test_list": []},
-             {"task_id": 12, "text": "Write a function for the square root.", "code": "import math\ndef root(x):\n    return math.sqrt(x)\n",
-              "test_list": ["assert root(9) == math.sqrt(9)"], "test_setup_code": "import math", "challenge_test_list": []}]
-MBPP_SANITIZED = [{"source_file": "x.py", "task_id": 21, "prompt": "Write a function for the square root.",
-                   "code": "import math\ndef root(x):\n    return math.sqrt(x)\n", "test_imports": ["import math"],
-                   "test_list": ["assert math.isclose(root(2) ** 2, 2)"]}]
+MBPP_FULL = [
+    {
+        "task_id": 11,
+        "text": "Write a function to add two numbers.",
+        "code": "def add(a, b):\n    return a + b\n",
+        "test_list": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"],
+        "test_setup_code": "",
+        "challenge_test_list": [],
+    },
+    {
+        "task_id": 12,
+        "text": "Write a function for the square root.",
+        "code": "import math\ndef root(x):\n    return math.sqrt(x)\n",
+        "test_list": ["assert root(9) == math.sqrt(9)"],
+        "test_setup_code": "import math",
+        "challenge_test_list": [],
+    },
+]
+MBPP_SANITIZED = [
+    {
+        "source_file": "x.py",
+        "task_id": 21,
+        "prompt": "Write a function for the square root.",
+        "code": "import math\ndef root(x):\n    return math.sqrt(x)\n",
+        "test_imports": ["import math"],
+        "test_list": ["assert math.isclose(root(2) ** 2, 2)"],
+    }
+]
 
 
 def _mbpp_source(fmt, rows, tmp_path, name="mbpp"):
@@ -404,8 +526,9 @@ def _mbpp_source(fmt, rows, tmp_path, name="mbpp"):
         pd.DataFrame(rows).to_parquet(tmp_path / f"{name}.parquet")
         return str(tmp_path / f"{name}.parquet")
     if fmt == "save_to_disk":
-        datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
-                              "test": datasets.Dataset.from_list(rows[:1])}).save_to_disk(str(tmp_path / name))
+        datasets.DatasetDict(
+            {"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:1])}
+        ).save_to_disk(str(tmp_path / name))
         return str(tmp_path / name)
     if fmt == "folder":  # as the hub ships it: full/{train,test}-00000-of-00001.parquet
         folder = tmp_path / name / "full"
@@ -458,14 +581,22 @@ def test_mbpp_loader_errors_in_other_formats(tmp_path):
     with pytest.raises(ValueError, match=r"wrong\.parquet row 1: column 'test_list' is empty"):
         MBPPTask(wrong)
 
+
 # ------------------------------------------------------- the judge trusts nothing the candidate touches
-PRIME_ROWS = [{"task_id": "primes", "prompt": "Write is_prime(n).",
-               "code": "def is_prime(n):\n    return n > 1 and all(n % d for d in range(2, n))\n",
-               "test_list": ["assert all(map(is_prime, [2, 3, 5, 7, 11]))",
-                             "assert not any(map(is_prime, [1, 4, 6, 8, 9]))",
-                             "assert list(filter(is_prime, range(10))) == [2, 3, 5, 7]",
-                             "assert all(is_prime(p) for p in [13, 17])",
-                             "assert sum(map(is_prime, range(20))) == 8"]}]
+PRIME_ROWS = [
+    {
+        "task_id": "primes",
+        "prompt": "Write is_prime(n).",
+        "code": "def is_prime(n):\n    return n > 1 and all(n % d for d in range(2, n))\n",
+        "test_list": [
+            "assert all(map(is_prime, [2, 3, 5, 7, 11]))",
+            "assert not any(map(is_prime, [1, 4, 6, 8, 9]))",
+            "assert list(filter(is_prime, range(10))) == [2, 3, 5, 7]",
+            "assert all(is_prime(p) for p in [13, 17])",
+            "assert sum(map(is_prime, range(20))) == 8",
+        ],
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -476,41 +607,59 @@ def primes(tmp_path_factory):
 
 # Code that, if it ever runs inside the judge, finds the nonce in the judge's frames and prints
 # the pass line (exit 0): any path from the candidate's files into the judge forges a 1.0.
-_IN_JUDGE = ("import sys, os\nf = sys._getframe()\nwhile f:\n"
-             "    n = f.f_locals.get('nonce')\n    if isinstance(n, bytes):\n"
-             f"        os.write(1, b'\\n{MARKER} ' + n + b'\\n')\n        os._exit(0)\n"
-             "    f = f.f_back\n")
+_IN_JUDGE = (
+    "import sys, os\nf = sys._getframe()\nwhile f:\n"
+    "    n = f.f_locals.get('nonce')\n    if isinstance(n, bytes):\n"
+    f"        os.write(1, b'\\n{MARKER} ' + n + b'\\n')\n        os._exit(0)\n"
+    "    f = f.f_back\n"
+)
 
 
 def _drop_and_name(files: dict, modules: list[str]) -> str:
     """A wrong solution that writes ``files`` into its (shared, writable) working directory and
     hands the judge module objects named ``modules`` (the judge imported what the names said)."""
-    return ("import os, types\n"
-            + "".join(f"open({name!r}, 'w').write({body!r})\n" for name, body in files.items())
-            + "".join(f"m{i} = types.ModuleType({m!r})\n" for i, m in enumerate(modules))
-            + "def is_prime(n):\n    return True\n")
+    return (
+        "import os, types\n"
+        + "".join(f"open({name!r}, 'w').write({body!r})\n" for name, body in files.items())
+        + "".join(f"m{i} = types.ModuleType({m!r})\n" for i, m in enumerate(modules))
+        + "def is_prime(n):\n    return True\n"
+    )
 
 
 MODULE_CHEATS = {
     # unittest.__main__ runs test discovery in the working directory: a candidate test file ran
     # inside the judge (a 10-line wrong solution scored 1.0 on MBPP)
     "unittest_main_discovery": _drop_and_name({"test_gapo.py": _IN_JUDGE}, ["unittest.__main__"]),
-    "side_effect_modules": _drop_and_name({}, ["this", "antigravity", "__hello__", "__phello__",
-                                               "idlelib.idle", "turtledemo.__main__",
-                                               "lib2to3.__main__", "venv.__main__"]),
+    "side_effect_modules": _drop_and_name(
+        {},
+        [
+            "this",
+            "antigravity",
+            "__hello__",
+            "__phello__",
+            "idlelib.idle",
+            "turtledemo.__main__",
+            "lib2to3.__main__",
+            "venv.__main__",
+        ],
+    ),
     "runpy_style": _drop_and_name({"evil.py": _IN_JUDGE}, ["runpy", "evil", "__main__"]),
-    "file_named_like_stdlib": _drop_and_name({"statistics.py": _IN_JUDGE, "fractions.py": _IN_JUDGE,
-                                              "json.py": _IN_JUDGE},
-                                             ["statistics", "fractions", "json"]),
-    "site_hooks_in_cwd": _drop_and_name({"sitecustomize.py": _IN_JUDGE,
-                                         "usercustomize.py": _IN_JUDGE,
-                                         "gapo.pth": "import sitecustomize\n"},
-                                        ["sitecustomize", "usercustomize", "site"]),
+    "file_named_like_stdlib": _drop_and_name(
+        {"statistics.py": _IN_JUDGE, "fractions.py": _IN_JUDGE, "json.py": _IN_JUDGE},
+        ["statistics", "fractions", "json"],
+    ),
+    "site_hooks_in_cwd": _drop_and_name(
+        {"sitecustomize.py": _IN_JUDGE, "usercustomize.py": _IN_JUDGE, "gapo.pth": "import sitecustomize\n"},
+        ["sitecustomize", "usercustomize", "site"],
+    ),
     "third_party_name": _drop_and_name({"numpy.py": _IN_JUDGE}, ["numpy", "pytest", "gapo"]),
-    "package_dir_in_cwd": ("import os, types\nos.makedirs('pkg', exist_ok=True)\n"
-                           f"open('pkg/__init__.py', 'w').write({_IN_JUDGE!r})\n"
-                           "m = types.ModuleType('pkg')\ndef is_prime(n):\n    return True\n"),
+    "package_dir_in_cwd": (
+        "import os, types\nos.makedirs('pkg', exist_ok=True)\n"
+        f"open('pkg/__init__.py', 'w').write({_IN_JUDGE!r})\n"
+        "m = types.ModuleType('pkg')\ndef is_prime(n):\n    return True\n"
+    ),
 }
+
 
 @pytest.mark.parametrize("name", sorted(MODULE_CHEATS))
 def test_mbpp_module_cheats_score_zero(primes, name):
@@ -553,16 +702,23 @@ def test_stopiteration_from_the_candidate_does_not_end_iteration_early(stop_task
     t, ps = stop_task
     v = t.verdicts(ps + ps, [PRIME_ROWS[0]["code"]] * len(ps) + [STOP_CHEATS[name]] * len(ps))
     assert [x.reward for x in v[: len(ps)]] == [1.0] * len(ps)  # the tests are passable
-    passed = [p.meta["task_id"] for p, x in zip(ps, v[len(ps):]) if x.reward != 0.0]
+    passed = [p.meta["task_id"] for p, x in zip(ps, v[len(ps) :]) if x.reward != 0.0]
     assert not passed, (name, passed)
 
 
 def test_stopiteration_only_ends_iteration_when_the_tests_say_so(tmp_path):
     """Converted at the call boundary: a candidate's StopIteration fails ``all(map(f, xs))``
     (an error, not an early stop) and still reaches a test that expects an exception."""
-    rows = [{"prompt": "x", "code": "def f(x):\n    raise StopIteration\n",
-             "test_list": ["try:\n    f(1)\nexcept RuntimeError as e:\n"
-                           "    assert 'StopIteration' in str(e)\nelse:\n    raise AssertionError"]}]
+    rows = [
+        {
+            "prompt": "x",
+            "code": "def f(x):\n    raise StopIteration\n",
+            "test_list": [
+                "try:\n    f(1)\nexcept RuntimeError as e:\n"
+                "    assert 'StopIteration' in str(e)\nelse:\n    raise AssertionError"
+            ],
+        }
+    ]
     t = MBPPTask(_write(tmp_path / "s.jsonl", rows), id_field=None)
     p = t.problems()[0]
     assert t.score(p, rows[0]["code"]) == 1.0
@@ -575,23 +731,39 @@ def test_mbpp_correct_solutions_with_devices_and_packages_pass(primes):
     good = {
         "canonical": base,
         "dev_null": "import sys\nsys.stdout = open('/dev/null', 'w')\nprint('quiet')\n" + base,
-        "dev_urandom": ("import os\nassert len(open('/dev/urandom', 'rb').read(16)) == 16\n"
-                        "assert len(os.urandom(8)) == 8\n" + base),
-        "numpy": ("import numpy as np\ndef is_prime(n):\n    if n < 2:\n        return False\n"
-                  "    return bool(np.all(n % np.arange(2, n) != 0))\n"),
+        "dev_urandom": (
+            "import os\nassert len(open('/dev/urandom', 'rb').read(16)) == 16\nassert len(os.urandom(8)) == 8\n" + base
+        ),
+        "numpy": (
+            "import numpy as np\ndef is_prime(n):\n    if n < 2:\n        return False\n"
+            "    return bool(np.all(n % np.arange(2, n) != 0))\n"
+        ),
         "math_alias": "import math as m\ndef is_prime(n):\n"
-                      "    return n > 1 and all(n % d for d in range(2, m.isqrt(n) + 1))\n",
+        "    return n > 1 and all(n % d for d in range(2, m.isqrt(n) + 1))\n",
     }
     v = t.verdicts([p] * len(good), list(good.values()))
     got = {k: x.reward for k, x in zip(good, v)}
-    assert got == {k: 1.0 for k in good}, {k: x.result and x.result.stderr[-400:]
-                                            for k, x in zip(good, v) if x.reward != 1.0}
+    assert got == {k: 1.0 for k in good}, {
+        k: x.result and x.result.stderr[-400:] for k, x in zip(good, v) if x.reward != 1.0
+    }
 
 
 def test_safe_modules_are_standard_library_and_side_effect_free():
     import sys
 
     from gapo.exec.judge import SAFE_MODULES
+
     assert all(m.split(".")[0] in sys.stdlib_module_names for m in SAFE_MODULES)
-    assert not SAFE_MODULES & {"this", "antigravity", "unittest", "unittest.__main__", "runpy",
-                               "idlelib", "site", "sitecustomize", "__hello__", "pdb", "code"}
+    assert not SAFE_MODULES & {
+        "this",
+        "antigravity",
+        "unittest",
+        "unittest.__main__",
+        "runpy",
+        "idlelib",
+        "site",
+        "sitecustomize",
+        "__hello__",
+        "pdb",
+        "code",
+    }

@@ -30,8 +30,7 @@ FAST = settings(max_examples=40, deadline=None)
 
 
 def problem(numbers, target) -> Problem:
-    return Problem(f"{' '.join(map(str, numbers))}>{target}:", target,
-                   {"numbers": tuple(numbers), "target": target})
+    return Problem(f"{' '.join(map(str, numbers))}>{target}:", target, {"numbers": tuple(numbers), "target": target})
 
 
 # ------------------------------------------------------------ hand-checked solver output
@@ -83,8 +82,7 @@ def _trees(values: tuple[int, ...]):
             rv = tuple(values[i] for i in idx if i not in left)
             for a, ta in _trees(lv):
                 for b, tb in _trees(rv):
-                    for op, val in (("+", a + b), ("-", a - b), ("*", a * b),
-                                    ("/", Fraction(a, b))):
+                    for op, val in (("+", a + b), ("-", a - b), ("*", a * b), ("/", Fraction(a, b))):
                         if val > 0 and val == int(val):
                             yield int(val), (op, ta, tb)
 
@@ -167,8 +165,7 @@ def _all_completions(values: list[int], prefix: str = ""):
     """Every well-formed, arithmetically valid completion (value semantics, any order)."""
     for i, j in ((i, j) for i in range(len(values)) for j in range(len(values)) if i != j):
         a, b = values[i], values[j]
-        for op, c in (("+", a + b), ("-", a - b), ("*", a * b),
-                      ("/", a // b if a % b == 0 else 0)):
+        for op, c in (("+", a + b), ("-", a - b), ("*", a * b), ("/", a // b if a % b == 0 else 0)):
             if c > 0:
                 step = f"{prefix},{a}{op}{b}={c}" if prefix else f"{a}{op}{b}={c}"
                 yield step, c
@@ -177,9 +174,18 @@ def _all_completions(values: list[int], prefix: str = ""):
 
 
 CASES = [
-    ((1, 2, 3), 6), ((2, 3, 4), 10), ((8, 4, 2), 4), ((2, 2, 3), 5), ((3, 3, 3), 3),
-    ((3, 3, 9), 1), ((1, 2, 3, 6), 1), ((1, 1, 2, 5), 7), ((2, 3, 5, 7), 24),
-    ((4, 4, 6, 9), 12), ((1, 5, 6, 10), 60), ((2, 2, 4, 4), 1),
+    ((1, 2, 3), 6),
+    ((2, 3, 4), 10),
+    ((8, 4, 2), 4),
+    ((2, 2, 3), 5),
+    ((3, 3, 3), 3),
+    ((3, 3, 9), 1),
+    ((1, 2, 3, 6), 1),
+    ((1, 1, 2, 5), 7),
+    ((2, 3, 5, 7), 24),
+    ((4, 4, 6, 9), 12),
+    ((1, 5, 6, 10), 60),
+    ((2, 2, 4, 4), 1),
 ]
 
 
@@ -210,9 +216,11 @@ def test_unwritable_division_excluded():
     assert canonical("9/3=3,3/3=1", [3, 3, 9]) == "9/3/3"
 
 
-@pytest.mark.parametrize("numbers,target", [c for c in CASES if len(c[0]) == 3]
-                         + [((2, 3, 5, 7), 24), ((2, 2, 4, 4), 1), ((8, 6, 10, 4), 1),
-                            ((2, 10, 3, 6), 9), ((3, 3, 6, 9), 6)])
+@pytest.mark.parametrize(
+    "numbers,target",
+    [c for c in CASES if len(c[0]) == 3]
+    + [((2, 3, 5, 7), 24), ((2, 2, 4, 4), 1), ((8, 6, 10, 4), 1), ((2, 10, 3, 6), 9), ((3, 3, 6, 9), 6)],
+)
 def test_solver_matches_every_writable_completion(numbers, target):
     # independent of the solver's enumeration: all completions, mapped through canonical()
     found = {canonical(c, numbers) for c, v in _all_completions(list(numbers)) if v == target}
@@ -244,38 +252,44 @@ def test_every_solution_scores_and_round_trips(numbers, data):
 
 
 # ------------------------------------------------------------ verifier
-@pytest.mark.parametrize("completion", [
-    "9+3=12,12*2=24",   # 9+3 = 12, 12*2 = 24
-    "3+9=12,2*12=24",   # either operand order
-    " 9+3=12,12*2=24\n",  # surrounding whitespace
-])
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "9+3=12,12*2=24",  # 9+3 = 12, 12*2 = 24
+        "3+9=12,2*12=24",  # either operand order
+        " 9+3=12,12*2=24\n",  # surrounding whitespace
+    ],
+)
 def test_verifier_accepts(completion):
     assert check([3, 7, 9, 2], 24, completion)
 
 
-@pytest.mark.parametrize("completion,why", [
-    ("9+3=13,13*2=26", "wrong arithmetic (9+3 is 12)"),
-    ("9+3=12,12*2=25", "wrong arithmetic in the last step"),
-    ("9+3=12,12+12=24", "reuses the intermediate 12"),
-    ("3+3=6,6*4=24", "reuses the given 3 and uses 4, not given"),
-    ("8*3=24", "8 is not given"),
-    ("9/2=4,4*...", "garbage"),
-    ("7/2=3,3*8=24", "non-exact division 7/2"),
-    ("2-9=7", "negative intermediate"),
-    ("9-9=0", "zero"),
-    ("9+3=12,12*2=24,", "trailing comma"),
-    ("09+3=12,12*2=24", "leading zero"),
-    ("9 + 3 = 12,12*2=24", "inner spaces"),
-    ("9+3=12", "last result is not the target"),
-    ("", "empty"),
-    ("   ", "blank"),
-    ("24", "a bare number is not a step"),
-    ("9+3=12;12*2=24", "wrong separator"),
-    ("9^3=729", "unknown operator"),
-    ("9+3=12,12*2=24=24", "trailing junk"),
-    ("99999999999999999999*9=899999999999999999991", "huge literal"),
-    ("9" * 5000 + "*9=1", "huge literal"),
-])
+@pytest.mark.parametrize(
+    "completion,why",
+    [
+        ("9+3=13,13*2=26", "wrong arithmetic (9+3 is 12)"),
+        ("9+3=12,12*2=25", "wrong arithmetic in the last step"),
+        ("9+3=12,12+12=24", "reuses the intermediate 12"),
+        ("3+3=6,6*4=24", "reuses the given 3 and uses 4, not given"),
+        ("8*3=24", "8 is not given"),
+        ("9/2=4,4*...", "garbage"),
+        ("7/2=3,3*8=24", "non-exact division 7/2"),
+        ("2-9=7", "negative intermediate"),
+        ("9-9=0", "zero"),
+        ("9+3=12,12*2=24,", "trailing comma"),
+        ("09+3=12,12*2=24", "leading zero"),
+        ("9 + 3 = 12,12*2=24", "inner spaces"),
+        ("9+3=12", "last result is not the target"),
+        ("", "empty"),
+        ("   ", "blank"),
+        ("24", "a bare number is not a step"),
+        ("9+3=12;12*2=24", "wrong separator"),
+        ("9^3=729", "unknown operator"),
+        ("9+3=12,12*2=24=24", "trailing junk"),
+        ("99999999999999999999*9=899999999999999999991", "huge literal"),
+        ("9" * 5000 + "*9=1", "huge literal"),
+    ],
+)
 def test_verifier_rejects(completion, why):
     task = CountdownTask()
     p = problem([3, 7, 9, 2], 24)
@@ -286,8 +300,8 @@ def test_verifier_unused_step_allowed_and_numbers_used_once():
     # 10 2 6 4 -> 24: 6*4 = 24, the step 10-2 = 8 is never used (allowed)
     assert check([10, 2, 6, 4], 24, "10-2=8,6*4=24")
     assert not check([10, 2, 6, 4], 24, "10-2=8,6*4=24,8*3=24")  # 3 not available
-    assert check([6, 6], 36, "6*6=36")          # two sixes given: both usable
-    assert not check([6], 36, "6*6=36")         # only one six
+    assert check([6, 6], 36, "6*6=36")  # two sixes given: both usable
+    assert not check([6], 36, "6*6=36")  # only one six
 
 
 @FAST
@@ -305,7 +319,7 @@ def test_score_non_string_and_parse_ok():
     task = CountdownTask()
     p = problem([3, 7, 9, 2], 24)
     assert task.score(p, None) == 0.0  # type: ignore[arg-type]
-    assert task.parse_ok("1+1=3")     # well-formed, wrong
+    assert task.parse_ok("1+1=3")  # well-formed, wrong
     assert not task.parse_ok("1+1=")
     assert not task.parse_ok("")
     assert parse("3+9=12,12*2=24") == [(3, "+", 9, 12), (12, "*", 2, 24)]
@@ -316,8 +330,8 @@ def test_canonical_reference_rule():
     assert canonical("2*3=6,6*4=24", [6, 2, 3, 4]) == "2*3*4"
     assert canonical("6*4=24", [6, 2, 3, 4]) == "4*6"
     assert canonical("6*4=24,2*3=6,24+6=30", [6, 2, 3, 4]) == "2*3+4*6"
-    assert canonical("6*4=24", [2, 3, 4]) is None   # 6 not given
-    assert canonical("6*4=24") == "4*6"              # without numbers: leaves are free
+    assert canonical("6*4=24", [2, 3, 4]) is None  # 6 not given
+    assert canonical("6*4=24") == "4*6"  # without numbers: leaves are free
     assert canonical("6*4=25") is None
     task = CountdownTask()
     assert task.canonical("6*4=24", problem([6, 2, 3, 4], 24)) == "4*6"
@@ -325,17 +339,20 @@ def test_canonical_reference_rule():
 
 
 # ------------------------------------------------------------ first move
-@pytest.mark.parametrize("completion,move", [
-    ("3+9=12,12*2=24", (9, "+")),   # commutative: larger operand first
-    ("9+3=12,12*2=24", (9, "+")),
-    ("2*12=24", (12, "*")),
-    ("9-3=6,6*4=24", (9, "-")),
-    ("3-9=6", (3, "-")),            # ill-valued but well-formed: as written
-    ("8/2=4,xx", (8, "/")),         # only the first step must be well-formed
-    ("8/2=", None),
-    ("", None),
-    ("hello", None),
-])
+@pytest.mark.parametrize(
+    "completion,move",
+    [
+        ("3+9=12,12*2=24", (9, "+")),  # commutative: larger operand first
+        ("9+3=12,12*2=24", (9, "+")),
+        ("2*12=24", (12, "*")),
+        ("9-3=6,6*4=24", (9, "-")),
+        ("3-9=6", (3, "-")),  # ill-valued but well-formed: as written
+        ("8/2=4,xx", (8, "/")),  # only the first step must be well-formed
+        ("8/2=", None),
+        ("", None),
+        ("hello", None),
+    ],
+)
 def test_first_move(completion, move):
     assert first_move(completion) == move
     assert CountdownTask().first_move(completion) == move
@@ -419,10 +436,17 @@ def test_registry_and_protocol():
     assert task.name == "countdown"
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"n_numbers": 1}, {"n_numbers": 7}, {"n_numbers": (4, 3)}, {"num_range": (0, 5)},
-    {"min_solutions": 0}, {"min_solutions": 3, "max_solutions": 2},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"n_numbers": 1},
+        {"n_numbers": 7},
+        {"n_numbers": (4, 3)},
+        {"num_range": (0, 5)},
+        {"min_solutions": 0},
+        {"min_solutions": 3, "max_solutions": 2},
+    ],
+)
 def test_invalid_knobs(kwargs):
     with pytest.raises(ValueError):
         CountdownTask(**kwargs)

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from gapo import tasks
+from gapo.exec.scoring import score_batch
 from gapo.rl.config import load_config
 from gapo.rl.rollout import merge_stats, probe_reward
 from gapo.tasks.custom import RewardTask, absolute_spec, check_value, parse_spec, with_rewards
-from gapo.exec.scoring import score_batch
 
-REWARDS = textwrap.dedent('''
+REWARDS = textwrap.dedent("""
     def contains(prompt, completion, ref):
         return 1.0 if ref in completion else 0.0
 
@@ -38,7 +38,7 @@ REWARDS = textwrap.dedent('''
         raise KeyError("oops")
 
     NOT_A_FUNCTION = 3
-''')
+""")
 
 
 @pytest.fixture()
@@ -51,8 +51,9 @@ def rw(tmp_path):
 @pytest.fixture()
 def data(tmp_path):
     p = tmp_path / "d.jsonl"
-    p.write_text("".join(json.dumps({"instruction": f"Say {i}", "ref": str(i), "x": i, "extra": "z"}) + "\n"
-                         for i in range(40)))
+    p.write_text(
+        "".join(json.dumps({"instruction": f"Say {i}", "ref": str(i), "x": i, "extra": "z"}) + "\n" for i in range(40))
+    )
     return p
 
 
@@ -106,8 +107,9 @@ def test_the_pool_scores_custom_rewards_the_same(data, rw):
     serial = score_batch(t, probs, comps, workers=0)
     pooled = score_batch(t, probs, comps, workers=1)  # a spawned worker imports the file itself
     assert serial[0] == pooled[0]
-    assert {k: v for k, v in serial[1].items() if k != "time/score_s"} == \
-        {k: v for k, v in pooled[1].items() if k != "time/score_s"}
+    assert {k: v for k, v in serial[1].items() if k != "time/score_s"} == {
+        k: v for k, v in pooled[1].items() if k != "time/score_s"
+    }
 
 
 def test_none_skips_the_term_and_renormalises(data, rw):
@@ -135,12 +137,15 @@ def test_the_task_verifier_as_one_term(tmp_path):
     assert stats["reward/task"] == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("fn, match", [
-    ("string_one", r"returned '1' \(a str, not a number\)"),
-    ("a_bool", r"returned True \(a bool\)"),
-    ("nan", "returned nan; rewards must be finite"),
-    ("raises", "KeyError"),
-])
+@pytest.mark.parametrize(
+    "fn, match",
+    [
+        ("string_one", r"returned '1' \(a str, not a number\)"),
+        ("a_bool", r"returned True \(a bool\)"),
+        ("nan", "returned nan; rewards must be finite"),
+        ("raises", "KeyError"),
+    ],
+)
 def test_bad_return_values_stop_at_the_probe(data, rw, fn, match):
     t = with_rewards(_task(data), [_spec(rw, fn)])
     with pytest.raises(ValueError, match=match) as e:
@@ -156,11 +161,13 @@ def test_out_of_range_combined_reward_is_an_error_naming_the_range(data, rw):
 
 def test_import_errors_name_the_file_and_function(data, rw, tmp_path):
     probe = _task(data).generate("train", 1, 0)[0]
-    for spec, match in [(f"{tmp_path}/missing.py:f", "no such file"),
-                        (_spec(rw, "absent"), r"has no function 'absent'"),
-                        (_spec(rw, "NOT_A_FUNCTION"), "not a function"),
-                        ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
-                        (_spec(rw, "contains").replace("contains", "short"), None)]:
+    for spec, match in [
+        (f"{tmp_path}/missing.py:f", "no such file"),
+        (_spec(rw, "absent"), r"has no function 'absent'"),
+        (_spec(rw, "NOT_A_FUNCTION"), "not a function"),
+        ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+        (_spec(rw, "contains").replace("contains", "short"), None),
+    ]:
         if match is None:
             with_rewards(_task(data), [spec], probe=probe)
             continue
@@ -175,7 +182,9 @@ def test_import_errors_name_the_file_and_function(data, rw, tmp_path):
 
 def test_a_missing_field_is_named_before_the_run(data, rw, tmp_path):
     (tmp_path / "needs.py").write_text("def f(prompt, completion, answer):\n    return 1.0\n")
-    with pytest.raises(ValueError, match=r"needs field\(s\) \['answer'\] but the problems have \['instruction', 'ref', 'x'\]"):
+    with pytest.raises(
+        ValueError, match=r"needs field\(s\) \['answer'\] but the problems have \['instruction', 'ref', 'x'\]"
+    ):
         with_rewards(_task(data), [f"{tmp_path}/needs.py:f"], probe=_task(data).generate("train", 1, 0)[0])
 
 
@@ -207,14 +216,16 @@ def test_config_keys_are_validated(tmp_path):
     (tmp_path / "c.py").write_text("def g(prompt, completion):\n    return 0.0\n")
     cfg = load_config(None, [f'reward.funcs=["a.b:f", "{tmp_path}/c.py:g"]', "reward.weights=[1, 0.5]"])
     assert cfg.reward.funcs == ["a.b:f", f"{tmp_path}/c.py:g"] and cfg.reward.weights == [1.0, 0.5]
-    for over, match in [(["reward.funcs=[a:f]", "reward.weights=[1, 2]"], "2 weight.*for 1 reward"),
-                        (["reward.funcs=[a:f]", "reward.weights=[-1]"], "finite number >= 0"),
-                        (["reward.funcs=[a:f]", "reward.weights=[0]"], "at least one weight must be > 0"),
-                        (["reward.weights=[1]"], "there are no rewards"),
-                        (["reward.funcs=[a:f, b:f]"], "two rewards named 'f'"),
-                        (["reward.funcs=[a:mean]"], "reward/mean"),
-                        (["reward.funcs=[nocolon]"], "expected module.path:function"),
-                        (["reward.weights=[1, x]"], "reward.weights")]:
+    for over, match in [
+        (["reward.funcs=[a:f]", "reward.weights=[1, 2]"], "2 weight.*for 1 reward"),
+        (["reward.funcs=[a:f]", "reward.weights=[-1]"], "finite number >= 0"),
+        (["reward.funcs=[a:f]", "reward.weights=[0]"], "at least one weight must be > 0"),
+        (["reward.weights=[1]"], "there are no rewards"),
+        (["reward.funcs=[a:f, b:f]"], "two rewards named 'f'"),
+        (["reward.funcs=[a:mean]"], "reward/mean"),
+        (["reward.funcs=[nocolon]"], "expected module.path:function"),
+        (["reward.weights=[1, x]"], "reward.weights"),
+    ]:
         with pytest.raises(ValueError, match=match):
             load_config(None, over)
 
@@ -228,6 +239,7 @@ def test_per_term_means_merge_by_their_own_counts():
 
 def test_reward_task_pickles_without_the_function(data, rw):
     import pickle
+
     t = with_rewards(_task(data), [_spec(rw, "contains")])
     t.score(t.generate("train", 1, 0)[0], "x")
     back = pickle.loads(pickle.dumps(t))
@@ -239,8 +251,10 @@ def test_reward_task_pickles_without_the_function(data, rw):
 def test_a_slow_reward_times_out_like_a_verifier(data, tmp_path, workers):
     """The verifiers' timeouts apply: serially the soft alarm, in the pool the worker's alarm (and
     the parent's hard kill behind it); the completion gets reward 0, status timeout."""
-    (tmp_path / "slow.py").write_text("import time\ndef slow(prompt, completion, **f):\n"
-                                      "    if completion == 'hang':\n        time.sleep(60)\n    return 1.0\n")
+    (tmp_path / "slow.py").write_text(
+        "import time\ndef slow(prompt, completion, **f):\n"
+        "    if completion == 'hang':\n        time.sleep(60)\n    return 1.0\n"
+    )
     t = with_rewards(_task(data), [f"{tmp_path}/slow.py:slow"])
     p = t.generate("train", 1, 0)[0]
     rewards, stats = score_batch(t, [p, p], ["hang", "ok"], workers=workers, timeout_s=1.0)

@@ -22,50 +22,87 @@ from gapo.tasks.math import MathTask  # noqa: E402
 datasets.disable_progress_bars()
 
 GSM8K = [  # question / answer with the final answer after ####
-    {"question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
-     "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\n48+24 = <<48+24=72>>72\n#### 72"},
-    {"question": "A car costs 1,000 dollars and a bike 1,350 dollars. What do both cost?",
-     "answer": "1000 + 1350 = 2350\n#### 2,350"},
+    {
+        "question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
+        "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\n48+24 = <<48+24=72>>72\n#### 72",
+    },
+    {
+        "question": "A car costs 1,000 dollars and a bike 1,350 dollars. What do both cost?",
+        "answer": "1000 + 1350 = 2350\n#### 2,350",
+    },
     {"question": "It is 3 degrees and drops by 10. What is the temperature?", "answer": "3 - 10 = -7\n#### -7"},
 ]
 GSM8K_GOLD = ["72", "2350", "-7"]
 MATH = [  # Hendrycks MATH: problem / solution with \boxed{} (nested braces)
-    {"problem": "What is $\\frac{1}{4} + \\frac{1}{4}$?", "level": "Level 1", "type": "Prealgebra",
-     "solution": "We add: $\\frac{1}{4}+\\frac{1}{4} = \\boxed{\\frac{1}{2}}$."},
-    {"problem": "Simplify $\\sqrt{8}$.", "level": "Level 2", "type": "Algebra",
-     "solution": "$\\sqrt{8} = \\sqrt{4}\\sqrt{2} = \\boxed{2\\sqrt{2}}$."},
+    {
+        "problem": "What is $\\frac{1}{4} + \\frac{1}{4}$?",
+        "level": "Level 1",
+        "type": "Prealgebra",
+        "solution": "We add: $\\frac{1}{4}+\\frac{1}{4} = \\boxed{\\frac{1}{2}}$.",
+    },
+    {
+        "problem": "Simplify $\\sqrt{8}$.",
+        "level": "Level 2",
+        "type": "Algebra",
+        "solution": "$\\sqrt{8} = \\sqrt{4}\\sqrt{2} = \\boxed{2\\sqrt{2}}$.",
+    },
     {"problem": "Solve $x + 3 = 7$.", "level": "Level 1", "type": "Algebra", "solution": "So $x = \\boxed{4}$."},
 ]
 MATH_GOLD = ["\\frac{1}{2}", "2\\sqrt{2}", "4"]
 MATH500 = [  # problem / solution / answer (the answer column wins)
-    {"problem": r["problem"], "solution": r["solution"], "answer": g, "subject": "Algebra", "level": 1,
-     "unique_id": f"test/{i}.json"} for i, (r, g) in enumerate(zip(MATH, MATH_GOLD))]
+    {
+        "problem": r["problem"],
+        "solution": r["solution"],
+        "answer": g,
+        "subject": "Algebra",
+        "level": 1,
+        "unique_id": f"test/{i}.json",
+    }
+    for i, (r, g) in enumerate(zip(MATH, MATH_GOLD))
+]
 DEEPSCALER = [  # problem / answer / solution
     {"problem": "Compute $2^{10}$.", "answer": "1024", "solution": "$2^{10} = \\boxed{1024}$."},
-    {"problem": "What is $\\frac{3}{6}$ in lowest terms?", "answer": "\\frac{1}{2}",
-     "solution": "Divide by 3: $\\boxed{\\frac{1}{2}}$."},
+    {
+        "problem": "What is $\\frac{3}{6}$ in lowest terms?",
+        "answer": "\\frac{1}{2}",
+        "solution": "Divide by 3: $\\boxed{\\frac{1}{2}}$.",
+    },
     {"problem": "How many sides has a hexagon?", "answer": "6", "solution": "A hexagon has $\\boxed{6}$ sides."},
 ]
 DEEPSCALER_GOLD = ["1024", "\\frac{1}{2}", "6"]
 NUMINA = [  # problem / solution / messages (the chat turns repeat problem and solution)
-    {"source": "synthetic_math", "problem": p, "solution": s,
-     "messages": [{"role": "user", "content": p}, {"role": "assistant", "content": s}]}
-    for p, s in (("What is $7 \\times 8$?", "$7 \\times 8 = \\boxed{56}$."),
-                 ("Evaluate $\\frac{\\frac{1}{2}}{2}$.", "It is $\\boxed{\\frac{1}{4}}$."),
-                 ("What is $100 - 1$?", "So the answer is $\\boxed{99}$."))]
+    {
+        "source": "synthetic_math",
+        "problem": p,
+        "solution": s,
+        "messages": [{"role": "user", "content": p}, {"role": "assistant", "content": s}],
+    }
+    for p, s in (
+        ("What is $7 \\times 8$?", "$7 \\times 8 = \\boxed{56}$."),
+        ("Evaluate $\\frac{\\frac{1}{2}}{2}$.", "It is $\\boxed{\\frac{1}{4}}$."),
+        ("What is $100 - 1$?", "So the answer is $\\boxed{99}$."),
+    )
+]
 NUMINA_GOLD = ["56", "\\frac{1}{4}", "99"]
 MESSAGES = [{"messages": r["messages"]} for r in NUMINA]  # chat data only
 
-COLUMN_SETS = {"gsm8k": (GSM8K, GSM8K_GOLD, "question"), "math": (MATH, MATH_GOLD, "problem"),
-               "math500": (MATH500, MATH_GOLD, "problem"), "deepscaler": (DEEPSCALER, DEEPSCALER_GOLD, "problem"),
-               "numina": (NUMINA, NUMINA_GOLD, "problem"), "messages": (MESSAGES, NUMINA_GOLD, None)}
+COLUMN_SETS = {
+    "gsm8k": (GSM8K, GSM8K_GOLD, "question"),
+    "math": (MATH, MATH_GOLD, "problem"),
+    "math500": (MATH500, MATH_GOLD, "problem"),
+    "deepscaler": (DEEPSCALER, DEEPSCALER_GOLD, "problem"),
+    "numina": (NUMINA, NUMINA_GOLD, "problem"),
+    "messages": (MESSAGES, NUMINA_GOLD, None),
+}
 
 
 @pytest.fixture(autouse=True)
 def no_network(monkeypatch):
     """Any connection attempt fails the test: local datasets never reach the hub."""
+
     def refuse(*a, **k):
         raise AssertionError(f"network access attempted: {a}")
+
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
 
@@ -96,8 +133,9 @@ def write(fmt: str, rows: list[dict], tmp_path, name: str = "data"):
         datasets.Dataset.from_list(rows).save_to_disk(str(p))
     elif fmt == "save_to_disk_dict":
         p = tmp_path / name
-        datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
-                              "test": datasets.Dataset.from_list(rows[:1])}).save_to_disk(str(p))
+        datasets.DatasetDict(
+            {"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:1])}
+        ).save_to_disk(str(p))
     elif fmt == "parquet_folder":  # as GSM8K ships: main/{train,test}-00000-of-00001.parquet
         p = tmp_path / name / "main"
         p.mkdir(parents=True)
@@ -112,8 +150,18 @@ def write(fmt: str, rows: list[dict], tmp_path, name: str = "data"):
     return p
 
 
-FORMATS = ["jsonl", "jsonl.gz", "json", "json-data", "parquet", "csv", "save_to_disk", "save_to_disk_dict",
-           "parquet_folder", "json_folder"]
+FORMATS = [
+    "jsonl",
+    "jsonl.gz",
+    "json",
+    "json-data",
+    "parquet",
+    "csv",
+    "save_to_disk",
+    "save_to_disk_dict",
+    "parquet_folder",
+    "json_folder",
+]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -134,11 +182,18 @@ def test_formats_and_column_sets(tmp_path, fmt, cols):
 
 
 def test_field_mapping_and_numbers_in_tables(tmp_path):
-    rows = [{"q": "What is 6 times 7?", "final": 42, "question": "decoy", "answer": "#### 0"},
-            {"q": "What is 12 / 4?", "final": 3, "question": "decoy 2", "answer": "#### 0"}]
+    rows = [
+        {"q": "What is 6 times 7?", "final": 42, "question": "decoy", "answer": "#### 0"},
+        {"q": "What is 12 / 4?", "final": 3, "question": "decoy 2", "answer": "#### 0"},
+    ]
     for fmt in ("parquet", "csv", "json"):
-        task = MathTask(write(fmt, rows, tmp_path, f"m_{fmt}"), prompt_field="q", answer_field="final",
-                        eval_fraction=0.0, template="Q: {question} A:")
+        task = MathTask(
+            write(fmt, rows, tmp_path, f"m_{fmt}"),
+            prompt_field="q",
+            answer_field="final",
+            eval_fraction=0.0,
+            template="Q: {question} A:",
+        )
         by_line = {p.meta["line"]: p for p in task.generate("train", 2, 0)}
         assert by_line[1].prompt == "Q: What is 6 times 7? A:" and by_line[1].answer == "42"
         assert by_line[2].answer == "3" and task.score(by_line[2], "\\boxed{3.0}") == 1.0
@@ -200,8 +255,9 @@ def test_splits_of_saved_dataset_dict_and_json_object(tmp_path):
     assert MathTask(js, split="test", eval_fraction=0.0).split_size("train") == 2
     # no 'train' and several splits: say so and list them
     dd2 = tmp_path / "nt"
-    datasets.DatasetDict({"validation": datasets.Dataset.from_list(GSM8K),
-                          "test": datasets.Dataset.from_list(GSM8K)}).save_to_disk(str(dd2))
+    datasets.DatasetDict(
+        {"validation": datasets.Dataset.from_list(GSM8K), "test": datasets.Dataset.from_list(GSM8K)}
+    ).save_to_disk(str(dd2))
     with pytest.raises(ValueError, match=r"splits \['validation', 'test'\] and none is 'train'"):
         MathTask(dd2)
     # the only split is the default (MATH-500 ships test.jsonl alone)
@@ -229,9 +285,13 @@ def test_missing_column_names_file_split_and_columns(tmp_path):
     pq = write("parquet", rows, tmp_path)
     with pytest.raises(ValueError) as e:
         MathTask(pq)
-    assert str(e.value) == (f"{pq}: no question column (tried ['question', 'problem', 'prompt', 'messages']; "
-                            "columns present: ['text', 'label']); pass prompt_field=")
-    with pytest.raises(ValueError, match=r"no answer column .*columns present: \['text', 'label'\]\); pass answer_field="):
+    assert str(e.value) == (
+        f"{pq}: no question column (tried ['question', 'problem', 'prompt', 'messages']; "
+        "columns present: ['text', 'label']); pass prompt_field="
+    )
+    with pytest.raises(
+        ValueError, match=r"no answer column .*columns present: \['text', 'label'\]\); pass answer_field="
+    ):
         MathTask(pq, prompt_field="text")
     with pytest.raises(ValueError) as e:
         MathTask(pq, prompt_field="text", answer_field="final")
@@ -245,7 +305,9 @@ def test_missing_column_names_file_split_and_columns(tmp_path):
     assert str(e.value) == f"{main} [split 'test']: missing column 'question' (columns present: ['text', 'label'])"
     # a JSON list: per record, like JSONL
     js = write("json", [GSM8K[0], {"question": "x"}], tmp_path)
-    with pytest.raises(ValueError, match=r"data\.json record 2: missing field 'answer' \(fields present: \['question'\]\)"):
+    with pytest.raises(
+        ValueError, match=r"data\.json record 2: missing field 'answer' \(fields present: \['question'\]\)"
+    ):
         MathTask(js)
     # bad values name the row
     bad = write("parquet", [GSM8K[0], {"question": "  ", "answer": "#### 1"}], tmp_path, "bad")
@@ -264,7 +326,10 @@ def test_missing_path_malformed_and_unknown_files(tmp_path):
     with pytest.raises(ValueError, match="dataset file not found"):
         MathTask("openai/gsm8k")  # a hub id is just a path that does not exist
     cases = {
-        "bad.parquet": (b"PAR1 this is not a parquet file", r"bad\.parquet: cannot read a Parquet file \(ArrowInvalid: "),
+        "bad.parquet": (
+            b"PAR1 this is not a parquet file",
+            r"bad\.parquet: cannot read a Parquet file \(ArrowInvalid: ",
+        ),
         "bad.csv": (b'question,answer\n"unterminated,1\n', r"bad\.csv: cannot read a CSV file \(ParserError: "),
         "bad.json": (b'[{"question": "a", "answer": "1"},', r"bad\.json: not valid JSON \(Expecting value at line 1"),
         "scalar.json": (b"42", r"scalar\.json: expected a JSON list of records, got int"),
@@ -306,22 +371,32 @@ def test_folder_with_several_configurations(tmp_path):
         (root / config).mkdir(parents=True)
         pd.DataFrame(GSM8K).to_parquet(root / config / "train-00000-of-00001.parquet")
         pd.DataFrame(GSM8K[:1]).to_parquet(root / config / "test-00000-of-00001.parquet")
-    (root / "README.md").write_text("---\nconfigs:\n" + "".join(
-        f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train-*\n"
-        f"  - split: test\n    path: {c}/test-*\n" for c in ("main", "socratic")) + "---\n# gsm8k\n")
+    (root / "README.md").write_text(
+        "---\nconfigs:\n"
+        + "".join(
+            f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train-*\n"
+            f"  - split: test\n    path: {c}/test-*\n"
+            for c in ("main", "socratic")
+        )
+        + "---\n# gsm8k\n"
+    )
     with pytest.raises(ValueError) as e:
         MathTask(root)
-    assert str(e.value) == (f"{root}: this dataset folder holds several configurations ['main', 'socratic']; "
-                            "point at the folder of one of them instead (e.g. gsm8k/main rather than gsm8k)")
+    assert str(e.value) == (
+        f"{root}: this dataset folder holds several configurations ['main', 'socratic']; "
+        "point at the folder of one of them instead (e.g. gsm8k/main rather than gsm8k)"
+    )
     t = MathTask(root / "main", eval_split="test")
     assert t.split_size("eval") == 1 and t.split_size("train") == 2
+
 
 def test_errors_through_the_trainers_task_builder(tmp_path):
     pq = write("parquet", [{"text": "q", "label": "1"}], tmp_path)
     with pytest.raises(ValueError) as e:
         tasks.build("math", {"path": str(pq), "split": "train"})
-    assert str(e.value).startswith(f"task 'math' with task.params={{'path': '{pq}', 'split': 'train'}}: {pq}: "
-                                   "no question column")
+    assert str(e.value).startswith(
+        f"task 'math' with task.params={{'path': '{pq}', 'split': 'train'}}: {pq}: no question column"
+    )
 
 
 def test_jsonl_and_json_need_no_datasets(tmp_path, monkeypatch):

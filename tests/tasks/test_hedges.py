@@ -28,31 +28,87 @@ FIX = Path(__file__).parents[1] / "fixtures"
 # The final answer's text, from the gold {g} and a distractor {d}.
 INNER_HEDGES = [
     # lists
-    "{g}, {d}", "{d}, {g}", "{g}; {d}", "{g} \\quad {d}", "{g} \\\\ {d}", "{g} & {d}", "\\{{{g}, {d}\\}}",
-    "[{g}, {d}]", "({g}, {d})", "x = {g}, y = {d}", "{g} \\text{{ apples}}, {d} \\text{{ pears}}",
-    "{g} apples, {d} pears", "{g} and {d}", "{g} \\text{{ and }} {d}", "\\langle {g}, {d} \\rangle",
+    "{g}, {d}",
+    "{d}, {g}",
+    "{g}; {d}",
+    "{g} \\quad {d}",
+    "{g} \\\\ {d}",
+    "{g} & {d}",
+    "\\{{{g}, {d}\\}}",
+    "[{g}, {d}]",
+    "({g}, {d})",
+    "x = {g}, y = {d}",
+    "{g} \\text{{ apples}}, {d} \\text{{ pears}}",
+    "{g} apples, {d} pears",
+    "{g} and {d}",
+    "{g} \\text{{ and }} {d}",
+    "\\langle {g}, {d} \\rangle",
     # disjunctions
-    "{g} or {d}", "{d} or {g}", "{g} \\text{{ or }} {d}", "{g} \\lor {d}", "{g} \\vee {d}",
-    "\\text{{either }} {g} \\text{{ or }} {d}", "{g} \\textbf{{or}} {d}", "x = {g} \\text{{ or }} x = {d}",
+    "{g} or {d}",
+    "{d} or {g}",
+    "{g} \\text{{ or }} {d}",
+    "{g} \\lor {d}",
+    "{g} \\vee {d}",
+    "\\text{{either }} {g} \\text{{ or }} {d}",
+    "{g} \\textbf{{or}} {d}",
+    "x = {g} \\text{{ or }} x = {d}",
     "{g} OR {d}",
     # plus-minus
-    "{g} \\pm {d}", "{d} \\mp {g}", "{g} ± {d}",
+    "{g} \\pm {d}",
+    "{d} \\mp {g}",
+    "{g} ± {d}",
     # chained and false equations, open relations
-    "{g} = {d}", "{d} = {g}", "x = {g} = {d}", "x = {d} = {g}", "{g} \\approx {d}", "{g} \\approx", "{g} =",
+    "{g} = {d}",
+    "{d} = {g}",
+    "x = {g} = {d}",
+    "x = {d} = {g}",
+    "{g} \\approx {d}",
+    "{g} \\approx",
+    "{g} =",
     "{g} \\equiv {d}",
     # relations, sets, intervals
-    "x \\ge {g}", "x \\geq {g}", "x > {g}", "x < {d}", "{g} \\le x \\le {d}", "x \\in \\{{{g}, {d}\\}}",
-    "x \\in [{g}, {d}]", "{g} \\sim {d}", "\\{{{g}\\}} \\cup \\{{{d}\\}}", "{g} \\neq {d}", "{g} \\to {d}",
+    "x \\ge {g}",
+    "x \\geq {g}",
+    "x > {g}",
+    "x < {d}",
+    "{g} \\le x \\le {d}",
+    "x \\in \\{{{g}, {d}\\}}",
+    "x \\in [{g}, {d}]",
+    "{g} \\sim {d}",
+    "\\{{{g}\\}} \\cup \\{{{d}\\}}",
+    "{g} \\neq {d}",
+    "{g} \\to {d}",
     # ranges and ellipses
-    "{g} to {d}", "from {g} to {d}", "{g}–{d}", "{g} — {d}", "{g} \\text{{ to }} {d}", "between {g} and {d}",
-    "{g}, \\ldots, {d}", "{g} \\dots {d}", "{g} ... {d}",
+    "{g} to {d}",
+    "from {g} to {d}",
+    "{g}–{d}",
+    "{g} — {d}",
+    "{g} \\text{{ to }} {d}",
+    "between {g} and {d}",
+    "{g}, \\ldots, {d}",
+    "{g} \\dots {d}",
+    "{g} ... {d}",
     # matrices, juxtaposition
-    "\\begin{{pmatrix}} {g} \\\\ {d} \\end{{pmatrix}}", "{g} {d}", "${g}$ ${d}$", "{g} \\; {d}",
+    "\\begin{{pmatrix}} {g} \\\\ {d} \\end{{pmatrix}}",
+    "{g} {d}",
+    "${g}$ ${d}$",
+    "{g} \\; {d}",
     "{g} \\text{{ apples }} {d} \\text{{ pears}}",
     # numbers kept apart by decorations, spacing commands, braces, primes, subscripts
-    "{g}_{{{d}}}", "{g}^{{\\prime}}{d}", "{g}{{}}{d}", "{{{g}}}{{{d}}}", "{g}'{d}", "{g} \\vphantom{{{d}}}",
-    "\\lbrace {g} \\rbrace {d}", "{g} \\text{{ resp. }} {d}", "{g} \\enspace {d}", "{g}\\hfill {d}",
-    "\\color{{red}}{{{g}}} {d}", "{g}\\!\\!{d}", "{g} \\hspace{{1em}} {d}", "\\mathbf{{{g}}}\\mathbf{{{d}}}",
+    "{g}_{{{d}}}",
+    "{g}^{{\\prime}}{d}",
+    "{g}{{}}{d}",
+    "{{{g}}}{{{d}}}",
+    "{g}'{d}",
+    "{g} \\vphantom{{{d}}}",
+    "\\lbrace {g} \\rbrace {d}",
+    "{g} \\text{{ resp. }} {d}",
+    "{g} \\enspace {d}",
+    "{g}\\hfill {d}",
+    "\\color{{red}}{{{g}}} {d}",
+    "{g}\\!\\!{d}",
+    "{g} \\hspace{{1em}} {d}",
+    "\\mathbf{{{g}}}\\mathbf{{{d}}}",
 ]
 WRAPPERS = {
     "boxed": "Let me think. \\boxed{{{x}}}",
@@ -62,50 +118,106 @@ WRAPPERS = {
 }
 # Whole completions: several final answers that disagree.
 WHOLE_HEDGES = [
-    "\\boxed{{{g}}}\\boxed{{{d}}}", "\\boxed{{{d}}} then \\boxed{{{g}}}", "\\boxed{{{g}}} or \\boxed{{{d}}}",
-    "\\boxed{{{g}}} ... \\boxed{{{d}}} ... \\boxed{{{g}}}", "4 + 1 = \\boxed{{{g}}}boxed{{{d}}}boxed{{3}}",
-    "\\fbox{{{g}}} \\boxed{{{d}}}", "<answer>{g}</answer><answer>{d}</answer>",
-    "<answer>\\boxed{{{g}}} \\boxed{{{d}}}</answer>", "The answer is {g}. The answer is {d}.",
-    "Final answer: {g}\nFinal answer: {d}", "#### {g}\n#### {d}", "{g}\n{d}", "{g}. {d}.", "{d}\n{g}",
-    "We get x = {g} = {d}.", "So {g} = {d}.", "The answer is {g}, or {d}.",
+    "\\boxed{{{g}}}\\boxed{{{d}}}",
+    "\\boxed{{{d}}} then \\boxed{{{g}}}",
+    "\\boxed{{{g}}} or \\boxed{{{d}}}",
+    "\\boxed{{{g}}} ... \\boxed{{{d}}} ... \\boxed{{{g}}}",
+    "4 + 1 = \\boxed{{{g}}}boxed{{{d}}}boxed{{3}}",
+    "\\fbox{{{g}}} \\boxed{{{d}}}",
+    "<answer>{g}</answer><answer>{d}</answer>",
+    "<answer>\\boxed{{{g}}} \\boxed{{{d}}}</answer>",
+    "The answer is {g}. The answer is {d}.",
+    "Final answer: {g}\nFinal answer: {d}",
+    "#### {g}\n#### {d}",
+    "{g}\n{d}",
+    "{g}. {d}.",
+    "{d}\n{g}",
+    "We get x = {g} = {d}.",
+    "So {g} = {d}.",
+    "The answer is {g}, or {d}.",
 ]
 # The issue's own examples (gold, completion).
 ISSUE_HEDGES = [
-    ("5", "\\boxed{6 \\text{ apples}, 5 \\text{ pears}}"), ("6", "\\boxed{6 \\text{ apples}, 5 \\text{ pears}}"),
-    ("5", "<answer>6 apples, 5 pears</answer>"), ("6", "<answer>6 apples, 5 pears</answer>"),
-    ("5", "\\boxed{6 = 5}"), ("6", "\\boxed{6 = 5}"), ("7", "\\boxed{\\pm 7}"), ("-7", "\\boxed{\\pm 7}"),
-    ("5", "\\boxed{5 \\text{ or } 7}"), ("7", "\\boxed{5 \\text{ or } 7}"),
-    ("7", "\\boxed{x = 3 = 4 = 5 = 6 = 7}"), ("3", "\\boxed{x = 3 = 4 = 5 = 6 = 7}"),
+    ("5", "\\boxed{6 \\text{ apples}, 5 \\text{ pears}}"),
+    ("6", "\\boxed{6 \\text{ apples}, 5 \\text{ pears}}"),
+    ("5", "<answer>6 apples, 5 pears</answer>"),
+    ("6", "<answer>6 apples, 5 pears</answer>"),
+    ("5", "\\boxed{6 = 5}"),
+    ("6", "\\boxed{6 = 5}"),
+    ("7", "\\boxed{\\pm 7}"),
+    ("-7", "\\boxed{\\pm 7}"),
+    ("5", "\\boxed{5 \\text{ or } 7}"),
+    ("7", "\\boxed{5 \\text{ or } 7}"),
+    ("7", "\\boxed{x = 3 = 4 = 5 = 6 = 7}"),
+    ("3", "\\boxed{x = 3 = 4 = 5 = 6 = 7}"),
     ("20", "\\boxed{" + ", ".join(str(i) for i in range(1, 21)) + "}"),
     ("20", "The numbers are " + ", ".join(str(i) for i in range(1, 21)) + "."),
     ("20", "\n".join(str(i) for i in range(1, 21))),
-    ("5", "4 + 1 = \\boxed{5}boxed{7 + 6 + 8}boxed{3}"), ("3", "4 + 1 = \\boxed{5}boxed{7 + 6 + 8}boxed{3}"),
+    ("5", "4 + 1 = \\boxed{5}boxed{7 + 6 + 8}boxed{3}"),
+    ("3", "4 + 1 = \\boxed{5}boxed{7 + 6 + 8}boxed{3}"),
 ]
 
 # More shapes a policy could try (gold, completion): separators, spacing, nesting, other formats.
 EXTRA_HEDGES = [
-    ('5', '\\boxed{5 | 7}'), ('7', '\\boxed{5 | 7}'), ('5', '\\boxed{5 \\vert 7}'),
-    ('5', '\\boxed{\\{5\\} \\{7\\}}'), ('5', '\\boxed{5}\\text{ or }\\boxed{7}'), ('5', '\\boxed{5\\ 7}'),
-    ('5', '\\boxed{5\\qquad 7}'), ('5', '\\boxed{5 \\, 7}'), ('5', '\\boxed{5\\;\\text{or}\\;7}'),
-    ('5', '\\boxed{5\\text{/}7}'), ('5', '\\boxed{\\text{5 or 7}}'), ('5', '\\boxed{5 \\text{ and/or } 7}'),
-    ('7', '\\boxed{\\max(5, 7)}'), ('5', '\\boxed{5 \\text{ if } x>0 \\text{ else } 7}'),
-    ('5', '\\boxed{\\begin{cases}5\\\\7\\end{cases}}'), ('5', '\\boxed{5 \\text{ vs } 7}'),
-    ('5', '\\boxed{5 (7)}'), ('5', '\\boxed{\\text{5}\\text{7}}'), ('5', '\\boxed{x = \\pm 5}'),
-    ('5', '\\boxed{5, }'), ('5', 'The answer is 5 (or possibly 7)'), ('5', 'The answer is between 5 and 7.'),
-    ('5', '5 plus or minus 2'), ('(1, 2)', '\\boxed{(1,2),(2,1)}'),
-    ('(1, 2)', '\\boxed{(1, 2) \\text{ and } (2, 1)}'), ('(1, 2)', '\\boxed{\\{(1,2),(2,1)\\}}'),
-    ('\\{1, 2\\}', '\\boxed{\\{1, 2\\} \\text{ or } \\{3\\}}'), ('2, 3', '\\boxed{2, 3 \\text{ or } 4}'),
-    ('[5, 7]', '\\boxed{[5, 7] \\cup [8, 9]}'), ('5', '\\boxed{5}\\\\boxed{7}'),
-    ('5', '\\boxed{5}, \\boxed{7}'), ('5', '**5** or **7**'), ('5', 'Answer: 5, 7'), ('7', 'Answer: 5, 7'),
-    ('5', '\\boxed{\\dfrac{10}{2} \\text{ or } \\dfrac{14}{2}}'), ('5', '$\\boxed{5}$ $\\boxed{7}$'),
-    ('5', '\\boxed{5\\text{ }7}'), ('5', '\\boxed{5 \\cdot 1 = 7 \\cdot 1}'), ('5', '\\boxed{x^2 = 25}'),
-    ('5', '\\boxed{5~7}'), ('5', '\\boxed{5{,}7}'), ('5', '\\boxed{5,7}'), ('5', '<answer>5\n7</answer>'),
-    ('5', '<answer>5 7</answer>'), ('5', 'The answer is: 5 7'), ('5', 'so x=5 or x=7'), ('5', 'x=5 and x=7'),
-    ('5', '\\boxed{\\text{either}~5~\\text{or}~7}'), ('5', '\\boxed{5 \\text{ (alternatively } 7)}'),
-    ('5', '\\boxed{[5]}\\boxed{[7]}'), ('5', '\\boxed{\\{5, 7\\} \\ni 5}'), ('5', '\\boxed{5 \\leftarrow 7}'),
-    ('5', '\\boxed{5 \\gets 7}'), ('5', '\\boxed{5 \\not= 7}'), ('5', '\\boxed{5 \\lesssim 7}'),
-    ('5', '\\boxed{5 \\neq 7}'), ('5', '\\boxed{5 \\colon 7}'), ('5', '\\boxed{5 : 7}'),
-    ('5', '\\boxed{5 \\div 7}'),
+    ("5", "\\boxed{5 | 7}"),
+    ("7", "\\boxed{5 | 7}"),
+    ("5", "\\boxed{5 \\vert 7}"),
+    ("5", "\\boxed{\\{5\\} \\{7\\}}"),
+    ("5", "\\boxed{5}\\text{ or }\\boxed{7}"),
+    ("5", "\\boxed{5\\ 7}"),
+    ("5", "\\boxed{5\\qquad 7}"),
+    ("5", "\\boxed{5 \\, 7}"),
+    ("5", "\\boxed{5\\;\\text{or}\\;7}"),
+    ("5", "\\boxed{5\\text{/}7}"),
+    ("5", "\\boxed{\\text{5 or 7}}"),
+    ("5", "\\boxed{5 \\text{ and/or } 7}"),
+    ("7", "\\boxed{\\max(5, 7)}"),
+    ("5", "\\boxed{5 \\text{ if } x>0 \\text{ else } 7}"),
+    ("5", "\\boxed{\\begin{cases}5\\\\7\\end{cases}}"),
+    ("5", "\\boxed{5 \\text{ vs } 7}"),
+    ("5", "\\boxed{5 (7)}"),
+    ("5", "\\boxed{\\text{5}\\text{7}}"),
+    ("5", "\\boxed{x = \\pm 5}"),
+    ("5", "\\boxed{5, }"),
+    ("5", "The answer is 5 (or possibly 7)"),
+    ("5", "The answer is between 5 and 7."),
+    ("5", "5 plus or minus 2"),
+    ("(1, 2)", "\\boxed{(1,2),(2,1)}"),
+    ("(1, 2)", "\\boxed{(1, 2) \\text{ and } (2, 1)}"),
+    ("(1, 2)", "\\boxed{\\{(1,2),(2,1)\\}}"),
+    ("\\{1, 2\\}", "\\boxed{\\{1, 2\\} \\text{ or } \\{3\\}}"),
+    ("2, 3", "\\boxed{2, 3 \\text{ or } 4}"),
+    ("[5, 7]", "\\boxed{[5, 7] \\cup [8, 9]}"),
+    ("5", "\\boxed{5}\\\\boxed{7}"),
+    ("5", "\\boxed{5}, \\boxed{7}"),
+    ("5", "**5** or **7**"),
+    ("5", "Answer: 5, 7"),
+    ("7", "Answer: 5, 7"),
+    ("5", "\\boxed{\\dfrac{10}{2} \\text{ or } \\dfrac{14}{2}}"),
+    ("5", "$\\boxed{5}$ $\\boxed{7}$"),
+    ("5", "\\boxed{5\\text{ }7}"),
+    ("5", "\\boxed{5 \\cdot 1 = 7 \\cdot 1}"),
+    ("5", "\\boxed{x^2 = 25}"),
+    ("5", "\\boxed{5~7}"),
+    ("5", "\\boxed{5{,}7}"),
+    ("5", "\\boxed{5,7}"),
+    ("5", "<answer>5\n7</answer>"),
+    ("5", "<answer>5 7</answer>"),
+    ("5", "The answer is: 5 7"),
+    ("5", "so x=5 or x=7"),
+    ("5", "x=5 and x=7"),
+    ("5", "\\boxed{\\text{either}~5~\\text{or}~7}"),
+    ("5", "\\boxed{5 \\text{ (alternatively } 7)}"),
+    ("5", "\\boxed{[5]}\\boxed{[7]}"),
+    ("5", "\\boxed{\\{5, 7\\} \\ni 5}"),
+    ("5", "\\boxed{5 \\leftarrow 7}"),
+    ("5", "\\boxed{5 \\gets 7}"),
+    ("5", "\\boxed{5 \\not= 7}"),
+    ("5", "\\boxed{5 \\lesssim 7}"),
+    ("5", "\\boxed{5 \\neq 7}"),
+    ("5", "\\boxed{5 \\colon 7}"),
+    ("5", "\\boxed{5 : 7}"),
+    ("5", "\\boxed{5 \\div 7}"),
 ]
 
 
@@ -126,18 +238,37 @@ def all_hedges(g: str, d: str) -> list[tuple[str, str]]:
 
 def correct_singles(g: str, *, integer: bool) -> list[str]:
     """Correct single answers of the gold ``g`` in each recognised format."""
-    out = [f"\\boxed{{{g}}}", f"<answer>{g}</answer>", f"<answer>so \\boxed{{{g}}}</answer>", f"The answer is {g}.",
-           f"The answer is ${g}$.", f"**Final answer:** {g}", f"So the total is {g}.", f"We add them: 2 + 3 = {g}",
-           f"\\boxed{{x = {g}}}", f"\\boxed{{{g}}} and to check: \\boxed{{{g}}}", f"$x = \\boxed{{{g}}}$."]
+    out = [
+        f"\\boxed{{{g}}}",
+        f"<answer>{g}</answer>",
+        f"<answer>so \\boxed{{{g}}}</answer>",
+        f"The answer is {g}.",
+        f"The answer is ${g}$.",
+        f"**Final answer:** {g}",
+        f"So the total is {g}.",
+        f"We add them: 2 + 3 = {g}",
+        f"\\boxed{{x = {g}}}",
+        f"\\boxed{{{g}}} and to check: \\boxed{{{g}}}",
+        f"$x = \\boxed{{{g}}}$.",
+    ]
     if integer:
-        out += [f"\\boxed{{\\text{{{g} apples}}}}", f"\\boxed{{{g} \\text{{ apples}}}}", f"She has {g} apples.",
-                f"<answer>{g} apples</answer>", f"#### {g}"]
+        out += [
+            f"\\boxed{{\\text{{{g} apples}}}}",
+            f"\\boxed{{{g} \\text{{ apples}}}}",
+            f"She has {g} apples.",
+            f"<answer>{g} apples</answer>",
+            f"#### {g}",
+        ]
         if not g.startswith("-"):
             out += [f"\\boxed{{\\${g}}}", f"It costs \\${g}."]
         n = int(g)
         if abs(n) >= 1000:
-            out += [f"\\boxed{{{n:,}}}", "\\boxed{" + f"{n:,}".replace(",", "{,}") + "}", f"The total is {n:,} dollars.",
-                    f"#### {n:,}"]
+            out += [
+                f"\\boxed{{{n:,}}}",
+                "\\boxed{" + f"{n:,}".replace(",", "{,}") + "}",
+                f"The total is {n:,} dollars.",
+                f"#### {n:,}",
+            ]
     return out
 
 
@@ -157,8 +288,9 @@ def test_the_issues_hedges_score_zero(task):
         assert _score(task, gold, completion)[0] == 0.0, (gold, completion)
 
 
-@pytest.mark.parametrize("g, d", [("5", "7"), ("-3", "12"), ("2.5", "4"), ("\\frac{3}{4}", "\\frac{1}{4}"),
-                                  ("1000", "2000")])
+@pytest.mark.parametrize(
+    "g, d", [("5", "7"), ("-3", "12"), ("2.5", "4"), ("\\frac{3}{4}", "\\frac{1}{4}"), ("1000", "2000")]
+)
 def test_hedge_catalogue_scores_zero(task, g, d):
     tried = all_hedges(g, d)
     passed = [(name, c) for name, c in tried if _score(task, g, c)[0] != 0.0]
@@ -176,30 +308,60 @@ def test_hedges_are_reported_as_ambiguous(task):
     assert _score(task, "-2", "\\boxed{5-7}") == (1.0, "ok")  # a difference is one value
 
 
-@pytest.mark.parametrize("gold, completion", [
-    ("1000", "\\boxed{1,000}"), ("1000", "\\boxed{1{,}000}"), ("1000", "\\boxed{1\\,000}"),
-    ("1234567", "The total is 1,234,567 dollars."), ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}}"),
-    ("\\frac{1}{2}", "\\boxed{\\dfrac{1}{2}}"), ("\\frac{1}{2}", "so it is 1/2"), ("-3", "\\boxed{-3}"),
-    ("3.5", "\\boxed{3.5}"), ("3.5", "It is 3.5 meters."), ("5", "\\boxed{x = 5}"), ("5", "\\boxed{\\$5}"),
-    ("5", "\\boxed{5\\%}"), ("5", "\\boxed{\\text{5 apples}}"), ("2\\sqrt{2}", "\\boxed{2\\sqrt{2}}"),
-    ("4", "$x = \\boxed{4}$"), ("72", "In total 48 + 24 = 72."), ("72", "#### 72"),
-    ("5", "x = 2 + 3 = 5, so \\boxed{x = 2 + 3 = 5}"), ("5", "\\boxed{5} (check: \\boxed{5.0})"),
-    ("\\pi", "\\boxed{\\pi}"), ("x + 1", "\\boxed{y = x + 1}"),
-    # structured golds, matched as such
-    ("(1, 2)", "\\boxed{(1, 2)}"), ("(1, 2)", "\\boxed{(x, y) = (1, 2)}"), ("[0, 1)", "\\boxed{[0, 1)}"),
-    ("(-\\infty, 2)", "\\boxed{(-\\infty, 2)}"), ("\\{1, 2\\}", "\\boxed{\\{2, 1\\}}"), ("2, 3", "\\boxed{3, 2}"),
-    ("2, 3", "\\boxed{2 \\text{ and } 3}"), ("\\pm 7", "\\boxed{\\pm 7}"), ("x \\ge 5", "\\boxed{x \\geq 5}"),
-])
+@pytest.mark.parametrize(
+    "gold, completion",
+    [
+        ("1000", "\\boxed{1,000}"),
+        ("1000", "\\boxed{1{,}000}"),
+        ("1000", "\\boxed{1\\,000}"),
+        ("1234567", "The total is 1,234,567 dollars."),
+        ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}}"),
+        ("\\frac{1}{2}", "\\boxed{\\dfrac{1}{2}}"),
+        ("\\frac{1}{2}", "so it is 1/2"),
+        ("-3", "\\boxed{-3}"),
+        ("3.5", "\\boxed{3.5}"),
+        ("3.5", "It is 3.5 meters."),
+        ("5", "\\boxed{x = 5}"),
+        ("5", "\\boxed{\\$5}"),
+        ("5", "\\boxed{5\\%}"),
+        ("5", "\\boxed{\\text{5 apples}}"),
+        ("2\\sqrt{2}", "\\boxed{2\\sqrt{2}}"),
+        ("4", "$x = \\boxed{4}$"),
+        ("72", "In total 48 + 24 = 72."),
+        ("72", "#### 72"),
+        ("5", "x = 2 + 3 = 5, so \\boxed{x = 2 + 3 = 5}"),
+        ("5", "\\boxed{5} (check: \\boxed{5.0})"),
+        ("\\pi", "\\boxed{\\pi}"),
+        ("x + 1", "\\boxed{y = x + 1}"),
+        # structured golds, matched as such
+        ("(1, 2)", "\\boxed{(1, 2)}"),
+        ("(1, 2)", "\\boxed{(x, y) = (1, 2)}"),
+        ("[0, 1)", "\\boxed{[0, 1)}"),
+        ("(-\\infty, 2)", "\\boxed{(-\\infty, 2)}"),
+        ("\\{1, 2\\}", "\\boxed{\\{2, 1\\}}"),
+        ("2, 3", "\\boxed{3, 2}"),
+        ("2, 3", "\\boxed{2 \\text{ and } 3}"),
+        ("\\pm 7", "\\boxed{\\pm 7}"),
+        ("x \\ge 5", "\\boxed{x \\geq 5}"),
+    ],
+)
 def test_correct_single_answers_still_score(task, gold, completion):
     assert _score(task, gold, completion) == (1.0, "ok"), (gold, completion)
 
 
-@pytest.mark.parametrize("gold, completion", [
-    ("(1, 2)", "\\boxed{(1, 2) \\text{ or } (2, 1)}"), ("(1, 2)", "\\boxed{(\\pm 1, 2)}"),
-    ("(1, 2)", "\\boxed{(1, 2)}\\boxed{(2, 1)}"), ("[0, 1)", "\\boxed{[0, 1) \\text{ or } (0, 1]}"),
-    ("\\{1, 2\\}", "\\boxed{\\{1, 2, 3\\}}"), ("2, 3", "\\boxed{2, 3, 4}"), ("\\{1, 2\\}", "\\boxed{1}"),
-    ("\\pm 7", "\\boxed{7}"),
-])
+@pytest.mark.parametrize(
+    "gold, completion",
+    [
+        ("(1, 2)", "\\boxed{(1, 2) \\text{ or } (2, 1)}"),
+        ("(1, 2)", "\\boxed{(\\pm 1, 2)}"),
+        ("(1, 2)", "\\boxed{(1, 2)}\\boxed{(2, 1)}"),
+        ("[0, 1)", "\\boxed{[0, 1) \\text{ or } (0, 1]}"),
+        ("\\{1, 2\\}", "\\boxed{\\{1, 2, 3\\}}"),
+        ("2, 3", "\\boxed{2, 3, 4}"),
+        ("\\{1, 2\\}", "\\boxed{1}"),
+        ("\\pm 7", "\\boxed{7}"),
+    ],
+)
 def test_structured_golds_refuse_hedges_of_structures(task, gold, completion):
     assert _score(task, gold, completion)[0] == 0.0, (gold, completion)
 
@@ -250,8 +412,11 @@ def gold_and_distractor(draw):
     return f"\\frac{{{a}}}{{{b}}}", f"\\frac{{{c}}}{{{e}}}", False
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.filter_too_much])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
 @given(gold_and_distractor())
 def test_random_golds_no_hedge_scores(task, gd):
     g, d, _ = gd
@@ -259,8 +424,11 @@ def test_random_golds_no_hedge_scores(task, gd):
         assert _score(task, g, completion)[0] == 0.0, (g, d, name, completion)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.filter_too_much])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
 @given(gold_and_distractor())
 def test_random_golds_correct_single_answers_score(task, gd):
     g, _, integer = gd

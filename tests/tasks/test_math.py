@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 import timing  # tests/timing.py: timeouts that say they are timeouts
 
 pytest.importorskip("math_verify")
@@ -126,8 +127,14 @@ def test_fixtures_load_and_demonstrations_score_one():
 
 
 def test_custom_fields_template_and_registry():
-    task = get("math", path=str(FIX / "math_custom_fields.jsonl"), prompt_field="q", answer_field="final",
-               template="Q: {question} A:", eval_fraction=0.0)
+    task = get(
+        "math",
+        path=str(FIX / "math_custom_fields.jsonl"),
+        prompt_field="q",
+        answer_field="final",
+        template="Q: {question} A:",
+        eval_fraction=0.0,
+    )
     by_line = {p.meta["line"]: p for p in task.generate("train", 2, 0)}
     assert by_line[1].prompt == "Q: What is 6 times 7? A:" and by_line[1].answer == "42"
     assert task.score(by_line[2], "10/4 = \\boxed{2.5}") == 1.0
@@ -150,7 +157,7 @@ def test_bad_files_name_file_line_and_field(tmp_path):
     bad = _write(tmp_path, '{"question": "a", "answer": "1"}\n{"question": "b", answer: 2}\n', "bad.jsonl")
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
         MathTask(bad)
-    arr = _write(tmp_path, '[1, 2]\n', "arr.jsonl")
+    arr = _write(tmp_path, "[1, 2]\n", "arr.jsonl")
     with pytest.raises(ValueError, match=r"arr\.jsonl:1: expected a JSON object"):
         MathTask(arr)
     nofield = _write(tmp_path, '{"question": "a", "answer": "1"}\n\n{"question": "b"}\n', "nf.jsonl")
@@ -201,7 +208,13 @@ def test_bad_completions_score_zero_never_raise(comp):
     assert comp.score_detailed(p, "<answer></answer>") == (0.0, "unparsable")
     assert comp.score_detailed(p, "\\boxed{}") == (0.0, "unparsable")
     assert not comp.parse_ok("no answer") and comp.parse_ok("\\boxed{1}")
-    for junk in ("\\boxed{\\frac{}{}}", "\\boxed{)(}", "\\boxed{" + "{" * 500 + "}", "\\boxed{\\x00\\ud800}", "9" * 5000):
+    for junk in (
+        "\\boxed{\\frac{}{}}",
+        "\\boxed{)(}",
+        "\\boxed{" + "{" * 500 + "}",
+        "\\boxed{\\x00\\ud800}",
+        "9" * 5000,
+    ):
         r, status = comp.score_detailed(p, junk)
         assert r == 0.0 and status in ("ok", "unparsable", "ambiguous")
     assert comp.score_detailed(p, "<answer>0.5</answer>") == (1.0, "ok")
@@ -251,13 +264,17 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 import gapo.tasks.math as math_mod  # noqa: E402
-from gapo.tasks.base import Problem  # noqa: E402
 
 
 def _fresh_python(code: str) -> str:
     """stdout of ``code`` in a new interpreter (math-verify and sympy not yet imported)."""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
 
@@ -275,7 +292,8 @@ def test_timeouts_during_the_cold_start_do_not_poison_the_verifier():
         "    except VerifierTimeout:\n"
         "        n += 1\n"
         "    t *= 1.6\n"
-        "print(n > 0, verify_answer('5', '5'), verify_answer('\\\\frac{1}{2}', '0.5'))\n")
+        "print(n > 0, verify_answer('5', '5'), verify_answer('\\\\frac{1}{2}', '0.5'))\n"
+    )
     assert line == "True (True, True) (True, True)"
 
 
@@ -300,7 +318,8 @@ def test_math_task_with_tiny_timeouts_from_a_cold_start_still_scores_exact_answe
         "task.timeout_s = 30.0\n"
         "after = [task.score(p, c) for c in ('\\\\boxed{5}', '<answer>5</answer>', 'so it is 5')]\n"
         "rewards, _ = score_batch(task, [p] * 2, ['\\\\boxed{5}'] * 2, timeout_s=30.0)\n"
-        "print(sorted(statuses), after, rewards)\n")
+        "print(sorted(statuses), after, rewards)\n"
+    )
     statuses, rest = line.split("] ", 1)
     assert set(statuses.strip("[").replace("'", "").split(", ")) <= {"ok", "timeout"}, line
     assert rest == "[1.0, 1.0, 1.0] [1.0, 1.0]", line
@@ -342,7 +361,8 @@ def test_a_timeout_of_a_sound_verifier_changes_nothing(comp, monkeypatch):
 
 def test_warmup_is_never_cut_by_the_guard(monkeypatch):
     # an alarm due during the warm-up fires after it, as a timeout of the call, not inside it
-    from gapo.exec.scoring_pool import VerifierTimeout as VT, call_with_alarm
+    from gapo.exec.scoring_pool import VerifierTimeout as VT
+    from gapo.exec.scoring_pool import call_with_alarm
 
     monkeypatch.setattr(math_mod, "_WARM_PID", None)
     seen = []

@@ -110,12 +110,22 @@ def test_pickle_round_trip_scores(chain):
 
 # Hedges built from the oracle G and a distractor D: each commits to more than one answer.
 RG_HEDGES = [
-    "<answer>{g} or {d}</answer>", "<answer>{d} or {g}</answer>", "<answer>{g}, {d}</answer>",
-    "<answer>{g}; {d}</answer>", "<answer>{g}\n{d}</answer>", "<answer>{g} {d}</answer>",
-    "<answer>{g} \\lor {d}</answer>", "<answer>\\pm {g}</answer>", "<answer>±{g}</answer>",
-    "<answer>{g}</answer> <answer>{d}</answer>", "<answer>{d}</answer> <answer>{g}</answer>",
-    "<answer>either {g} or {d}</answer>", "<answer>{g} (or maybe {d})</answer>",
-    "<answer>{g} apples and {d} pears</answer>", "reasoning\n{g} or {d}", "reasoning\n{g}, {d}",
+    "<answer>{g} or {d}</answer>",
+    "<answer>{d} or {g}</answer>",
+    "<answer>{g}, {d}</answer>",
+    "<answer>{g}; {d}</answer>",
+    "<answer>{g}\n{d}</answer>",
+    "<answer>{g} {d}</answer>",
+    "<answer>{g} \\lor {d}</answer>",
+    "<answer>\\pm {g}</answer>",
+    "<answer>±{g}</answer>",
+    "<answer>{g}</answer> <answer>{d}</answer>",
+    "<answer>{d}</answer> <answer>{g}</answer>",
+    "<answer>either {g} or {d}</answer>",
+    "<answer>{g} (or maybe {d})</answer>",
+    "<answer>{g} apples and {d} pears</answer>",
+    "reasoning\n{g} or {d}",
+    "reasoning\n{g}, {d}",
 ]
 
 

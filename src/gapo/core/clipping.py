@@ -104,8 +104,12 @@ def gapo_eps_high(
 
     ``linear``: ``ε_low + (ε_high_max − ε_low)·w``; ``log``: ``(1+ε_low)·((1+ε_high_max)/(1+ε_low))^w − 1``.
     """
-    return eps_high_from_weight(success_weight(rewards, group_size, reward_range=reward_range),
-                                eps_low=eps_low, eps_high_max=eps_high_max, schedule=schedule)
+    return eps_high_from_weight(
+        success_weight(rewards, group_size, reward_range=reward_range),
+        eps_low=eps_low,
+        eps_high_max=eps_high_max,
+        schedule=schedule,
+    )
 
 
 def eps_high_from_weight(
@@ -138,13 +142,15 @@ def _fixed(rewards, group_size, *, eps_low, eps_high_max, reward_range=(0.0, 1.0
 
 
 def _gapo_linear(rewards, group_size, *, eps_low, eps_high_max, reward_range=(0.0, 1.0)):
-    return gapo_eps_high(rewards, group_size, eps_low=eps_low, eps_high_max=eps_high_max,
-                         schedule="linear", reward_range=reward_range)
+    return gapo_eps_high(
+        rewards, group_size, eps_low=eps_low, eps_high_max=eps_high_max, schedule="linear", reward_range=reward_range
+    )
 
 
 def _gapo_log(rewards, group_size, *, eps_low, eps_high_max, reward_range=(0.0, 1.0)):
-    return gapo_eps_high(rewards, group_size, eps_low=eps_low, eps_high_max=eps_high_max,
-                         schedule="log", reward_range=reward_range)
+    return gapo_eps_high(
+        rewards, group_size, eps_low=eps_low, eps_high_max=eps_high_max, schedule="log", reward_range=reward_range
+    )
 
 
 EPS_SCHEDULES = {"fixed": _fixed, "linear": _gapo_linear, "log": _gapo_log}
@@ -163,5 +169,6 @@ def eps_high_for(
     ``reward_range`` is ``(lo, hi)``, ``"group"`` or ``"batch"`` (module docstring)."""
     if schedule not in EPS_SCHEDULES:
         raise unknown("eps schedule", schedule, EPS_SCHEDULES)
-    return EPS_SCHEDULES[schedule](rewards, group_size, eps_low=eps_low, eps_high_max=eps_high_max,
-                                   reward_range=reward_range)
+    return EPS_SCHEDULES[schedule](
+        rewards, group_size, eps_low=eps_low, eps_high_max=eps_high_max, reward_range=reward_range
+    )

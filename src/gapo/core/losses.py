@@ -91,8 +91,9 @@ def _check_inputs(logp, old_logp, advantages, response_mask, eps_low, eps_high):
     if logp.ndim != 2:
         raise ValueError(f"logp must have shape (B, T), got {tuple(logp.shape)}")
     if advantages.shape not in (logp.shape[:1], logp.shape):
-        raise ValueError(f"advantages must have shape (B,) or (B, T), got {tuple(advantages.shape)} "
-                         f"for logp {tuple(logp.shape)}")
+        raise ValueError(
+            f"advantages must have shape (B,) or (B, T), got {tuple(advantages.shape)} for logp {tuple(logp.shape)}"
+        )
     if not torch.isfinite(advantages).all():
         raise ValueError("advantages contain NaN/inf")
     check_eps(eps_low, eps_high)
@@ -107,8 +108,9 @@ def _bounds(adv, eps_low, eps_high):
     """
     sign = torch.sign(adv)
     upper = 1.0 + eps_high
-    bound = torch.where(adv > 0, upper if isinstance(upper, torch.Tensor) else adv.new_tensor(upper),
-                        adv.new_tensor(1.0 - eps_low))
+    bound = torch.where(
+        adv > 0, upper if isinstance(upper, torch.Tensor) else adv.new_tensor(upper), adv.new_tensor(1.0 - eps_low)
+    )
     return sign, sign * bound
 
 
@@ -129,8 +131,9 @@ def _metrics(neg_log_r, adv, mask, n_tokens, clipped, dual, eps_high) -> dict:
         "loss/clipfrac_low": low / n_tokens,
         "loss/clipfrac_dual": (dual.to(m.dtype) * m).sum() / n_tokens if dual is not None else torch.zeros(()),
         "loss/approx_kl": (neg_log_r * m).sum() / n_tokens,
-        "clip/eps_high_mean": (eps_high.detach().float().mean() if isinstance(eps_high, torch.Tensor)
-                               else torch.tensor(float(eps_high))),
+        "clip/eps_high_mean": (
+            eps_high.detach().float().mean() if isinstance(eps_high, torch.Tensor) else torch.tensor(float(eps_high))
+        ),
     }
 
 
@@ -179,8 +182,9 @@ def policy_loss(
     with torch.no_grad():
         n_tokens = response_mask.sum().clamp(min=1)
         clipped = (signed_ratio > signed_bound) & response_mask.bool()
-        neg_log_r = (old_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) if level == "token" \
-            else (old_logp - logp)
+        neg_log_r = (
+            (old_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) if level == "token" else (old_logp - logp)
+        )
         metrics = _metrics(neg_log_r, adv, response_mask, n_tokens, clipped, dual, eps_high)
     return loss, metrics
 

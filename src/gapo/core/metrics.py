@@ -22,9 +22,22 @@ import operator
 
 import torch
 
-__all__ = ["pass_at_k", "pass_at_k_curve", "entropy_from_logits", "clip_stats_by_c", "clip_counts_by_c",
-           "merge_counts", "counts_to_tensor", "counts_from_tensor", "clip_stats_from_counts", "first_move_entropy",
-           "RATIO_ADV_WINDOW", "ratio_adv_pairs", "ratio_adv_corr", "pearson"]
+__all__ = [
+    "pass_at_k",
+    "pass_at_k_curve",
+    "entropy_from_logits",
+    "clip_stats_by_c",
+    "clip_counts_by_c",
+    "merge_counts",
+    "counts_to_tensor",
+    "counts_from_tensor",
+    "clip_stats_from_counts",
+    "first_move_entropy",
+    "RATIO_ADV_WINDOW",
+    "ratio_adv_pairs",
+    "ratio_adv_corr",
+    "pearson",
+]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -59,8 +72,21 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:  # (..., V) -> (.
     return torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1)
 
 
-_COUNT_FIELDS = ("tokens", "dev_sum", "pos_tokens", "pos_clipped", "neg_tokens", "neg_clipped",
-                 "rows", "eps_sum", "adv_abs_sum", "pos_rows", "pos_eps_sum", "pos_dev_sum", "pos_adv_sum")
+_COUNT_FIELDS = (
+    "tokens",
+    "dev_sum",
+    "pos_tokens",
+    "pos_clipped",
+    "neg_tokens",
+    "neg_clipped",
+    "rows",
+    "eps_sum",
+    "adv_abs_sum",
+    "pos_rows",
+    "pos_eps_sum",
+    "pos_dev_sum",
+    "pos_adv_sum",
+)
 
 
 @torch.no_grad()
@@ -85,19 +111,31 @@ def clip_counts_by_c(
     dev = (ratio - 1.0).abs() * m
     pos, neg = advantages > 0, advantages < 0
     tokens = m.sum(-1)
-    per_row = torch.stack([tokens.to(ratio.dtype), dev.sum(-1), tokens * pos, above.sum(-1) * pos,
-                           tokens * neg, below.sum(-1) * neg], dim=-1).double()  # (B, 6)
+    per_row = torch.stack(
+        [tokens.to(ratio.dtype), dev.sum(-1), tokens * pos, above.sum(-1) * pos, tokens * neg, below.sum(-1) * neg],
+        dim=-1,
+    ).double()  # (B, 6)
     pos_dev = (dev.sum(-1) * pos).double()
     out: dict[int, dict[str, float]] = {}
     for c in torch.unique(success_count).tolist():
         rows = success_count == c
         sums = per_row[rows].sum(0).tolist()
         prow = rows & pos
-        out[int(c)] = dict(zip(_COUNT_FIELDS, sums + [float(rows.sum()), float(eps_high[rows].double().sum()),
-                                                      float(advantages[rows].double().abs().sum()),
-                                                      float(prow.sum()), float(eps_high[prow].double().sum()),
-                                                      float(pos_dev[rows].sum()),
-                                                      float(advantages[prow].double().sum())]))
+        out[int(c)] = dict(
+            zip(
+                _COUNT_FIELDS,
+                sums
+                + [
+                    float(rows.sum()),
+                    float(eps_high[rows].double().sum()),
+                    float(advantages[rows].double().abs().sum()),
+                    float(prow.sum()),
+                    float(eps_high[prow].double().sum()),
+                    float(pos_dev[rows].sum()),
+                    float(advantages[prow].double().sum()),
+                ],
+            )
+        )
     return out
 
 
@@ -157,8 +195,9 @@ def clip_stats_from_counts(counts: dict) -> dict[str, float]:
 
 def clip_stats_by_c(ratio, advantages, response_mask, success_count, *, eps_low, eps_high) -> dict[str, float]:
     """Clip statistics per group-success count ``c`` for one batch (see ``clip_stats_from_counts``)."""
-    return clip_stats_from_counts(clip_counts_by_c(ratio, advantages, response_mask, success_count,
-                                                   eps_low=eps_low, eps_high=eps_high))
+    return clip_stats_from_counts(
+        clip_counts_by_c(ratio, advantages, response_mask, success_count, eps_low=eps_low, eps_high=eps_high)
+    )
 
 
 def first_move_entropy(moves: list) -> float:
@@ -180,8 +219,11 @@ def ratio_adv_pairs(stats: dict) -> list[tuple[float, float]]:
     """One step's ``(mean |ρ−1|, mean A)`` of positive-advantage tokens, one pair per ``c``, read
     from the keys of ``clip_stats_from_counts`` (gapo's trainer and the TRL adapter log them)."""
     pre = "clip/ratio_dev_pos_by_c/"
-    return [(float(v), float(stats[f"clip/adv_pos_by_c/{k[len(pre):]}"])) for k, v in stats.items()
-            if k.startswith(pre) and f"clip/adv_pos_by_c/{k[len(pre):]}" in stats]
+    return [
+        (float(v), float(stats[f"clip/adv_pos_by_c/{k[len(pre) :]}"]))
+        for k, v in stats.items()
+        if k.startswith(pre) and f"clip/adv_pos_by_c/{k[len(pre) :]}" in stats
+    ]
 
 
 def pearson(xs: list[float], ys: list[float]) -> float | None:

@@ -28,7 +28,7 @@ UNSUPPORTED = "__GAPO_UNSUPPORTED_ARGUMENT__"
 
 # The value format of the pipe, run in both processes: JSON with tagged lists, exact builtin
 # types only; decode accepts nothing else (any malformed input raises).
-CODEC = r'''
+CODEC = r"""
 def __gapo_codec():
     import collections
     deque, defaultdict = collections.deque, collections.defaultdict
@@ -100,10 +100,10 @@ def __gapo_codec():
         raise ValueError("gapo: malformed value")
 
     return enc, dec
-'''
+"""
 
 # The candidate process: runs the solution, then answers calls until the pipe closes.
-CANDIDATE = r'''
+CANDIDATE = r"""
 def __gapo_candidate(solution):
     import json, os, sys
     enc, dec = __gapo_codec()
@@ -146,21 +146,23 @@ def __gapo_candidate(solution):
             except BaseException:
                 reply = ["exc", "Exception", ""]
         send(reply)
-'''
+"""
 
 #: Modules the judge imports when the candidate imported them (MBPP tests may use the solution's
 #: ``math``/``re``/...): standard-library modules whose import only defines names. Anything else
 #: (``unittest.__main__``, ``this``, ``antigravity``, ``idlelib.*``, third-party packages, a file
 #: the candidate wrote) is never imported because the candidate named it.
-SAFE_MODULES = frozenset("""
+SAFE_MODULES = frozenset(
+    """
     abc array base64 binascii bisect calendar cmath collections collections.abc colorsys
     contextlib copy dataclasses datetime decimal difflib enum fnmatch fractions functools
     hashlib heapq itertools json keyword math numbers operator os os.path random re statistics
     string struct sys textwrap time types typing unicodedata zlib
-""".split())
+""".split()
+)
 
 # The judge process: trusted code only. Candidate output reaches it as decoded plain data.
-JUDGE = r'''
+JUDGE = r"""
 def __gapo_judge(trusted, tests, entry_point, marker, unsupported):
     import builtins, json, os, sys, time
     # Nothing the candidate can write is read from here on: "/" is read-only in the sandbox (and
@@ -286,13 +288,13 @@ def __gapo_judge(trusted, tests, entry_point, marker, unsupported):
     if status is not None and os.WIFSIGNALED(status):
         os._exit(128 + os.WTERMSIG(status))
     os._exit(1)
-'''
+"""
 
 JUDGE = JUDGE.replace("__SAFE_MODULES__", repr(sorted(SAFE_MODULES)))
 
 # strict_returns=False: the older single-process harness (the candidate's objects reach the
 # tests as they are, so no plain-data check is possible; see the module docstring).
-HARNESS = r'''
+HARNESS = r"""
 def __gapo_harness(solution, trusted, tests, entry_point, marker):
     import os, sys, builtins
     read, write, _exit, _exec, _compile = os.read, os.write, os._exit, exec, compile
@@ -336,4 +338,4 @@ def __gapo_harness(solution, trusted, tests, entry_point, marker):
         write(1, b"\n" + marker.encode() + b" " + nonce + b"\n")
         _exit(0)
     _exit(1)
-'''
+"""

@@ -55,8 +55,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Sequence
 
 from gapo.exec import sandbox_ns, sandbox_proc
 from gapo.exec.sandbox_boot import BOOT
@@ -112,37 +112,53 @@ class Isolation:
         """How the kernel keyrings (per uid, not per namespace) are kept from the program."""
         if "seccomp-keyring" in self.layers:
             return "keyctl/add_key/request_key denied (seccomp)" + (
-                ", private session keyring" if "session-keyring" in self.layers else "")
+                ", private session keyring" if "session-keyring" in self.layers else ""
+            )
         if "session-keyring" in self.layers:
             return "private session keyring only: the uid's user keyring is shared"
-        return ("shared with every process of the uid" if self.platform.startswith("linux")
-                else "not applicable")
+        return "shared with every process of the uid" if self.platform.startswith("linux") else "not applicable"
 
     def features(self) -> dict[str, str]:
         """Each guarantee and how it holds here (the isolation table of docs/sandbox.md)."""
         ns, cg = self.namespaces, self.cgroups
-        mem = ("cgroup (all processes, tmpfs, shared memory, memfds)" if "cgroup-memory" in cg
-               else "RLIMIT_AS per process; tmpfs sizes, IPC limits and RLIMIT_FSIZE x "
-                    "RLIMIT_NOFILE bound the rest")
-        ends = " + ".join(x for x, on in (("process group", True), ("pid namespace", "pid" in ns),
-                                           ("cgroup.kill", "cgroup-kill" in cg),
-                                           ("pdeathsig", self.pdeathsig)) if on)
+        mem = (
+            "cgroup (all processes, tmpfs, shared memory, memfds)"
+            if "cgroup-memory" in cg
+            else "RLIMIT_AS per process; tmpfs sizes, IPC limits and RLIMIT_FSIZE x RLIMIT_NOFILE bound the rest"
+        )
+        ends = " + ".join(
+            x
+            for x, on in (
+                ("process group", True),
+                ("pid namespace", "pid" in ns),
+                ("cgroup.kill", "cgroup-kill" in cg),
+                ("pdeathsig", self.pdeathsig),
+            )
+            if on
+        )
         return {
             "network": "network namespace" if "net" in ns else "socket guard (Python-level)",
-            "ipc": ("private IPC namespace (SysV shm/msg, POSIX mq), limits bounded"
-                    if "ipc" in ns else "shared with the host"),
-            "unix_sockets": ("host socket files hidden (private /run, /tmp, /dev/shm; others "
-                             "covered)" if "mount" in ns and "net" in ns
-                             else "host socket files reachable (file permissions only)"),
-            "filesystem": ("read-only tree, private tmpfs, minimal /dev; under hidden folders "
-                           "only the interpreter's own directories (stdlib, site-packages)"
-                           if "mount" in ns else "host file system, file permissions only"),
+            "ipc": (
+                "private IPC namespace (SysV shm/msg, POSIX mq), limits bounded"
+                if "ipc" in ns
+                else "shared with the host"
+            ),
+            "unix_sockets": (
+                "host socket files hidden (private /run, /tmp, /dev/shm; others covered)"
+                if "mount" in ns and "net" in ns
+                else "host socket files reachable (file permissions only)"
+            ),
+            "filesystem": (
+                "read-only tree, private tmpfs, minimal /dev; under hidden folders "
+                "only the interpreter's own directories (stdlib, site-packages)"
+                if "mount" in ns
+                else "host file system, file permissions only"
+            ),
             "keyring": self.keyring,
             "processes": "private pid namespace" if "pid" in ns else "host pid namespace",
             "memory": mem,
             "cleanup": ends,
-            "user": (f"uid {self.drop_to_uid}" if self.drop_to_uid is not None
-                     else "the calling user"),
+            "user": (f"uid {self.drop_to_uid}" if self.drop_to_uid is not None else "the calling user"),
         }
 
     def describe(self) -> str:
@@ -150,8 +166,10 @@ class Isolation:
         uid = f"uid {self.drop_to_uid}" if self.drop_to_uid is not None else "same uid"
         cg = "+".join(self.cgroups) or "no cgroups"
         keys = "keyctl denied" if "seccomp-keyring" in self.layers else "keyring shared"
-        return (f"{self.platform}: namespaces {ns}, {uid}, network {self.network}, {cg}, "
-                f"pdeathsig {'yes' if self.pdeathsig else 'no'}, {keys}, rlimits")
+        return (
+            f"{self.platform}: namespaces {ns}, {uid}, network {self.network}, {cg}, "
+            f"pdeathsig {'yes' if self.pdeathsig else 'no'}, {keys}, rlimits"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,9 +190,31 @@ _BOOT = BOOT
 
 
 # Loaded before the uid switch when the stdlib may be unreadable afterwards (no mount namespace).
-_PREIMPORT = ("typing", "math", "re", "collections", "itertools", "functools", "heapq", "bisect",
-              "string", "random", "hashlib", "copy", "fractions", "decimal", "statistics", "json",
-              "datetime", "operator", "traceback", "types", "threading", "signal", "socket")
+_PREIMPORT = (
+    "typing",
+    "math",
+    "re",
+    "collections",
+    "itertools",
+    "functools",
+    "heapq",
+    "bisect",
+    "string",
+    "random",
+    "hashlib",
+    "copy",
+    "fractions",
+    "decimal",
+    "statistics",
+    "json",
+    "datetime",
+    "operator",
+    "traceback",
+    "types",
+    "threading",
+    "signal",
+    "socket",
+)
 
 
 def _which(name: str) -> str | None:
@@ -200,9 +240,14 @@ def _python_paths() -> list[str]:
     import sysconfig
 
     cur = sysconfig.get_paths()
-    base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
-                                     "installed_base": sys.base_prefix,
-                                     "installed_platbase": sys.base_exec_prefix})
+    base = sysconfig.get_paths(
+        vars={
+            "base": sys.base_prefix,
+            "platbase": sys.base_exec_prefix,
+            "installed_base": sys.base_prefix,
+            "installed_platbase": sys.base_exec_prefix,
+        }
+    )
     paths = [cur["stdlib"], base["stdlib"], base["platstdlib"], cur["purelib"], cur["platlib"]]
     if hasattr(site, "getsitepackages"):  # absent in some old virtualenv site.py copies
         paths += site.getsitepackages()
@@ -239,11 +284,14 @@ def capabilities() -> Isolation:
     candidates: list[tuple[str, ...]] = []
     if unshare:
         if root:
-            candidates = [("net", "ipc", "mount", "pid"), ("net", "mount", "pid"),
-                          ("net", "mount"), ("net",)]
+            candidates = [("net", "ipc", "mount", "pid"), ("net", "mount", "pid"), ("net", "mount"), ("net",)]
         else:
-            candidates = [("user", "net", "ipc", "mount", "pid"), ("user", "net", "mount", "pid"),
-                          ("user", "net", "mount"), ("user", "net")]
+            candidates = [
+                ("user", "net", "ipc", "mount", "pid"),
+                ("user", "net", "mount", "pid"),
+                ("user", "net", "mount"),
+                ("user", "net"),
+            ]
     cgroups = _cgroup_layers()
     # A probe that cannot work fails at once (unshare: EPERM); the generous wall clock is for a
     # busy machine, where a 10 s probe could time out and silently pick a weaker set.
@@ -340,9 +388,18 @@ def run(
     if timeout_s <= 0 or memory_mb <= 0:
         raise ValueError(f"timeout_s and memory_mb must be positive, got {timeout_s}, {memory_mb}")
     with _SLOTS:
-        return _run(capabilities(), program, timeout_s=timeout_s, memory_mb=memory_mb,
-                    stdin=stdin, peer=peer, cpu_s=cpu_s, file_size_mb=file_size_mb,
-                    tmpfs_mb=tmpfs_mb, output_limit_bytes=output_limit_bytes)
+        return _run(
+            capabilities(),
+            program,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            stdin=stdin,
+            peer=peer,
+            cpu_s=cpu_s,
+            file_size_mb=file_size_mb,
+            tmpfs_mb=tmpfs_mb,
+            output_limit_bytes=output_limit_bytes,
+        )
 
 
 def run_many(
@@ -365,8 +422,7 @@ def run_many(
         return []
     n = min(workers or max_concurrency(), len(programs))
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="gapo-sandbox") as pool:
-        futs = [pool.submit(run, p, stdin=s, peer=q, **kwargs)
-                for p, s, q in zip(programs, stdins, peers)]
+        futs = [pool.submit(run, p, stdin=s, peer=q, **kwargs) for p, s, q in zip(programs, stdins, peers)]
         return [f.result() for f in futs]
 
 
@@ -374,9 +430,14 @@ def _ipc_limits(memory_mb: int) -> dict[str, int]:
     """Limits of the sandbox's own IPC namespace (``/proc/sys`` keys): SysV shared memory at
     most ``memory_mb`` in all, few segments, message queues and POSIX queues."""
     page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-    return {"kernel/shmmax": memory_mb << 20, "kernel/shmall": (memory_mb << 20) // page,
-            "kernel/shmmni": 64, "kernel/msgmni": 16, "kernel/msgmnb": 16384,
-            "fs/mqueue/queues_max": 16}
+    return {
+        "kernel/shmmax": memory_mb << 20,
+        "kernel/shmall": (memory_mb << 20) // page,
+        "kernel/shmmni": 64,
+        "kernel/msgmni": 16,
+        "kernel/msgmnb": 16384,
+        "fs/mqueue/queues_max": 16,
+    }
 
 
 def _run(
@@ -399,8 +460,16 @@ def _run(
     try:
         _write_programs(iso, workdir, program, peer)
         cpu = int(-(-(cpu_s if cpu_s is not None else timeout_s) // 1)) + 1
-        cfg = _boot_config(iso, workdir, memory_mb=memory_mb, cpu=cpu, file_size_mb=file_size_mb,
-                           tmpfs_mb=tmpfs_mb, peer=peer is not None, cgroup=cgroup)
+        cfg = _boot_config(
+            iso,
+            workdir,
+            memory_mb=memory_mb,
+            cpu=cpu,
+            file_size_mb=file_size_mb,
+            tmpfs_mb=tmpfs_mb,
+            peer=peer is not None,
+            cgroup=cgroup,
+        )
         argv = [*_prefix(iso), sys.executable, "-I", "-B", "-c", _BOOT]
         out, err, report, limit_hit, timed_out, rc = sandbox_proc.execute(
             argv, cfg, workdir=workdir, stdin=stdin, cgroup=cgroup, deadline=t0 + timeout_s, cap=output_limit_bytes
@@ -444,8 +513,9 @@ def _write_programs(iso: Isolation, workdir: str, program: str, peer: str | None
         os.chmod(workdir, 0o700)
 
 
-def _boot_config(iso: Isolation, workdir: str, *, memory_mb: int, cpu: int, file_size_mb: int, tmpfs_mb: int,
-                 peer: bool, cgroup) -> dict:
+def _boot_config(
+    iso: Isolation, workdir: str, *, memory_mb: int, cpu: int, file_size_mb: int, tmpfs_mb: int, peer: bool, cgroup
+) -> dict:
     """What the bootstrap applies (gapo.exec.sandbox_boot); ``report_fd`` and ``go_fd`` are
     filled in by :func:`gapo.exec.sandbox_proc.execute`, which makes those pipes."""
     mount = "mount" in iso.namespaces

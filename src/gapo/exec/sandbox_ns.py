@@ -40,7 +40,16 @@ import tempfile
 import threading
 import time
 
-__all__ = ["Cgroup", "FreeCgroups", "FREE_CGROUPS", "acquire", "cgroup_support", "host_unix_sockets", "reap_orphans", "COVERED_DIRS"]
+__all__ = [
+    "Cgroup",
+    "FreeCgroups",
+    "FREE_CGROUPS",
+    "acquire",
+    "cgroup_support",
+    "host_unix_sockets",
+    "reap_orphans",
+    "COVERED_DIRS",
+]
 
 #: Directories the sandbox covers with a private tmpfs (nothing of the host shows through).
 COVERED_DIRS = ("/tmp", "/var/tmp", "/run", "/var/run", "/dev/shm")
@@ -178,8 +187,7 @@ class Cgroup:
         d, v = self.mem_dir, str(memory_bytes)
         if not self.mem_v1:
             return _write(os.path.join(d, "memory.max"), v)
-        mem, memsw = (os.path.join(d, f) for f in ("memory.limit_in_bytes",
-                                                   "memory.memsw.limit_in_bytes"))
+        mem, memsw = (os.path.join(d, f) for f in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"))
         if not os.path.exists(memsw):
             return _write(mem, v)
         # memsw must stay >= the memory limit: the order depends on the direction
@@ -193,8 +201,7 @@ class Cgroup:
 
     def add(self, pid: int) -> bool:
         """Move process ``pid`` (the sandbox's bootstrap, before it forks) into every cgroup."""
-        return bool(self.dirs) and all(_write(os.path.join(d, "cgroup.procs"), str(pid))
-                                       for d in self.dirs)
+        return bool(self.dirs) and all(_write(os.path.join(d, "cgroup.procs"), str(pid)) for d in self.dirs)
 
     def _oom_count(self) -> int:
         name = "memory.oom_control" if self.mem_v1 else "memory.events"
@@ -359,7 +366,7 @@ def _reap(sup: dict[str, str]) -> int:
             if not n.startswith(_PREFIX):
                 continue
             try:
-                owner = int(n[len(_PREFIX):].split("-")[0])
+                owner = int(n[len(_PREFIX) :].split("-")[0])
             except ValueError:
                 continue
             if not _alive(owner):
@@ -380,7 +387,7 @@ def _remove_stale_dirs() -> int:
         if not name.startswith(_PREFIX):
             continue
         try:
-            owner = int(name[len(_PREFIX):].split("-")[0])
+            owner = int(name[len(_PREFIX) :].split("-")[0])
         except ValueError:
             continue
         if not _alive(owner):

@@ -64,10 +64,17 @@ import math
 import pickle
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from gapo.exec.scoring_pool import (VerifierTimeout, call_with_alarm, score_guarded, signal_guard_usable,
-                                     Workers, is_real_number, score_one)
+from gapo.exec.scoring_pool import (
+    VerifierTimeout,
+    Workers,
+    call_with_alarm,
+    is_real_number,
+    score_guarded,
+    score_one,
+    signal_guard_usable,
+)
 
 __all__ = [
     "VerifierTimeout",
@@ -91,8 +98,6 @@ STATUSES = ("ok", "unparsable", "timeout", "error", "ambiguous")
 MAX_ABS_REWARD = 1e6
 #: Added to a task's own ``score_timeout_s`` before the pool kills the worker.
 SELF_TIMED_GRACE_S = 5.0
-
-
 
 
 def run_with_timeout(fn: Callable, *args, timeout_s: float | None, mode: str = "auto"):
@@ -145,12 +150,15 @@ def check_reward(task, problems, i, reward) -> float:
     real number (``scoring_pool.is_real_number``: a string ``"1"``, a bool, a list are errors, not 1.0)
     or not finite and within ``±MAX_ABS_REWARD``."""
     if not is_real_number(reward):
-        raise ValueError(f"{_where(task, problems, i)}: reward {reward!r} (a {type(reward).__name__}) is not a "
-                         "number; rewards must be finite real numbers (int or float; not a bool or a string)")
+        raise ValueError(
+            f"{_where(task, problems, i)}: reward {reward!r} (a {type(reward).__name__}) is not a "
+            "number; rewards must be finite real numbers (int or float; not a bool or a string)"
+        )
     r = float(reward)
     if not math.isfinite(r) or abs(r) > MAX_ABS_REWARD:
-        raise ValueError(f"{_where(task, problems, i)}: returned reward {r}; rewards must be "
-                         f"finite and within ±{MAX_ABS_REWARD:g}")
+        raise ValueError(
+            f"{_where(task, problems, i)}: returned reward {r}; rewards must be finite and within ±{MAX_ABS_REWARD:g}"
+        )
     return r
 
 
@@ -170,8 +178,12 @@ def _finish(task, problems, rewards, statuses, t0, parts=None) -> tuple[list[flo
     n = len(rewards)
     stats: dict[str, float] = {"reward/n": float(n)}
     stats["reward/mean"] = sum(rewards) / n if n else 0.0
-    for status, key in (("unparsable", "unparsable"), ("timeout", "timeout"), ("error", "error"),
-                        ("ambiguous", "ambiguous")):
+    for status, key in (
+        ("unparsable", "unparsable"),
+        ("timeout", "timeout"),
+        ("error", "error"),
+        ("ambiguous", "ambiguous"),
+    ):
         c = sum(s == status for s in statuses)
         stats[f"reward/n_{key}"] = float(c)
         stats[f"reward/{key}_frac"] = c / n if n else 0.0
@@ -200,16 +212,17 @@ def verifier_failure_warning(stats: dict, rewards) -> str | None:
     judged = n - failed - n_unparsable
     if failed == 0 or failed < judged:
         return None
-    return (f"every reward is 0 and the verifier failed on {failed} of {n} completions ({n_timeout} timed out, "
-            f"{n_error} lost to a dead worker; {n_unparsable} had no answer, {max(judged, 0)} were judged, "
-            f"{n_ambiguous} of them ambiguous): these zeros are the verifier's, not the policy's. Raise the "
-            "verifier's time limit (task.params.timeout_s for math) or use task.scoring_workers")
+    return (
+        f"every reward is 0 and the verifier failed on {failed} of {n} completions ({n_timeout} timed out, "
+        f"{n_error} lost to a dead worker; {n_unparsable} had no answer, {max(judged, 0)} were judged, "
+        f"{n_ambiguous} of them ambiguous): these zeros are the verifier's, not the policy's. Raise the "
+        "verifier's time limit (task.params.timeout_s for math) or use task.scoring_workers"
+    )
 
 
 def _raise_from_task(task, problems, i, exc):
     raise ValueError(
-        f"{_where(task, problems, i)}: the task's score function raised "
-        f"{type(exc).__name__}: {exc}"
+        f"{_where(task, problems, i)}: the task's score function raised {type(exc).__name__}: {exc}"
     ) from exc
 
 

@@ -28,7 +28,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 class VerifierTimeout(Exception):
@@ -205,6 +206,7 @@ def _die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
     if pdeathsig and sys.platform.startswith("linux"):
         try:
             import ctypes
+
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
@@ -222,6 +224,7 @@ def _die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
     def watch():
         if pidfd is not None:
             import select
+
             poller = select.poll()
             poller.register(pidfd, select.POLLIN)
             while not poller.poll():

@@ -48,8 +48,16 @@ def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> i
     res = {}
     if ev["problems"]:
         problems = task.generate("eval", ev["problems"], ev["seed"])
-        res = evaluate(model, tok, task, problems, n=ev["samples"], temperature=ev["temperature"],
-                       max_new_tokens=ev["max_new_tokens"] or task.max_completion_len + 1, seed=ev["seed"])
+        res = evaluate(
+            model,
+            tok,
+            task,
+            problems,
+            n=ev["samples"],
+            temperature=ev["temperature"],
+            max_new_tokens=ev["max_new_tokens"] or task.max_completion_len + 1,
+            seed=ev["seed"],
+        )
         res.update(kind="eval", step=0)
     write_json(rdir / "base_eval.json", {"policy": str(path), "eval_cfg": ev, "eval": res})
     return 0
@@ -99,8 +107,13 @@ def _run_locked_cell(cdir: Path, folder: RunFolder) -> int:
         cfg = from_dict(spec["config"]).validate()
         folder.check(resume=False, overwrite=True)  # puts back a run an interrupted --overwrite moved aside
         resume = (cdir / "checkpoint.pt").is_file()
-        tr = _CellTrainer(cfg, folder, resume=resume, overwrite=not resume,  # no checkpoint: start over
-                          base_eval=spec.get("base_eval"))
+        tr = _CellTrainer(
+            cfg,
+            folder,
+            resume=resume,
+            overwrite=not resume,  # no checkpoint: start over
+            base_eval=spec.get("base_eval"),
+        )
         res = tr.fit()
         if res["stopped"]:
             return 130
@@ -108,25 +121,40 @@ def _run_locked_cell(cdir: Path, folder: RunFolder) -> int:
         final = {k: v for k, v in (res["eval"] or {}).items() if k != "eval/correct"}
         # per-problem success counts of the final evaluation (for problem-level intervals; the
         # run folder's metrics.jsonl has them for every evaluation)
-        write_json(cdir / "done.json", {"step": res["step"], "wall_s": time.time() - t0, "eval": final,
-                                        "correct": (res["eval"] or {}).get("eval/correct"), "resumed": resume})
+        write_json(
+            cdir / "done.json",
+            {
+                "step": res["step"],
+                "wall_s": time.time() - t0,
+                "eval": final,
+                "correct": (res["eval"] or {}).get("eval/correct"),
+                "resumed": resume,
+            },
+        )
         (cdir / "checkpoint.pt").unlink(missing_ok=True)  # the run is finished: the checkpoint is only disk weight
         return 0
     except Exception as e:  # noqa: BLE001 - recorded, the grid goes on
-        write_json(cdir / "failed.json", {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(),
-                                          "wall_s": time.time() - t0})
+        write_json(
+            cdir / "failed.json",
+            {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(), "wall_s": time.time() - t0},
+        )
         traceback.print_exc()
         return 1
 
 
 def main(argv: list[str] | None = None) -> int:
     """The child's entry point (see the module docstring); not a user command."""
-    ap = argparse.ArgumentParser(prog="python -m gapo.experiments.cell",
-                                 description="internal: one job of `gapo compare` (spawned by run_grid)")
+    ap = argparse.ArgumentParser(
+        prog="python -m gapo.experiments.cell", description="internal: one job of `gapo compare` (spawned by run_grid)"
+    )
     job = ap.add_mutually_exclusive_group(required=True)
     job.add_argument("--cell", metavar="DIR", help="train the cell whose run folder is DIR")
-    job.add_argument("--prepare", nargs=4, metavar=("OUT", "REGIME", "SPEC_JSON", "EVAL_JSON"),
-                     help="build and evaluate a regime's base policy")
+    job.add_argument(
+        "--prepare",
+        nargs=4,
+        metavar=("OUT", "REGIME", "SPEC_JSON", "EVAL_JSON"),
+        help="build and evaluate a regime's base policy",
+    )
     a = ap.parse_args(argv)
     if a.cell:
         return _run_cell(Path(a.cell))

@@ -30,18 +30,28 @@ ROLES = {"low": "low", "low2": "three", "high": "high"}
 CLAIM_TESTS = [
     *[("1 pass@1", role, "gapo", vs, "after/pass@1") for role in ("low", "low2") for vs in ("drgrpo", "grpo", "dapo")],
     *[("1 pass@1", role, "gapo_seq", "gspo_asym", "after/pass@1") for role in ("low", "low2")],
-    *[("2 pass@k", role, "gapo", vs, key) for role in ("low", "low2")
-      for vs, key in (("drgrpo", "after/pass@8"), ("drgrpo", "after/pass@64"), ("dapo", "after/pass@64"))],
+    *[
+        ("2 pass@k", role, "gapo", vs, key)
+        for role in ("low", "low2")
+        for vs, key in (("drgrpo", "after/pass@8"), ("drgrpo", "after/pass@64"), ("dapo", "after/pass@64"))
+    ],
     *[("2 pass@k", role, "gapo_seq", "gspo_asym", "after/pass@64") for role in ("low", "low2")],
-    *[("3 vs shaping", role, "gapo", vs, key) for role in ("low", "low2") for vs in ("fgrpo", "passk")
-      for key in ("after/pass@1", "after/pass@64")],
+    *[
+        ("3 vs shaping", role, "gapo", vs, key)
+        for role in ("low", "low2")
+        for vs in ("fgrpo", "passk")
+        for key in ("after/pass@1", "after/pass@64")
+    ],
     ("5 stability (high)", "high", "gapo", "drgrpo", "after/pass@1"),
     ("5 stability (high)", "high", "gapo", "drgrpo", "after/pass@64"),
     ("5 stability (high)", "high", "gapo", "drgrpo", "train/entropy_late"),
     ("5 stability (high)", "high", "gapo_seq", "gspo_asym", "after/pass@1"),
-    *[("6 coverage", role, m, vs, key) for role in ("low", "low2", "high")
-      for m, vs in (("gapo", "drgrpo"), ("gapo_seq", "gspo_asym"))
-      for key in ("after/coverage", "after/first_move_entropy")],
+    *[
+        ("6 coverage", role, m, vs, key)
+        for role in ("low", "low2", "high")
+        for m, vs in (("gapo", "drgrpo"), ("gapo_seq", "gspo_asym"))
+        for key in ("after/coverage", "after/first_move_entropy")
+    ],
     ("7 overhead", "*", "gapo", "drgrpo", "train/time/update_s"),
     ("7 overhead", "*", "gapo_seq", "gspo_asym", "train/time/update_s"),
 ]
@@ -55,11 +65,20 @@ def claim_rows(grid: dict, cells: dict) -> list[dict]:
     out = []
     roles = {**ROLES, **(grid.get("roles") or {})}  # e.g. {low: cd-low}: which regime plays a role
     for claim, r, a, b, key in CLAIM_TESTS:
-        for reg in (grid["regimes"] if r == "*" else [roles[r]]):
+        for reg in grid["regimes"] if r == "*" else [roles[r]]:
             d = paired_diffs(cells, reg, a, b, key, seeds)
             if d:
-                out.append({"claim": claim, "regime": reg, "method": a, "vs": b, "key": key, **mean_ci(d),
-                            **_problem_interval(cells, reg, a, b, key, seeds)})
+                out.append(
+                    {
+                        "claim": claim,
+                        "regime": reg,
+                        "method": a,
+                        "vs": b,
+                        "key": key,
+                        **mean_ci(d),
+                        **_problem_interval(cells, reg, a, b, key, seeds),
+                    }
+                )
     for reg in grid["regimes"]:
         out += _mechanism(grid, cells, reg)
     for reg in grid["regimes"]:
@@ -88,8 +107,11 @@ def identical_runs(cells: dict, regime: str, a: str, b: str, seeds: list[int]) -
     """``(k, n)``: of the ``n`` seeds where both cells finished, ``k`` whose final evaluations of
     ``a`` and ``b`` are identical (per-problem success counts; every ``after/*`` value where the
     counts are not stored) -- the runs trained the same."""
-    pairs = [(cells[(regime, a, s)], cells[(regime, b, s)]) for s in seeds if (regime, a, s) in cells
-             and (regime, b, s) in cells]
+    pairs = [
+        (cells[(regime, a, s)], cells[(regime, b, s)])
+        for s in seeds
+        if (regime, a, s) in cells and (regime, b, s) in cells
+    ]
     return sum(_final_eval(x) == _final_eval(y) for x, y in pairs), len(pairs)
 
 
@@ -97,6 +119,7 @@ def independent_between(rows: list[dict]) -> list[dict]:
     """The between-method rows (``vs`` another method) that count as independent intervals: a
     variant's rows (``variant_of``) are left out where it trained identically to its parent in
     more than half of the seeds."""
+
     def dup(r):
         k, n = r.get("identical", (0, 0))
         return "variant_of" in r and n > 0 and 2 * k > n
@@ -143,12 +166,28 @@ def _premise(grid: dict, cells: dict, reg: str) -> list[dict]:
         runs = [cells[(reg, m, s)] for s in seeds if (reg, m, s) in cells]
         vals = [v for v in map(_low_minus_high_dev, runs) if v is not None]
         if vals:
-            out.append({"claim": "8 premise: ratio deviation of A>0 tokens, c=1 − c≥G/2", "regime": reg, "method": m,
-                        "vs": "", "key": "dev_pos_by_c", **mean_ci(vals)})
+            out.append(
+                {
+                    "claim": "8 premise: ratio deviation of A>0 tokens, c=1 − c≥G/2",
+                    "regime": reg,
+                    "method": m,
+                    "vs": "",
+                    "key": "dev_pos_by_c",
+                    **mean_ci(vals),
+                }
+            )
         corr = [r["summary"]["train/clip/ratio_adv_corr"] for r in runs if "train/clip/ratio_adv_corr" in r["summary"]]
         if corr:
-            out.append({"claim": "8 premise: corr(ratio deviation, A), windowed", "regime": reg, "method": m, "vs": "",
-                        "key": "train/clip/ratio_adv_corr", **mean_ci(corr)})
+            out.append(
+                {
+                    "claim": "8 premise: corr(ratio deviation, A), windowed",
+                    "regime": reg,
+                    "method": m,
+                    "vs": "",
+                    "key": "train/clip/ratio_adv_corr",
+                    **mean_ci(corr),
+                }
+            )
     return out
 
 
@@ -157,11 +196,23 @@ def _learns(grid: dict, cells: dict, reg: str) -> list[dict]:
     batches − first quarter) per method, and in how many runs it rose (``k`` of ``n``)."""
     out = []
     for m in grid["methods"]:
-        d = [cells[(reg, m, s)]["summary"]["train/pass_rate_rise"] for s in grid["seeds"]
-             if (reg, m, s) in cells and "train/pass_rate_rise" in cells[(reg, m, s)]["summary"]]
+        d = [
+            cells[(reg, m, s)]["summary"]["train/pass_rate_rise"]
+            for s in grid["seeds"]
+            if (reg, m, s) in cells and "train/pass_rate_rise" in cells[(reg, m, s)]["summary"]
+        ]
         if d:
-            out.append({"claim": "0 RL learns: training pass-rate rise", "regime": reg, "method": m, "vs": "",
-                        "key": "train/pass_rate_rise", **mean_ci(d), "k": sum(v > 0 for v in d)})
+            out.append(
+                {
+                    "claim": "0 RL learns: training pass-rate rise",
+                    "regime": reg,
+                    "method": m,
+                    "vs": "",
+                    "key": "train/pass_rate_rise",
+                    **mean_ci(d),
+                    "k": sum(v > 0 for v in d),
+                }
+            )
     return out
 
 
@@ -184,18 +235,42 @@ def _mechanism(grid: dict, cells: dict, reg: str) -> list[dict]:
         vals = [_low_minus_high_clip(cells[(reg, m, s)]) for s in seeds if (reg, m, s) in cells]
         vals = [v for v in vals if v is not None]
         if vals:
-            out.append({"claim": "4 mechanism: clip(low c) - clip(high c)", "regime": reg, "method": m, "vs": "",
-                        "key": "clip_by_c", **mean_ci(vals)})
+            out.append(
+                {
+                    "claim": "4 mechanism: clip(low c) - clip(high c)",
+                    "regime": reg,
+                    "method": m,
+                    "vs": "",
+                    "key": "clip_by_c",
+                    **mean_ci(vals),
+                }
+            )
     for m, b in BASELINE_OF.items():
         for c in range(1, 3):
             d = paired_diffs(cells, reg, m, b, f"clip_by_c/{c}", seeds)
             if d:
-                out.append({"claim": "4 mechanism: GAPO lowers low-c clipping", "regime": reg, "method": m, "vs": b,
-                            "key": f"clip_by_c/{c}", **mean_ci(d)})
+                out.append(
+                    {
+                        "claim": "4 mechanism: GAPO lowers low-c clipping",
+                        "regime": reg,
+                        "method": m,
+                        "vs": b,
+                        "key": f"clip_by_c/{c}",
+                        **mean_ci(d),
+                    }
+                )
             d = paired_diffs(cells, reg, m, b, f"dev_by_c/{c}", seeds)
             if d:
-                out.append({"claim": "4 mechanism: GAPO lets low-c ratios move further", "regime": reg, "method": m,
-                            "vs": b, "key": f"dev_by_c/{c}", **mean_ci(d)})
+                out.append(
+                    {
+                        "claim": "4 mechanism: GAPO lets low-c ratios move further",
+                        "regime": reg,
+                        "method": m,
+                        "vs": b,
+                        "key": f"dev_by_c/{c}",
+                        **mean_ci(d),
+                    }
+                )
     return out
 
 
@@ -204,8 +279,12 @@ def _rl_vs_base(grid: dict, cells: dict, reg: str) -> list[dict]:
     nan, out = float("nan"), []
     for m in grid["methods"]:
         for key in ("pass@1", "pass@64"):
-            d = [cells[(reg, m, s)]["summary"].get(f"after/{key}", nan) -
-                 cells[(reg, m, s)]["summary"].get(f"before/{key}", nan) for s in grid["seeds"] if (reg, m, s) in cells]
+            d = [
+                cells[(reg, m, s)]["summary"].get(f"after/{key}", nan)
+                - cells[(reg, m, s)]["summary"].get(f"before/{key}", nan)
+                for s in grid["seeds"]
+                if (reg, m, s) in cells
+            ]
             if d:
                 out.append({"claim": "RL vs base", "regime": reg, "method": m, "vs": "base", "key": key, **mean_ci(d)})
     return out

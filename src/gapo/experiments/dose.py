@@ -27,21 +27,35 @@ per cell (``dose_response.png``). ``gapo compare --config configs/dose-response.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tarfile
 from pathlib import Path
 
 from gapo.experiments.grid import cell_config, methods_of, write_json
-from gapo.experiments.stats import (holm, mean_ci, paired_problem_diffs, seed_problem_bootstrap, t_pvalue)
+from gapo.experiments.stats import holm, mean_ci, paired_problem_diffs, seed_problem_bootstrap, t_pvalue
 
-__all__ = ["dose_spec", "dose_levels", "analyse", "verdict_words", "dose_markdown", "dose_figure", "dose_report",
-           "write_per_problem", "pack", "unpack"]
+__all__ = [
+    "dose_spec",
+    "dose_levels",
+    "analyse",
+    "verdict_words",
+    "dose_markdown",
+    "dose_figure",
+    "dose_report",
+    "write_per_problem",
+    "pack",
+    "unpack",
+]
 
-_DEFAULTS = {"reference": "drgrpo", "comparisons": [["gapo", "drgrpo"], ["gapo", "dapo"]],
-             "keys": ["after/pass@1", "after/pass@8", "after/pass@64"], "width": None, "bootstrap": 2000,
-             "alpha": 0.05}
+_DEFAULTS = {
+    "reference": "drgrpo",
+    "comparisons": [["gapo", "drgrpo"], ["gapo", "dapo"]],
+    "keys": ["after/pass@1", "after/pass@8", "after/pass@64"],
+    "width": None,
+    "bootstrap": 2000,
+    "alpha": 0.05,
+}
 _CLIP = "train/clip/frac_high_pos"
 
 
@@ -83,8 +97,13 @@ def dose_levels(grid: dict) -> list[str]:
 
 def _axes(grid: dict, regime: str) -> dict:
     cfg = cell_config(grid, regime, methods_of(grid, regime)[0], grid["seeds"][0], base_path="<base>")
-    return {"updates": cfg.train.mini_batches * cfg.train.epochs, "mini_batches": cfg.train.mini_batches,
-            "epochs": cfg.train.epochs, "lr": cfg.optim.lr, "eps_high_max": cfg.algo.eps_high_max}
+    return {
+        "updates": cfg.train.mini_batches * cfg.train.epochs,
+        "mini_batches": cfg.train.mini_batches,
+        "epochs": cfg.train.epochs,
+        "lr": cfg.optim.lr,
+        "eps_high_max": cfg.algo.eps_high_max,
+    }
 
 
 def _k_of(key: str) -> int | None:
@@ -96,8 +115,11 @@ def _k_of(key: str) -> int | None:
 def _compare(cells: dict, a: tuple, b: tuple, key: str, seeds: list[int], resamples: int) -> dict:
     """``a − b`` (each ``(regime, method)``) on summary ``key``, paired by seed: mean, t interval,
     p-value, seed × problem bootstrap (pass@k keys with per-problem counts)."""
-    d = [cells[(*a, s)]["summary"].get(key, math.nan) - cells[(*b, s)]["summary"].get(key, math.nan)
-         for s in seeds if (*a, s) in cells and (*b, s) in cells]
+    d = [
+        cells[(*a, s)]["summary"].get(key, math.nan) - cells[(*b, s)]["summary"].get(key, math.nan)
+        for s in seeds
+        if (*a, s) in cells and (*b, s) in cells
+    ]
     row = {"a": list(a), "b": list(b), "key": key, **mean_ci(d), "p": t_pvalue(d)}
     k = _k_of(key)
     if k is not None and resamples:
@@ -109,8 +131,9 @@ def _compare(cells: dict, a: tuple, b: tuple, key: str, seeds: list[int], resamp
 
 
 def _share(cells, regime, method, seeds, key) -> dict:
-    return mean_ci([cells[(regime, method, s)]["summary"].get(key, math.nan) for s in seeds
-                    if (regime, method, s) in cells])
+    return mean_ci(
+        [cells[(regime, method, s)]["summary"].get(key, math.nan) for s in seeds if (regime, method, s) in cells]
+    )
 
 
 def verdict_words(row: dict, alpha: float = 0.05, scale: float = 100.0, unit: str = "points") -> str:
@@ -138,22 +161,40 @@ def analyse(grid: dict, cells: dict) -> dict:
     levels = []
     for r in dose_levels(grid):
         G = cell_config(grid, r, methods_of(grid, r)[0], seeds[0], base_path="<base>").train.group_size
-        lv = {"regime": r, **_axes(grid, r),
-              "n_done": {m: sum((r, m, s) in cells for s in seeds) for m in methods_of(grid, r)},
-              "clip": _share(cells, r, ref, seeds, _CLIP),
-              "clip_by_c": {c: _share(cells, r, ref, seeds, f"clip_by_c/{c}") for c in range(1, G)},
-              "gain_pass@1": mean_ci([cells[(r, ref, s)]["summary"].get("after/pass@1", math.nan)
-                                      - cells[(r, ref, s)]["summary"].get("before/pass@1", math.nan)
-                                      for s in seeds if (r, ref, s) in cells]),
-              "rose": [sum(cells[(r, ref, s)]["summary"].get("train/pass_rate_rise", 0) > 0
-                           for s in seeds if (r, ref, s) in cells), sum((r, ref, s) in cells for s in seeds)]}
+        lv = {
+            "regime": r,
+            **_axes(grid, r),
+            "n_done": {m: sum((r, m, s) in cells for s in seeds) for m in methods_of(grid, r)},
+            "clip": _share(cells, r, ref, seeds, _CLIP),
+            "clip_by_c": {c: _share(cells, r, ref, seeds, f"clip_by_c/{c}") for c in range(1, G)},
+            "gain_pass@1": mean_ci(
+                [
+                    cells[(r, ref, s)]["summary"].get("after/pass@1", math.nan)
+                    - cells[(r, ref, s)]["summary"].get("before/pass@1", math.nan)
+                    for s in seeds
+                    if (r, ref, s) in cells
+                ]
+            ),
+            "rose": [
+                sum(
+                    cells[(r, ref, s)]["summary"].get("train/pass_rate_rise", 0) > 0
+                    for s in seeds
+                    if (r, ref, s) in cells
+                ),
+                sum((r, ref, s) in cells for s in seeds),
+            ],
+        }
         lv["learns"] = _learns(lv, len(seeds))
         for a, b in spec["comparisons"]:
             if b == ref and a in methods_of(grid, r):
                 lv[f"{a}_clip_c"] = {c: _compare(cells, (r, a), (r, b), f"clip_by_c/{c}", seeds, 0) for c in (1, 2)}
         levels.append(lv)
-    primary = [_compare(cells, (lv["regime"], a), (lv["regime"], b), key, seeds, B)
-               for lv in levels for a, b in spec["comparisons"] for key in spec["keys"]]
+    primary = [
+        _compare(cells, (lv["regime"], a), (lv["regime"], b), key, seeds, B)
+        for lv in levels
+        for a, b in spec["comparisons"]
+        for key in spec["keys"]
+    ]
     # the family is every planned test: one not yet measured counts as p = 1 (never rejected)
     adj = holm([p["p"] if p["n"] >= 2 and math.isfinite(p["p"]) else 1.0 for p in primary])
     for p, h in zip(primary, adj):
@@ -172,11 +213,21 @@ def analyse(grid: dict, cells: dict) -> dict:
                 width.append(row)
             width.append({**_compare(cells, (reg, a), (w["at"], ref), "after/pass@1", seeds, B), "width": wd})
             width.append({"a": [reg, b], "b": [], "key": _CLIP, "width": wd, **_share(cells, reg, b, seeds, _CLIP)})
-    n_secondary = sum(len(lv.get(f"{a}_clip_c", {})) for lv in levels for a, _ in spec["comparisons"]) + \
-        sum(1 for x in width if x.get("b"))
-    return {"grid": grid.get("name"), "seeds": seeds, "reference": ref, "levels": levels, "primary": primary,
-            "width": width, "family_size": len(primary), "alpha": spec["alpha"], "bootstrap": B,
-            "n_secondary_intervals": n_secondary}
+    n_secondary = sum(len(lv.get(f"{a}_clip_c", {})) for lv in levels for a, _ in spec["comparisons"]) + sum(
+        1 for x in width if x.get("b")
+    )
+    return {
+        "grid": grid.get("name"),
+        "seeds": seeds,
+        "reference": ref,
+        "levels": levels,
+        "primary": primary,
+        "width": width,
+        "family_size": len(primary),
+        "alpha": spec["alpha"],
+        "bootstrap": B,
+        "n_secondary_intervals": n_secondary,
+    }
 
 
 def _learns(lv: dict, n_planned: int) -> str:
@@ -223,38 +274,63 @@ def _p(x: float) -> str:
 def dose_markdown(res: dict) -> str:
     """``dose.md``: the cells, the primary family with verdicts, the width block, the counts."""
     ref = res["reference"]
-    L = [f"# Dose-response on the clip ({res['grid']})", "",
-         f"Seeds planned: {len(res['seeds'])} ({res['seeds'][0]}–{res['seeds'][-1]}). Values in points (pass@k) "
-         f"or percent (clip shares); intervals: 95% Student t over seeds; 'seed×problem': the two-way bootstrap "
-         f"({res['bootstrap']} resamples) that also resamples the held-out problems.", "",
-         "## Cells", "",
-         f"| cell | updates/batch | lr | seeds done ({', '.join(res['levels'][0]['n_done']) if res['levels'] else ''}) | "
-         f"{ref} clip A>0 (%) | {ref} clip A>0 at c = 1 / 2 / 4 / 7 (%) | {ref} held-out pass@1 gain | "
-         f"training pass rate rose | learns (plan's rule) | GAPO − {ref} clip at c = 1 (points) |",
-         "|---|---|---|---|---|---|---|---|---|---|"]
+    L = [
+        f"# Dose-response on the clip ({res['grid']})",
+        "",
+        f"Seeds planned: {len(res['seeds'])} ({res['seeds'][0]}–{res['seeds'][-1]}). Values in points (pass@k) "
+        f"or percent (clip shares); intervals: 95% Student t over seeds; 'seed×problem': the two-way bootstrap "
+        f"({res['bootstrap']} resamples) that also resamples the held-out problems.",
+        "",
+        "## Cells",
+        "",
+        "| cell | updates/batch | lr | "
+        f"seeds done ({', '.join(res['levels'][0]['n_done']) if res['levels'] else ''}) | "
+        f"{ref} clip A>0 (%) | {ref} clip A>0 at c = 1 / 2 / 4 / 7 (%) | {ref} held-out pass@1 gain | "
+        f"training pass rate rose | learns (plan's rule) | GAPO − {ref} clip at c = 1 (points) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for lv in res["levels"]:
         byc = " / ".join(_share_txt(lv["clip_by_c"].get(c, {})) for c in (1, 2, 4, 7))
         gc = next((v for k, v in lv.items() if k.endswith("_clip_c")), {}).get(1, {})
-        L.append(f"| `{lv['regime']}` | {lv['updates']} ({lv['mini_batches']} × {lv['epochs']}) | {lv['lr']:.0e} | "
-                 f"{' / '.join(str(v) for v in lv['n_done'].values())} | {_share_txt(lv['clip'])} | {byc} | "
-                 f"{_pt(lv['gain_pass@1'])} | {lv['rose'][0]} of {lv['rose'][1]} | {lv['learns']} | {_pt(gc)} |")
-    L += ["", f"## Primary comparisons (Holm over all {res['family_size']} planned tests, α = {res['alpha']})", "",
-          "| cell | comparison | metric | mean [95% t] | seed×problem | n | p | Holm p | verdict |",
-          "|---|---|---|---|---|---|---|---|---|"]
+        L.append(
+            f"| `{lv['regime']}` | {lv['updates']} ({lv['mini_batches']} × {lv['epochs']}) | {lv['lr']:.0e} | "
+            f"{' / '.join(str(v) for v in lv['n_done'].values())} | {_share_txt(lv['clip'])} | {byc} | "
+            f"{_pt(lv['gain_pass@1'])} | {lv['rose'][0]} of {lv['rose'][1]} | {lv['learns']} | {_pt(gc)} |"
+        )
+    L += [
+        "",
+        f"## Primary comparisons (Holm over all {res['family_size']} planned tests, α = {res['alpha']})",
+        "",
+        "| cell | comparison | metric | mean [95% t] | seed×problem | n | p | Holm p | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in res["primary"]:
-        L.append(f"| `{p['a'][0]}` | {p['a'][1]} − {p['b'][1]} | {p['key'].split('/')[-1]} | {_pt(p)} | {_boot(p)} | "
-                 f"{p['n']} | {_p(p['p'])} | {_p(p['p_holm'])} | {p['verdict']} |")
+        L.append(
+            f"| `{p['a'][0]}` | {p['a'][1]} − {p['b'][1]} | {p['key'].split('/')[-1]} | {_pt(p)} | {_boot(p)} | "
+            f"{p['n']} | {_p(p['p'])} | {_p(p['p_holm'])} | {p['verdict']} |"
+        )
     if res["width"]:
-        L += ["", "## Width sensitivity (secondary, unadjusted)", "",
-              "| width | comparison | metric | mean [95% t] | seed×problem | n | reading |", "|---|---|---|---|---|---|---|"]
+        L += [
+            "",
+            "## Width sensitivity (secondary, unadjusted)",
+            "",
+            "| width | comparison | metric | mean [95% t] | seed×problem | n | reading |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for x in res["width"]:
             if not x.get("b"):
                 L.append(f"| {x['width']} | {x['a'][1]} clip A>0 (%) | – | {_share_txt(x)} | – | {x['n']} | – |")
                 continue
-            L.append(f"| {x['width']} | {x['a'][1]} − {x['b'][1]} (`{x['b'][0]}`) | {x['key'].split('/')[-1]} | "
-                     f"{_pt(x)} | {_boot(x)} | {x['n']} | {x.get('verdict') or verdict_words(x)} |")
-    L += ["", f"{res['n_secondary_intervals']} secondary between-method intervals above (unadjusted): at 95% about "
-          f"{res['n_secondary_intervals'] / 20:.1f} would exclude zero by chance alone.", ""]
+            L.append(
+                f"| {x['width']} | {x['a'][1]} − {x['b'][1]} (`{x['b'][0]}`) | {x['key'].split('/')[-1]} | "
+                f"{_pt(x)} | {_boot(x)} | {x['n']} | {x.get('verdict') or verdict_words(x)} |"
+            )
+    L += [
+        "",
+        f"{res['n_secondary_intervals']} secondary between-method intervals above (unadjusted): at 95% about "
+        f"{res['n_secondary_intervals'] / 20:.1f} would exclude zero by chance alone.",
+        "",
+    ]
     return "\n".join(L)
 
 
@@ -274,8 +350,11 @@ def dose_figure(res: dict, fdir: Path, name: str = "dose_response.png") -> str |
     for ax, key in zip(axes, keys):
         drawn = False
         for i, (a, b) in enumerate(comps):
-            pts = [(clip[p["a"][0]], p) for p in res["primary"]
-                   if p["key"] == key and (p["a"][1], p["b"][1]) == (a, b) and p["n"] >= 1 and clip[p["a"][0]]["n"]]
+            pts = [
+                (clip[p["a"][0]], p)
+                for p in res["primary"]
+                if p["key"] == key and (p["a"][1], p["b"][1]) == (a, b) and p["n"] >= 1 and clip[p["a"][0]]["n"]
+            ]
             if not pts:
                 continue
             xs = [c["mean"] * 100 * (1 + 0.01 * i) for c, _ in pts]  # a hair apart so the bars do not overlap
@@ -293,8 +372,14 @@ def dose_figure(res: dict, fdir: Path, name: str = "dose_response.png") -> str |
         if drawn:
             ax.legend(fontsize=7)
         else:  # say so rather than draw an empty frame
-            ax.text(0.5, 0.5, "no cell has GAPO and its\ncomparator finished yet", ha="center", va="center",
-                    transform=ax.transAxes)
+            ax.text(
+                0.5,
+                0.5,
+                "no cell has GAPO and its\ncomparator finished yet",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
     fig.suptitle("GAPO's effect (95% t CI over seeds) against how much fixed clipping binds")
     Path(fdir).mkdir(parents=True, exist_ok=True)
     fig.savefig(Path(fdir) / name, dpi=100, bbox_inches="tight")
@@ -304,8 +389,9 @@ def dose_figure(res: dict, fdir: Path, name: str = "dose_response.png") -> str |
 def write_per_problem(cells: dict, path: Path) -> None:
     """Every finished cell's per-problem success counts, first and last evaluation:
     ``{"<regime>/<method>/seed<k>": {"before", "after", "n"}}``."""
-    write_json(path, {f"{r}/{m}/seed{s}": c["correct"] for (r, m, s), c in sorted(cells.items(), key=str)
-                      if c.get("correct")})
+    write_json(
+        path, {f"{r}/{m}/seed{s}": c["correct"] for (r, m, s), c in sorted(cells.items(), key=str) if c.get("correct")}
+    )
 
 
 def dose_report(grid: dict, cells: dict, rdir: Path, fdir: Path) -> str:

@@ -57,31 +57,31 @@ def _ks(rec: dict) -> list[int]:
 # one-line captions of the single-run report's figures (report.md puts each under its figure)
 RUN_CAPTIONS = {
     "passk.png": "Held-out pass@k (unbiased, from n samples per problem) of the base policy (gray, dashed: the "
-                 "first evaluation, before RL) and of each run after RL (solid); k on a log scale.",
+    "first evaluation, before RL) and of each run after RL (solid); k on a log scale.",
     "reward.png": "Mean reward of each step's training rollouts (running mean over 10 steps).",
     "entropy.png": "Mean token entropy of the sampled completions, in nats (running mean over 10 steps); "
-                   "a fast fall is the policy collapsing onto few answers.",
+    "a fast fall is the policy collapsing onto few answers.",
     "clipfrac.png": "Share of positive-advantage tokens whose ratio ρ lay above 1 + ε_high and so was clipped "
-                    "(running mean over 10 steps).",
+    "(running mean over 10 steps).",
     "ratio_adv_corr.png": "r(|ρ−1|, A), windowed: Pearson's r, over every (step, c) pair of the last 8 steps, "
-                          "between the mean |ρ−1| of positive-advantage tokens of groups with c correct "
-                          "rollouts and their mean advantage (the paper's diagnostic, docs/design.md §2.11); "
-                          "r > 0: the rare successes of hard groups moved further from the behaviour policy.",
+    "between the mean |ρ−1| of positive-advantage tokens of groups with c correct "
+    "rollouts and their mean advantage (the paper's diagnostic, docs/design.md §2.11); "
+    "r > 0: the rare successes of hard groups moved further from the behaviour policy.",
     "eval_curve.png": "Held-out pass@1 (solid) and pass@(largest k) (dashed) at each evaluation during training.",
     "clip_by_c.png": "Per group-success count c (correct rollouts in the group): the clipped share of "
-                     "positive-advantage tokens (left) and their ε_high (right), over the whole run. Fixed "
-                     "clipping has one ε_high for every c; GAPO's grows as c falls.",
+    "positive-advantage tokens (left) and their ε_high (right), over the whole run. Fixed "
+    "clipping has one ε_high for every c; GAPO's grows as c falls.",
 }
 
 
 # the grid report's figures (tables.md): one panel per regime, means over seeds
 GRID_CAPTIONS = {
     "passk.png": "Held-out pass@k after RL per method (mean over seeds, 95% t-interval) and the base policy "
-                 "(black, dashed); k on a log scale.",
+    "(black, dashed); k on a log scale.",
     "clip_by_c.png": "Per group-success count c: the clipped share of positive-advantage tokens, mean over seeds.",
     "ratio_dev_by_c.png": "Per group-success count c: mean |ρ−1| of all response tokens, mean over seeds.",
     "ratio_dev_pos_by_c.png": "Per group-success count c: mean |ρ−1| of positive-advantage tokens (before "
-                              "clipping); the paper's premise is that it is largest at small c.",
+    "clipping); the paper's premise is that it is largest at small c.",
     "pass1_curve.png": "Held-out pass@1 at each evaluation, mean over seeds.",
     "entropy.png": "Mean token entropy of the sampled completions over training, mean over seeds (smoothed).",
     "clipfrac.png": "Share of positive-advantage tokens clipped at 1 + ε_high over training, mean over seeds.",
@@ -95,10 +95,12 @@ GRID_CAPTIONS = {
 def run_figures(runs: list[dict], out: Path) -> list[str]:
     """The single-run report's figures of ``runs`` (``load_run`` records) into ``out``; their names."""
     names = [_run_passk(runs, out)]
-    for key, fname, label in (("rollout/reward", "reward.png", "mean reward (training rollouts)"),
-                              ("policy/entropy", "entropy.png", "token entropy (nats)"),
-                              ("clip/frac_high_pos", "clipfrac.png", "clipped share of A>0 tokens"),
-                              ("clip/ratio_adv_corr", "ratio_adv_corr.png", "r(|ρ−1|, A), windowed")):
+    for key, fname, label in (
+        ("rollout/reward", "reward.png", "mean reward (training rollouts)"),
+        ("policy/entropy", "entropy.png", "token entropy (nats)"),
+        ("clip/frac_high_pos", "clipfrac.png", "clipped share of A>0 tokens"),
+        ("clip/ratio_adv_corr", "ratio_adv_corr.png", "r(|ρ−1|, A), windowed"),
+    ):
         if not any(key in r for run in runs for r in run["train"]):
             continue  # never logged (e.g. runs from before clip/ratio_adv_corr existed)
         names.append(_run_train_curve(runs, out, key, fname, label))
@@ -120,8 +122,14 @@ def _run_passk(runs: list[dict], out: Path) -> str:
             if when == "before" and i > 0 and run["eval"][0].get("step") == 0 and runs[0]["eval"]:
                 continue  # every run starts from the same base policy: draw "before" once
             after = when == "after"
-            ax.plot(ks, [rec[f"eval/pass@{k}"] for k in ks], style, marker="o", color=color if after else "gray",
-                    label=f"{run['name']} ({when}, step {rec['step']})" if after else f"base (step {rec['step']})")
+            ax.plot(
+                ks,
+                [rec[f"eval/pass@{k}"] for k in ks],
+                style,
+                marker="o",
+                color=color if after else "gray",
+                label=f"{run['name']} ({when}, step {rec['step']})" if after else f"base (step {rec['step']})",
+            )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k")
     ax.set_ylabel("pass@k (held out)")
@@ -155,8 +163,14 @@ def _run_eval_curve(runs: list[dict], out: Path) -> str:
         ks = _ks(run["eval"][-1]) if run["eval"] else []
         for k, style in ((1, "-"), (max(ks) if ks else 1, "--")):
             xs = [r["step"] for r in run["eval"]]
-            ax.plot(xs, [r.get(f"eval/pass@{k}") for r in run["eval"]], style, marker=".", color=f"C{i}",
-                    label=f"{run['name']} pass@{k}")
+            ax.plot(
+                xs,
+                [r.get(f"eval/pass@{k}") for r in run["eval"]],
+                style,
+                marker=".",
+                color=f"C{i}",
+                label=f"{run['name']} pass@{k}",
+            )
     ax.set_xlabel("step")
     ax.set_ylabel("held-out pass@k")
     ax.grid(alpha=0.3)
@@ -170,11 +184,18 @@ def _run_by_c(runs: list[dict], out: Path) -> str:
     axes = fig.subplots(1, 2)
     width = 0.8 / max(len(runs), 1)
     for i, run in enumerate(runs):
-        for ax, prefix, label in ((axes[0], "clip/frac_high_by_c/", "clipped share of A>0 tokens"),
-                                  (axes[1], "clip/eps_high_pos_by_c/", "ε_high of A>0 rollouts")):
+        for ax, prefix, label in (
+            (axes[0], "clip/frac_high_by_c/", "clipped share of A>0 tokens"),
+            (axes[1], "clip/eps_high_pos_by_c/", "ε_high of A>0 rollouts"),
+        ):
             d = by_c(run["train"], prefix)
-            ax.bar([c + (i - (len(runs) - 1) / 2) * width for c in d], list(d.values()), width=width,
-                   color=f"C{i}", label=run["name"])
+            ax.bar(
+                [c + (i - (len(runs) - 1) / 2) * width for c in d],
+                list(d.values()),
+                width=width,
+                color=f"C{i}",
+                label=run["name"],
+            )
             ax.set_xlabel("c = correct rollouts in the group")
             ax.set_ylabel(label)
             ax.grid(alpha=0.3, axis="y")
@@ -191,16 +212,19 @@ def grid_figures(grid: dict, cells: dict, agg: dict, fdir: Path) -> list[str]:
     methods = grid["methods"]
     colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
     names = [_grid_passk(agg, regimes, colors, fdir)]
-    for key, fname, ylabel in (("clip_by_c", "clip_by_c.png", "clipped share of A>0 tokens"),
-                               ("dev_by_c", "ratio_dev_by_c.png", "mean |ρ−1|"),
-                               ("dev_pos_by_c", "ratio_dev_pos_by_c.png", "mean |ρ−1| of A>0 tokens")):
+    for key, fname, ylabel in (
+        ("clip_by_c", "clip_by_c.png", "clipped share of A>0 tokens"),
+        ("dev_by_c", "ratio_dev_by_c.png", "mean |ρ−1|"),
+        ("dev_pos_by_c", "ratio_dev_pos_by_c.png", "mean |ρ−1| of A>0 tokens"),
+    ):
         names.append(_grid_by_c(agg, regimes, methods, colors, key, fname, ylabel, fdir))
-    for key, kind, fname, ylabel in (("eval/pass@1", "eval", "pass1_curve.png", "held-out pass@1"),
-                                     ("policy/entropy", "train", "entropy.png", "token entropy (nats)"),
-                                     ("clip/frac_high_pos", "train", "clipfrac.png", "clipped share of A>0 tokens"),
-                                     ("clip/ratio_adv_corr", "train", "ratio_adv_corr.png",
-                                      "r(|ρ−1|, A), windowed"),
-                                     ("rollout/pass_rate", "train", "train_pass_rate.png", "training pass rate")):
+    for key, kind, fname, ylabel in (
+        ("eval/pass@1", "eval", "pass1_curve.png", "held-out pass@1"),
+        ("policy/entropy", "train", "entropy.png", "token entropy (nats)"),
+        ("clip/frac_high_pos", "train", "clipfrac.png", "clipped share of A>0 tokens"),
+        ("clip/ratio_adv_corr", "train", "ratio_adv_corr.png", "r(|ρ−1|, A), windowed"),
+        ("rollout/pass_rate", "train", "train_pass_rate.png", "training pass rate"),
+    ):
         names.append(_grid_curve(grid, cells, regimes, colors, key, kind, fname, ylabel, fdir))
     names.append(_grid_coverage(agg, regimes, methods, colors, fdir))
     names.append(_grid_time(agg, regimes, methods, fdir))
@@ -219,8 +243,16 @@ def _grid_passk(agg: dict, regimes: list[str], colors: dict, fdir: Path) -> str:
         bks = [k for k in ks if f"before/pass@{k}" in any_m]
         ax.plot(bks, [any_m[f"before/pass@{k}"]["mean"] for k in bks], "k--", marker="o", label="base")
         for m, v in by_m.items():
-            ax.errorbar(ks, [v[f"after/pass@{k}"]["mean"] for k in ks], yerr=[_ci(v[f"after/pass@{k}"]) for k in ks],
-                        color=colors[m], marker=".", capsize=2, label=m, lw=1)
+            ax.errorbar(
+                ks,
+                [v[f"after/pass@{k}"]["mean"] for k in ks],
+                yerr=[_ci(v[f"after/pass@{k}"]) for k in ks],
+                color=colors[m],
+                marker=".",
+                capsize=2,
+                label=m,
+                lw=1,
+            )
         ax.set_xscale("log", base=2)
         ax.set_title(f"{r}: held-out pass@k after RL")
         ax.set_xlabel("k")
@@ -231,8 +263,9 @@ def _grid_passk(agg: dict, regimes: list[str], colors: dict, fdir: Path) -> str:
     return _save(fig, fdir, "passk.png")
 
 
-def _grid_by_c(agg: dict, regimes: list[str], methods: list[str], colors: dict, key: str, fname: str,
-               ylabel: str, fdir: Path) -> str:
+def _grid_by_c(
+    agg: dict, regimes: list[str], methods: list[str], colors: dict, key: str, fname: str, ylabel: str, fdir: Path
+) -> str:
     """``key/<c>`` bars per c: each GAPO variant next to its fixed-clipping baseline."""
     pairs = [(b, g) for g, b in BASELINE_OF.items() if g in methods and b in methods]
     show = list(dict.fromkeys(m for p in pairs for m in p)) or methods[:2]
@@ -247,8 +280,15 @@ def _grid_by_c(agg: dict, regimes: list[str], methods: list[str], colors: dict, 
             ci = [_ci(v[f"{key}/{c}"]) for c in cs]
             top = 1.0 if key == "clip_by_c" else math.inf  # intervals cut at the possible range
             yerr = [[min(e, y) for y, e in zip(mean, ci)], [min(e, top - y) for y, e in zip(mean, ci)]]
-            ax.bar([c + (i - (len(here) - 1) / 2) * width for c in cs], mean, yerr=yerr,
-                   width=width, color=colors[m], label=m, capsize=1)
+            ax.bar(
+                [c + (i - (len(here) - 1) / 2) * width for c in cs],
+                mean,
+                yerr=yerr,
+                width=width,
+                color=colors[m],
+                label=m,
+                capsize=1,
+            )
         ax.set_title(r)
         ax.set_xlabel("c = correct rollouts in the group")
         ax.grid(alpha=0.3, axis="y")
@@ -268,8 +308,9 @@ def _seed_mean_curve(runs: list[list[dict]], key: str) -> tuple[list[int], list[
     return steps, ys
 
 
-def _grid_curve(grid: dict, cells: dict, regimes: list[str], colors: dict, key: str, kind: str, fname: str,
-                ylabel: str, fdir: Path) -> str:
+def _grid_curve(
+    grid: dict, cells: dict, regimes: list[str], colors: dict, key: str, kind: str, fname: str, ylabel: str, fdir: Path
+) -> str:
     """A metric over training, seed means per method (training metrics smoothed over 5 steps)."""
     fig, axes = _row(len(regimes), 3.6)
     for ax, r in zip(axes, regimes):
@@ -294,8 +335,10 @@ def _grid_coverage(agg: dict, regimes: list[str], methods: list[str], colors: di
     """Coverage and first-move entropy: the base policy's and each method's after RL, per regime."""
     fig = Figure(figsize=(11, 3.6))
     axes = fig.subplots(1, 2)
-    for ax, key, ylabel in ((axes[0], "coverage", "share of distinct solutions found"),
-                            (axes[1], "first_move_entropy", "first-move entropy (nats)")):
+    for ax, key, ylabel in (
+        (axes[0], "coverage", "share of distinct solutions found"),
+        (axes[1], "first_move_entropy", "first-move entropy (nats)"),
+    ):
         width = 0.8 / (len(methods) + 1)
         for j, r in enumerate(regimes):
             v0 = next(iter(agg[r].values())).get(f"before/{key}")
@@ -304,8 +347,15 @@ def _grid_coverage(agg: dict, regimes: list[str], methods: list[str], colors: di
             for i, m in enumerate(methods):
                 v = agg[r].get(m, {}).get(f"after/{key}")
                 if v:
-                    ax.bar(j - 0.4 + (i + 1.5) * width, v["mean"], width=width, color=colors[m],
-                           yerr=_ci(v), capsize=1, label=m if j == 0 else None)
+                    ax.bar(
+                        j - 0.4 + (i + 1.5) * width,
+                        v["mean"],
+                        width=width,
+                        color=colors[m],
+                        yerr=_ci(v),
+                        capsize=1,
+                        label=m if j == 0 else None,
+                    )
         ax.set_xticks(range(len(regimes)), regimes)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, axis="y")
@@ -323,8 +373,15 @@ def _grid_time(agg: dict, regimes: list[str], methods: list[str], fdir: Path) ->
         for i, m in enumerate(methods):
             v = agg[r].get(m, {}).get("train/time/update_s")
             if v:
-                ax.bar(i + (j - (len(regimes) - 1) / 2) * width, v["mean"], width=width, color=f"C{j}",
-                       yerr=_ci(v), capsize=1, label=r if i == 0 else None)
+                ax.bar(
+                    i + (j - (len(regimes) - 1) / 2) * width,
+                    v["mean"],
+                    width=width,
+                    color=f"C{j}",
+                    yerr=_ci(v),
+                    capsize=1,
+                    label=r if i == 0 else None,
+                )
     ax.set_xticks(range(len(methods)), methods, rotation=30, fontsize=8)
     ax.set_ylabel("update wall-clock per step (s)")
     ax.grid(alpha=0.3, axis="y")
@@ -343,8 +400,9 @@ def _grid_scale(grid: dict, cells: dict, fdir: Path) -> str:
             d = mean_ci(paired_diffs(cells, r, "gapo", BASELINE_OF["gapo"], key, grid["seeds"]))
             if d["n"]:
                 ax.errorbar([n], [100 * d["mean"]], yerr=[100 * _ci(d)], fmt="o", capsize=4, color="C0")
-                ax.annotate(f"{r} (n={d['n']})", (n, 100 * d["mean"]), textcoords="offset points", xytext=(6, 4),
-                            fontsize=8)
+                ax.annotate(
+                    f"{r} (n={d['n']})", (n, 100 * d["mean"]), textcoords="offset points", xytext=(6, 4), fontsize=8
+                )
         ax.axhline(0, color="k", lw=0.8)
         ax.set_xscale("log")
         ax.set_xlabel("policy parameters")

@@ -37,8 +37,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import yaml
 from tqdm import tqdm
@@ -51,8 +51,22 @@ from gapo.rl.config import Config, set_key, to_dict
 from gapo.rl.config_io import diff
 from gapo.rl.run_dir import RunLock, atomic_write
 
-__all__ = ["METHODS", "BASELINE_OF", "REGIMES", "QUICK_GRID", "load_grid", "methods_of", "grid_cells",
-           "regime_task", "pretrain_config", "cell_config", "cell_dir", "cell_file", "write_json", "run_grid"]
+__all__ = [
+    "METHODS",
+    "BASELINE_OF",
+    "REGIMES",
+    "QUICK_GRID",
+    "load_grid",
+    "methods_of",
+    "grid_cells",
+    "regime_task",
+    "pretrain_config",
+    "cell_config",
+    "cell_dir",
+    "cell_file",
+    "write_json",
+    "run_grid",
+]
 
 # --------------------------------------------------------------------------------- methods
 # Every method is a set of config overrides on top of the grid's ``common`` ones. All but GRPO
@@ -70,13 +84,28 @@ METHODS: dict[str, dict] = {
     "dapo": {**_FIXED, "algo.eps_low": 0.2, "algo.eps_high_max": 0.28},  # clip-higher only
     "gspo_sym": {**_FIXED, "algo.loss": "gspo", "algo.eps_low": GSPO_SYM, "algo.eps_high_max": GSPO_SYM},
     "gspo_asym": {**_FIXED, "algo.loss": "gspo", "algo.eps_low": GSPO_ASYM[0], "algo.eps_high_max": GSPO_ASYM[1]},
-    "fgrpo": {**_FIXED, "algo.advantage": "focal", "algo.advantage_params": {"gamma": FOCAL_GAMMA, "base": "drgrpo"},
-              "algo.eps_low": 0.2, "algo.eps_high_max": 0.2},
-    "passk": {**_FIXED, "algo.advantage": "passk", "algo.advantage_params": {"k": 4},
-              "algo.eps_low": 0.2, "algo.eps_high_max": 0.2},
+    "fgrpo": {
+        **_FIXED,
+        "algo.advantage": "focal",
+        "algo.advantage_params": {"gamma": FOCAL_GAMMA, "base": "drgrpo"},
+        "algo.eps_low": 0.2,
+        "algo.eps_high_max": 0.2,
+    },
+    "passk": {
+        **_FIXED,
+        "algo.advantage": "passk",
+        "algo.advantage_params": {"k": 4},
+        "algo.eps_low": 0.2,
+        "algo.eps_high_max": 0.2,
+    },
     "gapo": {**_FIXED, "algo.eps_schedule": "linear", "algo.eps_low": 0.2, "algo.eps_high_max": 0.28},
-    "gapo_seq": {**_FIXED, "algo.loss": "gspo", "algo.eps_schedule": "linear", "algo.eps_low": GSPO_ASYM[0],
-                 "algo.eps_high_max": GSPO_ASYM[1]},
+    "gapo_seq": {
+        **_FIXED,
+        "algo.loss": "gspo",
+        "algo.eps_schedule": "linear",
+        "algo.eps_low": GSPO_ASYM[0],
+        "algo.eps_high_max": GSPO_ASYM[1],
+    },
     "gapo_log": {**_FIXED, "algo.eps_schedule": "log", "algo.eps_low": 0.2, "algo.eps_high_max": 0.28},
 }
 # the fixed-clipping counterpart each GAPO variant is compared with (paired by seed)
@@ -92,9 +121,19 @@ REGIMES: dict[str, dict] = {
     # the `low` recipe on a ~5.1M-parameter model (preset `medium`): the scale point
     "medium": {"base": "medium"},
     "arithmetic": {
-        "base": {"name": "arithmetic", "task": "arithmetic", "sft_mix": [[ARITHMETIC_TASK, 1.0]],
-                 "rl_task": ARITHMETIC_TASK, "model_preset": "tiny", "pool_size": 3000, "batch_size": 64,
-                 "max_steps": 400, "time_budget_s": None, "lr": 3e-3, "warmup_steps": 50},
+        "base": {
+            "name": "arithmetic",
+            "task": "arithmetic",
+            "sft_mix": [[ARITHMETIC_TASK, 1.0]],
+            "rl_task": ARITHMETIC_TASK,
+            "model_preset": "tiny",
+            "pool_size": 3000,
+            "batch_size": 64,
+            "max_steps": 400,
+            "time_budget_s": None,
+            "lr": 3e-3,
+            "warmup_steps": 50,
+        },
         "task": {"name": "arithmetic", "params": ARITHMETIC_TASK},
     },
 }
@@ -121,10 +160,29 @@ def load_grid(path: str | Path | dict) -> dict:
             at = f", line {mark.line + 1}" if mark is not None else ""
             raise ValueError(f"grid file {str(p)!r}{at}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
         if not isinstance(g, dict):
-            raise ValueError(f"grid file {str(p)!r}: must be a mapping of grid keys (methods, regimes, seeds, "
-                             f"common, ...), got {type(g).__name__}")
-    allowed = {"name", "methods", "regimes", "seeds", "common", "method_defs", "regime_defs", "workers",
-               "out", "report_dir", "figures_dir", "baseline", "roles", "scale", "order", "dose", "cell_s"}
+            raise ValueError(
+                f"grid file {str(p)!r}: must be a mapping of grid keys (methods, regimes, seeds, "
+                f"common, ...), got {type(g).__name__}"
+            )
+    allowed = {
+        "name",
+        "methods",
+        "regimes",
+        "seeds",
+        "common",
+        "method_defs",
+        "regime_defs",
+        "workers",
+        "out",
+        "report_dir",
+        "figures_dir",
+        "baseline",
+        "roles",
+        "scale",
+        "order",
+        "dose",
+        "cell_s",
+    }
     for k in g:
         if k not in allowed:
             raise ValueError(f"unknown grid key {k!r}; accepted: {sorted(allowed)}")
@@ -139,8 +197,10 @@ def load_grid(path: str | Path | dict) -> dict:
         g["seeds"] = list(range(g["seeds"]))
     g.setdefault("order", "seed")
     if g["order"] not in ("seed", "regime"):
-        raise ValueError(f"grid key 'order' is {g['order']!r}; accepted: 'seed' (every cell's seed k before "
-                         "seed k+1) or 'regime' (every seed of a regime before the next regime)")
+        raise ValueError(
+            f"grid key 'order' is {g['order']!r}; accepted: 'seed' (every cell's seed k before "
+            "seed k+1) or 'regime' (every seed of a regime before the next regime)"
+        )
     for m in g["methods"]:
         if m not in methods:
             raise unknown("method", m, methods)
@@ -224,8 +284,12 @@ def cell_config(grid: dict, regime: str, method: str, seed: int, *, base_path: s
     """The validated trainer ``Config`` of one cell."""
     cfg = Config()
     task = regime_task(grid["_regimes"][regime])
-    overrides = {"model.path": base_path, "task.name": task["name"], "task.params": task["params"],
-                 "train.progress": False}
+    overrides = {
+        "model.path": base_path,
+        "task.name": task["name"],
+        "task.params": task["params"],
+        "train.progress": False,
+    }
     overrides.update(grid["common"])
     overrides.update(grid["_regimes"][regime].get("overrides") or {})
     overrides.update(grid["_methods"][method])
@@ -267,16 +331,22 @@ Job = tuple[str, list[str], Path, Callable[[int, float], str]]
 
 def _eval_cfg(grid: dict, regime: str) -> dict:
     cfg = cell_config(grid, regime, methods_of(grid, regime)[0], grid["seeds"][0], base_path="x")
-    return {"problems": cfg.eval.problems, "samples": cfg.eval.samples, "temperature": cfg.eval.temperature,
-            "seed": cfg.eval.seed, "max_new_tokens": cfg.sampling.max_new_tokens}
+    return {
+        "problems": cfg.eval.problems,
+        "samples": cfg.eval.samples,
+        "temperature": cfg.eval.temperature,
+        "seed": cfg.eval.seed,
+        "max_new_tokens": cfg.sampling.max_new_tokens,
+    }
 
 
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     log.parent.mkdir(parents=True, exist_ok=True)
     fh = open(log, "a")
-    p = subprocess.Popen([sys.executable, "-m", "gapo.experiments.cell", *argv], stdout=fh, stderr=subprocess.STDOUT,
-                         env=env)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "gapo.experiments.cell", *argv], stdout=fh, stderr=subprocess.STDOUT, env=env
+    )
     p._log = fh  # type: ignore[attr-defined]
     return p
 
@@ -362,16 +432,26 @@ def _prepare_regimes(grid: dict, out: Path, t0: float, say) -> dict[str, dict]:
         if be.is_file() and json.loads(be.read_text()).get("eval_cfg") == json.loads(json.dumps(ev)):
             continue
         argv = ["--prepare", str(out), r, json.dumps(grid["_regimes"][r]), json.dumps(ev)]
-        prep.append((r, argv, out / r / "prepare.log",
-                     lambda rc, dt, r=r: f"[{time.time() - t0:6.0f}s] regime {r}: base policy "
-                                         f"{'ready' if rc == 0 else f'FAILED (rc={rc}, see prepare.log)'} ({dt:.0f}s)"))
+        prep.append(
+            (
+                r,
+                argv,
+                out / r / "prepare.log",
+                lambda rc, dt, r=r: (
+                    f"[{time.time() - t0:6.0f}s] regime {r}: base policy "
+                    f"{'ready' if rc == 0 else f'FAILED (rc={rc}, see prepare.log)'} ({dt:.0f}s)"
+                ),
+            )
+        )
         cfg = pretrain_config(spec)
         if (cache_dir(cfg) / "config.json").is_file() or shipped_dir(cfg) is not None:
             say(f"regime {r}: base policy {cfg.name!r} is cached; evaluating it on {ev['problems']} problems")
         else:
             budget = f", at most {cfg.time_budget_s / 60:.0f} min of CPU" if cfg.time_budget_s else ""
-            say(f"regime {r}: building base policy {cfg.name!r} (up to {cfg.max_steps} SFT steps{budget}; "
-                f"progress in {out / r / 'prepare.log'})")
+            say(
+                f"regime {r}: building base policy {cfg.name!r} (up to {cfg.max_steps} SFT steps{budget}; "
+                f"progress in {out / r / 'prepare.log'})"
+            )
     bar = _PrepareBar([(r, log) for r, _, log, _ in prep]) if prep else None
     try:
         _pool(prep, grid["workers"], bar.wrap(say) if bar else say, tick=bar.refresh if bar else None)
@@ -404,23 +484,36 @@ def _run_cells(grid: dict, out: Path, bases: dict[str, dict], t0: float, retry_f
                 continue
             (d / "failed.json").unlink()
         cfg = cell_config(grid, r, m, s, base_path=bases[r]["policy"])
-        write_json(cell_file(d, "json"), {"regime": r, "method": m, "seed": s, "config": to_dict(cfg),
-                                          "base_eval": bases[r]["eval"] or None})
+        write_json(
+            cell_file(d, "json"),
+            {"regime": r, "method": m, "seed": s, "config": to_dict(cfg), "base_eval": bases[r]["eval"] or None},
+        )
         on_exit = _on_cell_exit(d, f"{r}/{m}/seed{s}", stats, t0)
         jobs.append((f"{r}/{m}/{s}", ["--cell", str(d)], cell_file(d, "log"), on_exit))
-    say(f"{len(cells)} cells: {len(jobs)} to run, {stats['skipped']} already finished or failed; "
-        f"{grid['workers']} workers")
+    say(
+        f"{len(cells)} cells: {len(jobs)} to run, {stats['skipped']} already finished or failed; "
+        f"{grid['workers']} workers"
+    )
     if jobs:
         say(estimate_line(len(jobs), grid["workers"], *_cell_seconds(grid, out)))
-    bar = tqdm(total=len(cells), initial=len(cells) - len(jobs), desc="cells", unit="cell", dynamic_ncols=True,
-               disable=None if jobs else True)  # on a terminal; the per-cell lines go to logs either way
+    bar = tqdm(
+        total=len(cells),
+        initial=len(cells) - len(jobs),
+        desc="cells",
+        unit="cell",
+        dynamic_ncols=True,
+        disable=None if jobs else True,
+    )  # on a terminal; the per-cell lines go to logs either way
     try:
+
         def counted(on_exit):
             def f(rc, dt):
                 line = on_exit(rc, dt)
                 bar.update(1)
                 return line
+
             return f
+
         jobs = [(n, a, log, counted(e)) for n, a, log, e in jobs]
         _pool(jobs, grid["workers"], _above(bar, say))
     finally:
@@ -430,9 +523,11 @@ def _run_cells(grid: dict, out: Path, bases: dict[str, dict], t0: float, retry_f
 
 def _above(bar, say):
     """``say`` that prints above a live tqdm bar instead of through it."""
+
     def f(line):
         with bar.external_write_mode():
             say(line)
+
     return f
 
 
@@ -462,11 +557,15 @@ def _cell_seconds(grid: dict, out: Path) -> tuple[float | None, str]:
 def estimate_line(n_jobs: int, workers: int, cell_s: float | None, source: str) -> str:
     """The line ``gapo compare`` prints before the cells run: cells × seconds per cell / workers."""
     if cell_s is None:
-        return ("estimate: no cell time known yet (no finished cell here, no cell_s in the grid); "
-                "the progress bar's ETA appears once the first cells finish")
+        return (
+            "estimate: no cell time known yet (no finished cell here, no cell_s in the grid); "
+            "the progress bar's ETA appears once the first cells finish"
+        )
     total = n_jobs * cell_s / max(1, min(workers, n_jobs))
-    return (f"estimate: {n_jobs} cells x ~{cell_s:.0f} s / {min(workers, n_jobs)} workers = about "
-            f"{_minutes(total)} (from {source}; a busy machine takes longer, the bar's ETA follows the cells)")
+    return (
+        f"estimate: {n_jobs} cells x ~{cell_s:.0f} s / {min(workers, n_jobs)} workers = about "
+        f"{_minutes(total)} (from {source}; a busy machine takes longer, the bar's ETA follows the cells)"
+    )
 
 
 def _minutes(s: float) -> str:
@@ -481,8 +580,14 @@ class _PrepareBar:
 
     def __init__(self, logs: list[tuple[str, Path]]):
         self.logs, self.done, self.total = logs, 0, 100 * len(logs)  # percent points (a disabled bar counts nothing)
-        self.bar = tqdm(total=100 * len(logs), desc="base policies", unit="%", dynamic_ncols=True, disable=None,
-                        bar_format="{l_bar}{bar}| [{elapsed}<{remaining}]")
+        self.bar = tqdm(
+            total=100 * len(logs),
+            desc="base policies",
+            unit="%",
+            dynamic_ncols=True,
+            disable=None,
+            bar_format="{l_bar}{bar}| [{elapsed}<{remaining}]",
+        )
 
     def refresh(self) -> None:
         done = 0
@@ -511,8 +616,11 @@ def _check_finished_cells(grid: dict, out: Path) -> None:
     cells and the keys -- a changed ``common``, method or regime must not be mixed silently with
     runs made under the old one."""
     bad, changed_base = [], set()
-    recorded = {r: json.loads(be.read_text()).get("eval_cfg", {}).get("base_key")
-                for r in grid["regimes"] if (be := out / r / "base_eval.json").is_file()}
+    recorded = {
+        r: json.loads(be.read_text()).get("eval_cfg", {}).get("base_key")
+        for r in grid["regimes"]
+        if (be := out / r / "base_eval.json").is_file()
+    }
     for r, key in recorded.items():
         if key is not None and key != pretrain_config(grid["_regimes"][r]).cache_key():
             changed_base.add(r)  # an error only if one of its cells was run (below)
@@ -531,16 +639,22 @@ def _check_finished_cells(grid: dict, out: Path) -> None:
             bad.append(f"{r}/{m}/seed{s} ({keys})")
     changed_base &= used
     if changed_base:
-        raise ValueError(f"the base policy of regime(s) {sorted(changed_base)} changed since cells under {str(out)!r} "
-                         "were run from it. Use another --out, or delete those regimes' folders to rerun them.")
+        raise ValueError(
+            f"the base policy of regime(s) {sorted(changed_base)} changed since cells under {str(out)!r} "
+            "were run from it. Use another --out, or delete those regimes' folders to rerun them."
+        )
     if bad:
-        raise ValueError(f"{len(bad)} cell(s) under {str(out)!r} were run with another config than this grid's: "
-                         + "; ".join(bad[:5]) + ". Use another --out, or delete those cells to rerun them.")
+        raise ValueError(
+            f"{len(bad)} cell(s) under {str(out)!r} were run with another config than this grid's: "
+            + "; ".join(bad[:5])
+            + ". Use another --out, or delete those cells to rerun them."
+        )
 
 
 def _on_cell_exit(d: Path, name: str, stats: dict, t0: float) -> Callable[[int, float], str]:
     """Count a finished cell in ``stats`` and say how it ended; a cell killed before it could
     write ``failed.json`` gets one with its exit code and log tail."""
+
     def on_exit(rc: int, dt: float) -> str:
         if rc == 0:
             stats["done"] += 1
@@ -554,7 +668,10 @@ def _on_cell_exit(d: Path, name: str, stats: dict, t0: float) -> Callable[[int, 
             return f"[{time.time() - t0:6.0f}s] {name}: interrupted (resumes next time)"
         if rc == 75:  # cell.BUSY: another process holds its run folder; it wrote nothing
             stats["skipped"] += 1
-            return f"[{time.time() - t0:6.0f}s] {name}: skipped, its folder is in use by another process (see {cell_file(d, 'log')})"
+            return (
+                f"[{time.time() - t0:6.0f}s] {name}: skipped, its folder is in use by another process "
+                f"(see {cell_file(d, 'log')})"
+            )
         stats["failed"] += 1
         if not (d / "failed.json").is_file():  # killed before it could say why
             log = cell_file(d, "log")
@@ -562,4 +679,5 @@ def _on_cell_exit(d: Path, name: str, stats: dict, t0: float) -> Callable[[int, 
             write_json(d / "failed.json", {"error": f"exit code {rc}", "log_tail": tail, "wall_s": dt})
         err = json.loads((d / "failed.json").read_text())["error"]
         return f"[{time.time() - t0:6.0f}s] {name}: FAILED ({err}); log: {cell_file(d, 'log')}"
+
     return on_exit

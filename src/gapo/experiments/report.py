@@ -31,8 +31,15 @@ from gapo.experiments.figures import GRID_CAPTIONS, RUN_CAPTIONS, grid_figures, 
 from gapo.experiments.grid import BASELINE_OF, cell_dir, grid_cells, write_json
 from gapo.experiments.stats import load_cell, mean_ci, paired_diffs, run_summary
 
-__all__ = ["summarise", "write_report", "format_table", "format_samples", "grid_report", "default_report_dir",
-           "below_base"]
+__all__ = [
+    "summarise",
+    "write_report",
+    "format_table",
+    "format_samples",
+    "grid_report",
+    "default_report_dir",
+    "below_base",
+]
 
 # the training diagnostics of the single-run table (``train/<key>``, NaN when never logged)
 _RUN_TRAIN_KEYS = ("loss/clipfrac", "clip/frac_high_pos", "loss/approx_kl", "policy/entropy", "time/step_s")
@@ -112,8 +119,10 @@ def _below_base_md(runs: list[dict], summaries: list[dict]) -> list[str]:
             at = ", ".join(str(k) for k, _, _ in worse)
             lines.append(f"- **{run['name']} ends below the base policy** at k = {at} (after RL vs before: {ks}).")
     if lines:
-        lines.append("- Falling below the base at large k while pass@1 rises is RL narrowing the policy onto fewer "
-                     "answers; with one seed and few problems, differences of a few points are also noise.")
+        lines.append(
+            "- Falling below the base at large k while pass@1 rises is RL narrowing the policy onto fewer "
+            "answers; with one seed and few problems, differences of a few points are also noise."
+        )
     return lines
 
 
@@ -165,10 +174,13 @@ def format_samples(run: dict, n: int = 2, width: int = 160) -> str:
     ranked = sorted(g, key=lambda r: -r["reward"])  # stable: the first logged of equal rewards
     worst = min(g, key=lambda r: r["reward"])  # the first logged of the lowest reward
     rest = [r for r in ranked if r is not worst]
-    pick = rest[:max(n - 1, 1)] + [worst] if len(ranked) > 1 and n > 1 else ranked[:1]
+    pick = rest[: max(n - 1, 1)] + [worst] if len(ranked) > 1 and n > 1 else ranked[:1]
     same = len({r["reward"] for r in g}) == 1
-    what = (f"all {len(g)} logged rollouts of this group have reward {g[0]['reward']:g}" if same else
-            f"best and worst of the {len(g)} logged rollouts of group {group}")
+    what = (
+        f"all {len(g)} logged rollouts of this group have reward {g[0]['reward']:g}"
+        if same
+        else f"best and worst of the {len(g)} logged rollouts of group {group}"
+    )
     prompt = pick[0]["prompt"] if len(pick[0]["prompt"]) <= width else "…" + pick[0]["prompt"][-width:]
     out = [f"{run['name']}, step {step} ({what}):", "", "```", f"prompt: {prompt!r}"]
     for label, r in zip(["best", *["next"] * (len(pick) - 2), "worst"] if len(pick) > 1 else ["shown"], pick):
@@ -177,8 +189,9 @@ def format_samples(run: dict, n: int = 2, width: int = 160) -> str:
 
 
 # --------------------------------------------------------------------------------- the grid
-def grid_report(grid: dict, out: str | Path, report_dir: str | Path | None = None,
-                figures_dir: str | Path | None = None, say=print) -> Path:
+def grid_report(
+    grid: dict, out: str | Path, report_dir: str | Path | None = None, figures_dir: str | Path | None = None, say=print
+) -> Path:
     """Aggregate finished cells into ``summary.json``, ``cells.csv``, ``tables.md`` and figures;
     returns the path of ``tables.md``."""
     out = Path(out)
@@ -192,17 +205,27 @@ def grid_report(grid: dict, out: str | Path, report_dir: str | Path | None = Non
     keys = sorted({k for row in rows for k in row} - {"regime", "method", "seed"})
     _write_csv(rdir / "cells.csv", rows, keys)
     agg = _aggregate(grid, rows, keys)
-    summary = {"grid": grid.get("name"), "seeds": grid["seeds"], "regimes": grid["regimes"], "methods": grid["methods"],
-               "n_cells_done": len(rows), "n_cells_total": len(grid_cells(grid)),
-               "failed": failed, "aggregate": agg, "paired": _paired(grid, cells, keys),
-               "claims": claim_rows(grid, cells),
-               "common": grid["common"], "method_defs": {m: grid["_methods"][m] for m in grid["methods"]}}
+    summary = {
+        "grid": grid.get("name"),
+        "seeds": grid["seeds"],
+        "regimes": grid["regimes"],
+        "methods": grid["methods"],
+        "n_cells_done": len(rows),
+        "n_cells_total": len(grid_cells(grid)),
+        "failed": failed,
+        "aggregate": agg,
+        "paired": _paired(grid, cells, keys),
+        "claims": claim_rows(grid, cells),
+        "common": grid["common"],
+        "method_defs": {m: grid["_methods"][m] for m in grid["methods"]},
+    }
     write_json(rdir / "summary.json", summary)
     md = _tables_md(summary)
     figs = grid_figures(grid, cells, agg, fdir)
     rel = os.path.relpath(fdir, rdir)
-    captioned = [f"![{f}]({rel}/{f})" + (f"\n\n*{f}: {GRID_CAPTIONS[f]}*\n" if f in GRID_CAPTIONS else "")
-                 for f in figs]
+    captioned = [
+        f"![{f}]({rel}/{f})" + (f"\n\n*{f}: {GRID_CAPTIONS[f]}*\n" if f in GRID_CAPTIONS else "") for f in figs
+    ]
     md += "\n## Figures\n\n" + "\n".join(captioned) + "\n"
     from gapo.experiments.dose import dose_report, write_per_problem
 
@@ -268,13 +291,26 @@ def _paired(grid: dict, cells: dict, keys: list[str]) -> dict:
 
 # --------------------------------------------------------------------------------- tables.md
 # (summary key, column title, shown in %)
-_MAIN_COLS = [("after/pass@1", "pass@1", True), ("after/pass@8", "pass@8", True), ("after/pass@64", "pass@64", True),
-              ("after/coverage", "coverage", True), ("after/first_move_entropy", "1st-move H", False),
-              ("train/entropy_late", "token H (late)", False), ("train/clip/frac_high_pos", "clip A>0", True),
-              ("train/pass_rate_rise", "train pass rise", True), ("train/clip/ratio_adv_corr", "r(ratio dev., A)", False),
-              ("train/time/step_s", "s/step", False), ("train/time/update_s", "update s/step", False)]
-_BASE_COLS = [("before/pass@1", True), ("before/pass@8", True), ("before/pass@64", True), ("before/coverage", True),
-              ("before/first_move_entropy", False)]
+_MAIN_COLS = [
+    ("after/pass@1", "pass@1", True),
+    ("after/pass@8", "pass@8", True),
+    ("after/pass@64", "pass@64", True),
+    ("after/coverage", "coverage", True),
+    ("after/first_move_entropy", "1st-move H", False),
+    ("train/entropy_late", "token H (late)", False),
+    ("train/clip/frac_high_pos", "clip A>0", True),
+    ("train/pass_rate_rise", "train pass rise", True),
+    ("train/clip/ratio_adv_corr", "r(ratio dev., A)", False),
+    ("train/time/step_s", "s/step", False),
+    ("train/time/update_s", "update s/step", False),
+]
+_BASE_COLS = [
+    ("before/pass@1", True),
+    ("before/pass@8", True),
+    ("before/pass@64", True),
+    ("before/coverage", True),
+    ("before/first_move_entropy", False),
+]
 
 
 def _fmt(d: dict | None, pct: bool = False) -> str:
@@ -287,14 +323,23 @@ def _fmt(d: dict | None, pct: bool = False) -> str:
 
 
 def _tables_md(summary: dict) -> str:
-    lines = [f"# grid `{summary['grid']}`: {summary['n_cells_done']}/{summary['n_cells_total']} cells finished", "",
-             "Mean ± 95% t-interval half-width over seeds. pass@k, coverage and clip fractions in %.", ""]
+    lines = [
+        f"# grid `{summary['grid']}`: {summary['n_cells_done']}/{summary['n_cells_total']} cells finished",
+        "",
+        "Mean ± 95% t-interval half-width over seeds. pass@k, coverage and clip fractions in %.",
+        "",
+    ]
     for r, by_m in summary["aggregate"].items():
         lines += _regime_md(r, by_m, summary["paired"].get(r))
     if summary.get("claims"):
         shown = {c[0] for c in _MAIN_COLS[:7]}  # the paired tables' columns (_regime_md)
-        n_paired = sum(1 for v in summary["paired"].values() for by_k in v.values() for k, d in by_k.items()
-                       if k in shown and d.get("n", 0) >= 2)
+        n_paired = sum(
+            1
+            for v in summary["paired"].values()
+            for by_k in v.values()
+            for k, d in by_k.items()
+            if k in shown and d.get("n", 0) >= 2
+        )
         lines += _claims_md(summary["claims"], n_paired)
     if summary["failed"]:
         lines += ["## failed cells", ""] + [f"- {f['cell']}: {f.get('error', '')}" for f in summary["failed"]] + [""]
@@ -315,9 +360,12 @@ def _regime_md(r: str, by_m: dict, paired: dict | None) -> list[str]:
         lines.append(f"| {m} | {n} | " + " | ".join(_fmt(v.get(k), p) for k, _, p in cols) + " |")
     lines.append("")
     if any(v.get("train/pass_rate_rise", {}).get("n") for v in by_m.values()):
-        lines += ["`train pass rise`: mean training pass rate of the last quarter of rollout batches minus the "
-                  "first quarter (points); `r(ratio dev., A)`: the windowed ratio-advantage correlation "
-                  "(docs/design.md §2.11), averaged over training.", ""]
+        lines += [
+            "`train pass rise`: mean training pass rate of the last quarter of rollout batches minus the "
+            "first quarter (points); `r(ratio dev., A)`: the windowed ratio-advantage correlation "
+            "(docs/design.md §2.11), averaged over training.",
+            "",
+        ]
     if paired is not None:
         lines += ["Paired differences (method − baseline, same seed):", ""]
         pcols = [c for c in _MAIN_COLS[:7] if any(c[0] in v for v in paired.values())]
@@ -338,22 +386,31 @@ def _by_c_md(by_m: dict) -> list[str]:
     lines = ["Clipped share of positive-advantage tokens (%) by c (correct rollouts in the group):", "", *head]
     for m, v in by_m.items():
         lines.append(f"| {m} | " + " | ".join(_fmt(v.get(f"clip_by_c/{c}"), True) for c in cs) + " |")
-    for key, title in (("dev_by_c", "Mean |ρ−1| by c (all tokens):"),
-                       ("dev_pos_by_c", "Mean |ρ−1| of positive-advantage tokens by c (before clipping):")):
+    for key, title in (
+        ("dev_by_c", "Mean |ρ−1| by c (all tokens):"),
+        ("dev_pos_by_c", "Mean |ρ−1| of positive-advantage tokens by c (before clipping):"),
+    ):
         if not any(v.get(f"{key}/{c}", {}).get("n") for v in by_m.values() for c in cs):
             continue
         lines += ["", title, "", *head]
         for m, v in by_m.items():
-            lines.append(f"| {m} | " + " | ".join(
-                f"{v[f'{key}/{c}']['mean']:.4f}" if v.get(f"{key}/{c}", {}).get("n") else "–" for c in cs) + " |")
+            lines.append(
+                f"| {m} | "
+                + " | ".join(f"{v[f'{key}/{c}']['mean']:.4f}" if v.get(f"{key}/{c}", {}).get("n") else "–" for c in cs)
+                + " |"
+            )
     lines.append("")
     return lines
 
 
 def _claims_md(claims: list[dict], n_paired: int = 0) -> list[str]:
-    lines = ["## Claims (issue 4 item 5): paired differences, mean ± 95% t-interval; sign by the CI", "",
-             "| claim | regime | method | vs | measure | Δ | 95% CI (t; seed×problem bootstrap where counts are stored) | n | sign |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Claims (issue 4 item 5): paired differences, mean ± 95% t-interval; sign by the CI",
+        "",
+        "| claim | regime | method | vs | measure | Δ "
+        "| 95% CI (t; seed×problem bootstrap where counts are stored) | n | sign |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in claims:
         lo, hi = c["mean"] - c["ci"], c["mean"] + c["ci"]
         n = f"{c['k']} of {c['n']} rose" if "k" in c else c["n"]
@@ -361,13 +418,18 @@ def _claims_md(claims: list[dict], n_paired: int = 0) -> list[str]:
         if "variant_of" in c:  # e.g. GAPO-log: say how often it trained exactly as its parent
             m += f" (variant of {c['variant_of']}; identical in {c['identical'][0]} of {c['identical'][1]})"
         boot = f" (seed×problem [{c['boot_lo']:.4f}, {c['boot_hi']:.4f}])" if "boot_lo" in c else ""
-        lines.append(f"| {c['claim']} | {c['regime']} | {m} | {c['vs']} | {c['key']} | {c['mean']:.4f} | "
-                     f"[{lo:.4f}, {hi:.4f}]{boot} | {n} | {verdict(c)} |")
+        lines.append(
+            f"| {c['claim']} | {c['regime']} | {m} | {c['vs']} | {c['key']} | {c['mean']:.4f} | "
+            f"[{lo:.4f}, {hi:.4f}]{boot} | {n} | {verdict(c)} |"
+        )
     between = [c for c in claims if c["vs"] not in ("", "base")]
     indep = independent_between(claims)
     total = len(indep) + n_paired
-    lines += [f"{len(between)} between-method intervals above ({len(between) - len(indep)} of them a variant's that "
-              f"trained as its parent in most seeds, not counted), plus {n_paired} in the paired tables of the "
-              f"regimes: {total} independent intervals in this report; at 95% about {total / 20:.1f} of them "
-              "would exclude zero by chance alone, so a lone '+' or '−' is a lead, not a finding.", ""]
+    lines += [
+        f"{len(between)} between-method intervals above ({len(between) - len(indep)} of them a variant's that "
+        f"trained as its parent in most seeds, not counted), plus {n_paired} in the paired tables of the "
+        f"regimes: {total} independent intervals in this report; at 95% about {total / 20:.1f} of them "
+        "would exclude zero by chance alone, so a lone '+' or '−' is a lead, not a finding.",
+        "",
+    ]
     return lines

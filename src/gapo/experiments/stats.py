@@ -30,17 +30,61 @@ import yaml
 from gapo.core.metrics import pass_at_k
 from gapo.rl.run_dir import load_run
 
-__all__ = ["t975", "mean_ci", "paired_diffs", "TRAIN_KEYS", "by_c", "run_summary", "load_cell", "t_pvalue", "holm",
-           "per_problem_pass_at_k", "seed_problem_bootstrap", "paired_problem_diffs"]
+__all__ = [
+    "t975",
+    "mean_ci",
+    "paired_diffs",
+    "TRAIN_KEYS",
+    "by_c",
+    "run_summary",
+    "load_cell",
+    "t_pvalue",
+    "holm",
+    "per_problem_pass_at_k",
+    "seed_problem_bootstrap",
+    "paired_problem_diffs",
+]
 
 # two-sided 95% Student t quantiles t_{0.975, df}
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-         20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+_T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    11: 2.201,
+    12: 2.179,
+    13: 2.160,
+    14: 2.145,
+    15: 2.131,
+    16: 2.120,
+    17: 2.110,
+    18: 2.101,
+    19: 2.093,
+    20: 2.086,
+    25: 2.060,
+    30: 2.042,
+    40: 2.021,
+    60: 2.000,
+    120: 1.980,
+}
 
 # the training diagnostics averaged over steps into ``train/<key>``
-TRAIN_KEYS = ("clip/frac_high_pos", "loss/clipfrac", "policy/entropy", "time/step_s", "time/update_s",
-              "rollout/pass_rate", "loss/approx_kl", "clip/ratio_adv_corr")
+TRAIN_KEYS = (
+    "clip/frac_high_pos",
+    "loss/clipfrac",
+    "policy/entropy",
+    "time/step_s",
+    "time/update_s",
+    "rollout/pass_rate",
+    "loss/approx_kl",
+    "clip/ratio_adv_corr",
+)
 
 
 def t975(df: int) -> float:
@@ -69,8 +113,11 @@ def paired_diffs(cells: dict, regime: str, a: str, b: str, key: str, seeds: list
     the key, which ``mean_ci`` then drops). ``cells`` maps ``(regime, method, seed)`` to
     ``load_cell``'s result."""
     nan = float("nan")
-    return [cells[(regime, a, s)]["summary"].get(key, nan) - cells[(regime, b, s)]["summary"].get(key, nan)
-            for s in seeds if (regime, a, s) in cells and (regime, b, s) in cells]
+    return [
+        cells[(regime, a, s)]["summary"].get(key, nan) - cells[(regime, b, s)]["summary"].get(key, nan)
+        for s in seeds
+        if (regime, a, s) in cells and (regime, b, s) in cells
+    ]
 
 
 def _numbers(xs) -> list:
@@ -83,7 +130,7 @@ def by_c(records: list[dict], prefix: str) -> dict[int, float]:
     for r in records:
         for k, v in r.items():
             if k.startswith(prefix) and isinstance(v, (int, float)):
-                acc.setdefault(int(k[len(prefix):]), []).append(v)
+                acc.setdefault(int(k[len(prefix) :]), []).append(v)
     return {c: sum(v) / len(v) for c, v in sorted(acc.items())}
 
 
@@ -107,7 +154,7 @@ def _train_summary(train: list[dict]) -> dict:
             s[f"train/{k}"] = sum(vals) / len(vals)
     ents = _numbers(r.get("policy/entropy") for r in train)
     if ents:
-        q = ents[-max(1, len(ents) // 4):]
+        q = ents[-max(1, len(ents) // 4) :]
         s["train/entropy_late"] = sum(q) / len(q)
     rates = _numbers(r.get("rollout/pass_rate") for r in train)
     if len(rates) >= 2:  # did RL learn at all: the last quarter of rollout batches against the first
@@ -170,10 +217,19 @@ def load_cell(d: Path) -> dict | None:
     tr, ev = run["train"], run["eval"]
     correct = None
     if ev and isinstance(ev[-1].get("eval/correct"), list):
-        correct = {"before": ev[0].get("eval/correct"), "after": ev[-1]["eval/correct"],
-                   "n": int(ev[-1].get("eval/n") or cfg["eval"]["samples"])}
-    return {"train": tr, "eval": ev, "done": done, "G": cfg["train"]["group_size"], "summary": run_summary(tr, ev),
-            "correct": correct}
+        correct = {
+            "before": ev[0].get("eval/correct"),
+            "after": ev[-1]["eval/correct"],
+            "n": int(ev[-1].get("eval/n") or cfg["eval"]["samples"]),
+        }
+    return {
+        "train": tr,
+        "eval": ev,
+        "done": done,
+        "G": cfg["train"]["group_size"],
+        "summary": run_summary(tr, ev),
+        "correct": correct,
+    }
 
 
 # --------------------------------------------------------------------------------- tests and intervals
@@ -228,8 +284,9 @@ def holm(pvalues: list[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the input order: with the m finite p-values sorted,
     ``p̃_(i) = max_{j <= i} min(1, (m − j + 1) p_(j))``; rejecting ``p̃ < α`` keeps the family-wise
     error at α. NaN entries stay NaN and do not count in m."""
-    idx = sorted((i for i, p in enumerate(pvalues) if isinstance(p, (int, float)) and math.isfinite(p)),
-                 key=lambda i: pvalues[i])
+    idx = sorted(
+        (i for i, p in enumerate(pvalues) if isinstance(p, (int, float)) and math.isfinite(p)), key=lambda i: pvalues[i]
+    )
     m, out, run = len(idx), [float("nan")] * len(pvalues), 0.0
     for rank, i in enumerate(idx):
         run = max(run, min(1.0, (m - rank) * pvalues[i]))
@@ -242,8 +299,9 @@ def per_problem_pass_at_k(n: int, correct: list[int], k: int) -> list[float]:
     return [pass_at_k(n, int(c), k) for c in correct]
 
 
-def paired_problem_diffs(cells: dict, a: tuple[str, str], b: tuple[str, str], seeds: list[int], k: int,
-                         when: str = "after") -> list[list[float]]:
+def paired_problem_diffs(
+    cells: dict, a: tuple[str, str], b: tuple[str, str], seeds: list[int], k: int, when: str = "after"
+) -> list[list[float]]:
     """Rows (one per seed where both cells have per-problem counts) of per-problem pass@k of
     ``a − b``; ``a`` and ``b`` are ``(regime, method)`` (regimes may differ when they evaluate the
     same problems, e.g. two regimes with the same base and task). Seeds whose evaluation drew
@@ -258,15 +316,18 @@ def paired_problem_diffs(cells: dict, a: tuple[str, str], b: tuple[str, str], se
         if xa.get(when) is None or xb.get(when) is None or min(xa["n"], xb["n"]) < k:
             continue
         if len(xa[when]) != len(xb[when]) or xa["n"] != xb["n"]:
-            raise ValueError(f"seed {s}: {a} and {b} were evaluated on different problems or samples "
-                             f"({len(xa[when])}x{xa['n']} against {len(xb[when])}x{xb['n']})")
+            raise ValueError(
+                f"seed {s}: {a} and {b} were evaluated on different problems or samples "
+                f"({len(xa[when])}x{xa['n']} against {len(xb[when])}x{xb['n']})"
+            )
         pa, pb = per_problem_pass_at_k(xa["n"], xa[when], k), per_problem_pass_at_k(xb["n"], xb[when], k)
         rows.append([u - v for u, v in zip(pa, pb)])
     return rows
 
 
-def seed_problem_bootstrap(diffs: list[list[float]], *, resamples: int = 2000, seed: int = 0,
-                           level: float = 0.95) -> dict:
+def seed_problem_bootstrap(
+    diffs: list[list[float]], *, resamples: int = 2000, seed: int = 0, level: float = 0.95
+) -> dict:
     """Two-way (seed × problem) percentile bootstrap of the mean of ``diffs[s][j]``, the paired
     difference of seed s on problem j: each resample draws S seeds and J problems with
     replacement (independently; the same problems for every drawn seed) and takes the mean of the
@@ -285,5 +346,10 @@ def seed_problem_bootstrap(diffs: list[list[float]], *, resamples: int = 2000, s
         si, pj = rng.integers(0, S, S), rng.integers(0, J, J)
         stats[b] = d[np.ix_(si, pj)].mean()
     a = (1.0 - level) / 2.0
-    return {"mean": float(d.mean()), "lo": float(np.quantile(stats, a)), "hi": float(np.quantile(stats, 1 - a)),
-            "n_seeds": S, "n_problems": J}
+    return {
+        "mean": float(d.mean()),
+        "lo": float(np.quantile(stats, a)),
+        "hi": float(np.quantile(stats, 1 - a)),
+        "n_seeds": S,
+        "n_problems": J,
+    }

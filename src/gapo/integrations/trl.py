@@ -90,8 +90,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from gapo.core.advantages import success_count
 from gapo.core.checks import check_reward_range
 from gapo.core.clipping import gapo_eps_high
-from gapo.core.metrics import (clip_counts_by_c, clip_stats_from_counts, counts_from_tensor, counts_to_tensor,
-                          merge_counts)
+from gapo.core.metrics import (
+    clip_counts_by_c,
+    clip_stats_from_counts,
+    counts_from_tensor,
+    counts_to_tensor,
+    merge_counts,
+)
 
 SUPPORTED_TRL = (Version("1.16"), Version("1.17"))
 try:
@@ -105,8 +110,15 @@ if _trl_version is None or not SUPPORTED_TRL[0] <= _trl_version < SUPPORTED_TRL[
         "install the supported version: pip install 'gapo[trl]'."
     )
 
-__all__ = ["GAPOConfig", "GAPOTrainer", "GAPOWarning", "SUPPORTED_TRL", "CLIPPED_LOSS_TYPES",
-           "SUPPORTED_LOSS_TYPES", "PAPER_WIDTHS"]
+__all__ = [
+    "GAPOConfig",
+    "GAPOTrainer",
+    "GAPOWarning",
+    "SUPPORTED_TRL",
+    "CLIPPED_LOSS_TYPES",
+    "SUPPORTED_LOSS_TYPES",
+    "PAPER_WIDTHS",
+]
 
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # clamp(ρ, 1 − ε_low, 1 + ε_high(i))
 SUPPORTED_LOSS_TYPES = CLIPPED_LOSS_TYPES + ("cispo",)  # cispo: IS weight min(ρ, 1 + ε_high(i)), detached
@@ -119,8 +131,10 @@ class GAPOConfig(GRPOConfig):
 
     eps_high_max: float = field(
         default=0.28,
-        metadata={"help": "GAPO: largest upper clip width, given to the lone correct rollout of a hard group. "
-                          "Token level: 0.28 (with epsilon=0.2); sequence level (GSPO): e.g. 5e-3 with epsilon=3e-3."},
+        metadata={
+            "help": "GAPO: largest upper clip width, given to the lone correct rollout of a hard group. "
+            "Token level: 0.28 (with epsilon=0.2); sequence level (GSPO): e.g. 5e-3 with epsilon=3e-3."
+        },
     )
     gapo_schedule: str = field(
         default="linear",
@@ -128,11 +142,13 @@ class GAPOConfig(GRPOConfig):
     )
     reward_range: list[str] | str = field(
         default_factory=lambda: "group",  # a factory, so that HfArgumentParser's list field keeps the default
-        metadata={"help": "GAPO: where R_min, R_max of w_i = clamp((R_i − mean)/((G−1)/G·(R_max − R_min)), 0, 1) "
-                          "come from. 'group' (default): each group's own min and max, for rewards of any scale "
-                          "(reward models, shaped rewards; identical to [0, 1] for 0/1 rewards); 'batch': the min "
-                          "and max of the whole generation batch; or [R_min, R_max], a fixed range of the weighted "
-                          "reward sum (rewards outside it raise an error)."},
+        metadata={
+            "help": "GAPO: where R_min, R_max of w_i = clamp((R_i − mean)/((G−1)/G·(R_max − R_min)), 0, 1) "
+            "come from. 'group' (default): each group's own min and max, for rewards of any scale "
+            "(reward models, shaped rewards; identical to [0, 1] for 0/1 rewards); 'batch': the min "
+            "and max of the whole generation batch; or [R_min, R_max], a fixed range of the weighted "
+            "reward sum (rewards outside it raise an error)."
+        },
     )
 
     def __post_init__(self):
@@ -148,8 +164,10 @@ _TOKEN_SCALE = 0.05  # a width at or above this is a token-level width, below it
 
 def _paper_widths() -> str:
     (tl, th), (sl, sh) = PAPER_WIDTHS["token"], PAPER_WIDTHS["sequence"]
-    return (f"the paper's widths are epsilon={tl:g}, eps_high_max={th:g} at importance_sampling_level='token' "
-            f"and epsilon={sl:g}, eps_high_max={sh:g} at importance_sampling_level='sequence' (GSPO)")
+    return (
+        f"the paper's widths are epsilon={tl:g}, eps_high_max={th:g} at importance_sampling_level='token' "
+        f"and epsilon={sl:g}, eps_high_max={sh:g} at importance_sampling_level='sequence' (GSPO)"
+    )
 
 
 def _reward_range(args) -> tuple[float, float] | str:
@@ -166,8 +184,10 @@ def _reward_range(args) -> tuple[float, float] | str:
 
 def _validate(args) -> None:
     if args.loss_type not in SUPPORTED_LOSS_TYPES:
-        why = {"sapo": "sapo replaces the clip by a soft sigmoid gate of ρ − 1, with no bound to widen",
-               "vespo": "vespo weights by a gamma function of the sequence ratio, with no clip bound"}
+        why = {
+            "sapo": "sapo replaces the clip by a soft sigmoid gate of ρ − 1, with no bound to widen",
+            "vespo": "vespo weights by a gamma function of the sequence ratio, with no clip bound",
+        }
         raise ValueError(
             f"GAPO adapts the upper clip bound of the importance ratio, so loss_type must be one of "
             f"{SUPPORTED_LOSS_TYPES}; got {args.loss_type!r} ({why.get(args.loss_type, 'unknown to GAPO')})."
@@ -179,9 +199,12 @@ def _validate(args) -> None:
     if not args.eps_high_max >= args.epsilon:
         raise ValueError(f"eps_high_max ({args.eps_high_max!r}) must be >= epsilon ({args.epsilon!r})")
     if args.epsilon_high is not None and args.epsilon_high != args.epsilon:
-        cispo = (" (for loss_type='cispo', TRL's epsilon_high is the cap of the IS weight itself; GAPO's cap of "
-                 "completion i is 1 + ε_high(i), so TRL's epsilon_high=5.0 is eps_high_max=4.0)"
-                 if args.loss_type == "cispo" else "")
+        cispo = (
+            " (for loss_type='cispo', TRL's epsilon_high is the cap of the IS weight itself; GAPO's cap of "
+            "completion i is 1 + ε_high(i), so TRL's epsilon_high=5.0 is eps_high_max=4.0)"
+            if args.loss_type == "cispo"
+            else ""
+        )
         raise ValueError(
             "GAPO sets ε_high per rollout between `epsilon` and `eps_high_max`; leave `epsilon_high` unset "
             f"(got epsilon_high={args.epsilon_high!r}, epsilon={args.epsilon!r}){cispo}. For fixed clip-higher, use "
@@ -215,8 +238,11 @@ def _width_warnings(args) -> list[str]:
             f"eps_high_max={args.eps_high_max:g}: almost every token ratio falls outside the clip range, so "
             f"almost every token of a reused batch loses its gradient; {_paper_widths()}."
         )
-    if args.eps_high_max != args.epsilon and args.num_iterations == 1 \
-            and args.steps_per_generation <= args.gradient_accumulation_steps:
+    if (
+        args.eps_high_max != args.epsilon
+        and args.num_iterations == 1
+        and args.steps_per_generation <= args.gradient_accumulation_steps
+    ):
         out.append(
             f"GAPO: with num_iterations=1 and steps_per_generation ({args.steps_per_generation}) <= "
             f"gradient_accumulation_steps ({args.gradient_accumulation_steps}) every completion is used once, "
@@ -283,8 +309,12 @@ class GAPOTrainer(GRPOTrainer):
         fill = torch.nanmean(grouped, dim=1, keepdim=True).nan_to_num(empty)
         grouped = torch.where(torch.isnan(grouped), fill, grouped)
         return gapo_eps_high(
-            grouped.reshape(-1), group_size, eps_low=args.epsilon, eps_high_max=args.eps_high_max,
-            schedule=args.gapo_schedule, reward_range=rr,
+            grouped.reshape(-1),
+            group_size,
+            eps_low=args.epsilon,
+            eps_high_max=args.eps_high_max,
+            schedule=args.gapo_schedule,
+            reward_range=rr,
         ).float()
 
     def compute_success_count(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # (N,) long
@@ -379,8 +409,14 @@ class GAPOTrainer(GRPOTrainer):
         eps = inputs["gapo_eps_high"].float()
         eps_low = float(self.epsilon_low)
         # cispo has no lower bound: nothing is clipped below (ρ < 1 − 1 never holds)
-        counts = clip_counts_by_c(ratio, adv, units, inputs["gapo_success_count"],
-                                  eps_low=1.0 if self.loss_type == "cispo" else eps_low, eps_high=eps)
+        counts = clip_counts_by_c(
+            ratio,
+            adv,
+            units,
+            inputs["gapo_success_count"],
+            eps_low=1.0 if self.loss_type == "cispo" else eps_low,
+            eps_high=eps,
+        )
         at_eps_low = ((ratio > 1 + eps_low) * units * (adv > 0).unsqueeze(1)).sum()
         n_buckets = max(group_size, 1) + 1
         local = torch.cat([counts_to_tensor(counts, n_buckets).flatten().float(), at_eps_low.float().view(1).cpu()])
@@ -390,8 +426,10 @@ class GAPOTrainer(GRPOTrainer):
             merge_counts(self._gapo_counts[mode], by_c)
 
         # whole-micro-batch rates, averaged over micro-batches by TRL's log like its clip_ratio/*
-        s = {k: sum(f[k] for f in by_c.values()) for k in
-             ("rows", "eps_sum", "pos_rows", "pos_eps_sum", "pos_tokens", "pos_clipped")}
+        s = {
+            k: sum(f[k] for f in by_c.values())
+            for k in ("rows", "eps_sum", "pos_rows", "pos_eps_sum", "pos_tokens", "pos_clipped")
+        }
         m = self._metrics[mode]
         m["gapo/eps_high_mean"].append(s["eps_sum"] / max(s["rows"], 1.0))
         if s["pos_rows"] > 0:

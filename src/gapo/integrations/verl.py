@@ -107,7 +107,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, fields
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -139,16 +139,17 @@ def _require_supported_verl() -> str:
     try:
         import verl
     except ImportError as exc:
-        raise ImportError(
-            f"gapo.integrations.verl needs verl{SUPPORTED_VERL}: pip install 'gapo[verl]'") from exc
+        raise ImportError(f"gapo.integrations.verl needs verl{SUPPORTED_VERL}: pip install 'gapo[verl]'") from exc
     version = getattr(verl, "__version__", "unknown")
     try:
         ok = Version("0.9.1") <= Version(version) < Version("0.10")
     except Exception:
         ok = False
     if not ok:
-        raise ImportError(f"gapo.integrations.verl supports verl{SUPPORTED_VERL} (tested {TESTED_VERL}); "
-                          f"found verl {version}. Install a supported verl: pip install 'gapo[verl]'")
+        raise ImportError(
+            f"gapo.integrations.verl supports verl{SUPPORTED_VERL} (tested {TESTED_VERL}); "
+            f"found verl {version}. Install a supported verl: pip install 'gapo[verl]'"
+        )
     return version
 
 
@@ -176,8 +177,13 @@ try:
     from gapo.core.clipping import eps_high_from_weight
     from gapo.core.losses import log_ratio, policy_loss
     from gapo.core.metrics import clip_counts_by_c
-    from gapo.integrations.verl_config import (GapoParams, check_gapo_fields, gapo_params, reward_range_of,
-                                               verl_agg_kwargs)
+    from gapo.integrations.verl_config import (
+        GapoParams,
+        check_gapo_fields,
+        gapo_params,
+        reward_range_of,
+        verl_agg_kwargs,
+    )
 except BaseException as _exc:  # noqa: BLE001 - re-raised after making it visible
     _announce_failure(_exc)
     raise
@@ -210,7 +216,7 @@ class GAPOPolicyLossConfig(PolicyLossConfig):
     """
 
     loss_mode: str = "gapo"
-    eps_high_max: Optional[float] = None
+    eps_high_max: float | None = None
     schedule: str = "linear"
     reward_min: float = 0.0
     reward_max: float = 1.0
@@ -224,8 +230,10 @@ class GAPOPolicyLossConfig(PolicyLossConfig):
         if parent is not None:
             parent()
         if self.loss_mode not in LOSS_MODES:
-            raise ValueError(f"GAPOPolicyLossConfig: loss_mode must be one of {LOSS_MODES}, got "
-                             f"{self.loss_mode!r} (GAPO's fields would be ignored by other losses)")
+            raise ValueError(
+                f"GAPOPolicyLossConfig: loss_mode must be one of {LOSS_MODES}, got "
+                f"{self.loss_mode!r} (GAPO's fields would be ignored by other losses)"
+            )
         check_gapo_fields(self)
 
 
@@ -255,7 +263,8 @@ def _policy_loss_config_new(cls, *args, **kwargs):
                     f"actor_rollout_ref.actor.policy_loss has GAPO's field(s) {ours} but loss_mode={mode!r}; "
                     f"they apply only to loss_mode={' or '.join(LOSS_MODES)} (set "
                     "actor_rollout_ref.actor.policy_loss.loss_mode=gapo or gapo_seq, or drop the "
-                    "+actor_rollout_ref.actor.policy_loss.* overrides)")
+                    "+actor_rollout_ref.actor.policy_loss.* overrides)"
+                )
     if issubclass(cls, GAPOPolicyLossConfig):
         known = {f.name for f in fields(cls)}
         unknown = sorted(k for k in kwargs if k not in known)
@@ -263,7 +272,8 @@ def _policy_loss_config_new(cls, *args, **kwargs):
             raise TypeError(
                 f"actor_rollout_ref.actor.policy_loss: unknown key(s) {unknown} for loss_mode="
                 f"{kwargs.get('loss_mode', 'gapo')!r}; GAPO's keys are {list(GAPO_FIELDS)} "
-                "(docs/scale-out.md, verl section)")
+                "(docs/scale-out.md, verl section)"
+            )
     return object.__new__(cls)
 
 
@@ -333,7 +343,7 @@ def success_from_advantages(
     norm_adv_by_std_in_grpo: bool = False,
     reward_range: tuple[float, float] | str = (0.0, 1.0),
     binary_rewards: bool = True,
-) -> tuple[torch.Tensor, Optional[torch.Tensor]]:  # (B,) w in [0, 1]; (B,) long c, or None
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # (B,) w in [0, 1]; (B,) long c, or None
     """``(w, c)``: GAPO's ``w_i`` recovered from a row's own verl advantage (module docstring; rows
     independent) and, for binary rewards, the number ``c`` of correct rollouts in the row's group.
     Raises ``ValueError`` when an advantage cannot come from the named estimator with this group
@@ -355,8 +365,14 @@ def success_from_advantages(
     if isinstance(reward_range, str):
         std = norm_adv_by_std_in_grpo and adv_estimator.startswith("grpo")
         if reward_range not in ("group", "batch") or not (std and binary_rewards):
-            reward_range_of({"reward_range": reward_range, "adv_estimator": adv_estimator,
-                           "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo, "binary_rewards": binary_rewards})
+            reward_range_of(
+                {
+                    "reward_range": reward_range,
+                    "adv_estimator": adv_estimator,
+                    "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
+                    "binary_rewards": binary_rewards,
+                }
+            )
         span = None  # unused on the std-normalised path
     else:
         span = float(reward_range[1]) - float(reward_range[0])
@@ -376,7 +392,8 @@ def success_from_advantages(
             f"advantage {a[i].item():.6g} is impossible for {adv_estimator} (norm_adv_by_std_in_grpo="
             f"{norm_adv_by_std_in_grpo}) with rewards in {tuple(reward_range)} and G={G}: |R − mean| "
             f"can be at most (G−1)/G·(R_max − R_min). Check that policy_loss.adv_estimator/"
-            "norm_adv_by_std_in_grpo match algorithm.*, reward_min/max the reward, rollout_n the group size")
+            "norm_adv_by_std_in_grpo match algorithm.*, reward_min/max the reward, rollout_n the group size"
+        )
     count = None
     if binary_rewards:
         c = torch.where(x > 0, G * (1.0 - x), -G * x)
@@ -405,7 +422,8 @@ def _check_counts(c: torch.Tensor, rows: torch.Tensor, G: int, what: str, a: tor
             f"advantage {a[i].item():.6g} does not come from binary rewards with {what} and G={G} "
             f"(it implies {c[i].item():.4f} correct rollouts, not an integer in [1, {G - 1}]). Check that "
             "policy_loss.adv_estimator/norm_adv_by_std_in_grpo match algorithm.*, reward_min/max the "
-            "reward values and rollout_n the group size; for non-binary rewards set binary_rewards=False")
+            "reward values and rollout_n the group size; for non-binary rewards set binary_rewards=False"
+        )
     return torch.where(rows, c.round(), torch.full_like(c, -1.0)).long()
 
 
@@ -420,7 +438,8 @@ def _row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     if (dev > 1e-5 * (1.0 + row.abs())).any():
         raise ValueError(
             "GAPO's verl adapter needs one outcome advantage per response (grpo/rloo), but the advantages "
-            "vary across the tokens of a response (GAE or token-level rewards?)")
+            "vary across the tokens of a response (GAE or token-level rewards?)"
+        )
     return row
 
 
@@ -428,20 +447,34 @@ def _row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
 # the losses
 
 
-def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-               rollout_is_weights):
+def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
     p = gapo_params(config)
     a_row = _row_advantages(advantages, response_mask)
     w, count = success_from_advantages(
-        a_row, p.group_size, adv_estimator=p.adv_estimator, norm_adv_by_std_in_grpo=p.norm_by_std,
-        reward_range=p.reward_range, binary_rewards=p.binary)
-    eps_high = eps_high_from_weight(w, eps_low=p.eps_low, eps_high_max=p.eps_high_max,
-                                    schedule=p.schedule).to(log_prob.device)
+        a_row,
+        p.group_size,
+        adv_estimator=p.adv_estimator,
+        norm_adv_by_std_in_grpo=p.norm_by_std,
+        reward_range=p.reward_range,
+        binary_rewards=p.binary,
+    )
+    eps_high = eps_high_from_weight(w, eps_low=p.eps_low, eps_high_max=p.eps_high_max, schedule=p.schedule).to(
+        log_prob.device
+    )
     mode, agg_kwargs = verl_agg_kwargs(loss_agg_mode, config.get("global_batch_info", None))
     loss, m = policy_loss(
-        log_prob, old_log_prob, advantages, response_mask, eps_low=p.eps_low, eps_high=eps_high,
-        level=level, agg=mode, clip_ratio_c=p.clip_ratio_c if level == "token" else None,
-        weights=rollout_is_weights, **agg_kwargs)
+        log_prob,
+        old_log_prob,
+        advantages,
+        response_mask,
+        eps_low=p.eps_low,
+        eps_high=eps_high,
+        level=level,
+        agg=mode,
+        clip_ratio_c=p.clip_ratio_c if level == "token" else None,
+        weights=rollout_is_weights,
+        **agg_kwargs,
+    )
     metrics = {
         "actor/pg_clipfrac": m["loss/clipfrac"].item(),
         "actor/ppo_kl": m["loss/approx_kl"].item(),
@@ -457,10 +490,15 @@ def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_ag
 
 
 # verl key -> field of gapo.core.metrics.clip_counts_by_c; summed over this micro-batch's tokens
-_BY_C_SUMS = (("actor/gapo_tokens_by_c", "tokens"), ("actor/gapo_ratio_dev_sum_by_c", "dev_sum"),
-              ("actor/gapo_tokens_pos_by_c", "pos_tokens"), ("actor/gapo_clipped_high_by_c", "pos_clipped"),
-              ("actor/gapo_ratio_dev_pos_sum_by_c", "pos_dev_sum"), ("actor/gapo_rows_pos_by_c", "pos_rows"),
-              ("actor/gapo_adv_pos_sum_by_c", "pos_adv_sum"))
+_BY_C_SUMS = (
+    ("actor/gapo_tokens_by_c", "tokens"),
+    ("actor/gapo_ratio_dev_sum_by_c", "dev_sum"),
+    ("actor/gapo_tokens_pos_by_c", "pos_tokens"),
+    ("actor/gapo_clipped_high_by_c", "pos_clipped"),
+    ("actor/gapo_ratio_dev_pos_sum_by_c", "pos_dev_sum"),
+    ("actor/gapo_rows_pos_by_c", "pos_rows"),
+    ("actor/gapo_adv_pos_sum_by_c", "pos_adv_sum"),
+)
 
 
 def clip_stats_from_verl(metrics: dict) -> dict[str, float]:
@@ -473,7 +511,7 @@ def clip_stats_from_verl(metrics: dict) -> dict[str, float]:
     for key, field in _BY_C_SUMS:
         for k, v in metrics.items():
             if k.startswith(key + "/"):
-                fields.setdefault(int(k[len(key) + 1:]), {})[field] = float(v)
+                fields.setdefault(int(k[len(key) + 1 :]), {})[field] = float(v)
     out: dict[str, float] = {}
     for c, f in sorted(fields.items()):
         if f.get("tokens", 0) > 0:
@@ -500,8 +538,9 @@ def _metrics_by_c(level, old_log_prob, log_prob, a_row, response_mask, count, ep
     G = p.group_size
     known = count >= 0  # zero-advantage rows: all-equal group, c is 0 or G
     ratio = torch.exp(log_ratio(log_prob.detach(), old_log_prob, response_mask, level))
-    counts = clip_counts_by_c(ratio[known], a_row[known], response_mask[known], count[known],
-                              eps_low=p.eps_low, eps_high=eps_high[known])
+    counts = clip_counts_by_c(
+        ratio[known], a_row[known], response_mask[known], count[known], eps_low=p.eps_low, eps_high=eps_high[known]
+    )
     w_pos = (G - torch.arange(1, G, dtype=torch.float64)) / (G - 1)  # correct rollout of a group with c
     eps_pos = eps_high_from_weight(w_pos, eps_low=p.eps_low, eps_high_max=p.eps_high_max, schedule=p.schedule)
     out: dict[str, float] = {}
@@ -524,8 +563,9 @@ def compute_policy_loss_gapo(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """verl loss mode ``gapo``: PPO token-ratio surrogate with GAPO's per-rollout ε_high and
     verl's dual clip (arXiv 2609.00444, 1707.06347, 1912.09729)."""
-    return _gapo_loss("token", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-                      rollout_is_weights)
+    return _gapo_loss(
+        "token", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
 
 
 def compute_policy_loss_gapo_seq(
@@ -539,16 +579,18 @@ def compute_policy_loss_gapo_seq(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """verl loss mode ``gapo_seq``: GSPO sequence-ratio surrogate (GSPO-token gradient) with GAPO's
     per-rollout ε_high, no dual clip, like verl's ``gspo`` (arXiv 2609.00444, 2507.18071)."""
-    return _gapo_loss("sequence", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
-                      config, rollout_is_weights)
+    return _gapo_loss(
+        "sequence", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
 
 
 def _register() -> None:
     for name, fn in (("gapo", compute_policy_loss_gapo), ("gapo_seq", compute_policy_loss_gapo_seq)):
         prev = POLICY_LOSS_REGISTRY.get(name)
         if prev is not None and getattr(prev, "__module__", None) != __name__:
-            _log.warning("verl policy loss %r was registered by %s; gapo replaces it", name,
-                         getattr(prev, "__module__", prev))
+            _log.warning(
+                "verl policy loss %r was registered by %s; gapo replaces it", name, getattr(prev, "__module__", prev)
+            )
         register_policy_loss(name)(fn)
 
 
@@ -562,10 +604,12 @@ _MISSING = object()
 def installed() -> bool:
     """Whether :func:`install`'s changes are in place (the losses registered as gapo's and both
     hooks set)."""
-    return (POLICY_LOSS_REGISTRY.get("gapo") is compute_policy_loss_gapo
-            and POLICY_LOSS_REGISTRY.get("gapo_seq") is compute_policy_loss_gapo_seq
-            and getattr(PolicyLossConfig.__dict__.get("__new__"), "__func__", None) is _policy_loss_config_new
-            and ActorConfig.__dict__.get("validate") is _actor_validate)
+    return (
+        POLICY_LOSS_REGISTRY.get("gapo") is compute_policy_loss_gapo
+        and POLICY_LOSS_REGISTRY.get("gapo_seq") is compute_policy_loss_gapo_seq
+        and getattr(PolicyLossConfig.__dict__.get("__new__"), "__func__", None) is _policy_loss_config_new
+        and ActorConfig.__dict__.get("validate") is _actor_validate
+    )
 
 
 def install() -> None:
@@ -586,7 +630,8 @@ def install() -> None:
         _VERL_ORIGINALS.update(
             registry={n: POLICY_LOSS_REGISTRY.get(n, _MISSING) for n in LOSS_MODES},
             new=PolicyLossConfig.__dict__.get("__new__", _MISSING),
-            validate=ActorConfig.__dict__["validate"])
+            validate=ActorConfig.__dict__["validate"],
+        )
     _register()
     _install_config_dispatch()
     _install_actor_validation()

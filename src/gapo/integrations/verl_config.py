@@ -36,13 +36,15 @@ def check_gapo_fields(pl) -> None:
         raise ValueError(
             f"policy_loss.adv_estimator={est!r}: GAPO's verl adapter reads group success back from "
             f"the advantage and can do so only for {ADV_ESTIMATORS}; set it (and algorithm.adv_estimator) "
-            "to one of them")
+            "to one of them"
+        )
     std = bool(pl.get("norm_adv_by_std_in_grpo", False)) and est.startswith("grpo")
     if std and not bool(pl.get("binary_rewards", True)):
         raise ValueError(
             "std-normalised GRPO advantages (norm_adv_by_std_in_grpo=True) determine group success only "
             "for binary rewards; with binary_rewards=False use Dr.GRPO (algorithm.norm_adv_by_std_in_grpo="
-            "False, and the same in policy_loss) or RLOO")
+            "False, and the same in policy_loss) or RLOO"
+        )
     reward_range_of(pl)
 
 
@@ -65,7 +67,8 @@ def reward_range_of(pl) -> tuple[float, float] | str:
         if (lo, hi) != (0.0, 1.0) and rr != (lo, hi):
             raise ValueError(
                 f"ambiguous reward range: policy_loss.reward_range={list(rr)} but reward_min/reward_max="
-                f"{lo}/{hi}; set one of them")
+                f"{lo}/{hi}; set one of them"
+            )
         return rr
     est = pl.get("adv_estimator", "grpo")
     std = bool(pl.get("norm_adv_by_std_in_grpo", False)) and est.startswith("grpo")
@@ -79,7 +82,8 @@ def reward_range_of(pl) -> tuple[float, float] | str:
             f"Here adv_estimator={est!r}, norm_adv_by_std_in_grpo={bool(pl.get('norm_adv_by_std_in_grpo', False))}, "
             f"binary_rewards={bool(pl.get('binary_rewards', True))}: give the reward's fixed range instead "
             "(policy_loss.reward_min/reward_max, e.g. -1 and 1), or rescale the reward to [0, 1] in the "
-            "reward function")
+            "reward function"
+        )
     return rr
 
 
@@ -116,16 +120,20 @@ def gapo_params(config) -> GapoParams:
             f"ambiguous GAPO clip range: actor.clip_ratio_high={clip_high} but policy_loss.eps_high_max="
             f"{eps_high_max}. GAPO's upper width runs from clip_ratio_low ({eps_low}) to eps_high_max; "
             "leave eps_high_max unset to use clip_ratio_high, or set clip_ratio_high to clip_ratio_low "
-            "or to eps_high_max")
+            "or to eps_high_max"
+        )
     eps_high_max = float(eps_high_max)
     if eps_high_max < eps_low:
-        raise ValueError(f"GAPO needs eps_high_max ({eps_high_max}, from {source}) >= clip_ratio_low "
-                         f"({eps_low}, actor.clip_ratio_low): GAPO's upper width runs from clip_ratio_low to "
-                         "eps_high_max")
+        raise ValueError(
+            f"GAPO needs eps_high_max ({eps_high_max}, from {source}) >= clip_ratio_low "
+            f"({eps_low}, actor.clip_ratio_low): GAPO's upper width runs from clip_ratio_low to "
+            "eps_high_max"
+        )
     group_size = config.get("rollout_n", None)
     if not isinstance(group_size, int) or group_size < 2:
-        raise ValueError(f"GAPO needs actor.rollout_n (the group size G) >= 2, got {group_size!r}; "
-                         "set actor_rollout_ref.rollout.n")
+        raise ValueError(
+            f"GAPO needs actor.rollout_n (the group size G) >= 2, got {group_size!r}; set actor_rollout_ref.rollout.n"
+        )
     est = pl.get("adv_estimator", "grpo")
     return GapoParams(
         eps_low=eps_low,

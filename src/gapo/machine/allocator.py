@@ -50,6 +50,7 @@ def tune_malloc() -> bool:
         _done = False
         return False
     # mallopt returns 1 on success; a refused value leaves glibc's own behaviour in place
-    _done = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD,
-                                                                                       TRIM_THRESHOLD))
+    _done = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
     return _done

@@ -71,8 +71,17 @@ def _workload(reps: int = 1):
     # a miniature RL step of the embedded policy's shape (hidden 128, 4 layers): 8 KV-cached
     # decoding steps of 64 rows, then a forward and backward of the log-probs
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
-                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=32,
+            hidden_size=128,
+            intermediate_size=512,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=64,
+        )
+    )
     prompts = torch.randint(4, 32, (64, 8), generator=torch.Generator().manual_seed(0))
 
     def run():
@@ -144,8 +153,12 @@ def _probed(cache: bool) -> int:
             pass
     res = probe()
     if cache:
-        table[key] = {"threads": res["threads"], "seconds": {str(k): v for k, v in res["seconds"].items()},
-                      "load_average": os.getloadavg()[0], "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        table[key] = {
+            "threads": res["threads"],
+            "seconds": {str(k): v for k, v in res["seconds"].items()},
+            "load_average": os.getloadavg()[0],
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             text = json.dumps(table, indent=1)

@@ -31,7 +31,16 @@ from pathlib import Path
 from gapo.policy.model import save_policy
 from gapo.policy.pretrain import PretrainConfig, jsonable, pretrain
 
-__all__ = ["PRESETS", "resolve", "resolve_policy", "ResolvedPolicy", "base_task_params", "get_base_policy", "cache_dir", "shipped_dir"]
+__all__ = [
+    "PRESETS",
+    "resolve",
+    "resolve_policy",
+    "ResolvedPolicy",
+    "base_task_params",
+    "get_base_policy",
+    "cache_dir",
+    "shipped_dir",
+]
 
 # Calibrated on 2 shared CPU cores (one torch thread); pass rates at temperature 1.0 on 200
 # held-out (eval-split) problems x 8 samples, see the commit that set them.
@@ -118,7 +127,6 @@ def cache_dir(preset: str | PretrainConfig) -> Path:
     return cache_root() / "base" / resolve(preset).cache_key()
 
 
-
 @dataclasses.dataclass(frozen=True)
 class ResolvedPolicy:
     """What a run's policy resolves to (:func:`resolve_policy`): the weights' ``path``, and the
@@ -129,8 +137,9 @@ class ResolvedPolicy:
     task_params: dict | None = None
 
 
-def resolve_policy(model_path, base_preset, *, task_name: str, task_params: dict | None,
-                   progress: bool = True) -> ResolvedPolicy:
+def resolve_policy(
+    model_path, base_preset, *, task_name: str, task_params: dict | None, progress: bool = True
+) -> ResolvedPolicy:
     """The policy of a run: ``model_path`` when set, else the embedded base policy of
     ``base_preset`` (cached, shipped or built now), whose preset also defines the RL task's
     params unless the run set them (:func:`base_task_params`). The one place this is decided, for

@@ -31,8 +31,10 @@ def uses_chat(tok, chat: str | bool) -> bool:
     if chat == "auto":
         return has
     if chat is True and not has:
-        raise ValueError("task.chat=true but the tokenizer has no chat template; use task.chat=auto or false, "
-                         "or a checkpoint whose tokenizer_config.json has a chat_template")
+        raise ValueError(
+            "task.chat=true but the tokenizer has no chat template; use task.chat=auto or false, "
+            "or a checkpoint whose tokenizer_config.json has a chat_template"
+        )
     return bool(chat)
 
 
@@ -59,8 +61,10 @@ class PromptEncoder:
         self.tok, self.system_prompt = tok, system_prompt
         self.chat = uses_chat(tok, chat)
         if system_prompt is not None and not self.chat:
-            raise ValueError("task.system_prompt needs a chat template (task.chat=auto with a chat tokenizer, or "
-                             "true); without one, put the instruction in the task's prompt template")
+            raise ValueError(
+                "task.system_prompt needs a chat template (task.chat=auto with a chat tokenizer, or "
+                "true); without one, put the instruction in the task's prompt template"
+            )
         self._ids: dict[str, list[int]] = {}
         if self.chat:
             self._probe()
@@ -74,27 +78,36 @@ class PromptEncoder:
             text = self.text(_PROBE_USER)
         finally:
             self.system_prompt = system
-        missing = [what for what, probe in (("user", _PROBE_USER), ("system", _PROBE_SYSTEM))
-                   if (what == "user" or system is not None) and probe not in text]
+        missing = [
+            what
+            for what, probe in (("user", _PROBE_USER), ("system", _PROBE_SYSTEM))
+            if (what == "user" or system is not None) and probe not in text
+        ]
         if missing:
-            raise ValueError(f"{template_source(self.tok)} renders a conversation without the {' or '.join(missing)} "
-                             f"message's content (rendered {text[:120]!r}); fix the template, or use task.chat=false")
+            raise ValueError(
+                f"{template_source(self.tok)} renders a conversation without the {' or '.join(missing)} "
+                f"message's content (rendered {text[:120]!r}); fix the template, or use task.chat=false"
+            )
 
     def text(self, prompt: str) -> str:
         if not self.chat:
             return prompt
-        messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt is not None else [])
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt is not None else []
         messages.append({"role": "user", "content": prompt})
         try:
             out = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # noqa: BLE001 - jinja2's syntax and runtime errors, raise_exception(...)
             line = getattr(e, "lineno", None)
             at = f" (line {line} of the template)" if line else ""
-            raise ValueError(f"{template_source(self.tok)} cannot render the prompt{at}: {type(e).__name__}: {e}; "
-                             "fix the template, or use task.chat=false") from None
+            raise ValueError(
+                f"{template_source(self.tok)} cannot render the prompt{at}: {type(e).__name__}: {e}; "
+                "fix the template, or use task.chat=false"
+            ) from None
         if not isinstance(out, str) or not out.strip():
-            raise ValueError(f"{template_source(self.tok)} renders nothing (got {out!r}) for a user turn; fix the "
-                             "template, or use task.chat=false")
+            raise ValueError(
+                f"{template_source(self.tok)} renders nothing (got {out!r}) for a user turn; fix the "
+                "template, or use task.chat=false"
+            )
         return out
 
     def ids(self, prompt: str) -> list[int]:
@@ -105,7 +118,9 @@ class PromptEncoder:
             else:
                 out = self.tok(prompt).input_ids
             if not out:  # a sampler cannot start from nothing
-                raise ValueError(f"prompt {prompt[:80]!r} encodes to no tokens (the tokenizer adds no BOS and the "
-                                 "prompt is empty); check the task's prompt field")
+                raise ValueError(
+                    f"prompt {prompt[:80]!r} encodes to no tokens (the tokenizer adds no BOS and the "
+                    "prompt is empty); check the task's prompt field"
+                )
             self._ids[prompt] = out
         return out

@@ -17,7 +17,6 @@ def left_pad_positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-
 # Decoder-layer classes whose forward the fast path below reproduces op for op (transformers 5.x).
 _FAST_LAYOUTS = {
     "LlamaForCausalLM": ("LlamaDecoderLayer", "LlamaAttention", "LlamaMLP", "LlamaRMSNorm"),
@@ -38,8 +37,10 @@ def _is_input_grad_hook(hook) -> bool:
 
 
 def _has_hooks(module) -> bool:
-    return any(m._forward_pre_hooks or any(not _is_input_grad_hook(h) for h in m._forward_hooks.values())
-               for m in module.modules())
+    return any(
+        m._forward_pre_hooks or any(not _is_input_grad_hook(h) for h in m._forward_hooks.values())
+        for m in module.modules()
+    )
 
 
 class FastLM:
@@ -75,16 +76,23 @@ class FastLM:
             return None
         if getattr(cfg, "final_logit_softcapping", None) or type(model.lm_head) is not torch.nn.Linear:
             return None
-        if model.training and (getattr(cfg, "attention_dropout", 0.0) or getattr(model, "is_gradient_checkpointing", False)):
+        if model.training and (
+            getattr(cfg, "attention_dropout", 0.0) or getattr(model, "is_gradient_checkpointing", False)
+        ):
             return None
         for layer in base.layers:
             at, mlp = layer.self_attn, layer.mlp
             if (type(layer).__name__, type(at).__name__, type(mlp).__name__) != names[:3]:
                 return None
-            if type(layer.input_layernorm).__name__ != names[3] or type(layer.post_attention_layernorm).__name__ != names[3]:
+            if (
+                type(layer.input_layernorm).__name__ != names[3]
+                or type(layer.post_attention_layernorm).__name__ != names[3]
+            ):
                 return None
-            if any(type(m) is not torch.nn.Linear for m in (at.q_proj, at.k_proj, at.v_proj, at.o_proj,
-                                                             mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+            if any(
+                type(m) is not torch.nn.Linear
+                for m in (at.q_proj, at.k_proj, at.v_proj, at.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+            ):
                 return None
         return cls(model)
 
@@ -261,4 +269,3 @@ def unpack(t: torch.Tensor, idx: torch.Tensor, B: int, T: int) -> torch.Tensor:
 def _rotate_half(x):
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-

@@ -24,8 +24,10 @@ def check_lora(key: str, spec: dict) -> None:
         return
     unknown = [k for k in spec if k not in LORA_KEYS]
     if unknown:
-        raise ValueError(f"{key}: unknown entries {unknown}; accepted: {list(LORA_KEYS)} "
-                         "(e.g. model.lora={r: 16, alpha: 32, dropout: 0.05, target_modules: all-linear})")
+        raise ValueError(
+            f"{key}: unknown entries {unknown}; accepted: {list(LORA_KEYS)} "
+            "(e.g. model.lora={r: 16, alpha: 32, dropout: 0.05, target_modules: all-linear})"
+        )
     r = spec.get("r", 16)
     if isinstance(r, bool) or not isinstance(r, int) or r < 1:
         raise ValueError(f"{key}: r must be an integer >= 1, got {r!r}")
@@ -47,8 +49,13 @@ def apply_lora(model, spec: dict):
     except ImportError as e:
         raise ValueError(f"model.lora needs peft: pip install 'gapo[lora]' ({e})") from None
     r = spec.get("r", 16)
-    cfg = LoraConfig(r=r, lora_alpha=spec.get("alpha", 2 * r), lora_dropout=spec.get("dropout", 0.0),
-                     target_modules=spec.get("target_modules", "all-linear"), task_type="CAUSAL_LM")
+    cfg = LoraConfig(
+        r=r,
+        lora_alpha=spec.get("alpha", 2 * r),
+        lora_dropout=spec.get("dropout", 0.0),
+        target_modules=spec.get("target_modules", "all-linear"),
+        task_type="CAUSAL_LM",
+    )
     try:
         return get_peft_model(model, cfg)
     except ValueError as e:  # e.g. target modules not found in the model

@@ -21,8 +21,14 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,
-                          PreTrainedTokenizerFast)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 from transformers.utils import logging as hf_logging
 
 try:
@@ -146,8 +152,10 @@ def read_marker(path: str | os.PathLike) -> dict | None:
     try:
         marker = json.loads(p.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{str(p)!r} is corrupt ({e}); it is gapo's marker of a saved policy: restore it, or "
-                         "delete it if the folder holds an ordinary Hugging Face checkpoint") from None
+        raise ValueError(
+            f"{str(p)!r} is corrupt ({e}); it is gapo's marker of a saved policy: restore it, or "
+            "delete it if the folder holds an ordinary Hugging Face checkpoint"
+        ) from None
     if not isinstance(marker, dict):
         raise ValueError(f"{str(p)!r} is corrupt (not a JSON object)")
     return marker
@@ -155,8 +163,11 @@ def read_marker(path: str | os.PathLike) -> dict | None:
 
 def _is_char_tokenizer(tok) -> bool:
     backend = getattr(tok, "backend_tokenizer", None)
-    return (backend is not None and type(backend.model).__name__ == "WordLevel"
-            and all(getattr(tok, k, None) == v for k, v in SPECIAL_TOKENS.items()))
+    return (
+        backend is not None
+        and type(backend.model).__name__ == "WordLevel"
+        and all(getattr(tok, k, None) == v for k, v in SPECIAL_TOKENS.items())
+    )
 
 
 def _load_tokenizer(path: str, marker: dict | None):
@@ -187,6 +198,7 @@ def _causal_classes() -> set[str]:
 # model types that are encoders first and causal LMs only with is_decoder=true (BERT and its kin)
 try:
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES as _MASKED
+
     _ENCODER_TYPES = frozenset(_MASKED) & frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or {})
 except ImportError:  # pragma: no cover - layout of older transformers
     _ENCODER_TYPES = frozenset()
@@ -205,8 +217,10 @@ def check_causal_lm(config, name: str) -> None:
         raise ValueError(f"{name!r} holds {what}, which is not a causal language model")
     causal = _causal_classes()
     if archs and not any(a in causal or a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        raise ValueError(f"{name!r} holds {what}, which is not a causal language model (config.json's "
-                         "architectures list no ...ForCausalLM / ...LMHeadModel class); gapo trains causal LMs")
+        raise ValueError(
+            f"{name!r} holds {what}, which is not a causal language model (config.json's "
+            "architectures list no ...ForCausalLM / ...LMHeadModel class); gapo trains causal LMs"
+        )
 
 
 def load_policy(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", *, dtype=None):
@@ -242,9 +256,11 @@ def load_policy(path_or_id: str | os.PathLike, device: str | torch.device = "cpu
         raise ValueError(f"cannot load a causal LM from {name!r}: {e}") from e
     if config.model_type in _ENCODER_TYPES and not getattr(model.config, "is_decoder", False):
         # e.g. BertLMHeadModel without is_decoder: it attends to later tokens, so it is no causal LM
-        raise ValueError(f"{name!r} holds a {config.model_type!r} encoder ({type(model).__name__}) without "
-                         "is_decoder=true in its config.json: it attends to later tokens, so it is not a causal "
-                         "language model; gapo trains decoder-only causal LMs")
+        raise ValueError(
+            f"{name!r} holds a {config.model_type!r} encoder ({type(model).__name__}) without "
+            "is_decoder=true in its config.json: it attends to later tokens, so it is not a causal "
+            "language model; gapo trains decoder-only causal LMs"
+        )
     try:
         tok = _load_tokenizer(name, marker)
     except ValueError:
@@ -278,12 +294,19 @@ def eos_token_ids(model, tokenizer) -> tuple[int, ...]:
 def context_length(model) -> int | None:
     """The model's maximum sequence length, when its config declares one."""
     mc = model.config
-    return next((getattr(mc, k) for k in ("max_position_embeddings", "n_positions", "max_sequence_length")
-                 if isinstance(getattr(mc, k, None), int)), None)
+    return next(
+        (
+            getattr(mc, k)
+            for k in ("max_position_embeddings", "n_positions", "max_sequence_length")
+            if isinstance(getattr(mc, k, None), int)
+        ),
+        None,
+    )
 
 
-def check_context(model, prompt_lengths: list[int], max_new_tokens: int, *, key: str, where: str,
-                  longest: str | None = None) -> None:
+def check_context(
+    model, prompt_lengths: list[int], max_new_tokens: int, *, key: str, where: str, longest: str | None = None
+) -> None:
     """``max_new_tokens`` after the longest prompt (in tokens) fits the model's context: an error
     naming ``key`` (and ``longest``, where that prompt came from) before a sampler allocates for a
     length the model cannot take. The advice is ``task.max_prompt_tokens`` (drop the long
@@ -294,13 +317,19 @@ def check_context(model, prompt_lengths: list[int], max_new_tokens: int, *, key:
     n = max(prompt_lengths)
     if n + max_new_tokens > ctx:
         at = f" ({longest})" if longest else ""
-        fix = [f"set task.max_prompt_tokens={ctx - max_new_tokens} to drop longer prompts"] if ctx > max_new_tokens else []
+        fix = (
+            [f"set task.max_prompt_tokens={ctx - max_new_tokens} to drop longer prompts"]
+            if ctx > max_new_tokens
+            else []
+        )
         if ctx - n >= 1:
             fix.append(f"set sampling.max_new_tokens to at most {ctx - n}")
         if not fix:
             fix = [f"lower sampling.max_new_tokens below {ctx} and set task.max_prompt_tokens"]
-        raise ValueError(f"{key}: {max_new_tokens} new tokens after the longest prompt, {n} tokens{at}, exceed the "
-                         f"model's context of {ctx} tokens ({where!r}); " + ", or ".join(fix))
+        raise ValueError(
+            f"{key}: {max_new_tokens} new tokens after the longest prompt, {n} tokens{at}, exceed the "
+            f"model's context of {ctx} tokens ({where!r}); " + ", or ".join(fix)
+        )
 
 
 def kv_cache_bytes(model, rows: int, length: int) -> int:
@@ -334,6 +363,8 @@ def check_memory(model, device: torch.device, rows: int, length: int, *, where: 
     before the run, not an out-of-memory kill in its first step."""
     need, free = kv_cache_bytes(model, rows, length), available_memory(device)
     if free is not None and need > 0.8 * free:
-        raise ValueError(f"sampling {rows} rollouts (train.prompts × train.group_size) of up to {length} tokens needs "
-                         f"~{need / 2**30:.1f} GiB of KV cache for {where!r}, more than the {free / 2**30:.1f} GiB "
-                         "free; lower train.prompts, train.group_size or sampling.max_new_tokens")
+        raise ValueError(
+            f"sampling {rows} rollouts (train.prompts × train.group_size) of up to {length} tokens needs "
+            f"~{need / 2**30:.1f} GiB of KV cache for {where!r}, more than the {free / 2**30:.1f} GiB "
+            "free; lower train.prompts, train.group_size or sampling.max_new_tokens"
+        )

@@ -175,8 +175,17 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50,
     batcher = _Batcher(cfg, tok, cfg.seed)
     t_data = time.perf_counter() - t0
     opt = _optimizer(model, cfg)
-    bar = tqdm(total=100, desc=f"pretrain base ({cfg.name})", unit="%", leave=False,
-               bar_format="{l_bar}{bar}| {n:.0f}/100% [{elapsed}<{remaining}{postfix}]") if progress else None
+    bar = (
+        tqdm(
+            total=100,
+            desc=f"pretrain base ({cfg.name})",
+            unit="%",
+            leave=False,
+            bar_format="{l_bar}{bar}| {n:.0f}/100% [{elapsed}<{remaining}{postfix}]",
+        )
+        if progress
+        else None
+    )
     if log is not None:
         budget = f", at most {cfg.time_budget_s:.0f} s of CPU" if cfg.time_budget_s is not None else ""
         log(f"pretrain base ({cfg.name}): up to {cfg.max_steps} steps of {cfg.batch_size} examples{budget}")
@@ -185,8 +194,10 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50,
     if bar is not None:
         bar.close()
     if log is not None:
-        log(f"pretrain base ({cfg.name}): done, 100% done, {step} steps in {time.perf_counter() - start:.0f} s "
-            f"({time.process_time() - cpu0:.0f} s CPU), loss " + ("n/a" if ema is None else f"{ema:.3f}"))
+        log(
+            f"pretrain base ({cfg.name}): done, 100% done, {step} steps in {time.perf_counter() - start:.0f} s "
+            f"({time.process_time() - cpu0:.0f} s CPU), loss " + ("n/a" if ema is None else f"{ema:.3f}")
+        )
     model.eval()
     stats = {
         "steps": step,
@@ -220,8 +231,9 @@ def schedule_progress(step: int, cpu_s: float, cfg: PretrainConfig) -> float:
     return min(frac, 1.0)
 
 
-def _train_loop(model, tok, opt, batcher: _Batcher, cfg: PretrainConfig, cpu0: float, log_every: int, callback, bar,
-                log=None):
+def _train_loop(
+    model, tok, opt, batcher: _Batcher, cfg: PretrainConfig, cpu0: float, log_every: int, callback, bar, log=None
+):
     """Steps until ``cfg.max_steps`` or the CPU budget (counted from ``cpu0``); returns
     ``(steps, loss EMA, curve)`` with ``curve`` rows ``(step, wall s, loss)``."""
     curve, ema = [], None
@@ -260,6 +272,8 @@ def _train_loop(model, tok, opt, batcher: _Batcher, cfg: PretrainConfig, cpu0: f
             if log is not None and step % log_every == 0:
                 wall = time.perf_counter() - start
                 left = f", about {wall * (1 - done) / done:.0f} s left" if done > 0 else ""
-                log(f"pretrain base ({cfg.name}): step {step}, {100 * done:.0f}% done, loss {ema:.3f}, "
-                    f"{wall:.0f} s{left}")
+                log(
+                    f"pretrain base ({cfg.name}): step {step}, {100 * done:.0f}% done, loss {ema:.3f}, "
+                    f"{wall:.0f} s{left}"
+                )
     return step, ema, curve

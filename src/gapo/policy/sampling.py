@@ -235,8 +235,16 @@ def sample(
         dec = (FastLM.build(model) if fast else None) or _HFDecoder(model)
         logits = dec.prefill(ids, mask, pos, N)
         how = _Decoding(temperature, top_p, eos_ids, pad_token_id, compact, _check_every)
-        out_tok, out_lp, out_len = _decode(dec, logits, pos[:, -1:] + 1, B, N, how, generator=generator,
-                                           stops=_StopScan(tokenizer, stop, B) if stop else None)
+        out_tok, out_lp, out_len = _decode(
+            dec,
+            logits,
+            pos[:, -1:] + 1,
+            B,
+            N,
+            how,
+            generator=generator,
+            stops=_StopScan(tokenizer, stop, B) if stop else None,
+        )
         T = int(out_len.max())
         resp = (torch.arange(N, device=device)[None] < out_len[:, None]).long()[:, :T]
         completion = out_tok[:, :T].masked_fill(resp == 0, pad_token_id)
@@ -375,8 +383,10 @@ class _StopScan:
                         still.append(k)
                 live = still
                 continue
-            texts = self.decode([self.ids[r][self.prefix[r] : self.read[r]] for r in rows]
-                                + [self.ids[r][self.prefix[r] :] for r in rows])
+            texts = self.decode(
+                [self.ids[r][self.prefix[r] : self.read[r]] for r in rows]
+                + [self.ids[r][self.prefix[r] :] for r in rows]
+            )
             n, still = len(rows), []
             for i, (k, r) in enumerate(zip(live, rows)):
                 pre, full = texts[i], texts[n + i]
@@ -443,8 +453,13 @@ class _HFDecoder:
 
     def step(self, tok, pos):
         self.len += 1
-        out = self.model(input_ids=tok[:, None], attention_mask=self.attn[:, : self.len], position_ids=pos,
-                         past_key_values=self.cache, use_cache=True)
+        out = self.model(
+            input_ids=tok[:, None],
+            attention_mask=self.attn[:, : self.len],
+            position_ids=pos,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
         self.cache = out.past_key_values
         return out.logits[:, -1]
 
@@ -550,8 +565,9 @@ def logprobs(
         return _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, budget)
     # the head, log-softmax and entropy on the live positions only, packed into one row: the
     # same values there (each position's logits depend on its hidden state alone), zeros at the padding
-    lp, ent = _head_stats(pack(hidden, idx)[None], pack(targets, idx)[None], head, V, temperature, softcap,
-                          entropy_grad, budget)
+    lp, ent = _head_stats(
+        pack(hidden, idx)[None], pack(targets, idx)[None], head, V, temperature, softcap, entropy_grad, budget
+    )
     return unpack(lp[0], idx, B, T), unpack(ent[0], idx, B, T)
 
 

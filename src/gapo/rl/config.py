@@ -26,9 +26,18 @@ from gapo.core.checks import unknown
 from gapo.policy.chat import CHAT_MODES
 from gapo.policy.lora import check_lora
 from gapo.rl.config_io import coerce, diff, parse_value, read_yaml
+from gapo.rl.domains import (
+    DOMAINS,
+    advantage_params,
+    check_advantage_params,
+    check_device,
+    check_model_path,
+    check_params,
+    check_task_files,
+    check_task_param_types,
+    task_params,
+)
 from gapo.rl.names import known
-from gapo.rl.domains import (DOMAINS, advantage_params, check_advantage_params, check_device, check_model_path,
-                              check_params, check_task_files, check_task_param_types, task_params)
 
 __all__ = ["Config", "load_config", "apply_overrides", "to_dict", "from_dict", "diff", "DOMAINS"]
 
@@ -151,7 +160,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         """Reject out-of-domain values and impossible combinations before any work is done.
 
         Two phases (docs/design.md §8). Here, without torch, transformers or the model: keys,
@@ -169,16 +178,18 @@ class Config:
                 raise ValueError(f"{where(key)}: {problem}")
         a, t = self.algo, self.train
         from gapo.tasks.custom import check_reward_config  # torch-free: the syntax of reward.funcs/weights
+
         check_reward_config(self.reward.funcs, self.reward.weights, task=self.task.name)
         if self.task.name not in tasks.names():
             raise ValueError(f"{where('task.name')}: {unknown('task', self.task.name, tasks.names())}")
         for key, kind, name, accepted in (
-                ("algo.advantage", "advantage estimator", a.advantage, known("ADVANTAGES")),
-                ("algo.loss", "policy loss", a.loss, known("LOSSES")),
-                ("algo.eps_schedule", "eps schedule", a.eps_schedule, known("EPS_SCHEDULES")),
-                ("algo.agg", "aggregation mode", a.agg, known("AGG_MODES")),
-                ("algo.kl_estimator", "kl estimator", a.kl_estimator, known("KL_ESTIMATORS")),
-                ("algo.old_logp", "old_logp source", a.old_logp, ("recompute", "sampler"))):
+            ("algo.advantage", "advantage estimator", a.advantage, known("ADVANTAGES")),
+            ("algo.loss", "policy loss", a.loss, known("LOSSES")),
+            ("algo.eps_schedule", "eps schedule", a.eps_schedule, known("EPS_SCHEDULES")),
+            ("algo.agg", "aggregation mode", a.agg, known("AGG_MODES")),
+            ("algo.kl_estimator", "kl estimator", a.kl_estimator, known("KL_ESTIMATORS")),
+            ("algo.old_logp", "old_logp source", a.old_logp, ("recompute", "sampler")),
+        ):
             if name not in accepted:
                 raise ValueError(f"{where(key)}: {unknown(kind, name, accepted)}")
         check_params(where("algo.advantage_params"), a.advantage_params, advantage_params(a.advantage))
@@ -188,14 +199,19 @@ class Config:
         check_task_files(where("task.params.path"), self.task.name, self.task.params)
         batch = t.prompts * t.group_size
         if batch % t.mini_batches:
-            raise ValueError(f"{where('train.mini_batches')}: {t.mini_batches} does not divide the rollout batch "
-                             f"prompts × group_size = {t.prompts} × {t.group_size} = {batch}")
+            raise ValueError(
+                f"{where('train.mini_batches')}: {t.mini_batches} does not divide the rollout batch "
+                f"prompts × group_size = {t.prompts} × {t.group_size} = {batch}"
+            )
         if a.eps_schedule != "fixed" and a.eps_high_max < a.eps_low:
-            raise ValueError(f"{where('algo.eps_high_max')}: GAPO schedule {a.eps_schedule!r} needs "
-                             f"algo.eps_high_max >= algo.eps_low ({a.eps_low}), got {a.eps_high_max}")
+            raise ValueError(
+                f"{where('algo.eps_high_max')}: GAPO schedule {a.eps_schedule!r} needs "
+                f"algo.eps_high_max >= algo.eps_low ({a.eps_low}), got {a.eps_high_max}"
+            )
         if a.loss == "cispo" and a.clip_ratio_c is not None:
-            raise ValueError(f"{where('algo.clip_ratio_c')}: the dual clip is not defined for the cispo loss; "
-                             "leave it unset (none)")
+            raise ValueError(
+                f"{where('algo.clip_ratio_c')}: the dual clip is not defined for the cispo loss; leave it unset (none)"
+            )
         if self.task.chat not in CHAT_MODES:
             raise ValueError(f"{where('task.chat')}: must be auto, true or false, got {self.task.chat!r}")
         if self.model.dtype not in known("DTYPES"):
@@ -204,11 +220,15 @@ class Config:
         check_model_path(where("model.path"), self.model.path)
         if self.model.path is None:
             if self.model.base_preset not in known("BASE_PRESETS"):
-                raise ValueError(f"{where('model.base_preset')}: "
-                                 f"{unknown('base-policy preset', self.model.base_preset, known('BASE_PRESETS'))}")
+                raise ValueError(
+                    f"{where('model.base_preset')}: "
+                    f"{unknown('base-policy preset', self.model.base_preset, known('BASE_PRESETS'))}"
+                )
             if self.task.name != "countdown":
-                raise ValueError(f"{where('task.name')}: the embedded base policy is a Countdown model; set "
-                                 f"model.path (--model) to a checkpoint for task {self.task.name!r}")
+                raise ValueError(
+                    f"{where('task.name')}: the embedded base policy is a Countdown model; set "
+                    f"model.path (--model) to a checkpoint for task {self.task.name!r}"
+                )
         # last: a device other than the CPU needs torch to ask its backend
         check_device(where("model.device"), self.model.device)
         return self
@@ -238,8 +258,11 @@ def _unknown_key(key: str, known=None) -> ValueError:
         near = difflib.get_close_matches(sec, _section_names(), n=1)
         if near:
             inside = [k for k in known if k.startswith(near[0] + ".")]
-            close = [k for k in inside if k == f"{near[0]}.{rest}"] or difflib.get_close_matches(
-                f"{near[0]}.{rest}", inside, n=3) or [f"section {near[0]!r}"]
+            close = (
+                [k for k in inside if k == f"{near[0]}.{rest}"]
+                or difflib.get_close_matches(f"{near[0]}.{rest}", inside, n=3)
+                or [f"section {near[0]!r}"]
+            )
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
     own = [k.split(".", 1)[1] for k in known if k.split(".", 1)[0] == sec]
     if own:
@@ -258,8 +281,10 @@ def _bad_section(sec: str, body) -> ValueError:
     or an unknown name."""
     if sec in _section_names():
         example = f"{sec}.{dataclasses.fields(_section_types(Config)[sec])[0].name}"
-        return ValueError(f"section {sec!r} must be a mapping of keys (like {example.split('.')[0]}: "
-                          f"{{{example.split('.')[1]}: ...}}), got {type(body).__name__} {body!r}")
+        return ValueError(
+            f"section {sec!r} must be a mapping of keys (like {example.split('.')[0]}: "
+            f"{{{example.split('.')[1]}: ...}}), got {type(body).__name__} {body!r}"
+        )
     close = difflib.get_close_matches(sec, _section_names(), n=2)
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
     return ValueError(f"unknown config section {sec!r}.{hint} The sections are: {', '.join(_section_names())}.")
@@ -278,8 +303,9 @@ def set_key(cfg: Config, key: str, value) -> None:
     """Set ``section.field`` on ``cfg`` with type checking; ``task.params.x`` style keys set
     entries of dict fields."""
     if key in RENAMED:
-        raise ValueError(f"config key {key!r} is now {RENAMED[key]!r} (renamed in gapo 0.2); "
-                         f"write {RENAMED[key]}={value}")
+        raise ValueError(
+            f"config key {key!r} is now {RENAMED[key]!r} (renamed in gapo 0.2); write {RENAMED[key]}={value}"
+        )
     parts = key.split(".")
     sections = {f.name: f for f in dataclasses.fields(Config)}
     if parts[0] not in sections or len(parts) < 2:
@@ -320,15 +346,18 @@ def from_dict(d: dict, *, migrate: bool = False) -> Config:
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     for item in overrides:
         if "=" not in item:
-            raise ValueError(f"override {item!r} must look like section.key=value (quote an override whose value "
-                             "has spaces: 'task.params={a: 1, b: 2}')")
+            raise ValueError(
+                f"override {item!r} must look like section.key=value (quote an override whose value "
+                "has spaces: 'task.params={a: 1, b: 2}')"
+            )
         k, v = item.split("=", 1)
         set_key(cfg, k.strip(), v)
     return cfg
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
-                base: dict | None = None) -> Config:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, *, base: dict | None = None
+) -> Config:
     """Defaults (or ``base``, a saved config dict), then the YAML file (optional), then
     ``key=value`` overrides; validated."""
     cfg = from_dict(base, migrate=True) if base is not None else Config()
@@ -336,8 +365,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         data, lines = read_yaml(path)
         if not isinstance(data, dict):
-            raise ValueError(f"config file {str(path)!r}: must be a mapping of sections (task, reward, model, sampling, "
-                             f"algo, optim, train, eval, log), got {type(data).__name__}")
+            raise ValueError(
+                f"config file {str(path)!r}: must be a mapping of sections (task, reward, model, sampling, "
+                f"algo, optim, train, eval, log), got {type(data).__name__}"
+            )
         fresh = Config() if base is None else cfg
         for sec, body in data.items():
             at = f"config file {str(path)!r}, line {lines.get(str(sec), '?')}"

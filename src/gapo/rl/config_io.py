@@ -32,8 +32,8 @@ def _mapping_without_duplicates(loader, node, deep=False):
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 # YAML 1.1 reads ``1e-4`` (no dot) as a string; in a config that is always a number
 _UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 def _load(text: str):
@@ -47,8 +47,10 @@ def parse_value(text: str, key: str = "value"):
         return _load(text)
     except yaml.YAMLError as e:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ValueError(f"{key}: cannot read {text!r} as a YAML value ({problem}); quote an override whose "
-                         "value has spaces: 'task.params={a: 1, b: 2}'") from None
+        raise ValueError(
+            f"{key}: cannot read {text!r} as a YAML value ({problem}); quote an override whose "
+            "value has spaces: 'task.params={a: 1, b: 2}'"
+        ) from None
     except ValueError as e:
         raise ValueError(f"{key}: {e}") from None
 
@@ -77,8 +79,10 @@ def read_yaml(path: str | Path) -> tuple[dict, dict[str, int]]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
-        raise ValueError(f"config file {str(p)!r}, line {line}: not UTF-8 text (byte {raw[e.start]:#04x} at "
-                         f"offset {e.start}); save the file as UTF-8") from None
+        raise ValueError(
+            f"config file {str(p)!r}, line {line}: not UTF-8 text (byte {raw[e.start]:#04x} at "
+            f"offset {e.start}); save the file as UTF-8"
+        ) from None
     try:
         data = _load(text)
         lines = _key_lines(text)
@@ -165,5 +169,4 @@ def diff(old: dict, new: dict) -> dict[str, tuple]:
     """Keys whose values differ between two config dicts: ``key -> (old, new)``."""
     a, b = flatten(old), flatten(new)
     missing = object()
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
-            if a.get(k, missing) != b.get(k, missing)}
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)}

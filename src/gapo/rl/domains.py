@@ -18,8 +18,16 @@ from gapo import tasks
 from gapo.rl import names
 from gapo.rl.config_io import coerce
 
-__all__ = ["DOMAINS", "advantage_params", "check_advantage_params", "task_params", "check_params",
-           "check_model_path", "check_task_files", "check_device"]
+__all__ = [
+    "DOMAINS",
+    "advantage_params",
+    "check_advantage_params",
+    "task_params",
+    "check_params",
+    "check_model_path",
+    "check_task_files",
+    "check_device",
+]
 
 
 def _num(lo=None, hi=None, *, lo_open=False, hi_open=False, optional=False, integer=False):
@@ -37,9 +45,11 @@ def _num(lo=None, hi=None, *, lo_open=False, hi_open=False, optional=False, inte
             return None if optional else f"{text}, got none"
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             return f"{text}, got {v!r}"
-        bad = ((lo is not None and (v <= lo if lo_open else v < lo))
-               or (hi is not None and (v >= hi if hi_open else v > hi)))
+        bad = (lo is not None and (v <= lo if lo_open else v < lo)) or (
+            hi is not None and (v >= hi if hi_open else v > hi)
+        )
         return f"{text}, got {v!r}" if bad else None
+
     return check
 
 
@@ -50,6 +60,7 @@ def _pair(check, what: str):
             if problem:
                 return f"{what}: each {problem}"
         return None
+
     return pair
 
 
@@ -64,7 +75,7 @@ def _reward_range(v):
 
 def _stop_strings(v):
     if not isinstance(v, list) or any(not isinstance(s, str) or not s for s in v):
-        return f"must be a list of non-empty strings (e.g. [\"</answer>\"]), got {v!r}"
+        return f'must be a list of non-empty strings (e.g. ["</answer>"]), got {v!r}'
     return None
 
 
@@ -145,14 +156,17 @@ def check_advantage_params(key: str, name: str, params: dict, group_size: int) -
         if base not in choices:
             close = difflib.get_close_matches(str(base), choices, n=2)
             hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
-            raise ValueError(f"{key}: focal's base must be another advantage estimator, one of {choices}, "
-                             f"got {base!r}.{hint}")
+            raise ValueError(
+                f"{key}: focal's base must be another advantage estimator, one of {choices}, got {base!r}.{hint}"
+            )
         # the rest goes to the base, which takes only its own (gapo.core.advantages rejects others)
         own = advantage_params(base)
         extra = sorted(set(params) - {"gamma", "base"} - (own if own is not None else set(params)))
         if extra:
-            raise ValueError(f"{key}: {extra[0]!r} is not a parameter of focal's base estimator {base!r}; "
-                             f"focal takes gamma, base and {base}'s own: {sorted(own) or 'none'}")
+            raise ValueError(
+                f"{key}: {extra[0]!r} is not a parameter of focal's base estimator {base!r}; "
+                f"focal takes gamma, base and {base}'s own: {sorted(own) or 'none'}"
+            )
         name = base
     if name == "passk":
         k = params.get("k", names.PASSK_DEFAULT_K)
@@ -161,9 +175,11 @@ def check_advantage_params(key: str, name: str, params: dict, group_size: int) -
             raise ValueError(f"{key}: passk's k must be an integer >= 1, got {k!r}")
         if k > group_size:
             what = f"k={k}" if given else f"default k={k}"
-            raise ValueError(f"{key}: passk's {what} exceeds the group size train.group_size={group_size} "
-                             f"(pass@k needs k <= G rollouts per prompt); set algo.advantage_params={{k: "
-                             f"{min(group_size, names.PASSK_DEFAULT_K)}}} or raise train.group_size to >= {k}")
+            raise ValueError(
+                f"{key}: passk's {what} exceeds the group size train.group_size={group_size} "
+                f"(pass@k needs k <= G rollouts per prompt); set algo.advantage_params={{k: "
+                f"{min(group_size, names.PASSK_DEFAULT_K)}}} or raise train.group_size to >= {k}"
+            )
     if name == "grpo":
         eps = params.get("eps", 1e-6)
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
@@ -211,8 +227,11 @@ def check_task_param_types(key: str, name: str, params: dict) -> None:
 
 def _keyword_names(obj, *, keyword_only: bool = False) -> set[str]:
     names: set[str] = set()
-    kinds = (inspect.Parameter.KEYWORD_ONLY,) if keyword_only else (
-        inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    kinds = (
+        (inspect.Parameter.KEYWORD_ONLY,)
+        if keyword_only
+        else (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    )
     targets = [c.__init__ for c in obj.__mro__ if "__init__" in vars(c)] if isinstance(obj, type) else [obj]
     for fn in targets:
         params = inspect.signature(fn).parameters.values()
@@ -256,14 +275,38 @@ def check_task_files(key: str, name: str, params: dict) -> None:
     checking its rows is the task's constructor's job, when the run builds it."""
     path = params.get("path")
     if isinstance(path, str) and path and not Path(path).expanduser().exists():
-        raise ValueError(f"{key}: dataset {path!r} not found (no such file or folder) for task {name!r}; "
-                         "gapo reads local files only")
+        raise ValueError(
+            f"{key}: dataset {path!r} not found (no such file or folder) for task {name!r}; gapo reads local files only"
+        )
 
 
 # torch's device types (c10 DeviceType names) plus common out-of-tree backends; anything else is
 # a typo, reported without importing torch
-_DEVICE_TYPES = frozenset({"cpu", "cuda", "mps", "xpu", "hip", "hpu", "mtia", "xla", "meta", "npu", "maia", "ipu",
-                           "privateuseone", "ve", "fpga", "lazy", "vulkan", "mkldnn", "opengl", "opencl", "ideep"})
+_DEVICE_TYPES = frozenset(
+    {
+        "cpu",
+        "cuda",
+        "mps",
+        "xpu",
+        "hip",
+        "hpu",
+        "mtia",
+        "xla",
+        "meta",
+        "npu",
+        "maia",
+        "ipu",
+        "privateuseone",
+        "ve",
+        "fpga",
+        "lazy",
+        "vulkan",
+        "mkldnn",
+        "opengl",
+        "opencl",
+        "ideep",
+    }
+)
 
 
 def check_device(key: str, device: str) -> None:

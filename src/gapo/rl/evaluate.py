@@ -19,9 +19,9 @@ import torch
 from tqdm.auto import tqdm
 
 from gapo.core.metrics import first_move_entropy, pass_at_k_curve
+from gapo.exec.scoring import score_checked
 from gapo.policy.model import eos_token_ids
 from gapo.policy.sampling import sample
-from gapo.exec.scoring import score_checked
 
 __all__ = ["evaluate"]
 
@@ -63,9 +63,17 @@ def evaluate(
     bar = tqdm(total=len(flat), desc="eval", unit="sample", leave=False, disable=not progress)
     for s in range(0, len(flat), batch_size):
         rows = flat[s : s + batch_size]
-        r = sample(model, [prompts[j] for j in rows], max_new_tokens=max_new_tokens, temperature=temperature,
-                   eos_token_id=eos_token_id, pad_token_id=tok.pad_token_id, stop=stop, tokenizer=tok,
-                   generator=gen)
+        r = sample(
+            model,
+            [prompts[j] for j in rows],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            eos_token_id=eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            stop=stop,
+            tokenizer=tok,
+            generator=gen,
+        )
         for j, text in zip(rows, r.texts(tok)):
             texts[j].append(text)
         tok_sum += float(r.response_mask.sum())
@@ -85,18 +93,23 @@ def evaluate(
 
 def _score_and_summarise(task, problems: list, texts: list[list[str]], n: int) -> tuple[dict, list[int]]:
     """pass@k, first-move diversity and coverage of ``texts[j]`` (problem j's n samples), and the
-    number of correct samples per problem. Each sample is scored once; a task that raises or returns a non-finite reward is a
-    ValueError naming the task and the problem (gapo.exec.scoring), not a bare traceback."""
+    number of correct samples per problem. Each sample is scored once; a task that raises or
+    returns a non-finite reward is a ValueError naming the task and the problem
+    (gapo.exec.scoring), not a bare traceback."""
     # correct: reward > 0 (the built-in verifiers' 0/1), or, for rewards of your own
     # (gapo.tasks.custom), a reward reaching the task's success_reward (R_max of algo.reward_range)
     top = getattr(task, "success_reward", None)
-    ok = [[(r >= top) if top is not None else r > 0 for r in (score_checked(task, problems, j, t) for t in ts)]
-          for j, ts in enumerate(texts)]
+    ok = [
+        [(r >= top) if top is not None else r > 0 for r in (score_checked(task, problems, j, t) for t in ts)]
+        for j, ts in enumerate(texts)
+    ]
     correct = [sum(o) for o in ok]
     out: dict = {f"eval/pass@{k}": v for k, v in pass_at_k_curve(n, correct).items()}
     moves = [[task.first_move(t) for t in ts] for ts in texts]
     out["eval/first_move_entropy"] = sum(map(first_move_entropy, moves)) / max(len(problems), 1)
-    out["eval/first_moves_distinct"] = sum(len({m for m in ms if m is not None}) for ms in moves) / max(len(problems), 1)
+    out["eval/first_moves_distinct"] = sum(len({m for m in ms if m is not None}) for ms in moves) / max(
+        len(problems), 1
+    )
     if hasattr(task, "solutions") and hasattr(task, "canonical"):
         shares = []
         for p, ts, os_ in zip(problems, texts, ok):

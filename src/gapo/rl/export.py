@@ -47,8 +47,10 @@ class RunModels:
         if not p.is_dir():
             raise ValueError(f"{str(p)!r}: no such run folder")
         if not self.folder.is_run():
-            raise ValueError(f"{str(p)!r} is not a gapo run folder (no .gapo-run, nor config.yaml + metrics.jsonl); "
-                             "give the --out folder of a gapo train run")
+            raise ValueError(
+                f"{str(p)!r} is not a gapo run folder (no .gapo-run, nor config.yaml + metrics.jsonl); "
+                "give the --out folder of a gapo train run"
+            )
         self.config = self.folder.saved_config()
         self.policy = p / "policy"
         self.policy_step = None
@@ -61,8 +63,10 @@ class RunModels:
         if self.folder.checkpoint.is_file():
             self.ckpt_step = self.state()["step"]
         if not self.has_policy and self.ckpt_step is None:
-            raise ValueError(f"run {str(p)!r} has no model yet: neither policy/ nor checkpoint.pt (it stopped "
-                             "before its first checkpoint)")
+            raise ValueError(
+                f"run {str(p)!r} has no model yet: neither policy/ nor checkpoint.pt (it stopped "
+                "before its first checkpoint)"
+            )
 
     def state(self) -> dict:
         if self._state is None:
@@ -85,10 +89,14 @@ class RunModels:
             return "policy"
         if step == self.ckpt_step:
             return "checkpoint"
-        have = ", ".join(([f"the final policy (step {self.policy_step})"] if self.has_policy else [])
-                         + ([f"the last checkpoint (step {self.ckpt_step})"] if self.ckpt_step is not None else []))
-        raise ValueError(f"run {str(self.folder.path)!r} has no model at step {step}: it holds {have}. gapo keeps "
-                         "only the last checkpoint (periodic checkpoints overwrite it, train.checkpoint_every)")
+        have = ", ".join(
+            ([f"the final policy (step {self.policy_step})"] if self.has_policy else [])
+            + ([f"the last checkpoint (step {self.ckpt_step})"] if self.ckpt_step is not None else [])
+        )
+        raise ValueError(
+            f"run {str(self.folder.path)!r} has no model at step {step}: it holds {have}. gapo keeps "
+            "only the last checkpoint (periodic checkpoints overwrite it, train.checkpoint_every)"
+        )
 
     @property
     def is_lora(self) -> bool:
@@ -101,6 +109,7 @@ class RunModels:
         path = (self.config.get("model") or {}).get("path")
         if path is None:
             from gapo.policy.base_policy import get_base_policy
+
             return str(get_base_policy((self.config.get("model") or {}).get("base_preset", "low"), progress=False))
         return str(path)
 
@@ -123,12 +132,18 @@ def load_run_model(run: str | Path, step: int | None = None, device: str = "cpu"
     rm = RunModels(run)
     source = rm.pick(step)
     base = rm.base_path()
-    info = {"source": source, "base": base, "config": rm.config, "lora": rm.is_lora,
-            "step": rm.policy_step if source == "policy" else rm.ckpt_step}
+    info = {
+        "source": source,
+        "base": base,
+        "config": rm.config,
+        "lora": rm.is_lora,
+        "step": rm.policy_step if source == "policy" else rm.ckpt_step,
+    }
     if source == "policy":
         adapter = rm.policy / "adapter"
         if keep_lora and rm.is_lora and adapter.is_dir():
             from peft import PeftModel  # lazy: the optional [lora] extra
+
             model, tok = load_policy(base, device, dtype=torch.float32)
             model = PeftModel.from_pretrained(model, str(adapter))
             _, tok = load_policy(rm.policy, device, dtype=torch.float32)  # the tokenizer the run saved
@@ -158,8 +173,14 @@ def load_run_model(run: str | Path, step: int | None = None, device: str = "cpu"
     return model.to(device).eval(), tok, info
 
 
-def export(run: str | Path, out: str | Path | None = None, *, step: int | None = None, dtype: str = "keep",
-           merge_lora: bool = False) -> tuple[Path, dict]:
+def export(
+    run: str | Path,
+    out: str | Path | None = None,
+    *,
+    step: int | None = None,
+    dtype: str = "keep",
+    merge_lora: bool = False,
+) -> tuple[Path, dict]:
     """Write the run's model to ``out`` (default ``<RUN>-step<N>`` beside the run folder: outside it, so
     that ``--overwrite`` of the run does not take it along) as a plain Hugging Face
     folder; returns ``(out, info)``. Nothing is written when anything is wrong (an existing
@@ -168,8 +189,10 @@ def export(run: str | Path, out: str | Path | None = None, *, step: int | None =
         raise ValueError(f"--dtype: must be one of {list(EXPORT_DTYPES)}, got {dtype!r}")
     rm = RunModels(run)
     if merge_lora and not rm.is_lora:
-        raise ValueError(f"--merge-lora: run {str(rm.folder.path)!r} did not train LoRA adapters (model.lora is "
-                         "empty); its export is the full model already")
+        raise ValueError(
+            f"--merge-lora: run {str(rm.folder.path)!r} did not train LoRA adapters (model.lora is "
+            "empty); its export is the full model already"
+        )
     chosen = rm.policy_step if rm.pick(step) == "policy" else rm.ckpt_step
     out = Path(out) if out is not None else rm.folder.path.with_name(f"{rm.folder.path.name}-step{chosen}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

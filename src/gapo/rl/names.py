@@ -13,8 +13,18 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["ADVANTAGES", "ADVANTAGE_PARAMS", "PASSK_DEFAULT_K", "LOSSES", "EPS_SCHEDULES", "AGG_MODES",
-           "KL_ESTIMATORS", "DTYPES", "BASE_PRESETS", "known"]
+__all__ = [
+    "ADVANTAGES",
+    "ADVANTAGE_PARAMS",
+    "PASSK_DEFAULT_K",
+    "LOSSES",
+    "EPS_SCHEDULES",
+    "AGG_MODES",
+    "KL_ESTIMATORS",
+    "DTYPES",
+    "BASE_PRESETS",
+    "known",
+]
 
 ADVANTAGES = ("drgrpo", "grpo", "rloo", "passk", "focal")  # gapo.core.advantages.ADVANTAGES
 # each estimator's own keyword parameters (focal also passes its base's on)
@@ -29,9 +39,12 @@ BASE_PRESETS = ("low", "high", "three", "medium")  # gapo.policy.base_policy.PRE
 
 # list name -> (module, attribute) of the registry it mirrors
 _REGISTRY = {
-    "ADVANTAGES": ("gapo.core.advantages", "ADVANTAGES"), "LOSSES": ("gapo.core.losses", "LOSSES"),
-    "EPS_SCHEDULES": ("gapo.core.clipping", "EPS_SCHEDULES"), "AGG_MODES": ("gapo.core.aggregation", "AGG_MODES"),
-    "KL_ESTIMATORS": ("gapo.core.losses", "KL_ESTIMATORS"), "DTYPES": ("gapo.policy.precision", "DTYPES"),
+    "ADVANTAGES": ("gapo.core.advantages", "ADVANTAGES"),
+    "LOSSES": ("gapo.core.losses", "LOSSES"),
+    "EPS_SCHEDULES": ("gapo.core.clipping", "EPS_SCHEDULES"),
+    "AGG_MODES": ("gapo.core.aggregation", "AGG_MODES"),
+    "KL_ESTIMATORS": ("gapo.core.losses", "KL_ESTIMATORS"),
+    "DTYPES": ("gapo.policy.precision", "DTYPES"),
     "BASE_PRESETS": ("gapo.policy.base_policy", "PRESETS"),
 }
 

@@ -15,11 +15,21 @@ from dataclasses import dataclass, field
 import torch
 
 from gapo.core.advantages import zero_std_groups
-from gapo.policy.sampling import Rollout
 from gapo.exec.scoring import score_batch, submit_batch
+from gapo.policy.sampling import Rollout
 
-__all__ = ["Batch", "concat", "collect", "check_rewards", "probe_reward", "score", "merge_stats", "sample_records",
-           "draw_problems", "problem_name"]
+__all__ = [
+    "Batch",
+    "concat",
+    "collect",
+    "check_rewards",
+    "probe_reward",
+    "score",
+    "merge_stats",
+    "sample_records",
+    "draw_problems",
+    "problem_name",
+]
 
 
 @dataclass
@@ -48,9 +58,11 @@ def check_rewards(task_name: str, rewards: torch.Tensor, problems: list, reward_
     if bad.any():
         i = int(torch.nonzero(bad)[0])
         why = f"outside algo.reward_range {list(reward_range)}" if not isinstance(reward_range, str) else "not finite"
-        raise ValueError(f"task {task_name!r} returned reward {float(rewards[i])!r} ({why}) for problem "
-                         f"{problems[i].prompt[:80]!r}; fix the verifier, or set algo.reward_range to its range "
-                         "(or 'group' for rewards on any scale)")
+        raise ValueError(
+            f"task {task_name!r} returned reward {float(rewards[i])!r} ({why}) for problem "
+            f"{problems[i].prompt[:80]!r}; fix the verifier, or set algo.reward_range to its range "
+            "(or 'group' for rewards on any scale)"
+        )
 
 
 def probe_reward(task, problems: list, reward_range) -> None:
@@ -96,8 +108,17 @@ def merge_stats(parts: list[tuple[int, dict]]) -> dict:
     return out
 
 
-def sample_and_score(problems: list, *, sample: Callable[[list], Rollout], texts: Callable[[Rollout], list[str]],
-                     pad_id: int, task, group_size: int, workers: int, reward_range) -> Batch:
+def sample_and_score(
+    problems: list,
+    *,
+    sample: Callable[[list], Rollout],
+    texts: Callable[[Rollout], list[str]],
+    pad_id: int,
+    task,
+    group_size: int,
+    workers: int,
+    reward_range,
+) -> Batch:
     """Sample ``problems``' groups with ``sample`` and score them.
 
     With ``workers > 0`` (slow verifiers: math-verify, code in the sandbox) the groups are sampled
@@ -122,8 +143,12 @@ def sample_and_score(problems: list, *, sample: Callable[[list], Rollout], texts
     parts, counted = [], []
     for chunk, ro, decoded, fut in pending:
         rewards, stats = fut.result()
-        check_rewards(task.name, torch.tensor(rewards, dtype=torch.float64),
-                      [p for p in chunk for _ in range(group_size)], reward_range)
+        check_rewards(
+            task.name,
+            torch.tensor(rewards, dtype=torch.float64),
+            [p for p in chunk for _ in range(group_size)],
+            reward_range,
+        )
         parts.append(Batch(chunk, ro, torch.tensor(rewards, dtype=torch.float32), texts=decoded))
         counted.append((len(rewards), stats))
     wait = time.perf_counter() - ts
@@ -132,8 +157,15 @@ def sample_and_score(problems: list, *, sample: Callable[[list], Rollout], texts
     return whole
 
 
-def collect(draw: Callable[[], list], make: Callable[[list], Batch], *, n_groups: int, dynamic_sampling: bool,
-            max_refill_rounds: int, pad_id: int) -> Batch:
+def collect(
+    draw: Callable[[], list],
+    make: Callable[[list], Batch],
+    *,
+    n_groups: int,
+    dynamic_sampling: bool,
+    max_refill_rounds: int,
+    pad_id: int,
+) -> Batch:
     """One rollout batch of ``n_groups`` groups: ``make(draw())``; with DAPO's dynamic sampling,
     zero-variance groups (all rewards equal: no gradient) are replaced by groups of fresh draws,
     for at most ``max_refill_rounds`` rounds (then the remaining places keep zero-variance groups).
@@ -197,17 +229,25 @@ def concat(parts: list[Batch], chosen: list[tuple[int, int]], *, pad_id: int) ->
         fields["logp"].append(widen(b.rollout.logp[rows], completion_len, False, 0.0))
     # the stop tokens and strings are the sampler's settings, the same for every part
     stops = {"eos_ids": parts[0].rollout.eos_ids, "stop": parts[0].rollout.stop}
-    return Batch(problems, Rollout(**{k: torch.cat(v) for k, v in fields.items()}, **stops), torch.cat(rewards),
-                 texts=texts)
+    return Batch(
+        problems, Rollout(**{k: torch.cat(v) for k, v in fields.items()}, **stops), torch.cat(rewards), texts=texts
+    )
 
 
 def sample_records(batch: Batch, step: int, n: int, render: Callable[[str], str]) -> list[dict]:
     """The first ``n`` rollouts of ``batch`` as ``samples.jsonl`` records: the exact prompt text
     the model read (``render``: after the chat template), the completion, its reward and group."""
     G = batch.group_size
-    return [{"step": step, "group": i // G, "prompt": render(batch.problems[i // G].prompt),
-             "completion": batch.texts[i], "reward": float(batch.rewards[i])}
-            for i in range(min(n, len(batch.texts)))]
+    return [
+        {
+            "step": step,
+            "group": i // G,
+            "prompt": render(batch.problems[i // G].prompt),
+            "completion": batch.texts[i],
+            "reward": float(batch.rewards[i]),
+        }
+        for i in range(min(n, len(batch.texts)))
+    ]
 
 
 def problem_name(problem) -> str:
@@ -223,8 +263,9 @@ def problem_name(problem) -> str:
     return f"the problem {problem.prompt[:60]!r}"
 
 
-def draw_problems(task, encoder, split: str, n: int, seed: int, max_tokens: int | None, *,
-                  key: str = "task.max_prompt_tokens") -> tuple[list, dict | None]:
+def draw_problems(
+    task, encoder, split: str, n: int, seed: int, max_tokens: int | None, *, key: str = "task.max_prompt_tokens"
+) -> tuple[list, dict | None]:
     """``(problems, info)``: ``task.generate(split, n, seed)`` without the prompts longer than
     ``max_tokens`` tokens (``encoder.ids``: after the chat template). A dataset task (one with
     ``split_size``) is filtered whole, so the run still gets ``n`` problems where the split has
@@ -241,8 +282,10 @@ def draw_problems(task, encoder, split: str, n: int, seed: int, max_tokens: int 
     kept = [p for p in drawn if p.prompt not in long]
     if not kept:
         what = "training" if split == "train" else f"{split!r} (set eval.problems=0 to skip evaluation)"
-        raise ValueError(f"{key}: {max_tokens} drops every {what} prompt (the shortest has "
-                         f"{min(lengths.values())} tokens after the chat template); raise it")
+        raise ValueError(
+            f"{key}: {max_tokens} drops every {what} prompt (the shortest has "
+            f"{min(lengths.values())} tokens after the chat template); raise it"
+        )
     if split == "train":
         kept = (kept * -(-n // len(kept)))[:n]
     else:

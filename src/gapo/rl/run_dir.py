@@ -55,11 +55,23 @@ import yaml
 
 # torch is imported where a checkpoint is read or written, not here: a resumed run's config is
 # read and checked before torch loads (a config error costs well under a second of CPU)
-
 from gapo.rl.config import Config, diff, from_dict, to_dict
 
-__all__ = ["RunFolder", "RunExists", "RunLocked", "RunLock", "MARKER", "atomic_write", "resume_changes", "Trackers",
-           "load_run", "RESUME_FIXED", "stop_on_signals", "checkpoint_bytes", "space_note"]
+__all__ = [
+    "RunFolder",
+    "RunExists",
+    "RunLocked",
+    "RunLock",
+    "MARKER",
+    "atomic_write",
+    "resume_changes",
+    "Trackers",
+    "load_run",
+    "RESUME_FIXED",
+    "stop_on_signals",
+    "checkpoint_bytes",
+    "space_note",
+]
 
 # Keys a resumed run cannot take a new value for: they define its data, its model and its random
 # streams (restored from the checkpoint), so a new value would be silently ignored.
@@ -98,8 +110,10 @@ def _free_bytes(path: Path) -> int | None:
 def space_note(folder: Path, need: int) -> str:
     """'a checkpoint needs about N MB; M MB free in FOLDER' (for the errors of a full disk)."""
     free = _free_bytes(Path(folder))
-    return (f"a checkpoint needs about {_mb(need)}; {_mb(free) if free is not None else 'an unknown amount'} "
-            f"free in {str(folder)!r}")
+    return (
+        f"a checkpoint needs about {_mb(need)}; {_mb(free) if free is not None else 'an unknown amount'} "
+        f"free in {str(folder)!r}"
+    )
 
 
 def checkpoint_bytes(model_state: dict, trainable: list) -> int:
@@ -140,8 +154,11 @@ class RunLock:
                 # not through a symlink planted at the lock's name; not inherited by exec'd children
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
             except OSError as e:
-                raise OSError(e.errno, f"cannot lock {self.what} {str(self.folder)!r}: cannot create "
-                                       f"{str(self.path)!r}: {e.strerror or e}") from None
+                raise OSError(
+                    e.errno,
+                    f"cannot lock {self.what} {str(self.folder)!r}: cannot create "
+                    f"{str(self.path)!r}: {e.strerror or e}",
+                ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -159,8 +176,13 @@ class RunLock:
                 os.close(fd)
                 continue
             os.ftruncate(fd, 0)
-            os.write(fd, (json.dumps({"pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                      "argv": sys.argv[:8]}) + "\n").encode())
+            os.write(
+                fd,
+                (
+                    json.dumps({"pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S"), "argv": sys.argv[:8]})
+                    + "\n"
+                ).encode(),
+            )
             self._fd = fd
             return
         raise OSError(errno.EAGAIN, f"cannot lock {self.what} {str(self.folder)!r}: {str(self.path)!r} keeps changing")
@@ -171,9 +193,12 @@ class RunLock:
         if isinstance(pid, int) and not _alive(pid):  # the lock is inherited by a child that outlived it
             who = f"a child process of pid {pid} (which has exited)"
         since = f", since {holder['since']}" if holder.get("since") else ""
-        return (f"{self.what} {str(self.folder)!r} is in use by another gapo process ({who}{since}; lock file "
-                f"{str(self.path)!r}). Two writers would corrupt it: wait for that process to finish or stop it"
-                + (f" (kill {pid})" if pid else "") + ", or choose another folder")
+        return (
+            f"{self.what} {str(self.folder)!r} is in use by another gapo process ({who}{since}; lock file "
+            f"{str(self.path)!r}). Two writers would corrupt it: wait for that process to finish or stop it"
+            + (f" (kill {pid})" if pid else "")
+            + ", or choose another folder"
+        )
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
@@ -220,8 +245,10 @@ def _resolve_out(given: Path) -> Path:
     p = Path(os.path.abspath(given))
     for a in (p, *p.parents):
         if os.path.islink(a) and not os.path.exists(a):
-            raise ValueError(f"run folder {str(given)!r}: {str(a)!r} is a symlink to {os.readlink(a)!r}, which does "
-                             "not exist; create its target or choose another --out")
+            raise ValueError(
+                f"run folder {str(given)!r}: {str(a)!r} is a symlink to {os.readlink(a)!r}, which does "
+                "not exist; create its target or choose another --out"
+            )
     return Path(os.path.realpath(p))
 
 
@@ -238,8 +265,9 @@ def atomic_write(path: Path, write) -> None:
         except OSError:
             pass
         if isinstance(e, OSError):
-            raise OSError(e.errno, f"cannot write {str(path)!r}: {e.strerror or e}; "
-                                   f"the previous version (if any) is intact") from e
+            raise OSError(
+                e.errno, f"cannot write {str(path)!r}: {e.strerror or e}; the previous version (if any) is intact"
+            ) from e
         raise
 
 
@@ -271,8 +299,10 @@ class RunFolder:
         self.lock.acquire()
         if self._released_sig is not None and self._signature() != self._released_sig:
             self.lock.release()
-            raise ValueError(f"run folder {str(self.path)!r} was written by another process since this trainer "
-                             "let go of it; start a new one with resume=True")
+            raise ValueError(
+                f"run folder {str(self.path)!r} was written by another process since this trainer "
+                "let go of it; start a new one with resume=True"
+            )
 
     def _signature(self):
         out = []
@@ -294,8 +324,9 @@ class RunFolder:
             return []
 
         def ns(q: Path) -> int:
-            tail = q.name[len(prefix):].rsplit("-", 1)[-1]
+            tail = q.name[len(prefix) :].rsplit("-", 1)[-1]
             return int(tail) if tail.isdigit() else 0
+
         return sorted(found, key=ns)
 
     def _recover(self) -> None:
@@ -311,20 +342,26 @@ class RunFolder:
         if self.checkpoint.is_file() or (p / "policy").is_dir():
             for a in asides:
                 shutil.rmtree(a, ignore_errors=True)
-            say(f"{str(p)!r}: removed {', '.join(repr(str(a)) for a in asides)}, the run that an --overwrite "
-                "replaced (the new run had written its first checkpoint)")
+            say(
+                f"{str(p)!r}: removed {', '.join(repr(str(a)) for a in asides)}, the run that an --overwrite "
+                "replaced (the new run had written its first checkpoint)"
+            )
             return
         *older, last = asides
         if p.exists() and not self.is_empty() and not self.is_run():
-            raise ValueError(f"{str(p)!r} holds files that are not a gapo run, and the run an interrupted --overwrite "
-                             f"moved aside is at {str(last)!r}; to restore it: mv {str(last)!r} {str(p)!r}")
+            raise ValueError(
+                f"{str(p)!r} holds files that are not a gapo run, and the run an interrupted --overwrite "
+                f"moved aside is at {str(last)!r}; to restore it: mv {str(last)!r} {str(p)!r}"
+            )
         if p.exists() or p.is_symlink():
             shutil.rmtree(p)
         os.rename(last, p)
         for a in older:
             shutil.rmtree(a, ignore_errors=True)
-        say(f"{str(p)!r}: an --overwrite was interrupted before its new run's first checkpoint; the run it "
-            f"replaced is back in place (it had been moved to {str(last)!r})")
+        say(
+            f"{str(p)!r}: an --overwrite was interrupted before its new run's first checkpoint; the run it "
+            f"replaced is back in place (it had been moved to {str(last)!r})"
+        )
 
     # ------------------------------------------------------------------ read-only
     def is_run(self) -> bool:
@@ -355,19 +392,21 @@ class RunFolder:
             if not p.exists():
                 raise ValueError(f"cannot resume: there is no run folder at {str(p)!r}")
             if not self.is_run():
-                raise ValueError(f"cannot resume: {str(p)!r} is not a gapo run folder (no {MARKER} or config.yaml "
-                                 "+ metrics.jsonl)")
+                raise ValueError(
+                    f"cannot resume: {str(p)!r} is not a gapo run folder (no {MARKER} or config.yaml + metrics.jsonl)"
+                )
             if not self.checkpoint.is_file():
                 raise ValueError(f"cannot resume: no checkpoint at {str(self.checkpoint)!r}")
             return
         if self.is_empty():
             return
         if not overwrite:
-            raise RunExists(f"run folder {str(p)!r} exists; pass --resume to continue it or --overwrite to "
-                            "replace it")
+            raise RunExists(f"run folder {str(p)!r} exists; pass --resume to continue it or --overwrite to replace it")
         if not self.is_run():
-            raise ValueError(f"refusing to overwrite {str(p)!r}: it is not empty and not a gapo run folder "
-                             f"(no {MARKER}); choose another --out or empty it yourself")
+            raise ValueError(
+                f"refusing to overwrite {str(p)!r}: it is not empty and not a gapo run folder "
+                f"(no {MARKER}); choose another --out or empty it yourself"
+            )
 
     def saved_config(self, *, fallback: bool = True) -> dict:
         """The run's own ``config.yaml`` as a dict. A missing or unreadable one falls back to the
@@ -383,8 +422,10 @@ class RunFolder:
         ck = self._checkpoint_config() if fallback else None
         if ck is None:
             raise ValueError(f"cannot resume: {str(self.config)!r} {problem}")
-        print(f"[gapo] note: {str(self.config)!r} {problem}; using the config inside {str(self.checkpoint)!r}",
-              file=sys.stderr)
+        print(
+            f"[gapo] note: {str(self.config)!r} {problem}; using the config inside {str(self.checkpoint)!r}",
+            file=sys.stderr,
+        )
         return ck
 
     def _checkpoint_config(self) -> dict | None:
@@ -405,9 +446,11 @@ class RunFolder:
         try:
             state = torch.load(self.checkpoint, map_location=map_location, weights_only=False)
         except Exception as e:  # zip/pickle errors of a truncated or foreign file
-            raise ValueError(f"cannot resume: checkpoint {str(self.checkpoint)!r} is unreadable "
-                             f"({type(e).__name__}: {e}); it may be truncated. Start over with --overwrite "
-                             "or restore the file") from None
+            raise ValueError(
+                f"cannot resume: checkpoint {str(self.checkpoint)!r} is unreadable "
+                f"({type(e).__name__}: {e}); it may be truncated. Start over with --overwrite "
+                "or restore the file"
+            ) from None
         need = {"step", "pos", "order", "model", "opt", "sched", "py_rng", "gen", "torch_rng"}
         if not isinstance(state, dict) or not need <= set(state):
             missing = sorted(need - set(state)) if isinstance(state, dict) else sorted(need)
@@ -431,7 +474,7 @@ class RunFolder:
             except json.JSONDecodeError:
                 if i == len(lines):  # no newline after it: the write was cut off
                     continue
-                raise ValueError(f"cannot resume: {str(path)}:{i} is not JSON; fix or delete that line")
+                raise ValueError(f"cannot resume: {str(path)}:{i} is not JSON; fix or delete that line") from None
             if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
                 keep.append(ln)
         return keep
@@ -443,9 +486,12 @@ class RunFolder:
         until then, and a checkpoint is written beside the previous one, then renamed)."""
         free = _free_bytes(self.path)
         if free is not None and free < need:
-            raise OSError(errno.ENOSPC, f"not enough free space for run folder {str(self.path)!r}: a checkpoint needs "
-                                        f"about {_mb(need)}, {_mb(free)} are free there. Free some space or choose "
-                                        "another --out; nothing was changed")
+            raise OSError(
+                errno.ENOSPC,
+                f"not enough free space for run folder {str(self.path)!r}: a checkpoint needs "
+                f"about {_mb(need)}, {_mb(free)} are free there. Free some space or choose "
+                "another --out; nothing was changed",
+            )
 
     def open(self, *, overwrite: bool) -> None:
         """Create the folder (moving an old run aside when overwriting) and write the marker.
@@ -465,10 +511,13 @@ class RunFolder:
                 aside = p.with_name(f".{p.name}{ASIDE_TAG}{os.getpid()}-{time.time_ns()}")
                 os.rename(p, aside)
                 self._aside = aside
-                print(f"[gapo] --overwrite: the old run is kept at {str(aside)!r} until the new run's first checkpoint "
-                      f"is written. If this process is killed before then, the next `gapo train --out {str(p)}` puts "
-                      f"it back (by hand: rm -r {str(p)!r} && mv {str(aside)!r} {str(p)!r})", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"[gapo] --overwrite: the old run is kept at {str(aside)!r} until the new run's first checkpoint "
+                    f"is written. If this process is killed before then, the next `gapo train --out {str(p)}` puts "
+                    f"it back (by hand: rm -r {str(p)!r} && mv {str(aside)!r} {str(p)!r})",
+                    file=sys.stderr,
+                    flush=True,
+                )
             p.mkdir(parents=True, exist_ok=True)
             self.write_text(MARKER, json.dumps({"format": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
         except OSError as e:
@@ -506,16 +555,28 @@ class RunFolder:
         except (OSError, RuntimeError) as e:
             cause = e.__cause__ if isinstance(e, OSError) and e.__cause__ is not None else e
             free = _free_bytes(self.path)
-            full = (getattr(cause, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-                    or (free is not None and free < need))
-            why = (os.strerror(errno.ENOSPC) if full else
-                   (cause.strerror if isinstance(cause, OSError) and cause.strerror else f"{type(cause).__name__}: {cause}"))
+            full = getattr(cause, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or (
+                free is not None and free < need
+            )
+            why = (
+                os.strerror(errno.ENOSPC)
+                if full
+                else (
+                    cause.strerror
+                    if isinstance(cause, OSError) and cause.strerror
+                    else f"{type(cause).__name__}: {cause}"
+                )
+            )
             then = "free some space, then" if full else "once that is fixed,"
-            after = (f"the previous checkpoint is intact: {then} continue with --resume" if self.checkpoint.is_file()
-                     else f"there is no earlier checkpoint: {then} start the run again")
-            raise OSError(errno.ENOSPC if full else getattr(cause, "errno", None) or errno.EIO,
-                          f"cannot write the checkpoint {str(self.checkpoint)!r}: {why}; {space_note(self.path, need)}; "
-                          + after) from None
+            after = (
+                f"the previous checkpoint is intact: {then} continue with --resume"
+                if self.checkpoint.is_file()
+                else f"there is no earlier checkpoint: {then} start the run again"
+            )
+            raise OSError(
+                errno.ENOSPC if full else getattr(cause, "errno", None) or errno.EIO,
+                f"cannot write the checkpoint {str(self.checkpoint)!r}: {why}; {space_note(self.path, need)}; " + after,
+            ) from None
         with contextlib.suppress(OSError):  # the rename itself survives a power cut
             dfd = os.open(self.path, os.O_RDONLY)
             try:
@@ -586,7 +647,9 @@ def _normalised(data: dict, where: str) -> dict:
         raise ValueError(f"cannot resume: {where}: {e}") from None
 
 
-def resume_changes(folder: RunFolder, cfg: Config, *, allow_change: bool, state: dict | None = None) -> dict[str, tuple]:
+def resume_changes(
+    folder: RunFolder, cfg: Config, *, allow_change: bool, state: dict | None = None
+) -> dict[str, tuple]:
     """The keys in which ``cfg`` differs from the config the run was trained with, ``key -> (old, new)``.
 
     That config is the one inside the checkpoint (``state["config"]``), so a hand-edited
@@ -604,25 +667,40 @@ def resume_changes(folder: RunFolder, cfg: Config, *, allow_change: bool, state:
         edited = set(diff(saved, on_disk)) if on_disk is not None else set()
     else:
         if state is not None:
-            print(f"[gapo] note: {str(folder.checkpoint)!r} does not carry its config (made by an older gapo); "
-                  f"comparing with {str(folder.config)!r} instead", file=sys.stderr)
+            print(
+                f"[gapo] note: {str(folder.checkpoint)!r} does not carry its config (made by an older gapo); "
+                f"comparing with {str(folder.config)!r} instead",
+                file=sys.stderr,
+            )
         saved, edited = _normalised(folder.saved_config(), repr(str(folder.config))), set()
     changes = diff(saved, to_dict(cfg))
     by_hand = [k for k in changes if k in edited]
-    hand_note = (f" ({', '.join(by_hand)}: {str(folder.config)!r} says so, but the checkpoint was trained with the "
-                 "'run' value; config.yaml was edited after the run started)") if by_hand else ""
+    hand_note = (
+        (
+            f" ({', '.join(by_hand)}: {str(folder.config)!r} says so, but the checkpoint was trained with the "
+            "'run' value; config.yaml was edited after the run started)"
+        )
+        if by_hand
+        else ""
+    )
     fixed = [k for k in changes if k.startswith(RESUME_FIXED)]
     if fixed:
-        raise ValueError(f"cannot resume {str(folder.path)!r} with a different " + ", ".join(
-            f"{k} (run: {changes[k][0]!r}, now: {changes[k][1]!r})" for k in fixed) + hand_note
+        raise ValueError(
+            f"cannot resume {str(folder.path)!r} with a different "
+            + ", ".join(f"{k} (run: {changes[k][0]!r}, now: {changes[k][1]!r})" for k in fixed)
+            + hand_note
             + ": these define the run's data, model and random streams. Start a new run instead"
-            + (", or put the run's values back in config.yaml" if any(k in edited for k in fixed) else ""))
+            + (", or put the run's values back in config.yaml" if any(k in edited for k in fixed) else "")
+        )
     if changes and not allow_change:
-        raise ValueError(f"the config differs from the one the run in {str(folder.path)!r} was trained with: "
-                         + ", ".join(f"{k} (run: {a!r}, now: {b!r})" for k, (a, b) in changes.items()) + hand_note
-                         + ". Resume without --config/overrides (and with config.yaml as the run wrote it) to continue "
-                         "as it was, or pass --allow-change to apply these changes (they are written to config.yaml "
-                         "and events.jsonl)")
+        raise ValueError(
+            f"the config differs from the one the run in {str(folder.path)!r} was trained with: "
+            + ", ".join(f"{k} (run: {a!r}, now: {b!r})" for k, (a, b) in changes.items())
+            + hand_note
+            + ". Resume without --config/overrides (and with config.yaml as the run wrote it) to continue "
+            "as it was, or pass --allow-change to apply these changes (they are written to config.yaml "
+            "and events.jsonl)"
+        )
     return changes
 
 
@@ -642,7 +720,9 @@ class Trackers:
             if self.cfg.log.wandb:
                 import wandb  # noqa: F401
         except ImportError as e:
-            raise ValueError(f"log.tensorboard/log.wandb need their packages: pip install 'gapo[tracking]' ({e})") from e
+            raise ValueError(
+                f"log.tensorboard/log.wandb need their packages: pip install 'gapo[tracking]' ({e})"
+            ) from e
 
     def log(self, record: dict) -> None:
         if self._open is None:
@@ -676,9 +756,11 @@ class Trackers:
         out = {}
         if self.cfg.log.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
+
             out["tb"] = SummaryWriter(str(self.run_dir / "tb"))
         if self.cfg.log.wandb:
             import wandb
+
             wandb.init(project=self.cfg.log.wandb_project, dir=str(self.run_dir), config=to_dict(self.cfg))
             out["wandb"] = wandb
         return out
@@ -693,11 +775,15 @@ def samples_markdown(records: list[dict]) -> str:
     """Rows of ``samples.jsonl`` as markdown for TensorBoard's text tab: a heading per row (group,
     reward) and the prompt and completion as indented code blocks (their text verbatim: no
     markdown inside them is rendered)."""
+
     def block(text: str) -> str:
         return "\n".join("    " + ln for ln in str(text).split("\n"))
 
-    parts = [f"**group {r.get('group')}, reward {r.get('reward')}**\n\nprompt:\n\n{block(r.get('prompt', ''))}"
-             f"\n\ncompletion:\n\n{block(r.get('completion', ''))}" for r in records]
+    parts = [
+        f"**group {r.get('group')}, reward {r.get('reward')}**\n\nprompt:\n\n{block(r.get('prompt', ''))}"
+        f"\n\ncompletion:\n\n{block(r.get('completion', ''))}"
+        for r in records
+    ]
     return "\n\n---\n\n".join(parts)
 
 
@@ -708,8 +794,12 @@ def load_run(run_dir: str | Path) -> dict:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         aside = RunFolder(run_dir).asides() if run_dir.parent.is_dir() else []
-        hint = (f"; an interrupted --overwrite left the run it replaced at {str(aside[-1])!r}: `gapo train --out "
-                f"{str(run_dir)} --resume` puts it back" if aside else "")
+        hint = (
+            f"; an interrupted --overwrite left the run it replaced at {str(aside[-1])!r}: `gapo train --out "
+            f"{str(run_dir)} --resume` puts it back"
+            if aside
+            else ""
+        )
         raise ValueError(f"{str(run_dir)!r} is not a gapo run folder (no metrics.jsonl){hint}")
     train, evals = [], []
     for i, line in enumerate(path.read_text().splitlines(), 1):

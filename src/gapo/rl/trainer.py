@@ -31,10 +31,11 @@ from tqdm.auto import tqdm
 from gapo import tasks
 from gapo.core.advantages import compute as compute_advantages
 from gapo.core.advantages import success_count
-from gapo.tasks.custom import with_rewards
 from gapo.core.clipping import eps_high_for
-from gapo.core.metrics import (RATIO_ADV_WINDOW, clip_stats_from_counts, merge_counts, ratio_adv_corr,
-                               ratio_adv_pairs)
+from gapo.core.metrics import RATIO_ADV_WINDOW, clip_stats_from_counts, merge_counts, ratio_adv_corr, ratio_adv_pairs
+from gapo.exec.scoring import verifier_failure_warning
+from gapo.machine.allocator import tune_malloc
+from gapo.machine.threads import default_threads
 from gapo.policy import lora
 from gapo.policy.base_policy import resolve_policy
 from gapo.policy.chat import PromptEncoder
@@ -44,11 +45,16 @@ from gapo.policy.sampling import logprobs, sample
 from gapo.rl import rollout, update
 from gapo.rl.config import Config, to_dict
 from gapo.rl.evaluate import evaluate
-from gapo.rl.run_dir import (RunExists, RunFolder, Trackers, checkpoint_bytes, resume_changes, space_note,
-                             stop_on_signals)
-from gapo.machine.allocator import tune_malloc
-from gapo.machine.threads import default_threads
-from gapo.exec.scoring import verifier_failure_warning
+from gapo.rl.run_dir import (
+    RunExists,
+    RunFolder,
+    Trackers,
+    checkpoint_bytes,
+    resume_changes,
+    space_note,
+    stop_on_signals,
+)
+from gapo.tasks.custom import with_rewards
 
 __all__ = ["Trainer", "RunExists", "with_policy"]
 
@@ -57,8 +63,9 @@ def with_policy(cfg: Config, *, progress: bool = True) -> tuple[Config, str]:
     """``(cfg', policy_path)``: the run's policy resolved (``policy.base_policy.resolve_policy``)
     and ``cfg'`` a copy of ``cfg`` carrying the preset's RL task params when it had none. ``cfg``
     itself is left as it was (docs/design.md §3.2); idempotent."""
-    res = resolve_policy(cfg.model.path, cfg.model.base_preset, task_name=cfg.task.name,
-                         task_params=cfg.task.params, progress=progress)
+    res = resolve_policy(
+        cfg.model.path, cfg.model.base_preset, task_name=cfg.task.name, task_params=cfg.task.params, progress=progress
+    )
     if res.task_params is None:
         return cfg, res.path
     # shallow copies: a Config carries the file and line of each key (_sources), which
@@ -78,8 +85,15 @@ class Trainer:
     differing keys are applied, written to ``config.yaml`` and logged to ``events.jsonl``.
     """
 
-    def __init__(self, cfg: Config, run_dir: str | Path | RunFolder, *, resume: bool = False, overwrite: bool = False,
-                 allow_change: bool = False):
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: str | Path | RunFolder,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        allow_change: bool = False,
+    ):
         if resume and overwrite:
             raise ValueError("resume and overwrite exclude each other")
         # the folder's lock (run_dir.RunLock) is held from the check to the end of fit(); a
@@ -102,10 +116,12 @@ class Trainer:
         # against the config inside the checkpoint: a hand-edited config.yaml counts as a change
         changes = resume_changes(self.folder, cfg, allow_change=allow_change, state=state) if resume else {}
         if state is not None and state["step"] >= cfg.train.steps and self._policy_written(state["step"]):
-            raise ValueError(f"run {str(self.run_dir)!r} is finished (step {state['step']} of train.steps="
-                             f"{cfg.train.steps}); nothing to resume. To train it further: --resume --allow-change "
-                             f"train.steps={state['step'] * 2 or 1}; for a model out of it: gapo export "
-                             f"{str(self.run_dir)}")
+            raise ValueError(
+                f"run {str(self.run_dir)!r} is finished (step {state['step']} of train.steps="
+                f"{cfg.train.steps}); nothing to resume. To train it further: --resume --allow-change "
+                f"train.steps={state['step'] * 2 or 1}; for a model out of it: gapo export "
+                f"{str(self.run_dir)}"
+            )
         # a resumed run keeps the thread count it ran with: floats depend on it in the last bits
         self._build(cfg, threads=state.get("threads") if state is not None else None)
         if state is not None:
@@ -136,37 +152,67 @@ class Trainer:
         self.model.train()
         # the reference policy of the KL term is the starting policy, frozen (with LoRA: the same
         # network with its adapters disabled, so no second copy)
-        self.ref_model = (copy.deepcopy(self.model).eval().requires_grad_(False)
-                          if cfg.algo.kl_coef > 0 and not m.lora else None)
+        self.ref_model = (
+            copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 and not m.lora else None
+        )
         self.encoder = PromptEncoder(self.tok, chat=cfg.task.chat, system_prompt=cfg.task.system_prompt)
         self.scaler = grad_scaler(self.device, m.dtype)
         # the fused kernel: the same AdamW update, ~4x faster than the per-tensor loop on CPU
         fused = {"fused": True} if self.device.type in ("cpu", "cuda") else {}
-        self.opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=o.lr,
-                                     betas=o.betas, weight_decay=o.weight_decay, **fused)
+        self.opt = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=o.lr,
+            betas=o.betas,
+            weight_decay=o.weight_decay,
+            **fused,
+        )
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0)
+            self.opt, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0
+        )
         self.max_new_tokens = cfg.sampling.max_new_tokens or self.task.max_completion_len + 1  # + EOS
         # the pool is what the run will visit: generating (and solving) instances is not free, so
         # never more than prompts × steps (passes over it are reshuffled; dynamic sampling wraps)
         # (task.max_prompt_tokens: over-long prompts leave both pools before anything is sampled)
         self.pool, dropped = self._draw("train", max(1, min(cfg.task.train_size, t.prompts * t.steps)), t.seed)
         self.eval_problems, eval_dropped = self._draw("eval", cfg.eval.problems, cfg.eval.seed)
-        self.filtered = None if dropped is None else {"max_prompt_tokens": cfg.task.max_prompt_tokens, **dropped,
-                                                      "eval_dropped": 0, "eval_prompts": 0, **(eval_dropped or {})}
+        self.filtered = (
+            None
+            if dropped is None
+            else {
+                "max_prompt_tokens": cfg.task.max_prompt_tokens,
+                **dropped,
+                "eval_dropped": 0,
+                "eval_prompts": 0,
+                **(eval_dropped or {}),
+            }
+        )
         # --reward: the task scored by the user's functions (imported and checked here, probed below)
-        self.task = with_rewards(self.task, cfg.reward.funcs, cfg.reward.weights, probe=self.pool[0],
-                                 reward_range=cfg.algo.reward_range)
+        self.task = with_rewards(
+            self.task, cfg.reward.funcs, cfg.reward.weights, probe=self.pool[0], reward_range=cfg.algo.reward_range
+        )
         # (gapo's decoder fast path turns itself off for adapters and gradient checkpointing)
-        lengths = {"train": [len(self.encoder.ids(p.prompt)) for p in self.pool[:2000]],
-                   "eval": [len(self.encoder.ids(p.prompt)) for p in self.eval_problems[:2000]]}
+        lengths = {
+            "train": [len(self.encoder.ids(p.prompt)) for p in self.pool[:2000]],
+            "eval": [len(self.encoder.ids(p.prompt)) for p in self.eval_problems[:2000]],
+        }
         longest = max(((n, s, i) for s, ls in lengths.items() for i, n in enumerate(ls)), default=None)
-        check_context(self.model, lengths["train"] + lengths["eval"], self.max_new_tokens,
-                      key=cfg._where("sampling.max_new_tokens"), where=str(self.policy_path),
-                      longest=None if longest is None else rollout.problem_name(
-                          (self.pool if longest[1] == "train" else self.eval_problems)[longest[2]]))
-        check_memory(self.model, self.device, t.prompts * t.group_size,
-                     max(lengths["train"], default=0) + self.max_new_tokens, where=str(self.policy_path))
+        check_context(
+            self.model,
+            lengths["train"] + lengths["eval"],
+            self.max_new_tokens,
+            key=cfg._where("sampling.max_new_tokens"),
+            where=str(self.policy_path),
+            longest=None
+            if longest is None
+            else rollout.problem_name((self.pool if longest[1] == "train" else self.eval_problems)[longest[2]]),
+        )
+        check_memory(
+            self.model,
+            self.device,
+            t.prompts * t.group_size,
+            max(lengths["train"], default=0) + self.max_new_tokens,
+            where=str(self.policy_path),
+        )
         rollout.probe_reward(self.task, self.pool[:1] + self.eval_problems[:1], cfg.algo.reward_range)
         self.trackers = Trackers(cfg, self.run_dir)
         self.trackers.check()
@@ -201,14 +247,30 @@ class Trainer:
         self._log_filtered()
         if changes:
             self.folder.write_config(to_dict(self.cfg))
-            self.folder.log_event({"event": "resume", "step": self.step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                   "changed": {k: {"old": a, "new": b} for k, (a, b) in changes.items()}})
-            print(f"[gapo] resumed {str(self.run_dir)!r} at step {self.step} with changes: "
-                  + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()), file=sys.stderr)
+            self.folder.log_event(
+                {
+                    "event": "resume",
+                    "step": self.step,
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "changed": {k: {"old": a, "new": b} for k, (a, b) in changes.items()},
+                }
+            )
+            print(
+                f"[gapo] resumed {str(self.run_dir)!r} at step {self.step} with changes: "
+                + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()),
+                file=sys.stderr,
+            )
 
     def _draw(self, split: str, n: int, seed: int) -> tuple[list, dict | None]:
-        return rollout.draw_problems(self.task, self.encoder, split, n, seed, self.cfg.task.max_prompt_tokens,
-                                     key=self.cfg._where("task.max_prompt_tokens"))
+        return rollout.draw_problems(
+            self.task,
+            self.encoder,
+            split,
+            n,
+            seed,
+            self.cfg.task.max_prompt_tokens,
+            key=self.cfg._where("task.max_prompt_tokens"),
+        )
 
     def _policy_written(self, step: int) -> bool:
         """Whether ``policy/`` holds the model of ``step`` (a run stopped early and resumed with
@@ -226,9 +288,12 @@ class Trainer:
         f = self.filtered
         if f is None:
             return
-        print(f"[gapo] task.max_prompt_tokens={f['max_prompt_tokens']}: dropped {f['train_dropped']} of "
-              f"{f['train_prompts']} training prompts and {f['eval_dropped']} of {f['eval_prompts']} evaluation "
-              "prompts (longer after the chat template)", file=sys.stderr)
+        print(
+            f"[gapo] task.max_prompt_tokens={f['max_prompt_tokens']}: dropped {f['train_dropped']} of "
+            f"{f['train_prompts']} training prompts and {f['eval_dropped']} of {f['eval_prompts']} evaluation "
+            "prompts (longer after the chat template)",
+            file=sys.stderr,
+        )
         self.folder.log_event({"event": "filter_prompts", "step": self.step, **f})
 
     def _shuffled(self) -> list[int]:
@@ -256,8 +321,9 @@ class Trainer:
         # 2. advantages from the rewards (any estimator); GAPO's ε_high(i) from the *raw* group
         #    rewards, so it composes with every estimator; c = successes in each rollout's group
         advantages = compute_advantages(a.advantage, rewards, G, reward_range=a.reward_range, **a.advantage_params)
-        eps_high = eps_high_for(a.eps_schedule, rewards, G, eps_low=a.eps_low, eps_high_max=a.eps_high_max,
-                                reward_range=a.reward_range).to(self.device)
+        eps_high = eps_high_for(
+            a.eps_schedule, rewards, G, eps_low=a.eps_low, eps_high_max=a.eps_high_max, reward_range=a.reward_range
+        ).to(self.device)
         c = success_count(rewards, G, reward_range=a.reward_range)
         # 3. the update batch: + log π_old (epoch 0's mini-batch order is drawn first: see
         #    _update_batch) and log π_ref
@@ -279,21 +345,41 @@ class Trainer:
     def _rollout(self) -> rollout.Batch:
         t, a = self.cfg.train, self.cfg.algo
         make = lambda problems: rollout.sample_and_score(  # noqa: E731
-            problems, sample=self._sample, texts=lambda ro: ro.texts(self.tok), pad_id=self.tok.pad_token_id,
-            task=self.task, group_size=t.group_size, workers=self.cfg.task.scoring_workers,
-            reward_range=a.reward_range)
-        return rollout.collect(lambda: self._next_problems(t.prompts), make, n_groups=t.prompts,
-                               dynamic_sampling=a.dynamic_sampling, max_refill_rounds=a.max_refill_rounds,
-                               pad_id=self.tok.pad_token_id)
+            problems,
+            sample=self._sample,
+            texts=lambda ro: ro.texts(self.tok),
+            pad_id=self.tok.pad_token_id,
+            task=self.task,
+            group_size=t.group_size,
+            workers=self.cfg.task.scoring_workers,
+            reward_range=a.reward_range,
+        )
+        return rollout.collect(
+            lambda: self._next_problems(t.prompts),
+            make,
+            n_groups=t.prompts,
+            dynamic_sampling=a.dynamic_sampling,
+            max_refill_rounds=a.max_refill_rounds,
+            pad_id=self.tok.pad_token_id,
+        )
 
     def _sample(self, problems: list):
         G, s = self.cfg.train.group_size, self.cfg.sampling
         prompts = [self.encoder.ids(p.prompt) for p in problems for _ in range(G)]
         self.model.eval()
         with autocast(self.device, self.cfg.model.dtype):
-            ro = sample(self.model, prompts, max_new_tokens=self.max_new_tokens, temperature=s.temperature,
-                        top_p=s.top_p, eos_token_id=self.eos_ids, pad_token_id=self.tok.pad_token_id,
-                        stop=s.stop, tokenizer=self.tok, generator=self.gen)
+            ro = sample(
+                self.model,
+                prompts,
+                max_new_tokens=self.max_new_tokens,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                eos_token_id=self.eos_ids,
+                pad_token_id=self.tok.pad_token_id,
+                stop=s.stop,
+                tokenizer=self.tok,
+                generator=self.gen,
+            )
         self.model.train()
         return ro
 
@@ -303,8 +389,14 @@ class Trainer:
         ro, T = batch.rollout, batch.rollout.completion_ids.shape[1]
         ids, attn = (ro.input_ids, ro.attention_mask) if rows is None else (ro.input_ids[rows], ro.attention_mask[rows])
         with autocast(self.device, self.cfg.model.dtype):
-            lp, ent = logprobs(model, ids, attn, T, temperature=self.cfg.sampling.temperature,
-                               entropy_grad=bool(self.cfg.algo.entropy_coef))
+            lp, ent = logprobs(
+                model,
+                ids,
+                attn,
+                T,
+                temperature=self.cfg.sampling.temperature,
+                entropy_grad=bool(self.cfg.algo.entropy_coef),
+            )
         return lp.float(), ent.float()
 
     def _permutation(self, n: int) -> torch.Tensor:
@@ -382,8 +474,9 @@ class Trainer:
             self.scaler.step(self.opt)
             self.scaler.update()
         elif not torch.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite gradient norm at step {self.step + 1}; "
-                                     "lower optim.lr or check the rewards")
+            raise FloatingPointError(
+                f"non-finite gradient norm at step {self.step + 1}; lower optim.lr or check the rewards"
+            )
         else:
             self.opt.step()
         return float(grad_norm)
@@ -420,9 +513,20 @@ class Trainer:
     def evaluate(self, *, progress: bool = False) -> dict:
         e = self.cfg.eval
         with autocast(self.device, self.cfg.model.dtype):
-            res = evaluate(self.model, self.tok, self.task, self.eval_problems, n=e.samples, temperature=e.temperature,
-                           max_new_tokens=self.max_new_tokens, seed=e.seed, progress=progress,
-                           encode=self.encoder.ids, eos_token_id=self.eos_ids, stop=self.cfg.sampling.stop)
+            res = evaluate(
+                self.model,
+                self.tok,
+                self.task,
+                self.eval_problems,
+                n=e.samples,
+                temperature=e.temperature,
+                max_new_tokens=self.max_new_tokens,
+                seed=e.seed,
+                progress=progress,
+                encode=self.encoder.ids,
+                eos_token_id=self.eos_ids,
+                stop=self.cfg.sampling.stop,
+            )
         res.update(kind="eval", step=self.step)
         return res
 
@@ -433,12 +537,20 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> None:
         state = {
-            "step": self.step, "pos": self.pos, "order": self.order, "pool_size": len(self.pool),
+            "step": self.step,
+            "pos": self.pos,
+            "order": self.order,
+            "pool_size": len(self.pool),
             # with LoRA only the adapters train: the checkpoint holds them, the base stays on disk
             "model": lora.adapter_state(self.model) if lora.is_lora(self.model) else self.model.state_dict(),
-            "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
-            "py_rng": self.py_rng.getstate(), "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
-            "config": to_dict(self.cfg), "policy_path": self.policy_path, "threads": torch.get_num_threads(),
+            "opt": self.opt.state_dict(),
+            "sched": self.sched.state_dict(),
+            "py_rng": self.py_rng.getstate(),
+            "gen": self.gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "config": to_dict(self.cfg),
+            "policy_path": self.policy_path,
+            "threads": torch.get_num_threads(),
             "ratio_adv_window": list(self.ratio_adv_window),
         }
         # atomic: a crash or a full disk leaves the previous checkpoint intact and no temporary file;
@@ -451,14 +563,17 @@ class Trainer:
             if lora.is_lora(self.model):  # the adapters; the base weights come from the checkpoint on disk
                 missing = set(lora.adapter_state(self.model)) - set(state["model"])
                 if missing or self.model.load_state_dict(state["model"], strict=False).unexpected_keys:
-                    raise ValueError(f"the checkpoint's adapters do not match model.lora (missing {sorted(missing)[:3]})")
+                    raise ValueError(
+                        f"the checkpoint's adapters do not match model.lora (missing {sorted(missing)[:3]})"
+                    )
             else:
                 self.model.load_state_dict(state["model"])
             self.opt.load_state_dict(state["opt"])
             self.sched.load_state_dict(state["sched"])
         except (RuntimeError, KeyError, ValueError) as e:
-            raise ValueError(f"cannot resume: {str(self.ckpt_path)!r} does not fit the model at "
-                             f"{str(self.policy_path)!r} ({e})") from None
+            raise ValueError(
+                f"cannot resume: {str(self.ckpt_path)!r} does not fit the model at {str(self.policy_path)!r} ({e})"
+            ) from None
         self.py_rng.setstate(state["py_rng"])
         self.gen.set_state(state["gen"])
         torch.set_rng_state(state["torch_rng"])
@@ -494,9 +609,12 @@ class Trainer:
                 os.rename(old, final)
             if not isinstance(e, (OSError, RuntimeError)) and type(e).__name__ != "SafetensorError":
                 raise
-            raise OSError(getattr(e, "errno", None) or errno.EIO, f"cannot write the policy to {str(final)!r}: "
-                          f"{getattr(e, 'strerror', None) or e}; {space_note(self.run_dir, self._ckpt_bytes)}. The "
-                          f"checkpoint of step {self.step} is intact ({str(self.ckpt_path)!r})") from None
+            raise OSError(
+                getattr(e, "errno", None) or errno.EIO,
+                f"cannot write the policy to {str(final)!r}: "
+                f"{getattr(e, 'strerror', None) or e}; {space_note(self.run_dir, self._ckpt_bytes)}. The "
+                f"checkpoint of step {self.step} is intact ({str(self.ckpt_path)!r})",
+            ) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.rmtree(old, ignore_errors=True)
@@ -516,8 +634,14 @@ class Trainer:
                 if self.step == 0 and self.eval_problems:
                     last_eval = self.evaluate(progress=t.progress)
                     self.log(last_eval)
-                bar = tqdm(total=t.steps, initial=self.step, desc=self.run_dir.name, unit="step",
-                           dynamic_ncols=True, disable=not t.progress)
+                bar = tqdm(
+                    total=t.steps,
+                    initial=self.step,
+                    desc=self.run_dir.name,
+                    unit="step",
+                    dynamic_ncols=True,
+                    disable=not t.progress,
+                )
                 say = bar.write if t.progress else (lambda _: None)
                 start = self.step
                 while self.step < t.steps:
@@ -526,20 +650,28 @@ class Trainer:
                     self.folder.append_samples(self.last_samples)
                     bar.update(1)
                     self.trackers.log_samples(self.step, self.last_samples)  # TB text / W&B table
-                    bar.set_postfix(reward=f"{rec['rollout/reward']:.3f}", clip=f"{rec.get('loss/clipfrac', 0):.3f}",
-                                    kl=f"{rec.get('loss/approx_kl', 0):.1e}", ent=f"{rec['policy/entropy']:.2f}")
+                    bar.set_postfix(
+                        reward=f"{rec['rollout/reward']:.3f}",
+                        clip=f"{rec.get('loss/clipfrac', 0):.3f}",
+                        kl=f"{rec.get('loss/approx_kl', 0):.1e}",
+                        ent=f"{rec['policy/entropy']:.2f}",
+                    )
                     done = self.step >= t.steps
                     if self.eval_problems and (done or (e_every and self.step % e_every == 0)):
                         last_eval = self.evaluate()
                         self.log(last_eval)
-                        say(f"step {self.step}: " + "  ".join(
-                            f"{k[5:]}={v:.3f}" for k, v in last_eval.items() if k.startswith("eval/pass@")))
+                        say(
+                            f"step {self.step}: "
+                            + "  ".join(f"{k[5:]}={v:.3f}" for k, v in last_eval.items() if k.startswith("eval/pass@"))
+                        )
                     stopping = self._stop or (stop_after is not None and self.step - start >= stop_after)
                     if done or stopping or (t.checkpoint_every and self.step % t.checkpoint_every == 0):
                         self.save_checkpoint()
                     if stopping and not done:
-                        say(f"stopped at step {self.step}; checkpoint saved. Resume: gapo train --out "
-                            f"{shlex.quote(str(self.run_dir))} --resume")
+                        say(
+                            f"stopped at step {self.step}; checkpoint saved. Resume: gapo train --out "
+                            f"{shlex.quote(str(self.run_dir))} --resume"
+                        )
                         break
                 if self.step >= t.steps:
                     if self.step == start:  # extended to its own step: no step taken, the config changed

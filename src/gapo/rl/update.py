@@ -27,8 +27,18 @@ from gapo.core.aggregation import agg_loss
 from gapo.core.losses import LOSSES, RATIO_LEVEL, kl_estimate, log_ratio
 from gapo.core.metrics import clip_counts_by_c
 
-__all__ = ["LossSettings", "UpdateBatch", "OldPolicy", "micro_batches", "minibatch_norms", "token_share",
-           "micro_batch_loss", "clip_counts", "accumulate", "ADDITIVE"]
+__all__ = [
+    "LossSettings",
+    "UpdateBatch",
+    "OldPolicy",
+    "micro_batches",
+    "minibatch_norms",
+    "token_share",
+    "micro_batch_loss",
+    "clip_counts",
+    "accumulate",
+    "ADDITIVE",
+]
 
 # metrics that add up over a mini-batch's micro-batches (each is a share of the mini-batch loss);
 # every other metric is a rate, weighted by the micro-batch's share of the response tokens
@@ -67,8 +77,15 @@ class UpdateBatch:
     def rows(self, idx: torch.Tensor) -> UpdateBatch:
         """The rows ``idx`` (a micro-batch), copied."""
         pick = lambda x: None if x is None else x[idx]  # noqa: E731
-        return replace(self, mask=self.mask[idx], advantages=self.advantages[idx], eps_high=self.eps_high[idx],
-                       c=self.c[idx], old_logp=self.old_logp[idx], ref_logp=pick(self.ref_logp))
+        return replace(
+            self,
+            mask=self.mask[idx],
+            advantages=self.advantages[idx],
+            eps_high=self.eps_high[idx],
+            c=self.c[idx],
+            old_logp=self.old_logp[idx],
+            ref_logp=pick(self.ref_logp),
+        )
 
 
 class OldPolicy:
@@ -120,13 +137,23 @@ def token_share(mask: torch.Tensor, minibatch_mask: torch.Tensor, norms: dict) -
     return float(mask.sum()) / max(float(minibatch_mask.sum()), 1.0) if norms else 1.0
 
 
-def micro_batch_loss(logp: torch.Tensor, ent: torch.Tensor, mb: UpdateBatch, s: LossSettings,
-                     norms: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def micro_batch_loss(
+    logp: torch.Tensor, ent: torch.Tensor, mb: UpdateBatch, s: LossSettings, norms: dict
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``(total, metrics)`` of one micro-batch (formula in the module docstring); ``logp``/``ent``
     ``(b, T)`` are the current policy's on ``mb``'s rows. Metrics are detached 0-d tensors:
     the surrogate's (``gapo.core.losses``), ``loss/kl_ref``, ``loss/policy``, ``loss/total``."""
-    loss, metrics = LOSSES[s.loss](logp, mb.old_logp, mb.advantages, mb.mask, eps_low=s.eps_low,
-                                   eps_high=mb.eps_high, agg=s.agg, clip_ratio_c=s.clip_ratio_c, **norms)
+    loss, metrics = LOSSES[s.loss](
+        logp,
+        mb.old_logp,
+        mb.advantages,
+        mb.mask,
+        eps_low=s.eps_low,
+        eps_high=mb.eps_high,
+        agg=s.agg,
+        clip_ratio_c=s.clip_ratio_c,
+        **norms,
+    )
     total = loss
     if mb.ref_logp is not None:
         kl = agg_loss(kl_estimate(logp, mb.ref_logp, s.kl_estimator), mb.mask, s.agg, **norms)

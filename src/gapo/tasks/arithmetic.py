@@ -75,9 +75,7 @@ class ArithmeticTask:
         return f"arithmetic:{prompt}", Problem(prompt, answer, {"a": a, "op": op, "b": b})
 
     def generate(self, split: str, n: int, seed: int) -> list[Problem]:
-        return draw_problems(
-            split, n, seed, self._draw, eval_fraction=self.eval_fraction, task_name=self.name
-        )
+        return draw_problems(split, n, seed, self._draw, eval_fraction=self.eval_fraction, task_name=self.name)
 
     def parse_ok(self, completion: str) -> bool:
         return isinstance(completion, str) and _ANSWER.fullmatch(completion.strip()) is not None

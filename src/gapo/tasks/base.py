@@ -24,8 +24,9 @@ import json
 import os
 import random
 import warnings
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 SPLITS = ("train", "eval")
 
@@ -87,8 +88,12 @@ def eval_fraction_param(eval_fraction: float | None, eval_frac: float | None, de
     if eval_frac is not None:
         if eval_fraction is not None:
             raise ValueError("eval_frac is the old name of eval_fraction: give only task.params.eval_fraction")
-        warnings.warn(f"task.params.eval_frac is now eval_fraction (renamed in gapo 0.3); write "
-                      f"task.params.eval_fraction={eval_frac}", FutureWarning, stacklevel=3)
+        warnings.warn(
+            f"task.params.eval_frac is now eval_fraction (renamed in gapo 0.3); write "
+            f"task.params.eval_fraction={eval_frac}",
+            FutureWarning,
+            stacklevel=3,
+        )
         eval_fraction = eval_frac
     return default if eval_fraction is None else eval_fraction
 
@@ -182,8 +187,9 @@ def read_jsonl(path, required=()) -> list[tuple[int, dict]]:
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); "
-                                     "expected one JSON object per line") from None
+                    raise ValueError(
+                        f"{path}:{lineno}: not valid JSON ({e.msg}); expected one JSON object per line"
+                    ) from None
                 if not isinstance(rec, dict):
                     raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
                 for field in required:

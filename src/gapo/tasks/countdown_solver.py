@@ -45,10 +45,10 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import islice, product
-from typing import Iterator, Sequence, Union
 
 MAX_DIGITS = 12  # longest number literal a completion may contain
 
@@ -57,7 +57,7 @@ _STEP = re.compile(rf"({_NUM})([-+*/])({_NUM})=({_NUM})")
 
 Step = tuple[int, str, int, int]  # (a, op, b, c) for "a op b = c"
 # A derivation: a given number, or (op, left, right, value) written "left op right = value".
-Derivation = Union[int, tuple]
+Derivation = int | tuple
 
 
 # ---------------------------------------------------------------- canonical expressions
@@ -382,8 +382,7 @@ def render(deriv: Derivation, rng: random.Random | None = None) -> str:
         done: set[int] = set()
         order = []
         while len(order) < len(steps):
-            ready = [i for i, (_, kids) in enumerate(steps)
-                     if i not in done and all(k in done for k in kids)]
+            ready = [i for i, (_, kids) in enumerate(steps) if i not in done and all(k in done for k in kids)]
             pick = ready[rng.randrange(len(ready))]
             done.add(pick)
             order.append(pick)
@@ -407,9 +406,7 @@ def _all_orders(deriv: Derivation) -> list[str]:
     return out
 
 
-def solution_completion(
-    numbers: Sequence[int], text: str, rng: random.Random | None = None
-) -> str:
+def solution_completion(numbers: Sequence[int], text: str, rng: random.Random | None = None) -> str:
     """A completion whose canonical form is the solution ``text`` (from :func:`solutions`),
     its steps in a random valid order when ``rng`` is given."""
     expr = _solve(_key(numbers)).exprs.get(text)

@@ -48,10 +48,17 @@ import math
 import numbers
 import os
 import sys
-from pathlib import Path
 
-__all__ = ["RewardTerm", "RewardTask", "parse_spec", "absolute_spec", "check_reward_config", "with_rewards",
-           "BUILTIN", "problem_fields"]
+__all__ = [
+    "RewardTerm",
+    "RewardTask",
+    "parse_spec",
+    "absolute_spec",
+    "check_reward_config",
+    "with_rewards",
+    "BUILTIN",
+    "problem_fields",
+]
 
 BUILTIN = "task"  # --reward task: the task's own verifier as one term
 # stats gapo.exec.scoring already writes under reward/: a term may not take one of these names
@@ -69,8 +76,10 @@ def parse_spec(spec: str) -> tuple[str, str | None, bool]:
         return BUILTIN, None, False
     target, sep, fn = spec.rpartition(":")
     if not sep or not target or not fn.isidentifier():
-        raise ValueError(f"reward {spec!r}: expected module.path:function or path/to/file.py:function "
-                         f"(or {BUILTIN!r} for the task's own verifier)")
+        raise ValueError(
+            f"reward {spec!r}: expected module.path:function or path/to/file.py:function "
+            f"(or {BUILTIN!r} for the task's own verifier)"
+        )
     is_file = target.endswith(".py") or "/" in target or os.sep in target
     if not is_file and not all(part.isidentifier() for part in target.split(".")):
         raise ValueError(f"reward {spec!r}: {target!r} is neither a module path (a.b.c) nor a .py file")
@@ -148,8 +157,9 @@ class RewardTerm:
             raise
         except ModuleNotFoundError as e:
             if not self.is_file and e.name is not None and self.target.startswith(e.name):
-                raise ValueError(f"{what}: cannot import module {self.target!r} ({e}; looked on sys.path and in "
-                                 f"{self.start_dir!r})") from None
+                raise ValueError(
+                    f"{what}: cannot import module {self.target!r} ({e}; looked on sys.path and in {self.start_dir!r})"
+                ) from None
             where = "file" if self.is_file else "module"
             raise ValueError(f"{what}: importing {where} {self.target!r} raised ModuleNotFoundError: {e}") from None
         except BaseException as e:  # noqa: BLE001 - the user's module failed while importing
@@ -160,8 +170,10 @@ class RewardTerm:
         fn = getattr(mod, self.fn_name, None)
         if fn is None:
             public = sorted(n for n, v in vars(mod).items() if callable(v) and not n.startswith("_"))
-            raise ValueError(f"{what}: {'file' if self.is_file else 'module'} {self.target!r} has no function "
-                             f"{self.fn_name!r} (callables there: {public[:20]})")
+            raise ValueError(
+                f"{what}: {'file' if self.is_file else 'module'} {self.target!r} has no function "
+                f"{self.fn_name!r} (callables there: {public[:20]})"
+            )
         if not callable(fn):
             raise ValueError(f"{what}: {self.fn_name!r} in {self.target!r} is a {type(fn).__name__}, not a function")
         self._fn = fn
@@ -176,8 +188,10 @@ class RewardTerm:
         var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
         positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         if len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in params):
-            raise ValueError(f"reward {self.spec!r}: the function must take (prompt, completion, **fields); "
-                             f"its signature is {inspect.signature(fn)}")
+            raise ValueError(
+                f"reward {self.spec!r}: the function must take (prompt, completion, **fields); "
+                f"its signature is {inspect.signature(fn)}"
+            )
         rest = [p for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         required = [p.name for p in rest if p.default is p.empty]
         return var_kw, frozenset(p.name for p in rest), required
@@ -189,13 +203,16 @@ class RewardTerm:
         var_kw, names, required = self._signature(self.resolve())
         missing = [n for n in required if n not in fields]
         if missing:
-            raise ValueError(f"reward {self.spec!r}: the function needs field(s) {missing} but the problems have "
-                             f"{sorted(fields)}; name only these, or take **fields")
+            raise ValueError(
+                f"reward {self.spec!r}: the function needs field(s) {missing} but the problems have "
+                f"{sorted(fields)}; name only these, or take **fields"
+            )
 
     def __call__(self, task, problem, completion: str):
         """``(value or None, status)``: the built-in verifier's (reward, status), or the function's value."""
         if self.builtin:
             from gapo.exec.scoring_pool import score_one
+
             out = score_one(task, problem, completion)
             return check_value(self.spec, out[0]), out[1]  # the task's reward: a real number too
         fn = self.resolve()
@@ -308,9 +325,11 @@ def check_reward_config(funcs, weights, *, key: str = "reward", task: str | None
     if not isinstance(funcs, (list, tuple)):
         raise ValueError(f"{key}.funcs: expected a list of module.path:function specs, got {funcs!r}")
     if task == "data" and (not funcs or BUILTIN in funcs):
-        raise ValueError(f"{key}.funcs: task 'data' has no verifier of its own; give your reward with --reward "
-                         "module.path:function or --reward my_rewards.py:function" + (
-                             f" ({BUILTIN!r}, the task's verifier, does not exist for it)" if funcs else ""))
+        raise ValueError(
+            f"{key}.funcs: task 'data' has no verifier of its own; give your reward with --reward "
+            "module.path:function or --reward my_rewards.py:function"
+            + (f" ({BUILTIN!r}, the task's verifier, does not exist for it)" if funcs else "")
+        )
     names = []
     for s in funcs:
         target, fn, is_file = parse_spec(s)
@@ -318,11 +337,15 @@ def check_reward_config(funcs, weights, *, key: str = "reward", task: str | None
             raise ValueError(f"{key}.funcs: reward {s!r}: no such file {os.path.abspath(os.path.expanduser(target))!r}")
         name = BUILTIN if fn is None else fn
         if name in _RESERVED:
-            raise ValueError(f"{key}.funcs: a reward function named {name!r} would be logged as reward/{name}, "
-                             "which gapo's scoring statistics use; rename the function")
+            raise ValueError(
+                f"{key}.funcs: a reward function named {name!r} would be logged as reward/{name}, "
+                "which gapo's scoring statistics use; rename the function"
+            )
         if name in names:
-            raise ValueError(f"{key}.funcs: two rewards named {name!r} ({funcs}); each is logged as "
-                             "reward/<function name>, so give them different names")
+            raise ValueError(
+                f"{key}.funcs: two rewards named {name!r} ({funcs}); each is logged as "
+                "reward/<function name>, so give them different names"
+            )
         names.append(name)
     if weights is None:
         return
@@ -331,8 +354,10 @@ def check_reward_config(funcs, weights, *, key: str = "reward", task: str | None
     if not funcs:
         raise ValueError(f"{key}.weights: set but there are no rewards (--reward module:function, reward.funcs)")
     if len(weights) != len(funcs):
-        raise ValueError(f"{key}.weights: {len(weights)} weight(s) for {len(funcs)} reward(s) {list(funcs)}; "
-                         "give one weight per reward")
+        raise ValueError(
+            f"{key}.weights: {len(weights)} weight(s) for {len(funcs)} reward(s) {list(funcs)}; "
+            "give one weight per reward"
+        )
     for w in weights:
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
             raise ValueError(f"{key}.weights: each weight must be a finite number >= 0, got {w!r}")
@@ -348,8 +373,10 @@ def with_rewards(task, funcs, weights=None, *, probe=None, reward_range=None):
     of ``rollout/pass_rate``); otherwise when R > 0."""
     if not funcs:
         if getattr(task, "needs_reward", False):
-            raise ValueError(f"task {task.name!r} has no verifier of its own; give one with --reward "
-                             "module.path:function or --reward my_rewards.py:function (reward.funcs)")
+            raise ValueError(
+                f"task {task.name!r} has no verifier of its own; give one with --reward "
+                "module.path:function or --reward my_rewards.py:function (reward.funcs)"
+            )
         return task
     check_reward_config(funcs, weights)
     ws = list(weights) if weights is not None else [1.0] * len(funcs)

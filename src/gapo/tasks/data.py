@@ -47,18 +47,29 @@ class DataTask:
     alphabet = None  # a real tokenizer
     needs_reward = True  # no verifier of its own: gapo.tasks.custom.with_rewards requires --reward
 
-    def __init__(self, path: str | Path, *, split: str | None = None, eval_split: str | None = None,
-                 eval_path: str | Path | None = None, prompt_field: str | None = None,
-                 answer_fields: list | None = None, template: str = "{prompt}",
-                 eval_fraction: float | None = None, max_completion_len: int = 1024, name: str = "data",
-                 eval_frac: float | None = None):  # eval_frac: eval_fraction's old name (warns)
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        split: str | None = None,
+        eval_split: str | None = None,
+        eval_path: str | Path | None = None,
+        prompt_field: str | None = None,
+        answer_fields: list | None = None,
+        template: str = "{prompt}",
+        eval_fraction: float | None = None,
+        max_completion_len: int = 1024,
+        name: str = "data",
+        eval_frac: float | None = None,
+    ):  # eval_frac: eval_fraction's old name (warns)
         if "{prompt}" not in template:
             raise ValueError(f"template must contain '{{prompt}}', got {template!r}")
         eval_fraction = eval_fraction_param(eval_fraction, eval_frac)
         if not 0.0 <= eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
-        if answer_fields is not None and (not isinstance(answer_fields, (list, tuple))
-                                          or not all(isinstance(f, str) for f in answer_fields)):
+        if answer_fields is not None and (
+            not isinstance(answer_fields, (list, tuple)) or not all(isinstance(f, str) for f in answer_fields)
+        ):
             raise ValueError(f"answer_fields must be a list of column names, got {answer_fields!r}")
         self.name, self.path, self.template = name, Path(path), template
         self.eval_fraction, self.max_completion_len = eval_fraction, max_completion_len
@@ -66,16 +77,22 @@ class DataTask:
         src, train = self._load(self.path, split)
         if eval_path is not None or eval_split is not None:
             if eval_path is None and eval_split == (split or "train"):
-                raise ValueError(f"{self.path}: eval_split={eval_split!r} is the training split too; "
-                                 "name another split of the dataset (e.g. test)")
+                raise ValueError(
+                    f"{self.path}: eval_split={eval_split!r} is the training split too; "
+                    "name another split of the dataset (e.g. test)"
+                )
             ev_src, ev = self._load(Path(eval_path) if eval_path is not None else self.path, eval_split)
             seen = {_qkey(r[1]) for r in ev}
             pools = {"train": (src, [r for r in train if _qkey(r[1]) not in seen]), "eval": (ev_src, ev)}
         else:
+
             def is_eval(p: str) -> bool:
                 return split_of(_qkey(p), eval_fraction) == "eval"
-            pools = {"train": (src, [r for r in train if not is_eval(r[1])]),
-                     "eval": (src, [r for r in train if is_eval(r[1])])}
+
+            pools = {
+                "train": (src, [r for r in train if not is_eval(r[1])]),
+                "eval": (src, [r for r in train if is_eval(r[1])]),
+            }
         self._pools = {s: [self._problem(src_, s, *r) for r in rows] for s, (src_, rows) in pools.items()}
 
     def _load(self, path: Path, split: str | None):
@@ -89,8 +106,10 @@ class DataTask:
         if pf is None:
             pf = next((k for k in _PROMPT_FIELDS + ("messages",) if k in recs.columns), None)
             if pf is None:
-                raise ValueError(f"{recs.where()}: no prompt {recs.noun} (tried {list(_PROMPT_FIELDS) + ['messages']}; "
-                                 f"{recs.noun}s present: {recs.columns}); pass task.params.prompt_field=")
+                raise ValueError(
+                    f"{recs.where()}: no prompt {recs.noun} (tried {list(_PROMPT_FIELDS) + ['messages']}; "
+                    f"{recs.noun}s present: {recs.columns}); pass task.params.prompt_field="
+                )
             self.prompt_field = pf
         for fld in [pf] + (af or []):
             if recs.tabular and fld not in recs.columns:
@@ -110,8 +129,11 @@ class DataTask:
 
     def _problem(self, src: str, split: str, pos: int, prompt: str, fields: dict) -> Problem:
         answer = fields.get(self.answer_fields[0]) if self.answer_fields else None
-        return Problem(prompt=self.template.replace("{prompt}", prompt), answer=_hashable(answer),
-                       meta={"source": str(src), "line": pos, "split": split, "fields": fields})
+        return Problem(
+            prompt=self.template.replace("{prompt}", prompt),
+            answer=_hashable(answer),
+            meta={"source": str(src), "line": pos, "split": split, "fields": fields},
+        )
 
     def __getstate__(self):  # the pool pickles the task once per batch: leave the data behind
         state = dict(self.__dict__)

@@ -37,14 +37,17 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from gapo.tasks.base import read_jsonl
 
 __all__ = ["FORMATS", "Records", "check_required", "read_records"]
 
-FORMATS = ".jsonl, .json, .parquet, .csv, .tsv, .arrow (optionally .gz for JSON/JSONL), a save_to_disk folder or a folder of data files"
+FORMATS = (
+    ".jsonl, .json, .parquet, .csv, .tsv, .arrow (optionally .gz for JSON/JSONL), a save_to_disk folder "
+    "or a folder of data files"
+)
 _JSON_LIST_KEYS = ("data", "rows", "records", "examples", "instances", "problems")
 _BUILDERS = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".arrow": "arrow"}
 _FORMAT_NAMES = {".parquet": "Parquet", ".csv": "CSV", ".tsv": "TSV", ".arrow": "Arrow"}
@@ -86,8 +89,13 @@ class Records:
         return len(self.rows)
 
 
-def read_records(path, *, split: str | None = None, required: Sequence[str] = (),
-                 columns: Sequence[str] | Callable[[list[str]], Sequence[str]] | None = None) -> Records:
+def read_records(
+    path,
+    *,
+    split: str | None = None,
+    required: Sequence[str] = (),
+    columns: Sequence[str] | Callable[[list[str]], Sequence[str]] | None = None,
+) -> Records:
     """The rows of ``split`` of the local dataset at ``path`` (see the module docstring).
 
     ``required``: fields every record must have (a ``ValueError`` naming the file and listing the
@@ -99,8 +107,10 @@ def read_records(path, *, split: str | None = None, required: Sequence[str] = ()
     if split is not None and (not isinstance(split, str) or not split):
         raise ValueError(f"split must be a non-empty string, got {split!r}")
     if not os.path.exists(path):
-        raise ValueError(f"{path}: dataset file not found (no such file or folder; gapo reads local "
-                         "datasets only and never downloads one)")
+        raise ValueError(
+            f"{path}: dataset file not found (no such file or folder; gapo reads local "
+            "datasets only and never downloads one)"
+        )
     name = path.lower()
     base = name[:-3] if name.endswith(".gz") else name
     if os.path.isdir(path):
@@ -121,9 +131,11 @@ def read_records(path, *, split: str | None = None, required: Sequence[str] = ()
 
 def _no_splits(path: str, split: str | None) -> None:
     if split not in (None, "train"):
-        raise ValueError(f"{path}: this dataset has no splits, so split={split!r} cannot be chosen "
-                         "(all of it is the 'train' split; for named splits use a folder with one file "
-                         "per split, a JSON object of splits or a saved DatasetDict)")
+        raise ValueError(
+            f"{path}: this dataset has no splits, so split={split!r} cannot be chosen "
+            "(all of it is the 'train' split; for named splits use a folder with one file "
+            "per split, a JSON object of splits or a saved DatasetDict)"
+        )
 
 
 def _pick_split(path: str, splits: Sequence[str], split: str | None) -> str:
@@ -136,8 +148,9 @@ def _pick_split(path: str, splits: Sequence[str], split: str | None) -> str:
         return "train"
     if len(splits) == 1:
         return splits[0]
-    raise ValueError(f"{path}: the dataset has splits {splits} and none is 'train'; choose one "
-                     "with split= (task.params.split=...)")
+    raise ValueError(
+        f"{path}: the dataset has splits {splits} and none is 'train'; choose one with split= (task.params.split=...)"
+    )
 
 
 def check_required(recs: Records, required: Sequence[str]) -> None:
@@ -184,9 +197,11 @@ def _read_json(path: str, split: str | None) -> Records:
         if obj and all(isinstance(v, list) for v in obj.values()):  # {"train": [...], "test": [...]}
             name = _pick_split(path, list(obj), split)
             return _json_records(f"{path} [split {name!r}]", name, obj[name])
-        raise ValueError(f"{path}: expected a JSON list of records, an object with the list under one of "
-                         f"{list(_JSON_LIST_KEYS)}, or an object of splits; got an object with keys "
-                         f"{sorted(obj)[:20]}")
+        raise ValueError(
+            f"{path}: expected a JSON list of records, an object with the list under one of "
+            f"{list(_JSON_LIST_KEYS)}, or an object of splits; got an object with keys "
+            f"{sorted(obj)[:20]}"
+        )
     raise ValueError(f"{path}: expected a JSON list of records, got {type(obj).__name__}")
 
 
@@ -243,8 +258,10 @@ def _import_datasets():
     try:  # lazy: `datasets` is the optional [math] extra, needed only for non-JSON formats
         import datasets
     except ImportError as e:
-        raise ImportError("reading Parquet, CSV, Arrow or dataset folders needs the `datasets` package: "
-                          "pip install 'gapo[math]' (JSON and JSONL need nothing)") from e
+        raise ImportError(
+            "reading Parquet, CSV, Arrow or dataset folders needs the `datasets` package: "
+            "pip install 'gapo[math]' (JSON and JSONL need nothing)"
+        ) from e
     return datasets
 
 
@@ -259,10 +276,10 @@ def _cause(e: BaseException) -> str:
 def _read_with_datasets(path: str, split: str | None, ext: str | None, columns) -> Records:
     datasets = _import_datasets()
     apath = os.path.abspath(path)  # never a hub id, never a packaged builder's name
-    saved = os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f))
-                                        for f in ("dataset_dict.json", "state.json"))
-    what = ("a save_to_disk folder" if saved else "a dataset folder" if ext is None
-            else f"a {_FORMAT_NAMES[ext]} file")
+    saved = os.path.isdir(path) and any(
+        os.path.isfile(os.path.join(path, f)) for f in ("dataset_dict.json", "state.json")
+    )
+    what = "a save_to_disk folder" if saved else "a dataset folder" if ext is None else f"a {_FORMAT_NAMES[ext]} file"
     with _quiet_offline(datasets):
         try:
             if saved:
@@ -303,9 +320,11 @@ def _folder_hint(path: str, what: str, e: BaseException) -> str:
     msg = _cause(e)
     if "Config name is missing" in str(e) or "available configs" in str(e):
         configs = re.search(r"available configs: (\[[^\]]*\])", str(e))
-        return (f"{path}: this dataset folder holds several configurations"
-                f"{' ' + configs.group(1) if configs else ''}; point at the folder of one of them "
-                "instead (e.g. gsm8k/main rather than gsm8k)")
+        return (
+            f"{path}: this dataset folder holds several configurations"
+            f"{' ' + configs.group(1) if configs else ''}; point at the folder of one of them "
+            "instead (e.g. gsm8k/main rather than gsm8k)"
+        )
     if what == "a dataset folder" and ("data files" in msg.lower() or isinstance(e, FileNotFoundError)):
         return f"{path}: no data files found in this folder (expected {FORMATS})"
     return f"{path}: cannot read {what} ({msg})"

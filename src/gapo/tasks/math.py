@@ -61,8 +61,9 @@ helper process verifies from then on if they still fail.
 
 Splits: with ``eval_path`` (any of the formats; ``eval_split`` picks its split) or ``eval_split``
 alone (a split of ``path``, e.g. GSM8K's ``test``) the train split is ``path``'s ``split`` minus
-any problem whose question also appears in the eval data; without either a stable hash of the question puts ``eval_fraction`` of the
-problems in eval (the shared rule of :func:`gapo.tasks.base.split_of`). Either way the splits are disjoint by question text.
+any problem whose question also appears in the eval data; without either a stable hash of the
+question puts ``eval_fraction`` of the problems in eval (the shared rule of
+:func:`gapo.tasks.base.split_of`). Either way the splits are disjoint by question text.
 """
 
 from __future__ import annotations
@@ -77,13 +78,22 @@ from pathlib import Path
 from typing import Any
 
 from gapo.exec.scoring import VerifierTimeout, run_with_timeout
-from gapo.exec.scoring_pool import signal_guard_usable, alarm_deferred
-
+from gapo.exec.scoring_pool import alarm_deferred, signal_guard_usable
 from gapo.tasks.base import Problem, eval_fraction_param, split_of
 from gapo.tasks.datasets_io import read_records
 
-__all__ = ["MathTask", "answer_candidates", "extract_answer", "final_answers", "gold_from_field", "last_boxed",
-           "verifier_healthy", "verify_all", "verify_answer", "warmup"]
+__all__ = [
+    "MathTask",
+    "answer_candidates",
+    "extract_answer",
+    "final_answers",
+    "gold_from_field",
+    "last_boxed",
+    "verifier_healthy",
+    "verify_all",
+    "verify_answer",
+    "warmup",
+]
 
 DEFAULT_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
 _PROMPT_FIELDS = ("question", "problem", "prompt")
@@ -95,7 +105,9 @@ _BOX = re.compile(r"(?:\\|(?<![A-Za-z\\]))(?:boxed|fbox)\s*\{")
 # a sentence ends at ". " before a new sentence: not after an ellipsis ("5 ... 7"), not before a
 # digit, a lower-case word or a brace ("5. 7", "5 resp. 7", "\\text{ resp. }")
 _SENTENCE_END = re.compile(r"(?<=[^.\s][.!?])\s+(?=[^\s\da-z{}])")
-_PHRASE = re.compile(r"(?:\b(?:the\s+)?final\s+answer\b|\bthe\s+answer\b)\s*(?:is\b\s*:?|:|=)\s*|####\s*", re.IGNORECASE)
+_PHRASE = re.compile(
+    r"(?:\b(?:the\s+)?final\s+answer\b|\bthe\s+answer\b)\s*(?:is\b\s*:?|:|=)\s*|####\s*", re.IGNORECASE
+)
 _BOX_SPACE = re.compile(r"\\boxed +([^\s$]+)")  # "\boxed 5"
 # A number: optional sign, thousands groups, decimals, optional "/denominator".
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?")
@@ -238,8 +250,12 @@ def extract_answer(completion: str, *, last_number: bool = True) -> str | None:
 
 # -- one answer: the values a final answer commits to
 
-_TEXT_WRAP = re.compile(r"\\(?:text|textbf|textit|textrm|texttt|mathrm|mathbf|mathit|mathsf|mbox|operatorname)\s*\{([^{}]*)\}")
-_SPACING = re.compile(r"(?<!\\)\\[,;:! ]|~|\\q?quad\b|\\(?:displaystyle|textstyle)\b|\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])")
+_TEXT_WRAP = re.compile(
+    r"\\(?:text|textbf|textit|textrm|texttt|mathrm|mathbf|mathit|mathsf|mbox|operatorname)\s*\{([^{}]*)\}"
+)
+_SPACING = re.compile(
+    r"(?<!\\)\\[,;:! ]|~|\\q?quad\b|\\(?:displaystyle|textstyle)\b|\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])"
+)
 _THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:,|\{,\}|\\,)\d{3})+(?![\d])")
 # several values inside one answer, when the gold is one value: lists, ±, sets, relations,
 # ranges, matrices, ellipses
@@ -256,7 +272,9 @@ _EQ = re.compile(r"\s*(?:=|\\approx(?![A-Za-z])|≈|\\equiv(?![A-Za-z])|\\colone
 # in prose (the last-number rule): several values or a relation, whatever the numbers
 _PROSE_MULTI = re.compile(
     r"\\pm(?![A-Za-z])|±|\\mp(?![A-Za-z])|∓|\\[{}]|\\(?:in|le|leq|ge|geq|lt|gt|ne|neq|lor|vee|sim)(?![A-Za-z])|"
-    r"[<>≤≥≠∈∨–—]|(?<![A-Za-z\\])or(?![A-Za-z])", re.IGNORECASE)
+    r"[<>≤≥≠∈∨–—]|(?<![A-Za-z\\])or(?![A-Za-z])",
+    re.IGNORECASE,
+)
 _CALCULATION = re.compile(r"\d\s*(?:[-+*/×÷^]|\\(?:cdot|times|div|frac)(?![A-Za-z]))\s*[\d(\\]")
 _PM = re.compile(r"\\pm(?![A-Za-z])|±|\\mp(?![A-Za-z])|∓")
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
@@ -267,8 +285,10 @@ _FRAC = re.compile(r"\\(?:[dtc]?frac|[dt]?binom)\s*\{[^{}]*\}\s*\{[^{}]*\}")
 _PRIME = re.compile(r"\^\s*\{\s*\\prime\s*\}|\^\s*\\prime|\\prime|'+|\"")
 # LaTeX commands that join two numbers into one value; any other (spacing, colour, phantoms,
 # decorations, nested boxes) separates them
-_DECOR = re.compile(r"\\(?!(?:cdot|times|div|ast|over|choose|mod|bmod|pmod|sqrt|log|ln|lg|exp|sin|cos|tan|cot|sec|"
-                    r"csc|arcsin|arccos|arctan|sinh|cosh|tanh|max|min|gcd|lcm)(?![A-Za-z]))[A-Za-z]+\*?")
+_DECOR = re.compile(
+    r"\\(?!(?:cdot|times|div|ast|over|choose|mod|bmod|pmod|sqrt|log|ln|lg|exp|sin|cos|tan|cot|sec|"
+    r"csc|arcsin|arccos|arctan|sinh|cosh|tanh|max|min|gcd|lcm)(?![A-Za-z]))[A-Za-z]+\*?"
+)
 _NUM_SUBSCRIPT = re.compile(r"\d\s*_\s*\{?\s*[-+]?\.?\d")  # 5_{7}: a second number, unless the gold has a base
 
 
@@ -284,6 +304,8 @@ def _several_values(value: str, gold: str) -> bool:
     if "_" not in gold and _NUM_SUBSCRIPT.search(t):
         return True
     return bool(_JUXTAPOSED.search(t))
+
+
 _SUBSCRIPT = re.compile(r"_(?:\{[^{}]*\}|\w)|'+")
 
 
@@ -333,7 +355,7 @@ def answer_candidates(answer: str, *, single: bool, gold: str = "") -> list[str]
     if not single and _PM.search(s) and not _PM.search(gold):
         return None
     out: list[str] = []
-    for part in ([s] if not single and _DISJ.search(_normalise(gold)) else _DISJ.split(s)):
+    for part in [s] if not single and _DISJ.search(_normalise(gold)) else _DISJ.split(s):
         if not single:
             part = _CONJ.sub(", ", part)
         elif _CONJ.search(part):
@@ -423,10 +445,23 @@ def verify_all(gold: str, candidates: list[str]) -> tuple[bool, bool]:
 # (numbers, fractions, roots, sets, tuples, intervals, relations, units, text), so that sympy's
 # lazy imports and the LaTeX parser's first uses happen here and not under a timer.
 _WARMUP = (
-    ("\\frac{1}{2}", "0.5"), ("2\\sqrt{2}", "\\sqrt{8}"), ("\\{1, 2\\}", "\\{2, 1\\}"), ("(1, 2)", "(1,2)"),
-    ("[0, 1)", "[0,1)"), ("x^2+1", "1+x^2"), ("90^\\circ", "90"), ("18", "18 dollars"), ("5", "5\\%"),
-    ("\\pi", "\\pi"), ("x \\ge 5", "x \\geq 5"), ("4", "x = 4"), ("-7", "-7.0"), ("\\pm 3", "\\pm 3"),
-    ("\\text{Monday}", "Monday"), ("\\sin(x)", "\\sin x"), ("1000", "1000"),
+    ("\\frac{1}{2}", "0.5"),
+    ("2\\sqrt{2}", "\\sqrt{8}"),
+    ("\\{1, 2\\}", "\\{2, 1\\}"),
+    ("(1, 2)", "(1,2)"),
+    ("[0, 1)", "[0,1)"),
+    ("x^2+1", "1+x^2"),
+    ("90^\\circ", "90"),
+    ("18", "18 dollars"),
+    ("5", "5\\%"),
+    ("\\pi", "\\pi"),
+    ("x \\ge 5", "x \\geq 5"),
+    ("4", "x = 4"),
+    ("-7", "-7.0"),
+    ("\\pm 3", "\\pm 3"),
+    ("\\text{Monday}", "Monday"),
+    ("\\sin(x)", "\\sin x"),
+    ("1000", "1000"),
 )
 # What a sound verifier says about these; checked after every timeout in this process.
 _CANARIES = (("5", "5", True), ("\\frac{1}{2}", "0.5", True), ("2\\sqrt{2}", "\\sqrt{8}", True), ("72", "27", False))
@@ -487,8 +522,11 @@ def after_timeout() -> None:
         pass
     if not verifier_healthy():
         _BROKEN_PID = os.getpid()
-        print("[gapo] warning: math-verify gives wrong answers in this process after a timeout; "
-              "verifying in a helper process from now on", file=sys.stderr)
+        print(
+            "[gapo] warning: math-verify gives wrong answers in this process after a timeout; "
+            "verifying in a helper process from now on",
+            file=sys.stderr,
+        )
 
 
 # ----------------------------------------------------------------------------- the task
@@ -506,11 +544,14 @@ def _turn(value: Any, role: str, last: bool) -> Any:
 def _load(path: Path, split: str | None, prompt_field: str | None, answer_field: str | None):
     """``(source, split, [(position, question, gold, raw answer)])`` of one split of a dataset
     (any format of :func:`gapo.tasks.datasets_io.read_records`)."""
+
     # `datasets` (the optional [math] extra) is imported inside read_records only for
     # Parquet/CSV/Arrow files and dataset folders; JSON and JSONL need nothing.
     def wanted(columns: list[str]) -> list[str]:  # of a wide table, read the two columns used only
-        return [prompt_field or next((k for k in _PROMPT_FIELDS + ("messages",) if k in columns), ""),
-                answer_field or next((k for k in _ANSWER_FIELDS + ("messages",) if k in columns), "")]
+        return [
+            prompt_field or next((k for k in _PROMPT_FIELDS + ("messages",) if k in columns), ""),
+            answer_field or next((k for k in _ANSWER_FIELDS + ("messages",) if k in columns), ""),
+        ]
 
     recs = read_records(path, split=split, columns=wanted)
     head = recs.where(recs.rows[0][0] if not recs.tabular else None)
@@ -519,15 +560,19 @@ def _load(path: Path, split: str | None, prompt_field: str | None, answer_field:
     if prompt_field is None:
         prompt_field = next((k for k in _PROMPT_FIELDS + ("messages",) if k in recs.columns), None)
         if prompt_field is None:
-            raise ValueError(f"{head}: no question {noun} (tried {list(_PROMPT_FIELDS) + ['messages']}; "
-                             f"{noun}s present: {present}); pass prompt_field=")
+            raise ValueError(
+                f"{head}: no question {noun} (tried {list(_PROMPT_FIELDS) + ['messages']}; "
+                f"{noun}s present: {present}); pass prompt_field="
+            )
     if recs.tabular and prompt_field not in recs.columns:
         raise ValueError(f"{recs.where()}: missing column {prompt_field!r} (columns present: {recs.columns})")
     if answer_field is None:
         answer_field = next((k for k in _ANSWER_FIELDS + ("messages",) if k in recs.columns), None)
         if answer_field is None:
-            raise ValueError(f"{head}: no answer {noun} (tried {list(_ANSWER_FIELDS) + ['messages']}; "
-                             f"{noun}s present: {present}); pass answer_field=")
+            raise ValueError(
+                f"{head}: no answer {noun} (tried {list(_ANSWER_FIELDS) + ['messages']}; "
+                f"{noun}s present: {present}); pass answer_field="
+            )
     if recs.tabular and answer_field not in recs.columns:
         raise ValueError(f"{recs.where()}: missing column {answer_field!r} (columns present: {recs.columns})")
     records = []
@@ -601,8 +646,10 @@ class MathTask:
             self.eval_path = Path(eval_path) if eval_path is not None else None
             ev_src_path = self.eval_path if self.eval_path is not None else self.path
             if self.eval_path is None and eval_split == self.split:
-                raise ValueError(f"{self.path}: eval_split={eval_split!r} is the training split too; "
-                                 "name another split of the dataset (e.g. test)")
+                raise ValueError(
+                    f"{self.path}: eval_split={eval_split!r} is the training split too; "
+                    "name another split of the dataset (e.g. test)"
+                )
             ev_src, self.eval_split, ev = _load(ev_src_path, eval_split, prompt_field, answer_field)
             seen = {_qkey(q) for _, q, _, _ in ev}
             kept = [r for r in train if _qkey(r[1]) not in seen]
@@ -619,9 +666,7 @@ class MathTask:
                 "train": (src, [r for r in train if not is_eval(r[1])]),
                 "eval": (src, [r for r in train if is_eval(r[1])]),
             }
-        self._pools = {
-            split: [self._problem(src, split, *rec) for rec in recs] for split, (src, recs) in pools.items()
-        }
+        self._pools = {split: [self._problem(src, split, *rec) for rec in recs] for split, (src, recs) in pools.items()}
 
     def _problem(self, src: str, split: str, lineno: int, question: str, gold: str, raw: Any) -> Problem:
         prompt = self.template.replace("{question}", question)

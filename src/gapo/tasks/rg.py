@@ -55,8 +55,11 @@ __all__ = ["ReasoningGymTask", "extract_rg_answer", "one_rg_answer"]
 DEFAULT_TEMPLATE = "{question}\nGive your final answer between <answer> and </answer> tags."
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?")
-_DISJ = re.compile(r"(?<![A-Za-z])or(?![A-Za-z])|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|\\pm(?![A-Za-z])|±|"
-                   r"\\mp(?![A-Za-z])|∓|∨", re.IGNORECASE)
+_DISJ = re.compile(
+    r"(?<![A-Za-z])or(?![A-Za-z])|\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|\\pm(?![A-Za-z])|±|"
+    r"\\mp(?![A-Za-z])|∓|∨",
+    re.IGNORECASE,
+)
 _SEP = re.compile(r"[,;\n]")
 
 
