@@ -77,6 +77,9 @@ CONFIG_ERRORS = [
     (["eval", "algo.eps_hgh=0.3"], "Did you mean algo.eps_high_max"),
     (["eval", "--model", "./no/such/model"], "does not exist"),
     (["report", "no-such-run"], "'no-such-run' is not a gapo run folder"),
+    (["export", "no-such-run"], "no-such-run': no such run folder"),
+    (["export", "."], "is not a gapo run folder"),
+    (["compare", "--config", "missing-grid.yaml"], "grid file 'missing-grid.yaml' does not exist"),
 ]
 
 

@@ -360,6 +360,9 @@ def cmd_eval(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from gapo.rl.run_dir import require_run
+
+    require_run(args.run)  # a wrong folder is named before torch loads
     from gapo.rl.export import export
 
     out, info = export(args.run, args.out, step=args.step, dtype=args.dtype, merge_lora=args.merge_lora)
@@ -493,6 +496,8 @@ def demo_estimate(steps: int, eval_every: int, problems: int, samples: int) -> s
 
 
 def cmd_compare(args) -> int:
+    if args.config and not Path(args.config).is_file():  # named before torch loads (the grid module needs it)
+        raise ValueError(f"--config: grid file {args.config!r} does not exist")
     from gapo.experiments.grid import QUICK_GRID, load_grid, run_grid
     from gapo.experiments.report import grid_report
 

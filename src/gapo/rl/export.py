@@ -30,7 +30,7 @@ import torch
 
 from gapo.policy import lora
 from gapo.policy.model import load_policy, read_marker, save_policy
-from gapo.rl.run_dir import RunFolder
+from gapo.rl.run_dir import require_run
 
 __all__ = ["RunModels", "load_run_model", "export", "EXPORT_DTYPES"]
 
@@ -42,15 +42,8 @@ class RunModels:
     checkpoint) and the run's saved config."""
 
     def __init__(self, run: str | Path):
-        self.folder = RunFolder(run)
+        self.folder = require_run(run)
         p = self.folder.path
-        if not p.is_dir():
-            raise ValueError(f"{str(p)!r}: no such run folder")
-        if not self.folder.is_run():
-            raise ValueError(
-                f"{str(p)!r} is not a gapo run folder (no .gapo-run, nor config.yaml + metrics.jsonl); "
-                "give the --out folder of a gapo train run"
-            )
         self.config = self.folder.saved_config()
         self.policy = p / "policy"
         self.policy_step = None

@@ -59,6 +59,7 @@ from gapo.rl.config import Config, diff, from_dict, to_dict
 
 __all__ = [
     "RunFolder",
+    "require_run",
     "RunExists",
     "RunLocked",
     "RunLock",
@@ -269,6 +270,20 @@ def atomic_write(path: Path, write) -> None:
                 e.errno, f"cannot write {str(path)!r}: {e.strerror or e}; the previous version (if any) is intact"
             ) from e
         raise
+
+
+def require_run(path: str | Path) -> RunFolder:
+    """The :class:`RunFolder` at ``path``, or a ``ValueError`` saying it is missing or not a gapo
+    run (torch-free, so ``gapo export``/``eval`` name a wrong folder before torch loads)."""
+    folder = RunFolder(path)
+    if not folder.path.is_dir():
+        raise ValueError(f"{str(folder.path)!r}: no such run folder")
+    if not folder.is_run():
+        raise ValueError(
+            f"{str(folder.path)!r} is not a gapo run folder (no .gapo-run, nor config.yaml + metrics.jsonl); "
+            "give the --out folder of a gapo train run"
+        )
+    return folder
 
 
 class RunFolder:
