@@ -203,3 +203,22 @@ def read_jsonl(path, required=()) -> list[tuple[int, dict]]:
     if not out:
         raise ValueError(f"{path}: dataset file is empty (no JSON lines)")
     return out
+
+
+def draw_from_split(pool: list, split: str, n: int, seed: int, *, where: str) -> list:
+    """``n`` problems of a dataset split ``pool`` in a seeded order: train cycles through
+    reshuffled passes when ``n`` exceeds the split, eval refuses (repeats would bias evaluation).
+    ``where`` is the message for an empty split."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if not pool:
+        raise ValueError(where)
+    if split == "eval" and n > len(pool):
+        raise ValueError(f"asked for {n} eval problems but the eval split has {len(pool)}")
+    rng = random.Random(f"{split}:{seed}")
+    out: list = []
+    while len(out) < n:
+        order = list(range(len(pool)))
+        rng.shuffle(order)
+        out.extend(pool[i] for i in order[: n - len(out)])
+    return out

@@ -79,7 +79,7 @@ from typing import Any
 
 from gapo.exec.scoring import VerifierTimeout, run_with_timeout
 from gapo.exec.scoring_pool import alarm_deferred, signal_guard_usable
-from gapo.tasks.base import Problem, eval_fraction_param, split_of
+from gapo.tasks.base import Problem, draw_from_split, eval_fraction_param, split_of
 from gapo.tasks.datasets_io import read_records
 
 __all__ = [
@@ -695,20 +695,13 @@ class MathTask:
     def generate(self, split: str, n: int, seed: int) -> list[Problem]:
         """``n`` problems of ``split`` in a seeded order; train cycles through reshuffled passes
         when ``n`` exceeds the split, eval refuses (repeats would bias evaluation)."""
-        pool = self._split(split)
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        if not pool:
-            raise ValueError(f"{self.path}: the {split} split is empty (eval_fraction={self.eval_fraction})")
-        if split == "eval" and n > len(pool):
-            raise ValueError(f"asked for {n} eval problems but the eval split has {len(pool)}")
-        rng = random.Random(f"{split}:{seed}")
-        out: list[Problem] = []
-        while len(out) < n:
-            order = list(range(len(pool)))
-            rng.shuffle(order)
-            out.extend(pool[i] for i in order[: n - len(out)])
-        return out
+        return draw_from_split(
+            self._split(split),
+            split,
+            n,
+            seed,
+            where=f"{self.path}: the {split} split is empty (eval_fraction={self.eval_fraction})",
+        )
 
     # -- scoring
 
