@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -225,7 +226,7 @@ def grid_figures(grid: dict, cells: dict, agg: dict, fdir: Path) -> list[str]:
         ("clip/ratio_adv_corr", "train", "ratio_adv_corr.png", "r(|ρ−1|, A), windowed"),
         ("rollout/pass_rate", "train", "train_pass_rate.png", "training pass rate"),
     ):
-        names.append(_grid_curve(grid, cells, regimes, colors, key, kind, fname, ylabel, fdir))
+        names.append(_grid_curve(grid, cells, regimes, colors, _Curve(key, kind, fname, ylabel), fdir))
     names.append(_grid_coverage(agg, regimes, methods, colors, fdir))
     names.append(_grid_time(agg, regimes, methods, fdir))
     if grid.get("scale"):
@@ -308,10 +309,20 @@ def _seed_mean_curve(runs: list[list[dict]], key: str) -> tuple[list[int], list[
     return steps, ys
 
 
-def _grid_curve(
-    grid: dict, cells: dict, regimes: list[str], colors: dict, key: str, kind: str, fname: str, ylabel: str, fdir: Path
-) -> str:
+@dataclass(frozen=True)
+class _Curve:
+    """One curve figure of the grid: metric ``key`` of the ``kind`` log (``train`` or ``eval``),
+    drawn into ``fname`` with y label ``ylabel``."""
+
+    key: str
+    kind: str
+    fname: str
+    ylabel: str
+
+
+def _grid_curve(grid: dict, cells: dict, regimes: list[str], colors: dict, curve: _Curve, fdir: Path) -> str:
     """A metric over training, seed means per method (training metrics smoothed over 5 steps)."""
+    key, kind, fname, ylabel = curve.key, curve.kind, curve.fname, curve.ylabel
     fig, axes = _row(len(regimes), 3.6)
     for ax, r in zip(axes, regimes):
         for m in grid["methods"]:

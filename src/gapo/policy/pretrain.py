@@ -24,7 +24,9 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -190,7 +192,8 @@ def pretrain(cfg: PretrainConfig, *, progress: bool = True, log_every: int = 50,
         budget = f", at most {cfg.time_budget_s:.0f} s of CPU" if cfg.time_budget_s is not None else ""
         log(f"pretrain base ({cfg.name}): up to {cfg.max_steps} steps of {cfg.batch_size} examples{budget}")
     start, cpu0 = time.perf_counter(), time.process_time()
-    step, ema, curve = _train_loop(model, tok, opt, batcher, cfg, cpu0, log_every, callback, bar, log)
+    report = _Reporting(log_every=log_every, callback=callback, bar=bar, log=log)
+    step, ema, curve = _train_loop(model, tok, opt, batcher, cfg, cpu0, report)
     if bar is not None:
         bar.close()
     if log is not None:
@@ -231,11 +234,22 @@ def schedule_progress(step: int, cpu_s: float, cfg: PretrainConfig) -> float:
     return min(frac, 1.0)
 
 
-def _train_loop(
-    model, tok, opt, batcher: _Batcher, cfg: PretrainConfig, cpu0: float, log_every: int, callback, bar, log=None
-):
+@dataclass(frozen=True)
+class _Reporting:
+    """Where the pretraining loop reports: every ``log_every`` steps a curve row,
+    ``callback(step, model, tok)`` (e.g. an evaluation) and a ``log(line)``; the tqdm ``bar`` as
+    it goes. None: not that one."""
+
+    log_every: int
+    callback: Callable | None = None
+    bar: Any = None
+    log: Callable[[str], None] | None = None
+
+
+def _train_loop(model, tok, opt, batcher: _Batcher, cfg: PretrainConfig, cpu0: float, report: _Reporting):
     """Steps until ``cfg.max_steps`` or the CPU budget (counted from ``cpu0``); returns
     ``(steps, loss EMA, curve)`` with ``curve`` rows ``(step, wall s, loss)``."""
+    log_every, callback, bar, log = report.log_every, report.callback, report.bar, report.log
     curve, ema = [], None
     start = time.perf_counter()
     step = 0
