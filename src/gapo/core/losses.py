@@ -2,8 +2,12 @@
 
 All losses share one signature (``LOSSES`` registry)::
 
-    fn(logp (B,T), old_logp (B,T), advantages (B,) or (B,T), response_mask (B,T), *,
-       eps_low, eps_high (float or (B,)), agg, clip_ratio_c) -> (loss (), metrics)
+    fn(logp (B,T), old_logp (B,T), advantages (B,) or (B,T), response_mask (B,T),
+       bounds: ClipBounds, *, agg, **agg_norms) -> (loss (), metrics)
+
+``ClipBounds(eps_low, eps_high, clip_ratio_c)`` holds the clip bounds (``eps_high`` a float or
+one width per rollout, GAPO's ``ε_high(i)``); the keywords ``eps_low=, eps_high=, clip_ratio_c=``
+in place of ``bounds`` (the 0.2 call form) build the same object.
 
 The surrogate (PPO, arXiv 1707.06347; unchanged by GAPO, arXiv 2609.00444)::
 
@@ -36,16 +40,71 @@ the same kernel, so GAPO costs nothing over fixed clipping.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from gapo.core.aggregation import agg_loss
 from gapo.core.checks import check_eps, check_same_shape, unknown
 
-__all__ = ["policy_loss", "cispo_loss", "LOSSES", "LOG_RATIO_CLAMP", "log_ratio"]
+__all__ = ["ClipBounds", "policy_loss", "cispo_loss", "LOSSES", "LOG_RATIO_CLAMP", "log_ratio"]
 
 LOG_RATIO_CLAMP = 20.0  # token level, ±
 SEQ_LOG_RATIO_MAX = 10.0  # sequence level, upper cap only (verl's gspo)
 LEVELS = ("token", "sequence")
+AGG_NORMS = ("num_tokens", "num_seqs", "horizon")  # agg_loss's whole-mini-batch normalisers
+BOUND_KEYWORDS = ("eps_low", "eps_high", "clip_ratio_c")  # ClipBounds' fields, as keywords (0.2 form)
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: eps_high may be a tensor (no elementwise ==)
+class ClipBounds:
+    """The clip bounds of a surrogate: the ratio is clipped to ``[1 − eps_low, 1 + eps_high]``.
+
+    - ``eps_low``: ``ε_low`` in [0, 1), the lower clip width (the same for every rollout);
+    - ``eps_high``: ``ε_high``, a float >= 0, or a finite ``(B,)`` tensor >= 0 with one upper
+      width per rollout (GAPO's ``ε_high(i)``, ``gapo.core.clipping``); a constant is exactly
+      fixed clipping;
+    - ``clip_ratio_c``: ``None`` (no dual clip), or the dual-clip constant ``c > 1`` (arXiv
+      1912.09729): for ``A < 0`` the token loss is capped at ``−A·c``. CISPO takes none.
+
+    An invalid value is a ``ValueError`` naming the field, raised when the bounds are built.
+    """
+
+    eps_low: float
+    eps_high: float | torch.Tensor
+    clip_ratio_c: float | None = None
+
+    def __post_init__(self):
+        check_eps(self.eps_low, self.eps_high)
+        c = self.clip_ratio_c
+        if c is not None and not c > 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1 for dual clipping, got {c!r} (None: no dual clip)")
+
+
+def _bounds_and_norms(fn: str, bounds: ClipBounds | None, kwargs: dict) -> tuple[ClipBounds, dict]:
+    """``(bounds, agg_norms)`` of a loss call: ``bounds``, or the ``ClipBounds`` that the keywords
+    ``eps_low``/``eps_high``/``clip_ratio_c`` (the 0.2 call form) give; every other keyword must be
+    one of ``agg_loss``'s normalisers (``AGG_NORMS``)."""
+    given = {k: kwargs.pop(k) for k in BOUND_KEYWORDS if k in kwargs}
+    extra = sorted(set(kwargs) - set(AGG_NORMS))
+    if extra:
+        raise TypeError(
+            f"{fn}() got unexpected keyword argument(s) {extra}; the clip bounds are bounds= (or "
+            f"{list(BOUND_KEYWORDS)}), the aggregation normalisers {list(AGG_NORMS)}"
+        )
+    if bounds is None:
+        missing = [k for k in ("eps_low", "eps_high") if k not in given]
+        if missing:
+            raise TypeError(
+                f"{fn}() needs the clip bounds: bounds=ClipBounds(eps_low, eps_high[, clip_ratio_c]), "
+                f"or the keywords eps_low= and eps_high= (missing: {', '.join(missing)})"
+            )
+        return ClipBounds(**given), kwargs
+    if given:
+        raise TypeError(f"{fn}() got bounds= and the keyword(s) {sorted(given)}: pass the clip bounds once")
+    if not isinstance(bounds, ClipBounds):
+        raise TypeError(f"{fn}(): bounds must be a gapo.core.losses.ClipBounds, got {type(bounds).__name__}")
+    return bounds, kwargs
 
 
 def _as_rows(x: float | torch.Tensor, like: torch.Tensor, name: str) -> float | torch.Tensor:
@@ -86,7 +145,7 @@ def log_ratio(
     raise unknown("ratio level", level, LEVELS)
 
 
-def _check_inputs(logp, old_logp, advantages, response_mask, eps_low, eps_high):
+def _check_inputs(logp, old_logp, advantages, response_mask):
     check_same_shape(logp=logp, old_logp=old_logp, response_mask=response_mask)
     if logp.ndim != 2:
         raise ValueError(f"logp must have shape (B, T), got {tuple(logp.shape)}")
@@ -96,7 +155,6 @@ def _check_inputs(logp, old_logp, advantages, response_mask, eps_low, eps_high):
         )
     if not torch.isfinite(advantages).all():
         raise ValueError("advantages contain NaN/inf")
-    check_eps(eps_low, eps_high)
 
 
 def _bounds(adv, eps_low, eps_high):
@@ -142,26 +200,30 @@ def policy_loss(
     old_logp: torch.Tensor,  # (B, T) behaviour policy
     advantages: torch.Tensor,  # (B,) or (B, T)
     response_mask: torch.Tensor,  # (B, T)
+    bounds: ClipBounds | None = None,  # ε_low, ε_high (float or (B,) per rollout: GAPO), dual-clip c
     *,
-    eps_low: float,
-    eps_high: float | torch.Tensor,  # float or (B,) per rollout (GAPO)
     level: str = "token",
     agg: str = "token-mean",
-    clip_ratio_c: float | None = None,
     weights: torch.Tensor | None = None,  # (B, T) per-token loss weights, e.g. rollout IS correction
-    **agg_kwargs,
+    **kwargs,  # eps_low=, eps_high=, clip_ratio_c= in place of bounds; agg_loss's normalisers
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate ``max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high))`` (arXiv 1707.06347, 2507.18071).
 
+    ``bounds`` (:class:`ClipBounds`) holds ``ε_low``, ``ε_high`` and the dual-clip constant
+    ``clip_ratio_c`` (> 1: dual clipping for ``A < 0``). The keywords ``eps_low=, eps_high=,
+    clip_ratio_c=`` in place of ``bounds`` are the same call (gapo 0.2's form)::
+
+        policy_loss(logp, old_logp, adv, mask, ClipBounds(0.2, eps_high))
+        policy_loss(logp, old_logp, adv, mask, eps_low=0.2, eps_high=eps_high)   # the same loss
+
     ``level="token"`` uses the token ratio, ``"sequence"`` GSPO's sequence ratio with the
-    GSPO-token gradient. ``clip_ratio_c`` (> 1) enables dual clipping for ``A < 0``.
-    ``agg_kwargs`` (``num_tokens``, ``num_seqs``, ``horizon``) pass mini-batch normalisers to
-    ``agg_loss``. Returns ``(loss, metrics)``; see the module docstring for the metrics.
+    GSPO-token gradient. The keywords ``num_tokens``, ``num_seqs``, ``horizon`` pass mini-batch
+    normalisers to ``agg_loss``. Returns ``(loss, metrics)``; see the module docstring for the metrics.
     """
-    _check_inputs(logp, old_logp, advantages, response_mask, eps_low, eps_high)
-    if clip_ratio_c is not None and not clip_ratio_c > 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1 for dual clipping, got {clip_ratio_c!r}")
-    eps_high = _as_rows(eps_high, logp, "eps_high")
+    bounds, agg_kwargs = _bounds_and_norms("policy_loss", bounds, kwargs)
+    _check_inputs(logp, old_logp, advantages, response_mask)
+    eps_low, clip_ratio_c = bounds.eps_low, bounds.clip_ratio_c
+    eps_high = _as_rows(bounds.eps_high, logp, "eps_high")
     adv = _as_rows(advantages, logp, "advantages")
 
     log_r = log_ratio(logp, old_logp, response_mask, level)
@@ -194,22 +256,22 @@ def cispo_loss(
     old_logp: torch.Tensor,  # (B, T)
     advantages: torch.Tensor,  # (B,) or (B, T)
     response_mask: torch.Tensor,  # (B, T)
+    bounds: ClipBounds | None = None,  # ε_low, ε_high; clip_ratio_c must be None
     *,
-    eps_low: float,
-    eps_high: float | torch.Tensor,
     agg: str = "token-mean",
-    clip_ratio_c: float | None = None,
-    **agg_kwargs,
+    **kwargs,  # eps_low=, eps_high=, clip_ratio_c= in place of bounds; agg_loss's normalisers
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585): clip the IS *weight*, never drop a token's gradient.
 
-    ``L[i,t] = −sg(clip(ρ, 1−ε_low, 1+ε_high)) · A_i · logp[i,t]``. ``clip_ratio_c`` is accepted
-    for the shared signature and must be None (CISPO has no dual clip).
+    ``L[i,t] = −sg(clip(ρ, 1−ε_low, 1+ε_high)) · A_i · logp[i,t]``. The bounds are passed as in
+    :func:`policy_loss`; their ``clip_ratio_c`` must be None (CISPO has no dual clip).
     """
-    _check_inputs(logp, old_logp, advantages, response_mask, eps_low, eps_high)
-    if clip_ratio_c is not None:
+    bounds, agg_kwargs = _bounds_and_norms("cispo_loss", bounds, kwargs)
+    _check_inputs(logp, old_logp, advantages, response_mask)
+    if bounds.clip_ratio_c is not None:
         raise ValueError("clip_ratio_c (dual clip) is not defined for CISPO; pass None")
-    eps_high = _as_rows(eps_high, logp, "eps_high")
+    eps_low = bounds.eps_low
+    eps_high = _as_rows(bounds.eps_high, logp, "eps_high")
     adv = _as_rows(advantages, logp, "advantages")
     log_r = log_ratio(logp, old_logp, response_mask, "token")
     ratio = torch.exp(log_r.detach())

@@ -175,7 +175,7 @@ try:
     from verl.workers.config import ActorConfig, PolicyLossConfig
 
     from gapo.core.clipping import eps_high_from_weight
-    from gapo.core.losses import log_ratio, policy_loss
+    from gapo.core.losses import ClipBounds, log_ratio, policy_loss
     from gapo.core.metrics import clip_counts_by_c
     from gapo.integrations.verl_config import (
         GapoParams,
@@ -462,16 +462,15 @@ def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_ag
         log_prob.device
     )
     mode, agg_kwargs = verl_agg_kwargs(loss_agg_mode, config.get("global_batch_info", None))
+    bounds = ClipBounds(p.eps_low, eps_high, p.clip_ratio_c if level == "token" else None)
     loss, m = policy_loss(
         log_prob,
         old_log_prob,
         advantages,
         response_mask,
-        eps_low=p.eps_low,
-        eps_high=eps_high,
+        bounds,
         level=level,
         agg=mode,
-        clip_ratio_c=p.clip_ratio_c if level == "token" else None,
         weights=rollout_is_weights,
         **agg_kwargs,
     )

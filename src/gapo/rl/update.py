@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from gapo.core.aggregation import agg_loss
-from gapo.core.losses import LOSSES, RATIO_LEVEL, kl_estimate, log_ratio
+from gapo.core.losses import LOSSES, RATIO_LEVEL, ClipBounds, kl_estimate, log_ratio
 from gapo.core.metrics import clip_counts_by_c
 
 __all__ = [
@@ -143,17 +143,8 @@ def micro_batch_loss(
     """``(total, metrics)`` of one micro-batch (formula in the module docstring); ``logp``/``ent``
     ``(b, T)`` are the current policy's on ``mb``'s rows. Metrics are detached 0-d tensors:
     the surrogate's (``gapo.core.losses``), ``loss/kl_ref``, ``loss/policy``, ``loss/total``."""
-    loss, metrics = LOSSES[s.loss](
-        logp,
-        mb.old_logp,
-        mb.advantages,
-        mb.mask,
-        eps_low=s.eps_low,
-        eps_high=mb.eps_high,
-        agg=s.agg,
-        clip_ratio_c=s.clip_ratio_c,
-        **norms,
-    )
+    bounds = ClipBounds(s.eps_low, mb.eps_high, s.clip_ratio_c)
+    loss, metrics = LOSSES[s.loss](logp, mb.old_logp, mb.advantages, mb.mask, bounds, agg=s.agg, **norms)
     total = loss
     if mb.ref_logp is not None:
         kl = agg_loss(kl_estimate(logp, mb.ref_logp, s.kl_estimator), mb.mask, s.agg, **norms)
