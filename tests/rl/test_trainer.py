@@ -340,3 +340,10 @@ def test_reward_outside_a_fixed_range_names_task_and_problem(easy_policy, tmp_pa
     with pytest.raises(ValueError, match=r"countdown.*reward 5.0 \(outside algo.reward_range \[0.0, 1.0\]\)"):
         Trainer(_cfg(easy_policy, "train.steps=1"), tmp_path / "r")
     assert not (tmp_path / "r").exists()
+
+
+def test_the_trainer_is_small():
+    # docs/design.md §3.1: the trainer holds the state; its stateless parts live beside it
+    # (rl.problems, rl.optimizer, rl.step_metrics, rl.checkpoint)
+    methods = [k for k, v in vars(Trainer).items() if callable(v)]
+    assert len(methods) <= 15, methods

@@ -15,12 +15,9 @@ rules are in ``gapo.rl.run_dir``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
-import errno
-import os
-import random
 import shlex
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -32,28 +29,21 @@ from gapo import tasks
 from gapo.core.advantages import compute as compute_advantages
 from gapo.core.advantages import success_count
 from gapo.core.clipping import eps_high_for
-from gapo.core.metrics import RATIO_ADV_WINDOW, clip_stats_from_counts, merge_counts, ratio_adv_corr, ratio_adv_pairs
+from gapo.core.metrics import RATIO_ADV_WINDOW, merge_counts, ratio_adv_corr, ratio_adv_pairs
 from gapo.exec.scoring import verifier_failure_warning
 from gapo.machine.allocator import tune_malloc
 from gapo.machine.threads import default_threads
 from gapo.policy import lora
 from gapo.policy.base_policy import resolve_policy
 from gapo.policy.chat import PromptEncoder
-from gapo.policy.model import check_context, check_memory, eos_token_ids, load_policy, save_policy
+from gapo.policy.model import check_context, check_memory, eos_token_ids, load_policy
 from gapo.policy.precision import autocast, grad_scaler
 from gapo.policy.sampling import logprobs, sample
-from gapo.rl import rollout, update
+from gapo.rl import checkpoint, optimizer, problems, rollout, update
 from gapo.rl.config import Config, to_dict
 from gapo.rl.evaluate import evaluate
-from gapo.rl.run_dir import (
-    RunExists,
-    RunFolder,
-    Trackers,
-    checkpoint_bytes,
-    resume_changes,
-    space_note,
-    stop_on_signals,
-)
+from gapo.rl.run_dir import RunExists, RunFolder, Trackers, resume_changes, stop_on_signals
+from gapo.rl.step_metrics import gpu_memory, step_metrics
 from gapo.tasks.custom import with_rewards
 
 __all__ = ["Trainer", "RunExists", "with_policy"]
@@ -74,6 +64,11 @@ def with_policy(cfg: Config, *, progress: bool = True) -> tuple[Config, str]:
     out.task = copy.copy(cfg.task)
     out.task.params = res.task_params
     return out, res.path
+
+
+def _permutation(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """A permutation of ``n`` rows drawn from the trainer's stream ``gen`` (mini-batch order)."""
+    return torch.randperm(n, generator=gen, device=gen.device).to(device)
 
 
 class Trainer:
@@ -102,37 +97,35 @@ class Trainer:
         self._own_lock = not self.folder.lock.held
         self.run_dir, self.ckpt_path = self.folder.path, self.folder.checkpoint
         try:
-            self._setup(cfg, resume, overwrite, allow_change)
+            self.folder.check(resume=resume, overwrite=overwrite)  # locks an existing folder before reading it
+            self.cfg, self.policy_path = with_policy(cfg.validate(), progress=cfg.train.progress)
+            cfg = self.cfg
+            state = self.folder.load_checkpoint(torch.device(cfg.model.device)) if resume else None
+            # against the config inside the checkpoint: a hand-edited config.yaml counts as a change
+            changes = resume_changes(self.folder, cfg, allow_change=allow_change, state=state) if resume else {}
+            if state is not None and state["step"] >= cfg.train.steps:
+                if checkpoint.policy_written(self.run_dir, state["step"]):
+                    raise ValueError(
+                        f"run {str(self.run_dir)!r} is finished (step {state['step']} of train.steps="
+                        f"{cfg.train.steps}); nothing to resume. To train it further: --resume --allow-change "
+                        f"train.steps={state['step'] * 2 or 1}; for a model out of it: gapo export "
+                        f"{str(self.run_dir)}"
+                    )
+            # a resumed run keeps the thread count it ran with: floats depend on it in the last bits
+            self._build(cfg, threads=state.get("threads") if state is not None else None)
+            if state is not None:
+                self._restore(state, changes)
+            self._open_folder(resume, overwrite, changes)  # everything has validated: only now is it written
         except BaseException:
             if self._own_lock:
                 self.folder.release()
             raise
 
-    def _setup(self, cfg: Config, resume: bool, overwrite: bool, allow_change: bool) -> None:
-        self.folder.check(resume=resume, overwrite=overwrite)  # locks an existing folder before reading it
-        self.cfg, self.policy_path = with_policy(cfg.validate(), progress=cfg.train.progress)
-        cfg = self.cfg
-        state = self.folder.load_checkpoint(torch.device(cfg.model.device)) if resume else None
-        # against the config inside the checkpoint: a hand-edited config.yaml counts as a change
-        changes = resume_changes(self.folder, cfg, allow_change=allow_change, state=state) if resume else {}
-        if state is not None and state["step"] >= cfg.train.steps and self._policy_written(state["step"]):
-            raise ValueError(
-                f"run {str(self.run_dir)!r} is finished (step {state['step']} of train.steps="
-                f"{cfg.train.steps}); nothing to resume. To train it further: --resume --allow-change "
-                f"train.steps={state['step'] * 2 or 1}; for a model out of it: gapo export "
-                f"{str(self.run_dir)}"
-            )
-        # a resumed run keeps the thread count it ran with: floats depend on it in the last bits
-        self._build(cfg, threads=state.get("threads") if state is not None else None)
-        if state is not None:
-            self._restore(state, changes)
-        self._open_folder(resume, overwrite, changes)  # everything has validated: only now is the folder written
-
     # ------------------------------------------------------------------ set-up
     def _build(self, cfg: Config, *, threads: int | None = None) -> None:
         """Task, policy, optimiser, problem pools and random streams; then the checks that need
         them (context length, a probe of the verifier, tracking packages). Writes nothing."""
-        m, t, o = cfg.model, cfg.train, cfg.optim
+        m, t = cfg.model, cfg.train
         if m.device == "cpu" or m.threads is not None:  # null on CPU: measured once per machine (machine/threads.py)
             torch.set_num_threads(m.threads or threads or default_threads())
         if m.device == "cpu" and m.malloc_tuning:  # no page faults for each step's activations
@@ -157,94 +150,47 @@ class Trainer:
         )
         self.encoder = PromptEncoder(self.tok, chat=cfg.task.chat, system_prompt=cfg.task.system_prompt)
         self.scaler = grad_scaler(self.device, m.dtype)
-        # the fused kernel: the same AdamW update, ~4x faster than the per-tensor loop on CPU
-        fused = {"fused": True} if self.device.type in ("cpu", "cuda") else {}
-        self.opt = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=o.lr,
-            betas=o.betas,
-            weight_decay=o.weight_decay,
-            **fused,
-        )
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: min(1.0, (s + 1) / o.warmup_steps) if o.warmup_steps else 1.0
-        )
+        self.opt, self.sched = optimizer.build(self.model, cfg.optim, self.device)
         self.max_new_tokens = cfg.sampling.max_new_tokens or self.task.max_completion_len + 1  # + EOS
-        # the pool is what the run will visit: generating (and solving) instances is not free, so
-        # never more than prompts × steps (passes over it are reshuffled; dynamic sampling wraps)
-        # (task.max_prompt_tokens: over-long prompts leave both pools before anything is sampled)
-        self.pool, dropped = self._draw("train", max(1, min(cfg.task.train_size, t.prompts * t.steps)), t.seed)
-        self.eval_problems, eval_dropped = self._draw("eval", cfg.eval.problems, cfg.eval.seed)
-        self.filtered = (
-            None
-            if dropped is None
-            else {
-                "max_prompt_tokens": cfg.task.max_prompt_tokens,
-                **dropped,
-                "eval_dropped": 0,
-                "eval_prompts": 0,
-                **(eval_dropped or {}),
-            }
-        )
+        # the pool is what the run will visit (at most prompts × steps problems); over-long prompts
+        # (task.max_prompt_tokens) leave both pools before anything is sampled
+        self.pool, self.eval_problems, self.filtered = problems.draw_run(self.task, self.encoder, cfg)
         # --reward: the task scored by the user's functions (imported and checked here, probed below)
         self.task = with_rewards(
             self.task, cfg.reward.funcs, cfg.reward.weights, probe=self.pool[0], reward_range=cfg.algo.reward_range
         )
         # (gapo's decoder fast path turns itself off for adapters and gradient checkpointing)
-        lengths = {
-            "train": [len(self.encoder.ids(p.prompt)) for p in self.pool[:2000]],
-            "eval": [len(self.encoder.ids(p.prompt)) for p in self.eval_problems[:2000]],
-        }
-        longest = max(((n, s, i) for s, ls in lengths.items() for i, n in enumerate(ls)), default=None)
-        check_context(
-            self.model,
-            lengths["train"] + lengths["eval"],
-            self.max_new_tokens,
-            key=cfg._where("sampling.max_new_tokens"),
-            where=str(self.policy_path),
-            longest=None
-            if longest is None
-            else rollout.problem_name((self.pool if longest[1] == "train" else self.eval_problems)[longest[2]]),
-        )
-        check_memory(
-            self.model,
-            self.device,
-            t.prompts * t.group_size,
-            max(lengths["train"], default=0) + self.max_new_tokens,
-            where=str(self.policy_path),
-        )
+        train_len, eval_len, longest = problems.prompt_lengths(self.encoder, self.pool, self.eval_problems)
+        key, where = cfg._where("sampling.max_new_tokens"), str(self.policy_path)
+        check_context(self.model, train_len + eval_len, self.max_new_tokens, key=key, where=where, longest=longest)
+        longest_row = max(train_len, default=0) + self.max_new_tokens
+        check_memory(self.model, self.device, t.prompts * t.group_size, longest_row, where=where)
         rollout.probe_reward(self.task, self.pool[:1] + self.eval_problems[:1], cfg.algo.reward_range)
         self.trackers = Trackers(cfg, self.run_dir)
         self.trackers.check()
-        self.py_rng = random.Random(t.seed)
         self.gen = torch.Generator(device=self.device).manual_seed(t.seed)
-        self.order = self._shuffled()
-        self.pos = 0
+        self.order = problems.ProblemOrder(len(self.pool), t.seed)  # passes over the pool, reshuffled
         self.step = 0
         self._stop = False
         self.last_samples: list[dict] = []
         # the last steps' per-c (|ρ−1|, A) of positive-advantage tokens: clip/ratio_adv_corr's window
         self.ratio_adv_window: collections.deque = collections.deque(maxlen=RATIO_ADV_WINDOW)
 
-    def _checkpoint_bytes(self) -> int:
-        state = lora.adapter_state(self.model) if lora.is_lora(self.model) else self.model.state_dict()
-        return checkpoint_bytes(state, [p for p in self.model.parameters() if p.requires_grad])
-
     def _open_folder(self, resume: bool, overwrite: bool, changes: dict) -> None:
         # room for one checkpoint before anything is written (an --overwrite keeps the old run until then)
-        self._ckpt_bytes = self._checkpoint_bytes()
+        self._ckpt_bytes = checkpoint.size(self.model)
         self.folder.check_space(self._ckpt_bytes)
         if not resume:
             self.folder.open(overwrite=overwrite)
             try:
                 self.folder.write_config(to_dict(self.cfg))
-                self._log_filtered()
+                problems.log_filtered(self.folder, self.filtered, self.step)
             except BaseException:
                 self.folder.abort()
                 raise
             return
         self.folder.truncate_logs(self.step)
-        self._log_filtered()
+        problems.log_filtered(self.folder, self.filtered, self.step)
         if changes:
             self.folder.write_config(to_dict(self.cfg))
             self.folder.log_event(
@@ -260,55 +206,6 @@ class Trainer:
                 + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items()),
                 file=sys.stderr,
             )
-
-    def _draw(self, split: str, n: int, seed: int) -> tuple[list, dict | None]:
-        return rollout.draw_problems(
-            self.task,
-            self.encoder,
-            split,
-            n,
-            seed,
-            self.cfg.task.max_prompt_tokens,
-            key=self.cfg._where("task.max_prompt_tokens"),
-        )
-
-    def _policy_written(self, step: int) -> bool:
-        """Whether ``policy/`` holds the model of ``step`` (a run stopped early and resumed with
-        ``train.steps`` at its own step has none yet: fit() then writes it, taking no step)."""
-        from gapo.policy.model import read_marker
-
-        policy = self.run_dir / "policy"
-        if not (policy / "config.json").is_file():
-            return False
-        written = ((read_marker(policy) or {}).get("extra") or {}).get("step")
-        return not isinstance(written, int) or written == step
-
-    def _log_filtered(self) -> None:
-        """task.max_prompt_tokens: what was dropped, said once and kept in events.jsonl."""
-        f = self.filtered
-        if f is None:
-            return
-        print(
-            f"[gapo] task.max_prompt_tokens={f['max_prompt_tokens']}: dropped {f['train_dropped']} of "
-            f"{f['train_prompts']} training prompts and {f['eval_dropped']} of {f['eval_prompts']} evaluation "
-            "prompts (longer after the chat template)",
-            file=sys.stderr,
-        )
-        self.folder.log_event({"event": "filter_prompts", "step": self.step, **f})
-
-    def _shuffled(self) -> list[int]:
-        order = list(range(len(self.pool)))
-        self.py_rng.shuffle(order)
-        return order
-
-    def _next_problems(self, n: int) -> list:
-        out = []
-        for _ in range(n):
-            if self.pos >= len(self.order):
-                self.order, self.pos = self._shuffled(), 0
-            out.append(self.pool[self.order[self.pos]])
-            self.pos += 1
-        return out
 
     # ------------------------------------------------------------------ one RL step
     def train_step(self) -> dict:
@@ -327,7 +224,7 @@ class Trainer:
         c = success_count(rewards, G, reward_range=a.reward_range)
         # 3. the update batch: + log π_old (epoch 0's mini-batch order is drawn first: see
         #    _update_batch) and log π_ref
-        perm0 = self._permutation(rewards.numel())
+        perm0 = _permutation(rewards.numel(), self.gen, self.device)
         ub, old = self._update_batch(batch, advantages, eps_high, c, perm0)
         # 4. E epochs × M mini-batches × micro-batches of loss → backward, then clip → step
         upd = self._update(ub, old, perm0)
@@ -335,7 +232,13 @@ class Trainer:
         self.step += 1
         # 5. diagnostics, and a few rows of what was trained on (samples.jsonl)
         self.last_samples = rollout.sample_records(batch, self.step, self.cfg.log.samples, self.encoder.text)
-        metrics = self._step_metrics(batch, ub, upd, t_step, t_update)
+        now = time.perf_counter()
+        metrics = {
+            **step_metrics(batch, ub, upd, step=self.step, lr=self.sched.get_last_lr()[0], reward_range=a.reward_range),
+            **gpu_memory(self.device),
+            "time/update_s": now - t_update,
+            "time/step_s": now - t_step,
+        }
         failure = verifier_failure_warning(batch.stats, batch.rewards.tolist())
         if failure:  # all-zero rewards that are the verifier's failures, not wrong answers
             print(f"[gapo] warning: step {self.step}: {failure}", file=sys.stderr)
@@ -355,7 +258,7 @@ class Trainer:
             reward_range=a.reward_range,
         )
         return rollout.collect(
-            lambda: self._next_problems(t.prompts),
+            lambda: self.order.next(self.pool, t.prompts),
             make,
             n_groups=t.prompts,
             dynamic_sampling=a.dynamic_sampling,
@@ -399,9 +302,6 @@ class Trainer:
             )
         return lp.float(), ent.float()
 
-    def _permutation(self, n: int) -> torch.Tensor:
-        return torch.randperm(n, generator=self.gen, device=self.gen.device).to(self.device)
-
     def _update_batch(self, batch, advantages, eps_high, c, perm0) -> tuple[update.UpdateBatch, update.OldPolicy]:
         """The update's data, built before the first epoch, with log π_old and log π_ref.
 
@@ -420,29 +320,23 @@ class Trainer:
         if rest.numel():
             with torch.no_grad():
                 old.first_forward(rest, *self._logprobs(self.model, ub, rest))
-        ub.ref_logp = self._ref_logprobs(batch)
+        if self.cfg.algo.kl_coef != 0:  # log π_ref; with LoRA π_ref is the network with its adapters off
+            lora_ref = self.ref_model is None
+            with torch.no_grad(), lora.reference(self.model) if lora_ref else contextlib.nullcontext():
+                ub.ref_logp = self._logprobs(self.model if lora_ref else self.ref_model, batch)[0]
         return ub, old
-
-    @torch.no_grad()
-    def _ref_logprobs(self, batch) -> torch.Tensor | None:
-        if self.cfg.algo.kl_coef == 0:
-            return None
-        if self.ref_model is None:  # LoRA: the base model is the network with its adapters off
-            with lora.reference(self.model):
-                return self._logprobs(self.model, batch)[0]
-        return self._logprobs(self.ref_model, batch)[0]
 
     def _update(self, ub: update.UpdateBatch, old: update.OldPolicy, perm0: torch.Tensor) -> dict:
         """E epochs × M mini-batch optimiser steps; a mini-batch's gradient is accumulated over its
         micro-batches (``train.micro_batch_size``), each loss normalised by the whole mini-batch.
         Returns the metrics summed over mini-batches, the clip counts per c, the gradient norms and
         π_old's entropy sum."""
-        t, s = self.cfg.train, update.LossSettings.from_algo(self.cfg.algo)
+        t, o, s = self.cfg.train, self.cfg.optim, update.LossSettings.from_algo(self.cfg.algo)
         B = ub.mask.shape[0]
         mb = B // t.mini_batches
         sums, counts, grad_norms = {}, {}, []
         for epoch in range(t.epochs):
-            perm = perm0 if epoch == 0 else self._permutation(B)
+            perm = perm0 if epoch == 0 else _permutation(B, self.gen, self.device)
             for rows in perm[: t.mini_batches * mb].split(mb):
                 subs = update.micro_batches(rows, t.micro_batch_size)
                 norms = update.minibatch_norms(ub.mask[rows], ub.mask.shape[1], split=len(subs) > 1)
@@ -453,61 +347,12 @@ class Trainer:
                     old.first_forward(sub, logp, ent)  # π_old's log-probs / entropy, on a row's first forward
                     micro = ub.rows(sub)
                     loss, mets = update.micro_batch_loss(logp, ent, micro, s, norms)
-                    self._backward(loss)
+                    optimizer.backward(loss, self.scaler)
                     update.accumulate(metrics, mets, update.token_share(micro.mask, ub.mask[rows], norms))
                     merge_counts(counts, update.clip_counts(logp, micro, s))
-                grad_norms.append(self._optimizer_step())
+                grad_norms.append(optimizer.step(self.model, self.opt, self.scaler, o.grad_clip, step=self.step + 1))
                 update.accumulate(sums, metrics)
         return {"sums": sums, "counts": counts, "grad_norms": grad_norms, "entropy_sum": old.entropy_sum}
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-
-    def _optimizer_step(self) -> float:
-        """Clip the gradient norm and step; a non-finite norm is an error (with float16's scaler:
-        a skipped step, as the scaler lowers its scale)."""
-        if self.scaler is not None:
-            self.scaler.unscale_(self.opt)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.grad_clip)
-        if self.scaler is not None:
-            self.scaler.step(self.opt)
-            self.scaler.update()
-        elif not torch.isfinite(grad_norm):
-            raise FloatingPointError(
-                f"non-finite gradient norm at step {self.step + 1}; lower optim.lr or check the rewards"
-            )
-        else:
-            self.opt.step()
-        return float(grad_norm)
-
-    def _step_metrics(self, batch, ub, upd, t_step, t_update) -> dict:
-        a, advantages = self.cfg.algo, ub.advantages
-        rewards, mask = batch.rewards, batch.rollout.response_mask.float()
-        n_updates, n_tok = len(upd["grad_norms"]), float(mask.sum())
-        out = {"kind": "train", "step": self.step}
-        out.update({k: v / n_updates for k, v in upd["sums"].items()})
-        out["policy/entropy"] = upd["entropy_sum"] / max(n_tok, 1.0)
-        out["rollout/reward"] = float(rewards.mean())
-        # a success reaches R_max; under a "group"/"batch" range, gapo's verifiers' 1.0 (Task.score)
-        top = 1.0 if isinstance(a.reward_range, str) else a.reward_range[1]
-        out["rollout/pass_rate"] = float((rewards >= top).float().mean())
-        out["rollout/response_len"] = n_tok / mask.shape[0]
-        out["optim/lr"] = self.sched.get_last_lr()[0]
-        out["optim/grad_norm"] = sum(upd["grad_norms"]) / n_updates
-        if (advantages > 0).any():
-            out["clip/eps_high_pos_mean"] = float(ub.eps_high[advantages > 0].mean())
-        counts = upd["counts"]
-        out.update(clip_stats_from_counts(counts))
-        pos_tok = sum(f["pos_tokens"] for f in counts.values())
-        out["clip/frac_high_pos"] = sum(f["pos_clipped"] for f in counts.values()) / pos_tok if pos_tok else 0.0
-        out.update(batch.info)
-        out.update({k: v for k, v in batch.stats.items() if k.startswith("reward/") and k != "reward/n"})
-        if self.device.type == "cuda":
-            out["memory/peak_gpu_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        out["time/update_s"] = time.perf_counter() - t_update
-        out["time/step_s"] = time.perf_counter() - t_step
-        return out
 
     # ------------------------------------------------------------------ evaluation, logging
     def evaluate(self, *, progress: bool = False) -> dict:
@@ -538,14 +383,12 @@ class Trainer:
     def save_checkpoint(self) -> None:
         state = {
             "step": self.step,
-            "pos": self.pos,
-            "order": self.order,
+            **self.order.state_dict(),  # pos, order, py_rng
             "pool_size": len(self.pool),
             # with LoRA only the adapters train: the checkpoint holds them, the base stays on disk
-            "model": lora.adapter_state(self.model) if lora.is_lora(self.model) else self.model.state_dict(),
+            "model": checkpoint.trainable_state(self.model),
             "opt": self.opt.state_dict(),
             "sched": self.sched.state_dict(),
-            "py_rng": self.py_rng.getstate(),
             "gen": self.gen.get_state(),
             "torch_rng": torch.get_rng_state(),
             "config": to_dict(self.cfg),
@@ -559,78 +402,34 @@ class Trainer:
 
     def _restore(self, state: dict, changes: dict) -> None:
         """Load a checkpoint's state; config keys changed on resume are applied on top of it."""
-        try:
-            if lora.is_lora(self.model):  # the adapters; the base weights come from the checkpoint on disk
-                missing = set(lora.adapter_state(self.model)) - set(state["model"])
-                if missing or self.model.load_state_dict(state["model"], strict=False).unexpected_keys:
-                    raise ValueError(
-                        f"the checkpoint's adapters do not match model.lora (missing {sorted(missing)[:3]})"
-                    )
-            else:
-                self.model.load_state_dict(state["model"])
-            self.opt.load_state_dict(state["opt"])
-            self.sched.load_state_dict(state["sched"])
-        except (RuntimeError, KeyError, ValueError) as e:
-            raise ValueError(
-                f"cannot resume: {str(self.ckpt_path)!r} does not fit the model at {str(self.policy_path)!r} ({e})"
-            ) from None
-        self.py_rng.setstate(state["py_rng"])
+        t = self.cfg.train
+        checkpoint.load_trainable(
+            self.model, self.opt, self.sched, state, ckpt_path=self.ckpt_path, policy_path=self.policy_path
+        )
+        self.order.load_state_dict(state)
         self.gen.set_state(state["gen"])
         torch.set_rng_state(state["torch_rng"])
-        self.step, self.pos, self.order = state["step"], state["pos"], state["order"]
+        self.step = state["step"]
         self.ratio_adv_window.extend(state.get("ratio_adv_window", []))
         if state.get("pool_size", len(self.pool)) != len(self.pool):  # resumed with other train.steps
-            self.pool = self._draw("train", state["pool_size"], self.cfg.train.seed)[0]
+            self.pool, _ = problems.draw(self.task, self.encoder, self.cfg, "train", state["pool_size"], t.seed)
         if any(k.startswith("optim.") for k in changes):  # the optimiser state holds the old values
-            o = self.cfg.optim
-            self.sched.base_lrs = [o.lr for _ in self.opt.param_groups]
-            factor = self.sched.lr_lambdas[0](self.sched.last_epoch)
-            for g in self.opt.param_groups:
-                g.update(initial_lr=o.lr, lr=o.lr * factor, betas=o.betas, weight_decay=o.weight_decay)
-            self.sched._last_lr = [g["lr"] for g in self.opt.param_groups]
+            optimizer.apply_changes(self.opt, self.sched, self.cfg.optim)
 
     def save_policy(self) -> Path:
         """``policy/`` written beside and swapped in, so a failed write keeps the previous one."""
-        final = self.run_dir / "policy"
-        tmp = self.run_dir / f".policy.{os.getpid()}.tmp"
-        old = self.run_dir / f".policy.{os.getpid()}.old"
-        try:
-            extra = {"step": self.step}  # which step this is (gapo export / eval --step)
-            if lora.is_lora(self.model):  # the merged model, loadable anywhere, and the adapter beside it
-                save_policy(lora.merged(self.model), self.tok, tmp, extra=extra)
-                lora.save_adapter(self.model, tmp / "adapter")
-            else:
-                save_policy(self.model, self.tok, tmp, extra=extra)
-            if final.exists():
-                os.rename(final, old)
-            os.rename(tmp, final)
-        except Exception as e:  # a full disk: OSError, or safetensors'/torch's own error types
-            if old.exists() and not final.exists():
-                os.rename(old, final)
-            if not isinstance(e, (OSError, RuntimeError)) and type(e).__name__ != "SafetensorError":
-                raise
-            raise OSError(
-                getattr(e, "errno", None) or errno.EIO,
-                f"cannot write the policy to {str(final)!r}: "
-                f"{getattr(e, 'strerror', None) or e}; {space_note(self.run_dir, self._ckpt_bytes)}. The "
-                f"checkpoint of step {self.step} is intact ({str(self.ckpt_path)!r})",
-            ) from None
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(old, ignore_errors=True)
-        return final
+        return checkpoint.write_policy(
+            self.run_dir, self.model, self.tok, self.step, ckpt_bytes=self._ckpt_bytes, ckpt_path=self.ckpt_path
+        )
 
     # ------------------------------------------------------------------ the loop
-    def _request_stop(self) -> None:
-        self._stop = True
-
     def fit(self, *, stop_after: int | None = None) -> dict:
         """Train to ``train.steps`` (or ``stop_after`` more steps, then checkpoint and return)."""
         t, e_every = self.cfg.train, self.cfg.eval.every
         bar, last_eval = None, None
         self.folder.reacquire()  # a second fit() of this trainer: the lock again, if the run is as it left it
         try:
-            with stop_on_signals(self._request_stop):
+            with stop_on_signals(lambda: setattr(self, "_stop", True)):  # finish the step, checkpoint, return
                 if self.step == 0 and self.eval_problems:
                     last_eval = self.evaluate(progress=t.progress)
                     self.log(last_eval)

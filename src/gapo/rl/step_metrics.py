@@ -1,0 +1,52 @@
+"""One training step's record of ``metrics.jsonl`` (docs/design.md §4.2 step 6, §7), a pure
+function of what the step produced.
+
+With ``U`` optimiser updates (``E × M``), ``N`` response tokens and ``B`` rollouts: the loss
+metrics are their sums over updates ``/ U``; ``policy/entropy`` is π_old's entropy summed over
+every response token ``/ N``; ``rollout/response_len = N / B``; ``rollout/pass_rate`` the share
+of rewards at the top of the reward range (a success reaches ``R_max``; gapo's verifiers' 1.0
+under a ``group``/``batch`` range); ``optim/grad_norm`` the mean pre-clipping norm over updates;
+the per-``c`` rates come from the raw counts summed over every mini-batch and epoch
+(``core.metrics.clip_stats_from_counts``), so they do not depend on how the batch was split, and
+``clip/frac_high_pos`` is the clipped share of all positive-advantage tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gapo.core.metrics import clip_stats_from_counts
+
+__all__ = ["step_metrics", "gpu_memory"]
+
+
+def step_metrics(batch, ub, upd: dict, *, step: int, lr: float, reward_range) -> dict:
+    """The deterministic part of step ``step``'s train record: ``batch`` the rollout
+    (``rollout.Batch``), ``ub`` the ``update.UpdateBatch``, ``upd`` what ``Trainer._update``
+    accumulated (``sums``, ``counts``, ``grad_norms``, ``entropy_sum``), ``lr`` the learning rate
+    after the step. The trainer appends ``gpu_memory`` and the ``time/*`` fields."""
+    advantages, rewards, mask = ub.advantages, batch.rewards, batch.rollout.response_mask.float()
+    n_updates, n_tok = len(upd["grad_norms"]), float(mask.sum())
+    out = {"kind": "train", "step": step}
+    out.update({k: v / n_updates for k, v in upd["sums"].items()})
+    out["policy/entropy"] = upd["entropy_sum"] / max(n_tok, 1.0)
+    out["rollout/reward"] = float(rewards.mean())
+    top = 1.0 if isinstance(reward_range, str) else reward_range[1]
+    out["rollout/pass_rate"] = float((rewards >= top).float().mean())
+    out["rollout/response_len"] = n_tok / mask.shape[0]
+    out["optim/lr"] = lr
+    out["optim/grad_norm"] = sum(upd["grad_norms"]) / n_updates
+    if (advantages > 0).any():
+        out["clip/eps_high_pos_mean"] = float(ub.eps_high[advantages > 0].mean())
+    counts = upd["counts"]
+    out.update(clip_stats_from_counts(counts))
+    pos_tok = sum(f["pos_tokens"] for f in counts.values())
+    out["clip/frac_high_pos"] = sum(f["pos_clipped"] for f in counts.values()) / pos_tok if pos_tok else 0.0
+    out.update(batch.info)
+    out.update({k: v for k, v in batch.stats.items() if k.startswith("reward/") and k != "reward/n"})
+    return out
+
+
+def gpu_memory(device: torch.device) -> dict:
+    """``{"memory/peak_gpu_gb": GiB}``, the peak GPU memory allocated so far; empty off CUDA."""
+    return {"memory/peak_gpu_gb": torch.cuda.max_memory_allocated(device) / 2**30} if device.type == "cuda" else {}
