@@ -50,7 +50,7 @@ def one(path: str, V: int, B: int, T: int, threads: int, prompt: int = 32) -> di
     from gapo.core.clipping import gapo_eps_high
     from gapo.core.losses import policy_loss
     from gapo.policy.model import build_model
-    from gapo.policy.sampling import logprobs
+    from gapo.policy.sampling import HeadMemory, logprobs
 
     torch.set_num_threads(threads)
     model = build_model(V, "tiny", seed=0, max_position_embeddings=prompt + T + 8).train()
@@ -70,7 +70,7 @@ def one(path: str, V: int, B: int, T: int, threads: int, prompt: int = 32) -> di
     if path == "chunked":  # as the trainer calls it when the loss has no entropy term
         logp, ent = logprobs(model, ids, attn, T, entropy_grad=False)
     elif path == "bounded":  # every chunk checkpointed (beyond max_saved_bytes)
-        logp, ent = logprobs(model, ids, attn, T, entropy_grad=False, max_saved_bytes=0)
+        logp, ent = logprobs(model, ids, attn, T, entropy_grad=False, memory=HeadMemory(max_saved_bytes=0))
     elif path == "chunked+ent":  # entropy bonus in the loss
         logp, ent = logprobs(model, ids, attn, T)
     else:

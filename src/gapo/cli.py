@@ -296,7 +296,8 @@ def cmd_eval(args) -> int:
     from gapo.policy.chat import PromptEncoder
     from gapo.policy.model import check_context, load_policy
     from gapo.policy.precision import autocast
-    from gapo.rl.evaluate import evaluate
+    from gapo.policy.sampling import SamplingParams
+    from gapo.rl.evaluate import EvalPlan, evaluate
     from gapo.rl.rollout import draw_problems, problem_name
     from gapo.tasks.custom import with_rewards
 
@@ -346,13 +347,10 @@ def cmd_eval(args) -> int:
             tok,
             task,
             problems,
-            n=args.n,
-            temperature=cfg.eval.temperature,
-            max_new_tokens=max_new_tokens,
-            seed=cfg.eval.seed,
+            params=SamplingParams(max_new_tokens, cfg.eval.temperature, stop=cfg.sampling.stop),
+            plan=EvalPlan(n=args.n, seed=cfg.eval.seed),
             progress=True,
             encode=encoder.ids,
-            stop=cfg.sampling.stop,
         )  # stop tokens: the tokenizer's EOS + generation_config's
     res.pop("eval/correct")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}, indent=1))
@@ -380,7 +378,8 @@ def cmd_pretrain(args) -> int:
     from gapo import tasks
     from gapo.policy.base_policy import get_base_policy, resolve
     from gapo.policy.model import load_policy
-    from gapo.rl.evaluate import evaluate
+    from gapo.policy.sampling import SamplingParams
+    from gapo.rl.evaluate import EvalPlan, evaluate
 
     torch.set_num_threads(args.threads)
     for preset in args.preset or ["low", "high"]:  # medium (larger, slower) only when asked for
@@ -394,8 +393,8 @@ def cmd_pretrain(args) -> int:
                 tok,
                 task,
                 task.generate("eval", args.eval, 1234),
-                n=16,
-                max_new_tokens=task.max_completion_len + 1,
+                params=SamplingParams(max_new_tokens=task.max_completion_len + 1),
+                plan=EvalPlan(n=16),
             )
             print("  " + "  ".join(f"{k[5:]}={v:.3f}" for k, v in res.items() if k.startswith("eval/pass@")))
     return 0

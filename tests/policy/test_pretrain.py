@@ -11,7 +11,8 @@ from gapo import tasks
 from gapo.policy.base_policy import PRESETS, get_base_policy
 from gapo.policy.model import load_policy, read_marker
 from gapo.policy.pretrain import PretrainConfig, _Batcher, pretrain
-from gapo.rl.evaluate import evaluate
+from gapo.policy.sampling import SamplingParams
+from gapo.rl.evaluate import EvalPlan, evaluate
 
 torch.set_num_threads(1)
 
@@ -151,12 +152,12 @@ def test_evaluate_counts_correct_samples():
     model, tok, _ = pretrain(dataclasses.replace(TINY, max_steps=10), progress=False)
     task = tasks.get("countdown", **TINY.rl_task)
     probs = task.generate("eval", 6, seed=0)
-    r = evaluate(model, tok, task, probs, n=4, seed=1, max_new_tokens=task.max_completion_len + 1)
+    r = evaluate(model, tok, task, probs, SamplingParams(task.max_completion_len + 1), EvalPlan(n=4, seed=1))
     r.pop("time/eval_s")
     assert r["eval/n"] == 4 and len(r["eval/correct"]) == 6
     assert r["eval/pass@1"] <= r["eval/pass@2"] <= r["eval/pass@4"]
     assert r["eval/pass@2"] == pytest.approx(sum(pass_at_k(4, c, 2) for c in r["eval/correct"]) / 6)
-    again = evaluate(model, tok, task, probs, n=4, seed=1, max_new_tokens=task.max_completion_len + 1)
+    again = evaluate(model, tok, task, probs, SamplingParams(task.max_completion_len + 1), EvalPlan(n=4, seed=1))
     again.pop("time/eval_s")
     assert r == again  # seeded
     json.dumps(r)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gapo.policy.model import build_model, build_tokenizer
-from gapo.policy.sampling import left_pad, logprobs, sample
+from gapo.policy.sampling import DecodeOptions, HeadMemory, SamplingParams, left_pad, logprobs, sample
 
 torch.set_num_threads(1)
 
@@ -41,7 +41,9 @@ def _full_logp(model, r, temperature=1.0):
 
 
 def test_greedy_equals_generate(model, prompts):
-    r = sample(model, prompts, max_new_tokens=24, temperature=0, eos_token_id=EOS, pad_token_id=PAD)
+    r = sample(
+        model, prompts, params=SamplingParams(max_new_tokens=24, temperature=0, eos_token_id=EOS), pad_token_id=PAD
+    )
     ids, mask = left_pad(prompts, pad_token_id=PAD)
     g = model.generate(
         input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24, eos_token_id=EOS, pad_token_id=PAD
@@ -56,7 +58,12 @@ def test_greedy_equals_generate(model, prompts):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logp_equals_full_forward(model, prompts, temperature):
     gen = torch.Generator().manual_seed(1)
-    r = sample(model, prompts * 4, max_new_tokens=30, temperature=temperature, eos_token_id=EOS, generator=gen)
+    r = sample(
+        model,
+        prompts * 4,
+        params=SamplingParams(max_new_tokens=30, temperature=temperature, eos_token_id=EOS),
+        generator=gen,
+    )
     with torch.no_grad():
         ref = _full_logp(model, r, temperature)
         lp, _ = logprobs(model, r.input_ids, r.attention_mask, r.completion_ids.shape[1], temperature=temperature)
@@ -67,7 +74,9 @@ def test_logp_equals_full_forward(model, prompts, temperature):
 def test_eos_handling(model, prompts):
     gen = torch.Generator().manual_seed(2)
     N = 20
-    r = sample(model, prompts * 8, max_new_tokens=N, eos_token_id=EOS, pad_token_id=PAD, generator=gen)
+    r = sample(
+        model, prompts * 8, params=SamplingParams(max_new_tokens=N, eos_token_id=EOS), pad_token_id=PAD, generator=gen
+    )
     stopped = 0
     for ids, m, lp in zip(r.completion_ids.tolist(), r.response_mask.tolist(), r.logp.tolist()):
         n = sum(m)
@@ -83,14 +92,22 @@ def test_eos_handling(model, prompts):
 
 
 def test_no_eos_runs_to_max(model, prompts):
-    r = sample(model, prompts, max_new_tokens=7, eos_token_id=None, generator=torch.Generator().manual_seed(0))
+    r = sample(
+        model,
+        prompts,
+        params=SamplingParams(max_new_tokens=7, eos_token_id=None),
+        generator=torch.Generator().manual_seed(0),
+    )
     assert r.completion_ids.shape == (len(prompts), 7) and r.response_mask.all()
 
 
 def test_tiny_top_p_equals_greedy(model, prompts):
-    g = sample(model, prompts, max_new_tokens=16, temperature=0, eos_token_id=EOS)
+    g = sample(model, prompts, params=SamplingParams(max_new_tokens=16, temperature=0, eos_token_id=EOS))
     s = sample(
-        model, prompts, max_new_tokens=16, top_p=1e-6, eos_token_id=EOS, generator=torch.Generator().manual_seed(3)
+        model,
+        prompts,
+        params=SamplingParams(max_new_tokens=16, top_p=1e-6, eos_token_id=EOS),
+        generator=torch.Generator().manual_seed(3),
     )
     assert torch.equal(g.completion_ids, s.completion_ids)
     assert torch.allclose(g.logp, s.logp, atol=1e-6)
@@ -104,7 +121,9 @@ def test_top_p_samples_only_from_nucleus(model, tok):
     sp, si = probs.sort(descending=True)
     k = int(((sp.cumsum(0) - sp) < 0.5).sum())
     nucleus = set(si[:k].tolist())
-    r = sample(model, [p] * 400, max_new_tokens=1, top_p=0.5, generator=torch.Generator().manual_seed(4))
+    r = sample(
+        model, [p] * 400, params=SamplingParams(max_new_tokens=1, top_p=0.5), generator=torch.Generator().manual_seed(4)
+    )
     assert set(r.completion_ids[:, 0].tolist()) <= nucleus
 
 
@@ -113,23 +132,43 @@ def test_sampling_follows_the_distribution(model, tok):
     with torch.no_grad():
         probs = torch.softmax(model(torch.tensor([p])).logits[0, -1].float() / 0.8, -1)
     n = 4000
-    r = sample(model, [p] * n, max_new_tokens=1, temperature=0.8, generator=torch.Generator().manual_seed(5))
+    r = sample(
+        model,
+        [p] * n,
+        params=SamplingParams(max_new_tokens=1, temperature=0.8),
+        generator=torch.Generator().manual_seed(5),
+    )
     freq = torch.bincount(r.completion_ids[:, 0], minlength=probs.numel()).float() / n
     assert (freq - probs).abs().max() < 0.035  # ~4.5 sigma at p = 0.5
 
 
 def test_seeded_determinism(model, prompts):
-    a = sample(model, prompts, max_new_tokens=16, eos_token_id=EOS, generator=torch.Generator().manual_seed(7))
-    b = sample(model, prompts, max_new_tokens=16, eos_token_id=EOS, generator=torch.Generator().manual_seed(7))
-    c = sample(model, prompts, max_new_tokens=16, eos_token_id=EOS, generator=torch.Generator().manual_seed(8))
+    a = sample(
+        model,
+        prompts,
+        params=SamplingParams(max_new_tokens=16, eos_token_id=EOS),
+        generator=torch.Generator().manual_seed(7),
+    )
+    b = sample(
+        model,
+        prompts,
+        params=SamplingParams(max_new_tokens=16, eos_token_id=EOS),
+        generator=torch.Generator().manual_seed(7),
+    )
+    c = sample(
+        model,
+        prompts,
+        params=SamplingParams(max_new_tokens=16, eos_token_id=EOS),
+        generator=torch.Generator().manual_seed(8),
+    )
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.logp, b.logp)
     assert not torch.equal(a.completion_ids, c.completion_ids)
 
 
 def test_left_padding_batch_equals_one_by_one(model, prompts):
-    batch = sample(model, prompts, max_new_tokens=20, temperature=0, eos_token_id=EOS)
+    batch = sample(model, prompts, params=SamplingParams(max_new_tokens=20, temperature=0, eos_token_id=EOS))
     for i, p in enumerate(prompts):
-        one = sample(model, [p], max_new_tokens=20, temperature=0, eos_token_id=EOS)
+        one = sample(model, [p], params=SamplingParams(max_new_tokens=20, temperature=0, eos_token_id=EOS))
         n = int(one.lengths[0])
         assert int(batch.lengths[i]) == n
         assert torch.equal(batch.completion_ids[i, :n], one.completion_ids[0, :n])
@@ -138,22 +177,32 @@ def test_left_padding_batch_equals_one_by_one(model, prompts):
 
 def test_tensor_prompts_and_compaction_off(model, prompts):
     ids, mask = left_pad(prompts)
-    a = sample(model, ids, mask, max_new_tokens=20, temperature=0, eos_token_id=EOS)
-    b = sample(model, prompts, max_new_tokens=20, temperature=0, eos_token_id=EOS, compact=False)
+    a = sample(model, ids, mask, SamplingParams(max_new_tokens=20, temperature=0, eos_token_id=EOS))
+    b = sample(
+        model,
+        prompts,
+        params=SamplingParams(max_new_tokens=20, temperature=0, eos_token_id=EOS),
+        options=DecodeOptions(compact=False),
+    )
     assert torch.equal(a.completion_ids, b.completion_ids)
     assert torch.allclose(a.logp, b.logp, atol=1e-5)
     with pytest.raises(ValueError, match="left-padded"):
-        sample(model, ids.flip(1), mask.flip(1), max_new_tokens=2)
+        sample(model, ids.flip(1), mask.flip(1), SamplingParams(max_new_tokens=2))
 
 
 def test_chunked_logprobs_equal_unchunked_with_grads(model, prompts):
-    r = sample(model, prompts * 2, max_new_tokens=20, eos_token_id=EOS, generator=torch.Generator().manual_seed(9))
+    r = sample(
+        model,
+        prompts * 2,
+        params=SamplingParams(max_new_tokens=20, eos_token_id=EOS),
+        generator=torch.Generator().manual_seed(9),
+    )
     T = r.completion_ids.shape[1]
     m = r.response_mask.float()
     results = []
     for chunk in (None, 3):
         model.zero_grad()
-        lp, ent = logprobs(model, r.input_ids, r.attention_mask, T, chunk_size=chunk)
+        lp, ent = logprobs(model, r.input_ids, r.attention_mask, T, memory=HeadMemory(chunk_size=chunk))
         ((lp * m).sum() + (ent * m).sum()).backward()
         results.append((lp.detach(), ent.detach(), model.lm_head.weight.grad.clone()))
     model.zero_grad()
@@ -208,11 +257,9 @@ def test_fast_decoder_equals_model_forward(model, tok, prompts, arch):
             sample(
                 m,
                 prompts * 3,
-                max_new_tokens=24,
-                temperature=temperature,
-                eos_token_id=EOS,
-                fast=fast,
+                params=SamplingParams(max_new_tokens=24, temperature=temperature, eos_token_id=EOS),
                 generator=torch.Generator().manual_seed(11),
+                options=DecodeOptions(fast=fast),
             )
             for fast in (True, False)
         )
@@ -238,7 +285,12 @@ def test_fast_logprobs_equal_model_forward_with_grads(model, tok, prompts, arch)
     # shared-prompt forward (each distinct prompt once, G copies) == model.model on every row,
     # values and gradients; prompts of different lengths (left padding), rows stopped early
     m = model if arch == "llama" else _qwen2_gqa(len(tok))
-    r = sample(m, prompts * 4, max_new_tokens=20, eos_token_id=EOS, generator=torch.Generator().manual_seed(12))
+    r = sample(
+        m,
+        prompts * 4,
+        params=SamplingParams(max_new_tokens=20, eos_token_id=EOS),
+        generator=torch.Generator().manual_seed(12),
+    )
     assert r.lengths.min() < r.lengths.max()
     T = r.completion_ids.shape[1]
     mk = r.response_mask.float()
@@ -268,7 +320,12 @@ def test_packed_completion_forward_equals_padded(model, tok, prompts, arch, chun
     from gapo.policy import fast_lm
 
     m = model if arch == "llama" else _qwen2_gqa(len(tok))
-    r = sample(m, prompts * 4, max_new_tokens=20, eos_token_id=EOS, generator=torch.Generator().manual_seed(14))
+    r = sample(
+        m,
+        prompts * 4,
+        params=SamplingParams(max_new_tokens=20, eos_token_id=EOS),
+        generator=torch.Generator().manual_seed(14),
+    )
     ids, attn, mk = r.input_ids.clone(), r.attention_mask.clone(), r.response_mask.clone()
     P = r.prompt_ids.shape[1]
     ids[0, P + 1 :], attn[0, P + 1 :], mk[0, 1:] = PAD, 0, 0  # row 0: one response token only
@@ -279,7 +336,7 @@ def test_packed_completion_forward_equals_padded(model, tok, prompts, arch, chun
     for pack_below in (1.0, 0.0):  # always pack, never pack
         monkeypatch.setattr(fast_lm, "PACK_BELOW", pack_below)
         m.zero_grad()
-        lp, ent = logprobs(m, ids, attn, T, temperature=0.9, **chunks)
+        lp, ent = logprobs(m, ids, attn, T, temperature=0.9, memory=HeadMemory(**chunks))
         assert torch.isfinite(lp).all() and torch.isfinite(ent).all()
         if pack_below:
             assert not lp[mk == 0].any() and not ent[mk == 0].any()
@@ -296,12 +353,19 @@ def test_packed_completion_forward_equals_padded(model, tok, prompts, arch, chun
 
 
 def test_entropy_grad_false_detaches_entropy_only(model, prompts):
-    r = sample(model, prompts * 2, max_new_tokens=20, eos_token_id=EOS, generator=torch.Generator().manual_seed(13))
+    r = sample(
+        model,
+        prompts * 2,
+        params=SamplingParams(max_new_tokens=20, eos_token_id=EOS),
+        generator=torch.Generator().manual_seed(13),
+    )
     T, m = r.completion_ids.shape[1], r.response_mask.float()
     grads = []
     for entropy_grad in (True, False):
         model.zero_grad()
-        lp, ent = logprobs(model, r.input_ids, r.attention_mask, T, chunk_size=3, entropy_grad=entropy_grad)
+        lp, ent = logprobs(
+            model, r.input_ids, r.attention_mask, T, entropy_grad=entropy_grad, memory=HeadMemory(chunk_size=3)
+        )
         assert ent.requires_grad == entropy_grad
         (lp * m).sum().backward()
         grads.append((lp.detach(), ent.detach(), model.lm_head.weight.grad.clone()))
@@ -311,12 +375,19 @@ def test_entropy_grad_false_detaches_entropy_only(model, prompts):
 
 def test_checkpointed_chunks_equal_kept_chunks(model, prompts):
     # max_saved_bytes decides only whether chunks are recomputed in backward: same values, same gradients
-    r = sample(model, prompts * 2, max_new_tokens=20, eos_token_id=EOS, generator=torch.Generator().manual_seed(5))
+    r = sample(
+        model,
+        prompts * 2,
+        params=SamplingParams(max_new_tokens=20, eos_token_id=EOS),
+        generator=torch.Generator().manual_seed(5),
+    )
     T, m = r.completion_ids.shape[1], r.response_mask.float()
     out = []
     for saved in (2**30, 0):
         model.zero_grad()
-        lp, ent = logprobs(model, r.input_ids, r.attention_mask, T, chunk_size=3, max_saved_bytes=saved)
+        lp, ent = logprobs(
+            model, r.input_ids, r.attention_mask, T, memory=HeadMemory(chunk_size=3, max_saved_bytes=saved)
+        )
         ((lp * m).sum() + (ent * m).sum()).backward()
         out.append((lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]))
     model.zero_grad()
@@ -330,7 +401,12 @@ def test_kept_logits_budget_counts_the_entropy_softmax(model, prompts, monkeypat
     # logits twice: a budget between 1x and 2x of the logits keeps them without, checkpoints with
     from gapo.policy import sampling
 
-    r = sample(model, prompts * 2, max_new_tokens=20, eos_token_id=EOS, generator=torch.Generator().manual_seed(6))
+    r = sample(
+        model,
+        prompts * 2,
+        params=SamplingParams(max_new_tokens=20, eos_token_id=EOS),
+        generator=torch.Generator().manual_seed(6),
+    )
     B, T, V = r.completion_ids.shape[0], r.completion_ids.shape[1], model.config.vocab_size
     live = int(r.response_mask.sum())  # the head runs on the packed live positions: one row of them
     calls = []
@@ -343,9 +419,8 @@ def test_kept_logits_budget_counts_the_entropy_softmax(model, prompts, monkeypat
             r.input_ids,
             r.attention_mask,
             T,
-            chunk_size=3,
-            max_saved_bytes=6 * live * V,
             entropy_grad=entropy_grad,
+            memory=HeadMemory(chunk_size=3, max_saved_bytes=6 * live * V),
         )
         assert bool(calls) == checkpointed, (entropy_grad, len(calls), B)
 
@@ -372,11 +447,9 @@ def test_fast_decoder_under_gradient_checkpointing(tok, prompts):
         sample(
             m,
             prompts * 2,
-            max_new_tokens=16,
-            temperature=0.8,
-            eos_token_id=EOS,
-            fast=fast,
+            params=SamplingParams(max_new_tokens=16, temperature=0.8, eos_token_id=EOS),
             generator=torch.Generator().manual_seed(21),
+            options=DecodeOptions(fast=fast),
         )
         for fast in (True, False)
     )
@@ -536,9 +609,19 @@ def test_sampling_stops_at_every_generation_config_eos(qwen_base, fast):
     prompts = [_chat_ids(tok, q) for q in qs]
     # the model runs on after the turn's end, as a base model does: the tokenizer's EOS alone
     # lets every row write on to <|endoftext|> or the limit (what sampling did before)
-    late = sample(model, prompts, max_new_tokens=40, temperature=0, eos_token_id=tok.eos_token_id, fast=fast)
+    late = sample(
+        model,
+        prompts,
+        params=SamplingParams(max_new_tokens=40, temperature=0, eos_token_id=tok.eos_token_id),
+        options=DecodeOptions(fast=fast),
+    )
     assert all("\\boxed{" in t.split("}", 1)[1] for t in late.texts(tok)), late.texts(tok)
-    r = sample(model, prompts, max_new_tokens=40, temperature=0, eos_token_id=eos_token_ids(model, tok), fast=fast)
+    r = sample(
+        model,
+        prompts,
+        params=SamplingParams(max_new_tokens=40, temperature=0, eos_token_id=eos_token_ids(model, tok)),
+        options=DecodeOptions(fast=fast),
+    )
     for i, q in enumerate(qs):
         answer = QA[q][1].split("<|im_end|>")[0]
         n = int(r.lengths[i])
@@ -557,10 +640,7 @@ def test_a_stop_string_that_is_a_special_token_stops_at_it(qwen_base):
     r = sample(
         model,
         [_chat_ids(tok, q)],
-        max_new_tokens=40,
-        temperature=0,
-        eos_token_id=tok.eos_token_id,
-        stop=["<|im_end|>"],
+        params=SamplingParams(max_new_tokens=40, temperature=0, eos_token_id=tok.eos_token_id, stop=["<|im_end|>"]),
         tokenizer=tok,
     )
     assert r.completion_ids[0, int(r.lengths[0]) - 1] == im_end and im_end in r.eos_ids and r.stop == ()
@@ -582,7 +662,12 @@ def test_stop_string_across_tokens_cuts_text_and_mask(qwen_base, fast, stop, tex
     _, _, model, tok = qwen_base
     prompt = _chat_ids(tok, "What is 5 * 2?")
     eos = eos_token_ids(model, tok)
-    free = sample(model, [prompt], max_new_tokens=40, temperature=0, eos_token_id=eos, fast=fast)
+    free = sample(
+        model,
+        [prompt],
+        params=SamplingParams(max_new_tokens=40, temperature=0, eos_token_id=eos),
+        options=DecodeOptions(fast=fast),
+    )
     full = _greedy_text(tok, free, skip_special_tokens=True)
     assert full.startswith(text + stop)
     ids = free.completion_ids[0, : int(free.lengths[0])].tolist()
@@ -591,12 +676,9 @@ def test_stop_string_across_tokens_cuts_text_and_mask(qwen_base, fast, stop, tex
     r = sample(
         model,
         [prompt],
-        max_new_tokens=40,
-        temperature=0,
-        eos_token_id=eos,
-        stop=[stop, "never here"],
+        params=SamplingParams(max_new_tokens=40, temperature=0, eos_token_id=eos, stop=[stop, "never here"]),
         tokenizer=tok,
-        fast=fast,
+        options=DecodeOptions(fast=fast),
     )
     assert int(r.lengths[0]) == k and r.completion_ids.shape[1] == k  # nothing sampled past it
     assert r.completion_ids[0].tolist() == ids[:k]
@@ -624,13 +706,10 @@ def test_sampled_rows_end_at_their_first_stop(qwen_base, fast):
     r = sample(
         model,
         prompts,
-        max_new_tokens=N,
-        temperature=1.3,
-        eos_token_id=eos,
-        stop=stops,
+        params=SamplingParams(max_new_tokens=N, temperature=1.3, eos_token_id=eos, stop=stops),
         tokenizer=tok,
         generator=torch.Generator().manual_seed(0),
-        fast=fast,
+        options=DecodeOptions(fast=fast),
     )
     kinds = set()
     for i in range(len(prompts)):
@@ -665,15 +744,10 @@ def test_fast_and_hf_paths_agree_with_stops(qwen_base):
             runs[fast, every] = sample(
                 model,
                 prompts,
-                max_new_tokens=32,
-                temperature=1.5,
-                eos_token_id=eos,
-                stop=stops,
+                params=SamplingParams(max_new_tokens=32, temperature=1.5, eos_token_id=eos, stop=stops),
                 tokenizer=tok,
                 generator=torch.Generator().manual_seed(3),
-                fast=fast,
-                compact=False,
-                _check_every=every,
+                options=DecodeOptions(fast=fast, compact=False, check_every=every),
             )
     ref = runs[True, 1]
     assert len(set(ref.lengths.tolist())) > 2
@@ -687,13 +761,10 @@ def test_fast_and_hf_paths_agree_with_stops(qwen_base):
         sample(
             model,
             prompts,
-            max_new_tokens=32,
-            temperature=1.5,
-            eos_token_id=eos,
-            stop=stops,
+            params=SamplingParams(max_new_tokens=32, temperature=1.5, eos_token_id=eos, stop=stops),
             tokenizer=tok,
             generator=torch.Generator().manual_seed(4),
-            fast=fast,
+            options=DecodeOptions(fast=fast),
         )
         for fast in (True, False)
     )
@@ -768,8 +839,7 @@ def test_texts_leave_out_a_stop_token_that_is_not_special(model, tok, prompts):
     r = sample(
         model,
         prompts * 4,
-        max_new_tokens=20,
-        eos_token_id=[EOS, eq],
+        params=SamplingParams(max_new_tokens=20, eos_token_id=[EOS, eq]),
         pad_token_id=PAD,
         generator=torch.Generator().manual_seed(21),
     )
@@ -903,7 +973,7 @@ def test_sampling_stop_config_key():
 
 def test_stop_strings_need_the_tokenizer(model, prompts):
     with pytest.raises(ValueError, match="tokenizer"):
-        sample(model, prompts, max_new_tokens=4, eos_token_id=EOS, stop=["="])
+        sample(model, prompts, params=SamplingParams(max_new_tokens=4, eos_token_id=EOS, stop=["="]))
 
 
 def test_eos_token_id_forms():

@@ -224,7 +224,7 @@ def test_fast_sampler_matches_model_forward_under_autocast(instruct, dtype):
     log-probs, in float32 and under bf16 autocast; the log-probs come back as float32."""
     from gapo.policy.model import load_policy
     from gapo.policy.precision import autocast
-    from gapo.policy.sampling import sample
+    from gapo.policy.sampling import DecodeOptions, SamplingParams, sample
 
     model, tok = load_policy(instruct, dtype=torch.float32)
     prompts = [tok("2 3 > 6:").input_ids] * 4 + [tok("7 1 4 > 28:").input_ids] * 4
@@ -235,11 +235,10 @@ def test_fast_sampler_matches_model_forward_under_autocast(instruct, dtype):
                 sample(
                     model,
                     prompts,
-                    max_new_tokens=8,
+                    params=SamplingParams(max_new_tokens=8, eos_token_id=tok.eos_token_id),
                     generator=torch.Generator().manual_seed(0),
-                    eos_token_id=tok.eos_token_id,
                     pad_token_id=tok.pad_token_id,
-                    fast=fast,
+                    options=DecodeOptions(fast=fast),
                 )
             )
     assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)

@@ -27,8 +27,9 @@ from gapo import tasks
 from gapo.experiments.grid import cell_file, pretrain_config, regime_task, write_json
 from gapo.policy.base_policy import get_base_policy
 from gapo.policy.model import load_policy
+from gapo.policy.sampling import SamplingParams
 from gapo.rl.config import from_dict
-from gapo.rl.evaluate import evaluate
+from gapo.rl.evaluate import EvalPlan, evaluate
 from gapo.rl.run_dir import RunFolder, RunLocked
 from gapo.rl.trainer import Trainer
 
@@ -53,10 +54,8 @@ def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> i
             tok,
             task,
             problems,
-            n=ev["samples"],
-            temperature=ev["temperature"],
-            max_new_tokens=ev["max_new_tokens"] or task.max_completion_len + 1,
-            seed=ev["seed"],
+            params=SamplingParams(ev["max_new_tokens"] or task.max_completion_len + 1, ev["temperature"]),
+            plan=EvalPlan(n=ev["samples"], seed=ev["seed"]),
         )
         res.update(kind="eval", step=0)
     write_json(rdir / "base_eval.json", {"policy": str(path), "eval_cfg": ev, "eval": res})

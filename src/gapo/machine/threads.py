@@ -37,7 +37,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from gapo.policy.base_policy import cache_root
-from gapo.policy.sampling import logprobs, sample
+from gapo.policy.sampling import SamplingParams, logprobs, sample
 
 __all__ = ["default_threads", "probe"]
 
@@ -86,7 +86,7 @@ def _workload(reps: int = 1):
 
     def run():
         for _ in range(reps):
-            ro = sample(model, prompts, max_new_tokens=8, generator=torch.Generator().manual_seed(0))
+            ro = sample(model, prompts, params=SamplingParams(8), generator=torch.Generator().manual_seed(0))
             lp, _ = logprobs(model, ro.input_ids, ro.attention_mask, 8, entropy_grad=False)
             lp.sum().backward()
             model.zero_grad(set_to_none=True)

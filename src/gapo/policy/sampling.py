@@ -36,13 +36,20 @@ strings): a row ends at the first of
 
 Stop strings are found by incremental detokenisation (``_StopScan``): each step decodes a window
 of a few tokens per unfinished row, never a whole completion.
+
+Arguments come grouped: ``SamplingParams`` (what is drawn and where it stops), ``DecodeOptions``
+(how ``sample`` runs it: never the distribution), ``HeadMemory`` (``logprobs``' memory bounds).
+gapo 0.2's keywords (``sample(..., max_new_tokens=16, temperature=0.7)``) still work, with a
+DeprecationWarning (``params_from_keywords``).
 """
 
 from __future__ import annotations
 
+import math
 import operator
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -132,6 +139,133 @@ def split_stop(tokenizer, stop: Sequence[str]) -> tuple[tuple[int, ...], tuple[s
     return tuple(dict.fromkeys(ids)), tuple(strings)
 
 
+@dataclass(frozen=True)
+class SamplingParams:
+    """What ``sample`` draws, and where a completion stops (the ``sampling`` config keys).
+
+    - ``max_new_tokens``: int >= 1, the most tokens sampled per completion;
+    - ``temperature``: finite, >= 0; tokens are drawn from ``softmax(logits / temperature)``,
+      ``0`` is greedy decoding (``logp`` then at temperature 1);
+    - ``top_p``: in (0, 1], nucleus sampling: only the smallest set of most likely tokens whose
+      mass reaches ``top_p`` may be drawn (``logp`` is not renormalised: module docstring);
+    - ``eos_token_id``: the stop tokens, ``None``, an int or a list of ints (kept as a tuple of
+      distinct ids); a row ends at its first stop token, kept in the response mask. ``None``
+      is no stop token for ``sample``, the model's own (``gapo.policy.model.eos_token_ids``)
+      for ``gapo.rl.evaluate``;
+    - ``stop``: stop strings, one string or a sequence of non-empty strings (kept as a tuple),
+      matched in the decoded completion (``sample`` needs the ``tokenizer`` for them).
+
+    An invalid value is a ``ValueError`` naming the field, raised when the parameters are built.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    eos_token_id: tuple[int, ...] | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"max_new_tokens must be >= 1 (an int), got {n!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {t!r}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.eos_token_id is not None:
+            object.__setattr__(self, "eos_token_id", as_eos_ids(self.eos_token_id))
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        try:
+            stop = tuple(stop)
+        except TypeError:
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}") from None
+        for x in stop:
+            if not isinstance(x, str) or not x:
+                raise ValueError(f"stop strings must be non-empty strings, got {x!r}")
+        object.__setattr__(self, "stop", stop)
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How ``sample`` runs the decoding; none of it changes the sampling distribution.
+
+    - ``compact``: finished rows leave the KV cache as the batch thins out (it changes which
+      random numbers a row draws, never the distribution);
+    - ``fast``: decode Llama/Qwen2 models with ``FastLM`` (the same numbers, less per-token
+      overhead, each distinct prompt prefilled once); other models, and ``False``, go through
+      ``model.forward``;
+    - ``check_every``: tokens between two checks for finished rows and stop strings (a host sync
+      each), an int >= 1, or ``None``: 1 on a CPU, 8 on an accelerator.
+    """
+
+    compact: bool = True
+    fast: bool = True
+    check_every: int | None = None
+
+    def __post_init__(self):
+        c = self.check_every
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+            raise ValueError(f"check_every must be an int >= 1 or None, got {c!r}")
+
+
+@dataclass(frozen=True)
+class HeadMemory:
+    """``logprobs``' memory bounds for the LM head (see there).
+
+    - ``chunk_size``: positions per chunk of the head, log-softmax and entropy; ``None``: as many
+      as fit ``max_chunk_bytes`` of float32 logits;
+    - ``max_chunk_bytes``: the float32 logits bytes of one chunk when ``chunk_size`` is ``None``;
+    - ``max_saved_bytes``: the most logits bytes kept for the backward pass; beyond it each chunk
+      is checkpointed (recomputed in backward).
+    """
+
+    chunk_size: int | None = None
+    max_chunk_bytes: int = 256 * 2**20
+    max_saved_bytes: int = 2**30
+
+    def __post_init__(self):
+        c = self.chunk_size
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+            raise ValueError(f"chunk_size must be an int >= 1 or None, got {c!r}")
+        for name in ("max_chunk_bytes", "max_saved_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+
+
+def params_from_keywords(fn: str, kwargs: dict, slots: dict, *, renames=None, stacklevel: int = 3) -> dict:
+    """gapo 0.2's keyword form of ``fn`` (``sample``, ``logprobs``, ``gapo.rl.evaluate``).
+
+    ``slots`` maps each grouped argument's name to ``(dataclass, the object passed or None)``;
+    every keyword of ``kwargs`` (after ``renames``, old -> field) must be a field of one of them.
+    Returns name -> object: the one passed, or one built from its keywords (a DeprecationWarning
+    names the new form). A keyword beside its whole object, or one no dataclass has, is a TypeError.
+    """
+    if not kwargs:
+        return {name: obj for name, (_, obj) in slots.items()}
+    renames = renames or {}
+    out, used, built = {}, set(), []
+    for name, (cls, obj) in slots.items():
+        names = {f.name for f in fields(cls)}
+        mine = {k: v for k, v in kwargs.items() if renames.get(k, k) in names}
+        used |= set(mine)
+        if mine and obj is not None:
+            raise TypeError(f"{fn}() got {name}= and the keyword(s) {sorted(mine)}: pass them once, in {name}=")
+        out[name] = cls(**{renames.get(k, k): v for k, v in mine.items()}) if mine else obj
+        if mine:
+            built.append(f"{name}={cls.__name__}(...)")
+    extra = sorted(set(kwargs) - used)
+    if extra:
+        raise TypeError(f"{fn}() got unexpected keyword argument(s) {extra}")
+    warnings.warn(
+        f"{fn}() with the keywords {sorted(kwargs)} is deprecated; pass {', '.join(built)}",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+    return out
+
+
 def left_pad(prompt_ids, prompt_mask=None, *, pad_token_id: int = 0, device=None):
     """``(ids (B, P), mask (B, P))`` from a list of token-id lists or a tensor (+ mask)."""
     if isinstance(prompt_ids, torch.Tensor):
@@ -182,40 +316,41 @@ def sample(
     model,
     prompt_ids,
     prompt_mask: torch.Tensor | None = None,
+    params: SamplingParams | None = None,
     *,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
-    stop: Sequence[str] = (),
     tokenizer=None,
     generator: torch.Generator | None = None,
-    compact: bool = True,
-    fast: bool = True,
-    _check_every: int | None = None,
+    options: DecodeOptions | None = None,
+    **keywords,  # gapo 0.2's form: SamplingParams' and DecodeOptions' fields (deprecated)
 ) -> Rollout:
     """Sample one completion per prompt with a KV cache; see the module docstring for ``logp``
     and for stopping.
 
     ``prompt_ids`` is a list of token-id lists, or a left-padded ``(B, P)`` tensor with
-    ``prompt_mask``. Each row stops after its first stop token (any id of ``eos_token_id``, an
-    int or a list; included in the response mask, nothing after it), after the token that
-    completes its first stop string (``stop``, which needs ``tokenizer``), or after
-    ``max_new_tokens``; ``eos_token_id=None`` and no ``stop`` never stop early. The returned
-    width ``T`` is the longest completion. ``generator`` (on the model's device) makes sampling
-    reproducible. With ``compact`` finished rows are dropped from the KV cache as the batch
-    thins out (it changes which random numbers a row draws, never the distribution). ``fast``
-    decodes Llama/Qwen2 models with ``FastLM`` (same numbers, less per-token overhead, each
-    distinct prompt prefilled once); other models, and ``fast=False``, go through ``model.forward``.
+    ``prompt_mask``. ``params`` (``SamplingParams``) is what is drawn: each row stops after its
+    first stop token (``params.eos_token_id``; included in the response mask, nothing after it),
+    after the token that completes its first stop string (``params.stop``, which needs
+    ``tokenizer``), or after ``params.max_new_tokens``; no stop token and no ``stop`` never stop
+    early. The returned width ``T`` is the longest completion. ``pad_token_id`` fills the
+    padding (default: the model's, else the first stop token, else 0). ``generator`` (on the
+    model's device) makes sampling reproducible. ``options`` (``DecodeOptions``) is how the
+    decoding runs (dropping finished rows from the cache, ``FastLM``), never the distribution.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if isinstance(stop, str):
-        stop = (stop,)
-    eos_ids = as_eos_ids(eos_token_id)
+    got = params_from_keywords(
+        "sample",
+        keywords,
+        {"params": (SamplingParams, params), "options": (DecodeOptions, options)},
+        renames={"_check_every": "check_every"},
+        stacklevel=4,  # past torch.no_grad's wrapper
+    )
+    params, options = got["params"], got["options"] or DecodeOptions()
+    if not isinstance(params, SamplingParams):
+        raise TypeError(
+            "sample() needs params=SamplingParams(max_new_tokens=...), got "
+            + ("none" if params is None else type(params).__name__)
+        )
+    eos_ids, stop = params.eos_token_id or (), params.stop
     if stop:
         if tokenizer is None:
             raise ValueError("stop strings need the tokenizer (tokenizer=...) to be found in the decoded text")
@@ -227,14 +362,14 @@ def sample(
             pad_token_id = eos_ids[0] if eos_ids else 0
     device = next(model.parameters()).device
     ids, mask = left_pad(prompt_ids, prompt_mask, pad_token_id=pad_token_id, device=device)
-    B, N = ids.shape[0], max_new_tokens
+    B, N = ids.shape[0], params.max_new_tokens
     was_training = model.training
     model.eval()
     try:
         pos = left_pad_positions(mask)
-        dec = (FastLM.build(model) if fast else None) or _HFDecoder(model)
+        dec = (FastLM.build(model) if options.fast else None) or _HFDecoder(model)
         logits = dec.prefill(ids, mask, pos, N)
-        how = _Decoding(temperature, top_p, eos_ids, pad_token_id, compact, _check_every)
+        how = _Decoding(params.temperature, params.top_p, eos_ids, pad_token_id, options.compact, options.check_every)
         out_tok, out_lp, out_len = _decode(
             dec,
             logits,
@@ -515,23 +650,22 @@ def logprobs(
     response_len: int,  # T: the last T columns are the response
     *,
     temperature: float = 1.0,
-    chunk_size: int | None = None,
-    max_chunk_bytes: int = 256 * 2**20,
-    max_saved_bytes: int = 2**30,
+    memory: HeadMemory | None = None,
     fast: bool = True,
     entropy_grad: bool = True,
+    **keywords,  # gapo 0.2's form: HeadMemory's fields (deprecated)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token ``logp (B, T)`` and ``entropy (B, T)`` of the response under
     ``softmax(logits / temperature)`` (``temperature <= 0`` is treated as 1).
 
-    Memory-bounded: the decoder runs once, then the LM head, log-softmax and entropy run over
-    chunks of ``chunk_size`` positions (by default as many as fit ``max_chunk_bytes`` of float32
-    logits), so the ``(B, T, V)`` float32 tensor is never built whole for large ``V``. Under
-    autograd the chunks' logits are kept for the backward pass while all of them together fit
-    ``max_saved_bytes`` (float32; counted twice with ``entropy_grad``, whose backward also keeps
-    the softmax); beyond that each chunk is checkpointed, so the backward pass
-    recomputes the chunk's logits instead of storing them (the same values: a quarter more
-    LM-head work for memory bounded by one chunk; BENCHMARKS.md). When completions end at
+    Memory-bounded (``memory``, a ``HeadMemory``): the decoder runs once, then the LM head,
+    log-softmax and entropy run over chunks of ``memory.chunk_size`` positions (by default as many
+    as fit ``max_chunk_bytes`` of float32 logits), so the ``(B, T, V)`` float32 tensor is never
+    built whole for large ``V``. Under autograd the chunks' logits are kept for the backward pass
+    while all of them together fit ``max_saved_bytes`` (float32; counted twice with
+    ``entropy_grad``, whose backward also keeps the softmax); beyond that each chunk is
+    checkpointed, so the backward pass recomputes the chunk's logits instead of storing them (the
+    same values: a quarter more LM-head work for memory bounded by one chunk; BENCHMARKS.md). When completions end at
     different lengths (at most ``fast_lm.PACK_BELOW`` of the response positions live in
     ``attention_mask``), the decoder's per-token work and the head run on the live positions
     only, and the padding after EOS comes back as 0 (else as meaningless values): multiply by the
@@ -541,6 +675,7 @@ def logprobs(
     ``entropy_grad=False`` returns the entropy detached (pass it when the loss has no entropy
     term: it keeps the memory of a checkpointed backward bounded, see ``_chunk_stats``).
     """
+    memory = params_from_keywords("logprobs", keywords, {"memory": (HeadMemory, memory)})["memory"] or HeadMemory()
     B, L = input_ids.shape
     T = int(response_len)
     if not 0 < T < L:
@@ -559,30 +694,18 @@ def logprobs(
         hidden = dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
         hidden = hidden[:, L - T - 1 : L - 1]  # position j predicts token j + 1
     V = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
-    budget = _HeadMemory(chunk_size, max_chunk_bytes, max_saved_bytes)
     idx = live_index(attention_mask[:, L - T :].bool())  # response tokens, not the padding after EOS
     if idx is None:
-        return _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, budget)
+        return _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, memory)
     # the head, log-softmax and entropy on the live positions only, packed into one row: the
     # same values there (each position's logits depend on its hidden state alone), zeros at the padding
     lp, ent = _head_stats(
-        pack(hidden, idx)[None], pack(targets, idx)[None], head, V, temperature, softcap, entropy_grad, budget
+        pack(hidden, idx)[None], pack(targets, idx)[None], head, V, temperature, softcap, entropy_grad, memory
     )
     return unpack(lp[0], idx, B, T), unpack(ent[0], idx, B, T)
 
 
-@dataclass(frozen=True)
-class _HeadMemory:
-    """``logprobs``' memory bounds for the LM head (see there): positions per chunk (``None``: as
-    many as fit ``max_chunk_bytes`` of float32 logits) and the most logits bytes kept for backward
-    before chunks are checkpointed."""
-
-    chunk_size: int | None
-    max_chunk_bytes: int
-    max_saved_bytes: int
-
-
-def _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, budget: _HeadMemory):
+def _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, budget: HeadMemory):
     """``logprobs``' head over ``hidden (B, T, H)`` in chunks of positions (see there)."""
     chunk_size, max_chunk_bytes, max_saved_bytes = budget.chunk_size, budget.max_chunk_bytes, budget.max_saved_bytes
     B, T = targets.shape

@@ -14,6 +14,7 @@ For each problem, ``n`` samples at the evaluation temperature give ``c_j`` corre
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, replace
 
 import torch
 from tqdm.auto import tqdm
@@ -21,9 +22,32 @@ from tqdm.auto import tqdm
 from gapo.core.metrics import first_move_entropy, pass_at_k_curve
 from gapo.exec.scoring import score_checked
 from gapo.policy.model import eos_token_ids
-from gapo.policy.sampling import sample
+from gapo.policy.sampling import SamplingParams, params_from_keywords, sample
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "EvalPlan"]
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """How many samples ``evaluate`` draws per problem, and how (the ``eval`` config keys).
+
+    - ``n``: int >= 1, samples per problem (the ``n`` of pass@k; k runs over 1, 2, 4, …, n);
+    - ``seed``: int, the seed of the sampling generator (the same seed, the same samples);
+    - ``batch_size``: int >= 1, rows (problem × sample) per ``sample`` call; it bounds memory
+      and, as the rows of a batch share the generator's stream, which random numbers a row draws.
+
+    An invalid value is a ``ValueError`` naming the field, raised when the plan is built.
+    """
+
+    n: int = 16
+    seed: int = 0
+    batch_size: int = 512
+
+    def __post_init__(self):
+        for name, lo in (("n", 1), ("seed", None), ("batch_size", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
+                raise ValueError(f"{name} must be an int{f' >= {lo}' if lo is not None else ''}, got {v!r}")
 
 
 @torch.no_grad()
@@ -32,45 +56,54 @@ def evaluate(
     tok,
     task,
     problems: list,
+    params: SamplingParams | None = None,
+    plan: EvalPlan | None = None,
     *,
-    n: int = 16,
-    temperature: float = 1.0,
-    max_new_tokens: int,
-    seed: int = 0,
-    batch_size: int = 512,
     progress: bool = False,
     encode=None,
-    eos_token_id=None,
-    stop=(),
+    **keywords,  # gapo 0.2's form: SamplingParams' and EvalPlan's fields (deprecated)
 ) -> dict:
-    """Evaluate ``model`` on ``problems`` with ``n`` samples each; see the module docstring.
-    ``encode(prompt) -> ids`` builds the model's input (default: the tokenizer on the raw prompt;
-    the trainer passes its chat-template encoder). Sampling stops as in training
-    (``gapo.policy.sampling``): at the stop tokens ``eos_token_id`` (default: the tokenizer's EOS
-    and ``generation_config.eos_token_id``, ``gapo.policy.model.eos_token_ids``) and at the stop
-    strings ``stop``; the text scored is cut there."""
+    """Evaluate ``model`` on ``problems`` with ``plan.n`` samples each; see the module docstring.
+
+    ``params`` (``gapo.policy.sampling.SamplingParams``) is what is sampled, the evaluation
+    temperature among it; sampling stops as in training: at the stop tokens
+    ``params.eos_token_id`` (``None``: the tokenizer's EOS and ``generation_config.eos_token_id``,
+    ``gapo.policy.model.eos_token_ids``) and at the stop strings ``params.stop``; the text scored
+    is cut there. ``plan`` (``EvalPlan``, default ``EvalPlan()``) is how many samples, with which
+    seed. ``encode(prompt) -> ids`` builds the model's input (default: the tokenizer on the raw
+    prompt; the trainer passes its chat-template encoder)."""
+    got = params_from_keywords(
+        "evaluate",
+        keywords,
+        {"params": (SamplingParams, params), "plan": (EvalPlan, plan)},
+        stacklevel=4,  # past torch.no_grad's wrapper
+    )
+    params, plan = got["params"], got["plan"] or EvalPlan()
+    if not isinstance(params, SamplingParams):
+        raise TypeError(
+            "evaluate() needs params=SamplingParams(max_new_tokens=...), got "
+            + ("none" if params is None else type(params).__name__)
+        )
+    n = plan.n
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
-    if eos_token_id is None:
-        eos_token_id = eos_token_ids(model, tok)
+    gen = torch.Generator(device=device).manual_seed(plan.seed)
+    if params.eos_token_id is None:
+        params = replace(params, eos_token_id=eos_token_ids(model, tok))
     prompts = [encode(p.prompt) if encode is not None else tok(p.prompt).input_ids for p in problems]
     flat = [j for j in range(len(problems)) for _ in range(n)]
     texts: list[list[str]] = [[] for _ in problems]
     tok_sum, logp_sum = 0.0, 0.0
     bar = tqdm(total=len(flat), desc="eval", unit="sample", leave=False, disable=not progress)
-    for s in range(0, len(flat), batch_size):
-        rows = flat[s : s + batch_size]
+    for s in range(0, len(flat), plan.batch_size):
+        rows = flat[s : s + plan.batch_size]
         r = sample(
             model,
             [prompts[j] for j in rows],
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            eos_token_id=eos_token_id,
+            params=params,
             pad_token_id=tok.pad_token_id,
-            stop=stop,
             tokenizer=tok,
             generator=gen,
         )

@@ -38,10 +38,10 @@ from gapo.policy.base_policy import resolve_policy
 from gapo.policy.chat import PromptEncoder
 from gapo.policy.model import check_context, check_memory, eos_token_ids, load_policy
 from gapo.policy.precision import autocast, grad_scaler
-from gapo.policy.sampling import logprobs, sample
+from gapo.policy.sampling import SamplingParams, logprobs, sample
 from gapo.rl import checkpoint, optimizer, problems, rollout, update
 from gapo.rl.config import Config, to_dict
-from gapo.rl.evaluate import evaluate
+from gapo.rl.evaluate import EvalPlan, evaluate
 from gapo.rl.run_dir import RunExists, RunFolder, Trackers, resume_changes, stop_on_signals
 from gapo.rl.step_metrics import gpu_memory, step_metrics
 from gapo.tasks.custom import with_rewards
@@ -274,12 +274,8 @@ class Trainer:
             ro = sample(
                 self.model,
                 prompts,
-                max_new_tokens=self.max_new_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                eos_token_id=self.eos_ids,
+                params=SamplingParams(self.max_new_tokens, s.temperature, s.top_p, self.eos_ids, s.stop),
                 pad_token_id=self.tok.pad_token_id,
-                stop=s.stop,
                 tokenizer=self.tok,
                 generator=self.gen,
             )
@@ -363,14 +359,12 @@ class Trainer:
                 self.tok,
                 self.task,
                 self.eval_problems,
-                n=e.samples,
-                temperature=e.temperature,
-                max_new_tokens=self.max_new_tokens,
-                seed=e.seed,
+                params=SamplingParams(
+                    self.max_new_tokens, e.temperature, eos_token_id=self.eos_ids, stop=self.cfg.sampling.stop
+                ),
+                plan=EvalPlan(n=e.samples, seed=e.seed),
                 progress=progress,
                 encode=self.encoder.ids,
-                eos_token_id=self.eos_ids,
-                stop=self.cfg.sampling.stop,
             )
         res.update(kind="eval", step=self.step)
         return res

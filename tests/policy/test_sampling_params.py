@@ -1,0 +1,161 @@
+"""``SamplingParams``, ``DecodeOptions``, ``HeadMemory``: validation that names the field, and
+gapo 0.2's keyword form of ``sample`` / ``logprobs`` (the same rollout, with a DeprecationWarning)."""
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+from gapo.policy.model import build_model, build_tokenizer
+from gapo.policy.sampling import DecodeOptions, HeadMemory, SamplingParams, logprobs, sample
+
+torch.set_num_threads(1)
+
+EOS, PAD = 2, 0
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer("0123456789+-*/()= ,\n:")
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    m = build_model(len(tok), "micro", seed=0).eval()
+    with torch.no_grad():  # a frequent EOS: rows stop at different lengths
+        m.lm_head.weight[EOS] *= 6.0
+    return m
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return [tok(s).input_ids for s in ["12+3=", "4,5,6:", "7", "(1+2)*3="]]
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=-3), "max_new_tokens"),
+        (dict(max_new_tokens=2.5), "max_new_tokens"),
+        (dict(max_new_tokens=True), "max_new_tokens"),
+        (dict(max_new_tokens=4, temperature=-0.1), "temperature"),
+        (dict(max_new_tokens=4, temperature=float("nan")), "temperature"),
+        (dict(max_new_tokens=4, temperature=float("inf")), "temperature"),
+        (dict(max_new_tokens=4, temperature="0.7"), "temperature"),
+        (dict(max_new_tokens=4, top_p=0.0), "top_p"),
+        (dict(max_new_tokens=4, top_p=1.5), "top_p"),
+        (dict(max_new_tokens=4, top_p=float("nan")), "top_p"),
+        (dict(max_new_tokens=4, eos_token_id="2"), "eos_token_id"),
+        (dict(max_new_tokens=4, eos_token_id=[2, 1.5]), "eos_token_id"),
+        (dict(max_new_tokens=4, eos_token_id=True), "eos_token_id"),
+        (dict(max_new_tokens=4, stop=[""]), "stop"),
+        (dict(max_new_tokens=4, stop=["a", 3]), "stop"),
+        (dict(max_new_tokens=4, stop=5), "stop"),
+    ],
+)
+def test_bad_sampling_params_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_sampling_params_normalise_stops():
+    p = SamplingParams(8, eos_token_id=[2, 5, 2], stop="Q:")
+    assert p.eos_token_id == (2, 5) and p.stop == ("Q:",)
+    assert SamplingParams(8, eos_token_id=7).eos_token_id == (7,)
+    assert SamplingParams(8).eos_token_id is None  # "none given" (evaluate reads it as the model's own)
+    assert SamplingParams(8, eos_token_id=[]).eos_token_id == ()  # "no stop token", explicitly
+    assert SamplingParams(8) == SamplingParams(max_new_tokens=8, temperature=1.0, top_p=1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.temperature = 0.5
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs, field",
+    [
+        (DecodeOptions, dict(check_every=0), "check_every"),
+        (DecodeOptions, dict(check_every=2.0), "check_every"),
+        (HeadMemory, dict(chunk_size=0), "chunk_size"),
+        (HeadMemory, dict(max_chunk_bytes=-1), "max_chunk_bytes"),
+        (HeadMemory, dict(max_saved_bytes=1.5), "max_saved_bytes"),
+    ],
+)
+def test_bad_decode_options_and_head_memory_name_the_field(cls, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        cls(**kwargs)
+
+
+def _same(a, b):
+    for f in ("prompt_ids", "prompt_mask", "completion_ids", "response_mask", "logp"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    assert a.eos_ids == b.eos_ids and a.stop == b.stop
+
+
+def test_keyword_form_of_sample_is_the_same_rollout_with_a_warning(model, prompts):
+    new = sample(
+        model,
+        prompts * 2,
+        params=SamplingParams(12, temperature=0.9, top_p=0.95, eos_token_id=EOS),
+        pad_token_id=PAD,
+        generator=torch.Generator().manual_seed(3),
+        options=DecodeOptions(compact=False, fast=False, check_every=2),
+    )
+    assert new.completion_ids.shape[1] <= 12 and int(new.response_mask.sum(1).min()) >= 1
+    with pytest.warns(DeprecationWarning, match=r"SamplingParams\(\.\.\.\).*DecodeOptions\(\.\.\.\)") as rec:
+        old = sample(
+            model,
+            prompts * 2,
+            max_new_tokens=12,
+            temperature=0.9,
+            top_p=0.95,
+            eos_token_id=EOS,
+            pad_token_id=PAD,
+            generator=torch.Generator().manual_seed(3),
+            compact=False,
+            fast=False,
+            _check_every=2,
+        )
+    assert rec[0].filename == __file__  # the warning points at the caller, past torch.no_grad
+    _same(old, new)
+
+
+def test_new_form_warns_nothing(model, prompts):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sample(model, prompts, params=SamplingParams(3, temperature=0, eos_token_id=EOS))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(params=SamplingParams(4), max_new_tokens=5), TypeError, "pass them once"),
+        (dict(options=DecodeOptions(), fast=False, params=SamplingParams(4)), TypeError, "pass them once"),
+        (dict(max_new_token=4), TypeError, "max_new_token"),
+        (dict(), TypeError, r"needs params=SamplingParams"),
+        (dict(params=dict(max_new_tokens=4)), TypeError, "got dict"),
+        (dict(params=SamplingParams(4, stop=["="])), ValueError, "tokenizer"),
+        (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),  # 0.2's message, still
+    ],
+)
+def test_a_wrong_call_of_sample_names_the_problem(model, prompts, kwargs, error, match):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(error, match=match):
+            sample(model, prompts, **kwargs)
+
+
+def test_keyword_form_of_logprobs_is_the_same_with_a_warning(model, prompts):
+    r = sample(model, prompts, params=SamplingParams(10, eos_token_id=EOS), generator=torch.Generator().manual_seed(1))
+    T = r.completion_ids.shape[1]
+    with torch.no_grad():
+        new = logprobs(model, r.input_ids, r.attention_mask, T, memory=HeadMemory(chunk_size=3, max_saved_bytes=0))
+        with pytest.warns(DeprecationWarning, match=r"memory=HeadMemory") as rec:
+            old = logprobs(model, r.input_ids, r.attention_mask, T, chunk_size=3, max_saved_bytes=0)
+    assert rec[0].filename == __file__
+    assert torch.equal(old[0], new[0]) and torch.equal(old[1], new[1])
+    # the sampler's log-probs are the ones recomputed (module docstring), chunked or not
+    m = r.response_mask.bool()
+    assert torch.allclose(new[0][m], r.logp[m], atol=1e-5)
+    with pytest.raises(TypeError, match="chunksize"):
+        logprobs(model, r.input_ids, r.attention_mask, T, chunksize=3)
