@@ -70,8 +70,8 @@ def _cell(p1, clip, correct, clip_c1=None, before=0.1):
         "after/pass@4": min(1.0, 2 * p1),
         "train/clip/frac_high_pos": clip,
         "train/pass_rate_rise": 0.05,
-        "clip_by_c/1": clip if clip_c1 is None else clip_c1,
-        "clip_by_c/7": clip / 2,
+        "clip/frac_high_by_c/1": clip if clip_c1 is None else clip_c1,
+        "clip/frac_high_by_c/7": clip / 2,
     }
     return {"summary": s, "G": 8, "correct": {"before": [0, 0, 0, 0], "after": correct, "n": 4}}
 
@@ -119,7 +119,7 @@ def test_analyse_hand_computed():
     assert (u32["regime"], u32["updates"], u32["lr"]) == ("u32", 32, 5e-5)
     assert (u4["updates"], u4["mini_batches"]) == (4, 2)
     assert u32["clip"]["mean"] == pytest.approx(0.09) and u32["clip"]["n"] == 3  # Dr.GRPO's clip-binding share
-    assert u32["clip_by_c"][1]["mean"] == pytest.approx(0.20)
+    assert u32["clip/frac_high_by_c"][1]["mean"] == pytest.approx(0.20)
     assert u32["gapo_clip_c"][1]["mean"] == pytest.approx(-0.05)  # GAPO − Dr.GRPO at c = 1
     assert u32["n_done"] == {"drgrpo": 3, "dapo": 3, "gapo": 3} and u4["n_done"]["dapo"] == 0
     assert u32["rose"] == [3, 3]

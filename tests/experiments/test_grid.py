@@ -203,6 +203,12 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert summary["n_cells_done"] == 2
     assert summary["paired"]["easy"]["gapo"]["vs"] == "drgrpo"
+    # the per-c aggregates under their metric's keys, in summary.json and cells.csv alike
+    agg = summary["aggregate"]["easy"]["gapo"]
+    assert "clip/frac_high_by_c/1" in agg and "clip/ratio_dev_pos_by_c/1" in agg and "clip/eps_high_by_c/1" in agg
+    header = (tmp_path / "rep" / "cells.csv").read_text().splitlines()[0].split(",")
+    assert {k for k in agg if "_by_c/" in k} <= set(header)
+    assert "Clipped share of positive-advantage tokens (%) by c" in text
     assert (tmp_path / "rep" / "passk.png").is_file() and (tmp_path / "rep" / "clip_by_c.png").is_file()
 
 

@@ -90,7 +90,7 @@ def test_run_summary_vocabulary():
     assert s["before/pass@1"] == 0.1 and s["after/pass@2"] == 0.5 and s["after/coverage"] == 0.6
     assert "after/correct" not in s  # not a number
     assert s["train/policy/entropy"] == 2.5 and s["train/entropy_late"] == 1.0  # last quarter: one step
-    assert s["clip_by_c/1"] == 0.5 and s["dev_by_c/2"] == pytest.approx(0.25)
+    assert s["clip/frac_high_by_c/1"] == 0.5 and s["clip/ratio_dev_by_c/2"] == pytest.approx(0.25)
     assert "train/time/step_s" not in s  # never logged: absent
     assert by_c(TRAIN, "clip/ratio_dev_by_c/") == {2: pytest.approx(0.25)}
 
@@ -127,10 +127,10 @@ def test_premise_and_learning_rows_hand_computed():
         cells[("low", "drgrpo", seed)] = {
             "G": 8,
             "summary": {
-                "dev_pos_by_c/1": d1,
-                "dev_pos_by_c/2": 9.9,
-                "dev_pos_by_c/4": d4,
-                "dev_pos_by_c/6": d6,
+                "clip/ratio_dev_pos_by_c/1": d1,
+                "clip/ratio_dev_pos_by_c/2": 9.9,
+                "clip/ratio_dev_pos_by_c/4": d4,
+                "clip/ratio_dev_pos_by_c/6": d6,
                 "train/pass_rate_rise": rise,
                 "train/clip/ratio_adv_corr": corr,
             },

@@ -11,7 +11,10 @@ from __future__ import annotations
 import math
 
 from gapo.experiments.grid import BASELINE_OF
-from gapo.experiments.stats import mean_ci, paired_diffs, paired_problem_diffs, seed_problem_bootstrap
+from gapo.experiments.stats import by_c_entries, mean_ci, paired_diffs, paired_problem_diffs, seed_problem_bootstrap
+
+# the per-c summary keys the mechanism and premise claims read (stats.BY_C_SUMMARY)
+FRAC_HIGH, RATIO_DEV, RATIO_DEV_POS = "clip/frac_high_by_c", "clip/ratio_dev_by_c", "clip/ratio_dev_pos_by_c"
 
 __all__ = ["ROLES", "CLAIM_TESTS", "VARIANT_OF", "claim_rows", "verdict", "identical_runs", "independent_between"]
 
@@ -141,15 +144,10 @@ def _problem_interval(cells: dict, reg: str, a: str, b: str, key: str, seeds: li
     return {"boot_lo": bs["lo"], "boot_hi": bs["hi"]}
 
 
-def _summary_by_c(cell: dict, stat: str) -> dict[int, float]:
-    """``c -> value`` of a cell summary's ``<stat>/<c>`` entries (``clip_by_c``, ``dev_pos_by_c``, …)."""
-    return {int(k.split("/")[1]): v for k, v in cell["summary"].items() if k.startswith(f"{stat}/")}
-
-
 def _low_minus_high_dev(cell: dict) -> float | None:
     """Mean |ρ−1| of positive-advantage tokens at c = 1 minus its mean over c >= G/2 (c < G)."""
     G = cell["G"]
-    byc = _summary_by_c(cell, "dev_pos_by_c")
+    byc = by_c_entries(cell["summary"], RATIO_DEV_POS)
     hi = [v for k, v in byc.items() if G / 2 <= k < G]
     if 1 in byc and hi:
         return byc[1] - sum(hi) / len(hi)
@@ -172,7 +170,7 @@ def _premise(grid: dict, cells: dict, reg: str) -> list[dict]:
                     "regime": reg,
                     "method": m,
                     "vs": "",
-                    "key": "dev_pos_by_c",
+                    "key": RATIO_DEV_POS,
                     **mean_ci(vals),
                 }
             )
@@ -219,7 +217,7 @@ def _learns(grid: dict, cells: dict, reg: str) -> list[dict]:
 def _low_minus_high_clip(cell: dict) -> float | None:
     """Clip share of A>0 tokens in low-c groups (c <= G/4) minus high-c groups (3G/4 <= c < G)."""
     G = cell["G"]
-    byc = _summary_by_c(cell, "clip_by_c")
+    byc = by_c_entries(cell["summary"], FRAC_HIGH)
     lo = [v for k, v in byc.items() if k <= max(1, G // 4)]
     hi = [v for k, v in byc.items() if k >= 3 * G // 4 and k < G]
     if lo and hi:
@@ -241,13 +239,13 @@ def _mechanism(grid: dict, cells: dict, reg: str) -> list[dict]:
                     "regime": reg,
                     "method": m,
                     "vs": "",
-                    "key": "clip_by_c",
+                    "key": FRAC_HIGH,
                     **mean_ci(vals),
                 }
             )
     for m, b in BASELINE_OF.items():
         for c in range(1, 3):
-            d = paired_diffs(cells, reg, m, b, f"clip_by_c/{c}", seeds)
+            d = paired_diffs(cells, reg, m, b, f"{FRAC_HIGH}/{c}", seeds)
             if d:
                 out.append(
                     {
@@ -255,11 +253,11 @@ def _mechanism(grid: dict, cells: dict, reg: str) -> list[dict]:
                         "regime": reg,
                         "method": m,
                         "vs": b,
-                        "key": f"clip_by_c/{c}",
+                        "key": f"{FRAC_HIGH}/{c}",
                         **mean_ci(d),
                     }
                 )
-            d = paired_diffs(cells, reg, m, b, f"dev_by_c/{c}", seeds)
+            d = paired_diffs(cells, reg, m, b, f"{RATIO_DEV}/{c}", seeds)
             if d:
                 out.append(
                     {
@@ -267,7 +265,7 @@ def _mechanism(grid: dict, cells: dict, reg: str) -> list[dict]:
                         "regime": reg,
                         "method": m,
                         "vs": b,
-                        "key": f"dev_by_c/{c}",
+                        "key": f"{RATIO_DEV}/{c}",
                         **mean_ci(d),
                     }
                 )

@@ -6,7 +6,8 @@ module reports
 
 - the **clip-binding share**: the share of positive-advantage tokens that fixed clipping
   (``dose.reference``, Dr.GRPO) clipped, over training (``train/clip/frac_high_pos``), and the
-  same per group success count ``c`` (``clip_by_c/<c>``, token-weighted);
+  same per group success count ``c`` (``clip/frac_high_by_c/<c>``, token-weighted; the level's
+  field of that name in ``dose.json``, ``c → mean_ci``);
 - the **primary comparisons** (``dose.comparisons`` × ``dose.keys``, e.g. GAPO − Dr.GRPO and
   GAPO − DAPO on pass@1, pass@8, pass@64): the mean of the same-seed differences with its 95%
   Student-t interval, the two-sided paired t-test p-value, its Holm-adjusted value over the whole
@@ -57,6 +58,7 @@ _DEFAULTS = {
     "alpha": 0.05,
 }
 _CLIP = "train/clip/frac_high_pos"
+_CLIP_BY_C = "clip/frac_high_by_c"  # the summary's per-c key (stats.BY_C_SUMMARY)
 
 
 # --------------------------------------------------------------------------------- the spec
@@ -166,7 +168,7 @@ def analyse(grid: dict, cells: dict) -> dict:
             **_axes(grid, r),
             "n_done": {m: sum((r, m, s) in cells for s in seeds) for m in methods_of(grid, r)},
             "clip": _share(cells, r, ref, seeds, _CLIP),
-            "clip_by_c": {c: _share(cells, r, ref, seeds, f"clip_by_c/{c}") for c in range(1, G)},
+            _CLIP_BY_C: {c: _share(cells, r, ref, seeds, f"{_CLIP_BY_C}/{c}") for c in range(1, G)},
             "gain_pass@1": mean_ci(
                 [
                     cells[(r, ref, s)]["summary"].get("after/pass@1", math.nan)
@@ -187,7 +189,7 @@ def analyse(grid: dict, cells: dict) -> dict:
         lv["learns"] = _learns(lv, len(seeds))
         for a, b in spec["comparisons"]:
             if b == ref and a in methods_of(grid, r):
-                lv[f"{a}_clip_c"] = {c: _compare(cells, (r, a), (r, b), f"clip_by_c/{c}", seeds, 0) for c in (1, 2)}
+                lv[f"{a}_clip_c"] = {c: _compare(cells, (r, a), (r, b), f"{_CLIP_BY_C}/{c}", seeds, 0) for c in (1, 2)}
         levels.append(lv)
     primary = [
         _compare(cells, (lv["regime"], a), (lv["regime"], b), key, seeds, B)
@@ -290,7 +292,7 @@ def dose_markdown(res: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lv in res["levels"]:
-        byc = " / ".join(_share_txt(lv["clip_by_c"].get(c, {})) for c in (1, 2, 4, 7))
+        byc = " / ".join(_share_txt(lv[_CLIP_BY_C].get(c, {})) for c in (1, 2, 4, 7))
         gc = next((v for k, v in lv.items() if k.endswith("_clip_c")), {}).get(1, {})
         L.append(
             f"| `{lv['regime']}` | {lv['updates']} ({lv['mini_batches']} × {lv['epochs']}) | {lv['lr']:.0e} | "

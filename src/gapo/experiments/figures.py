@@ -18,7 +18,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from gapo.experiments.grid import BASELINE_OF
-from gapo.experiments.stats import by_c, mean_ci, paired_diffs
+from gapo.experiments.stats import by_c, by_c_entries, mean_ci, paired_diffs
 
 __all__ = ["run_figures", "grid_figures"]
 
@@ -214,9 +214,9 @@ def grid_figures(grid: dict, cells: dict, agg: dict, fdir: Path) -> list[str]:
     colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
     names = [_grid_passk(agg, regimes, colors, fdir)]
     for key, fname, ylabel in (
-        ("clip_by_c", "clip_by_c.png", "clipped share of A>0 tokens"),
-        ("dev_by_c", "ratio_dev_by_c.png", "mean |ρ−1|"),
-        ("dev_pos_by_c", "ratio_dev_pos_by_c.png", "mean |ρ−1| of A>0 tokens"),
+        ("clip/frac_high_by_c", "clip_by_c.png", "clipped share of A>0 tokens"),
+        ("clip/ratio_dev_by_c", "ratio_dev_by_c.png", "mean |ρ−1|"),
+        ("clip/ratio_dev_pos_by_c", "ratio_dev_pos_by_c.png", "mean |ρ−1| of A>0 tokens"),
     ):
         names.append(_grid_by_c(agg, regimes, methods, colors, key, fname, ylabel, fdir))
     for key, kind, fname, ylabel in (
@@ -276,10 +276,10 @@ def _grid_by_c(
         width = 0.8 / max(len(here), 1)
         for i, m in enumerate(here):
             v = agg[r].get(m, {})
-            cs = sorted(int(k.split("/")[1]) for k in v if k.startswith(f"{key}/"))
+            cs = list(by_c_entries(v, key))
             mean = [v[f"{key}/{c}"]["mean"] for c in cs]
             ci = [_ci(v[f"{key}/{c}"]) for c in cs]
-            top = 1.0 if key == "clip_by_c" else math.inf  # intervals cut at the possible range
+            top = 1.0 if key == "clip/frac_high_by_c" else math.inf  # intervals cut at the possible range
             yerr = [[min(e, y) for y, e in zip(mean, ci)], [min(e, top - y) for y, e in zip(mean, ci)]]
             ax.bar(
                 [c + (i - (len(here) - 1) / 2) * width for c in cs],

@@ -14,7 +14,8 @@ group-success count ``c``), wall-clock per step, paired (same seed) differences 
 against its fixed-clipping baseline, and the claim rows (:mod:`gapo.experiments.claims`).
 
 Both speak the summary vocabulary of :mod:`gapo.experiments.stats`: ``before/<metric>``,
-``after/<metric>``, ``train/<key>``.
+``after/<metric>``, ``train/<key>`` and the per-``c`` metrics under their own keys
+(``clip/frac_high_by_c/<c>``, ``stats.BY_C_SUMMARY``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 from gapo.experiments.claims import claim_rows, independent_between, verdict
 from gapo.experiments.figures import GRID_CAPTIONS, RUN_CAPTIONS, grid_figures, run_figures
 from gapo.experiments.grid import BASELINE_OF, cell_dir, grid_cells, write_json
-from gapo.experiments.stats import load_cell, mean_ci, paired_diffs, run_summary
+from gapo.experiments.stats import by_c_entries, load_cell, mean_ci, paired_diffs, run_summary
 
 __all__ = [
     "summarise",
@@ -379,16 +380,16 @@ def _regime_md(r: str, by_m: dict, paired: dict | None) -> list[str]:
 
 def _by_c_md(by_m: dict) -> list[str]:
     """Clipped share of A>0 tokens and mean |ρ−1| per group-success count c (empty without per-c data)."""
-    cs = sorted({int(k.split("/")[1]) for v in by_m.values() for k in v if k.startswith("clip_by_c/")})
+    cs = sorted({c for v in by_m.values() for c in by_c_entries(v, "clip/frac_high_by_c")})
     if not cs:
         return []
     head = ["| method | " + " | ".join(f"c={c}" for c in cs) + " |", "|---|" + "---|" * len(cs)]
     lines = ["Clipped share of positive-advantage tokens (%) by c (correct rollouts in the group):", "", *head]
     for m, v in by_m.items():
-        lines.append(f"| {m} | " + " | ".join(_fmt(v.get(f"clip_by_c/{c}"), True) for c in cs) + " |")
+        lines.append(f"| {m} | " + " | ".join(_fmt(v.get(f"clip/frac_high_by_c/{c}"), True) for c in cs) + " |")
     for key, title in (
-        ("dev_by_c", "Mean |ρ−1| by c (all tokens):"),
-        ("dev_pos_by_c", "Mean |ρ−1| of positive-advantage tokens by c (before clipping):"),
+        ("clip/ratio_dev_by_c", "Mean |ρ−1| by c (all tokens):"),
+        ("clip/ratio_dev_pos_by_c", "Mean |ρ−1| of positive-advantage tokens by c (before clipping):"),
     ):
         if not any(v.get(f"{key}/{c}", {}).get("n") for v in by_m.values() for c in cs):
             continue

@@ -1,11 +1,12 @@
 """Statistics over seeds, and the summary of one finished run in the shared vocabulary.
 
 A run's summary (``run_summary``) names every value ``before/<metric>`` or ``after/<metric>``
-(the first and the last held-out evaluation), ``train/<key>`` (a mean over training steps) or
-``<stat>_by_c/<c>`` (a per group-success-count diagnostic over training: an aggregate of the
-per-step metric ``BY_C_SUMMARY[stat_by_c]``, e.g. ``clip_by_c/<c>`` of ``clip/frac_high_by_c/<c>``,
-so it has a name of its own; the stored results and reports use these names). The grid's cells
-(``load_cell``) and the single-run report (``report.summarise``) both read it.
+(the first and the last held-out evaluation), ``train/<key>`` (a mean over training steps) or,
+for the per group-success-count diagnostics, the per-step metric's own key ``<metric>/<c>``
+(``clip/frac_high_by_c/<c>``, …: ``BY_C_SUMMARY`` says how each is aggregated over training).
+The grid's cells (``load_cell``) and the single-run report (``report.summarise``) both read it.
+Reports written before these keys were verbatim named the per-``c`` aggregates apart;
+``read_summary`` and ``read_cells`` read such files through the one map ``OLD_SUMMARY_KEYS``.
 
 Over seeds, ``mean_ci`` gives the mean and the 95% Student-t half-width; ``paired_diffs`` the
 same-seed differences between two methods, which is what every comparison of the grid uses.
@@ -35,7 +36,14 @@ __all__ = [
     "mean_ci",
     "paired_diffs",
     "TRAIN_KEYS",
+    "BY_C_SUMMARY",
+    "OLD_SUMMARY_KEYS",
     "by_c",
+    "by_c_entries",
+    "renamed_key",
+    "migrate_keys",
+    "read_summary",
+    "read_cells",
     "run_summary",
     "load_cell",
     "t_pvalue",
@@ -163,44 +171,103 @@ def _train_summary(train: list[dict]) -> dict:
     return s
 
 
-# summary stat -> the per-step metric (docs/design.md §7 metric keys) it aggregates over training
+# the per-c metrics (docs/design.md §7) a summary keeps under their own keys ``<metric>/<c>``,
+# and how each is aggregated over the training steps s that logged it:
+#   "tokens": Σ_s x_s · n_s / Σ_s n_s, n_s = clip/tokens_pos_by_c/<c> (the share over all of
+#             training's positive-advantage tokens, not a mean of per-step shares)
+#   "steps":  the mean over those steps
 BY_C_SUMMARY = {
-    "clip_by_c": "clip/frac_high_by_c",  # token-weighted (by clip/tokens_pos_by_c) over steps
-    "dev_by_c": "clip/ratio_dev_by_c",  # the rest: step means
+    "clip/frac_high_by_c": "tokens",  # clipped share of positive-advantage tokens
+    "clip/ratio_dev_by_c": "steps",  # mean |ρ−1| of all response tokens
+    "clip/eps_high_by_c": "steps",  # mean ε_high of the rollouts
+    "clip/adv_by_c": "steps",  # mean |A|
+    "clip/ratio_dev_pos_by_c": "steps",  # mean |ρ−1| of positive-advantage tokens, before clipping
+}
+
+# The one place the old names live: summary keys of reports written before the per-c aggregates
+# took their metric's key (summary.json, cells.csv, dose.json, tables.md of results/ until
+# then), old name -> metric; ``renamed_key`` maps ``<old>`` and ``<old>/<c>``.
+OLD_SUMMARY_KEYS = {
+    "clip_by_c": "clip/frac_high_by_c",
+    "dev_by_c": "clip/ratio_dev_by_c",
     "eps_by_c": "clip/eps_high_by_c",
     "adv_by_c": "clip/adv_by_c",
     "dev_pos_by_c": "clip/ratio_dev_pos_by_c",
 }
 
 
+def renamed_key(key: str) -> str:
+    """Today's name of a summary key: ``OLD_SUMMARY_KEYS`` applied to ``<old>`` or ``<old>/<c>``;
+    any other key is returned as it is."""
+    head, sep, tail = key.partition("/")
+    return OLD_SUMMARY_KEYS[head] + sep + tail if head in OLD_SUMMARY_KEYS else key
+
+
+def migrate_keys(obj):
+    """A copy of a JSON value read from an old report with every summary key renamed
+    (``renamed_key``): dictionary keys, and the ``"key"`` field of claim and comparison rows.
+    A dictionary whose keys were in sorted order (the report's aggregates) is sorted again, so
+    the result is what today's report writes."""
+    if isinstance(obj, list):
+        return [migrate_keys(x) for x in obj]
+    if not isinstance(obj, dict):
+        return obj
+    out = {renamed_key(k) if isinstance(k, str) else k: migrate_keys(v) for k, v in obj.items()}
+    if isinstance(out.get("key"), str):
+        out["key"] = renamed_key(out["key"])
+    keys = [k for k in obj if k != "vs"]
+    if len(out) == len(obj) and all(isinstance(k, str) for k in keys) and keys == sorted(keys):
+        lead = {"vs": out["vs"]} if "vs" in out and next(iter(obj)) == "vs" else {}
+        rest = {k: out[k] for k in out if k not in lead}
+        out = {**lead, **dict(sorted(rest.items()))}
+    return out
+
+
+def read_summary(path: str | Path) -> dict:
+    """A report's JSON (``summary.json``, ``dose.json``) with old summary keys renamed."""
+    path = Path(path)
+    try:
+        return migrate_keys(json.loads(path.read_text()))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{str(path)!r} is not valid JSON ({e})") from None
+
+
+def read_cells(path: str | Path) -> list[dict]:
+    """A report's ``cells.csv`` rows (strings, as written) with old column names renamed."""
+    import csv
+
+    with open(path, newline="") as f:
+        return [{renamed_key(k): v for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def by_c_entries(summary: dict, metric: str) -> dict[int, object]:
+    """``c -> value`` of the entries ``<metric>/<c>`` of a summary (or of an aggregate), by c."""
+    pre = metric + "/"
+    return dict(
+        sorted((int(k[len(pre) :]), v) for k, v in summary.items() if k.startswith(pre) and k[len(pre) :].isdigit())
+    )
+
+
 def _by_c_summary(train: list[dict]) -> dict:
-    """``clip_by_c/<c>``: clipped share of positive-advantage tokens, token-weighted over training;
-    ``dev_by_c``, ``eps_by_c``, ``adv_by_c``, ``dev_pos_by_c``: step means of mean |ρ−1|, ε_high,
-    |A| and mean |ρ−1| of positive-advantage tokens (the metric keys in ``BY_C_SUMMARY``)."""
+    """``<metric>/<c>`` for every metric of ``BY_C_SUMMARY``, aggregated over training as it says."""
     s = {}
-    pos_by_c: dict[int, list[float]] = {}
-    clip_key = BY_C_SUMMARY["clip_by_c"] + "/"
-    for r in train:
-        for k, v in r.items():
-            if k.startswith(clip_key):
-                c = int(k.rsplit("/", 1)[1])
-                w = r.get(f"clip/tokens_pos_by_c/{c}", 0.0)
-                acc = pos_by_c.setdefault(c, [0.0, 0.0])
-                acc[0] += v * w
-                acc[1] += w
-    for c, (num, den) in pos_by_c.items():
-        if den:
-            s[f"clip_by_c/{c}"] = num / den
-    for name, metric in BY_C_SUMMARY.items():
-        if name == "clip_by_c":
+    for metric, how in BY_C_SUMMARY.items():
+        if how == "steps":
+            s.update({f"{metric}/{c}": v for c, v in by_c(train, metric + "/").items()})
             continue
-        for c, v in by_c(train, metric + "/").items():
-            s[f"{name}/{c}"] = v
+        acc: dict[int, list[float]] = {}
+        for r in train:
+            for c, v in by_c_entries(r, metric).items():
+                w = r.get(f"clip/tokens_pos_by_c/{c}", 0.0)
+                num_den = acc.setdefault(c, [0.0, 0.0])
+                num_den[0] += v * w
+                num_den[1] += w
+        s.update({f"{metric}/{c}": num / den for c, (num, den) in acc.items() if den})
     return s
 
 
 def run_summary(train: list[dict], evals: list[dict]) -> dict:
-    """One run's summary: ``before/*``, ``after/*``, ``train/*`` and ``*_by_c/<c>`` (module docstring)."""
+    """One run's summary: ``before/*``, ``after/*``, ``train/*`` and ``<metric>/<c>`` (module docstring)."""
     return {**_eval_summary(evals), **_train_summary(train), **_by_c_summary(train)}
 
 
