@@ -1,4 +1,4 @@
-"""``ClipBounds``: the loss's clip bounds as one object, and the 0.2 keyword form beside it.
+"""``ClipBounds``: the loss's clip bounds as one object, and the older keyword form beside it.
 
 Expected values are computed by hand from the surrogate's definition (one token per rollout, the
 ratios chosen so that every branch is taken), never by calling the loss a second time only.

@@ -1,5 +1,5 @@
 """``SamplingParams``, ``DecodeOptions``, ``HeadMemory``: validation that names the field, and
-gapo 0.2's keyword form of ``sample`` / ``logprobs`` (the same rollout, with a DeprecationWarning)."""
+the older keyword form of ``sample`` / ``logprobs`` (the same rollout, with a DeprecationWarning)."""
 
 import dataclasses
 import warnings
@@ -135,7 +135,7 @@ def test_new_form_warns_nothing(model, prompts):
         (dict(), TypeError, r"needs params=SamplingParams"),
         (dict(params=dict(max_new_tokens=4)), TypeError, "got dict"),
         (dict(params=SamplingParams(4, stop=["="])), ValueError, "tokenizer"),
-        (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),  # 0.2's message, still
+        (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),  # the older message, still
     ],
 )
 def test_a_wrong_call_of_sample_names_the_problem(model, prompts, kwargs, error, match):

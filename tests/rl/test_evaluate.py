@@ -1,5 +1,5 @@
 """``evaluate(model, tok, task, problems, SamplingParams, EvalPlan)``: the plan's validation, and
-gapo 0.2's keyword form (the same result, with a DeprecationWarning)."""
+the older keyword form (the same result, with a DeprecationWarning)."""
 
 import dataclasses
 

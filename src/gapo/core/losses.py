@@ -7,7 +7,7 @@ All losses share one signature (``LOSSES`` registry)::
 
 ``ClipBounds(eps_low, eps_high, clip_ratio_c)`` holds the clip bounds (``eps_high`` a float or
 one width per rollout, GAPO's ``ε_high(i)``); the keywords ``eps_low=, eps_high=, clip_ratio_c=``
-in place of ``bounds`` (the 0.2 call form) build the same object.
+in place of ``bounds`` (the older call form, still supported) build the same object.
 
 The surrogate (PPO, arXiv 1707.06347; unchanged by GAPO, arXiv 2609.00444)::
 
@@ -53,7 +53,7 @@ LOG_RATIO_CLAMP = 20.0  # token level, ±
 SEQ_LOG_RATIO_MAX = 10.0  # sequence level, upper cap only (verl's gspo)
 LEVELS = ("token", "sequence")
 AGG_NORMS = ("num_tokens", "num_seqs", "horizon")  # agg_loss's whole-mini-batch normalisers
-BOUND_KEYWORDS = ("eps_low", "eps_high", "clip_ratio_c")  # ClipBounds' fields, as keywords (0.2 form)
+BOUND_KEYWORDS = ("eps_low", "eps_high", "clip_ratio_c")  # ClipBounds' fields, as keywords (older form)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: eps_high may be a tensor (no elementwise ==)
@@ -83,7 +83,7 @@ class ClipBounds:
 
 def _bounds_and_norms(fn: str, bounds: ClipBounds | None, kwargs: dict) -> tuple[ClipBounds, dict]:
     """``(bounds, agg_norms)`` of a loss call: ``bounds``, or the ``ClipBounds`` that the keywords
-    ``eps_low``/``eps_high``/``clip_ratio_c`` (the 0.2 call form) give; every other keyword must be
+    ``eps_low``/``eps_high``/``clip_ratio_c`` (the older call form) give; every other keyword must be
     one of ``agg_loss``'s normalisers (``AGG_NORMS``)."""
     given = {k: kwargs.pop(k) for k in BOUND_KEYWORDS if k in kwargs}
     extra = sorted(set(kwargs) - set(AGG_NORMS))
@@ -211,7 +211,7 @@ def policy_loss(
 
     ``bounds`` (:class:`ClipBounds`) holds ``ε_low``, ``ε_high`` and the dual-clip constant
     ``clip_ratio_c`` (> 1: dual clipping for ``A < 0``). The keywords ``eps_low=, eps_high=,
-    clip_ratio_c=`` in place of ``bounds`` are the same call (gapo 0.2's form)::
+    clip_ratio_c=`` in place of ``bounds`` are the same call (the older form, kept)::
 
         policy_loss(logp, old_logp, adv, mask, ClipBounds(0.2, eps_high))
         policy_loss(logp, old_logp, adv, mask, eps_low=0.2, eps_high=eps_high)   # the same loss

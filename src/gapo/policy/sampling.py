@@ -39,7 +39,7 @@ of a few tokens per unfinished row, never a whole completion.
 
 Arguments come grouped: ``SamplingParams`` (what is drawn and where it stops), ``DecodeOptions``
 (how ``sample`` runs it: never the distribution), ``HeadMemory`` (``logprobs``' memory bounds).
-gapo 0.2's keywords (``sample(..., max_new_tokens=16, temperature=0.7)``) still work, with a
+The older keywords (``sample(..., max_new_tokens=16, temperature=0.7)``) still work, with a
 DeprecationWarning (``params_from_keywords``).
 """
 
@@ -235,7 +235,7 @@ class HeadMemory:
 
 
 def params_from_keywords(fn: str, kwargs: dict, slots: dict, *, renames=None, stacklevel: int = 3) -> dict:
-    """gapo 0.2's keyword form of ``fn`` (``sample``, ``logprobs``, ``gapo.rl.evaluate``).
+    """The older keyword form of ``fn`` (``sample``, ``logprobs``, ``gapo.rl.evaluate``).
 
     ``slots`` maps each grouped argument's name to ``(dataclass, the object passed or None)``;
     every keyword of ``kwargs`` (after ``renames``, old -> field) must be a field of one of them.
@@ -322,7 +322,7 @@ def sample(
     tokenizer=None,
     generator: torch.Generator | None = None,
     options: DecodeOptions | None = None,
-    **keywords,  # gapo 0.2's form: SamplingParams' and DecodeOptions' fields (deprecated)
+    **keywords,  # the older form: SamplingParams' and DecodeOptions' fields (deprecated)
 ) -> Rollout:
     """Sample one completion per prompt with a KV cache; see the module docstring for ``logp``
     and for stopping.
@@ -653,7 +653,7 @@ def logprobs(
     memory: HeadMemory | None = None,
     fast: bool = True,
     entropy_grad: bool = True,
-    **keywords,  # gapo 0.2's form: HeadMemory's fields (deprecated)
+    **keywords,  # the older form: HeadMemory's fields (deprecated)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token ``logp (B, T)`` and ``entropy (B, T)`` of the response under
     ``softmax(logits / temperature)`` (``temperature <= 0`` is treated as 1).

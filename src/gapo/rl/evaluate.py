@@ -61,7 +61,7 @@ def evaluate(
     *,
     progress: bool = False,
     encode=None,
-    **keywords,  # gapo 0.2's form: SamplingParams' and EvalPlan's fields (deprecated)
+    **keywords,  # the older form: SamplingParams' and EvalPlan's fields (deprecated)
 ) -> dict:
     """Evaluate ``model`` on ``problems`` with ``plan.n`` samples each; see the module docstring.
 
