@@ -459,6 +459,37 @@ def test_mbpp_configurable_fields_and_prompt_is_code(tmp_path):
     assert t.score(p, "    return x + x\n") == 0.0
 
 
+def test_mbpp_columns_as_keywords_or_one_group_build_the_same_task(tmp_path):
+    """The five ``*_field`` keywords (the task.params spelling) build what one MBPPColumns
+    builds; a bad column value is named; the code task's limits reach the sandbox as one
+    sandbox.Limits and a bad one is named when the task is built."""
+    from gapo.exec import sandbox
+    from gapo.tasks.code import MBPPColumns
+
+    rows = [{"q": "def sq(x):\n", "asserts": "assert sq(3) == 9\n", "n": 7, "ref": "    return x * x\n"}]
+    path = _write(tmp_path / "c.jsonl", rows)
+    kw = {"prompt_field": "q", "tests_field": "asserts", "solution_field": "ref", "setup_field": None, "id_field": "n"}
+    flat = MBPPTask(path, prompt_is_code=True, timeout_s=7.0, memory_mb=300, **kw)
+    grouped = MBPPTask(path, columns=MBPPColumns(**kw), prompt_is_code=True, timeout_s=7.0, memory_mb=300)
+    assert vars(flat) == vars(grouped)
+    assert [p.meta for p in flat.problems()] == [p.meta for p in grouped.problems()]
+    answer = {"tests": "\nassert sq(3) == 9\n", "entry_point": None, "trusted": ""}
+    assert [p.answer for p in flat.problems()] == [answer]
+    assert flat.problems()[0].meta["task_id"] == "mbpp/7"
+    assert flat.demonstration(flat.problems()[0], random.Random(0)) == "    return x * x\n"
+    mapping = MBPPTask(path, columns={"tests_field": "asserts", "prompt_field": "q"})  # a YAML mapping
+    assert mapping.problems()[0].prompt == "def sq(x):\n"
+    assert flat.limits == sandbox.Limits(timeout_s=7.0, memory_mb=300)
+    assert flat.score(flat.problems()[0], "    return x * x\n") == 1.0  # scored under those limits
+    for bad, field in (({"tests_field": ""}, "tests_field"), ({"id_field": 3}, "id_field")):
+        with pytest.raises(ValueError, match=field):
+            MBPPTask(path, **{**kw, **bad})
+    with pytest.raises(TypeError, match="'test_field'"):
+        MBPPTask(path, test_field="asserts")
+    with pytest.raises(ValueError, match="memory_mb"):
+        MBPPTask(path, memory_mb=0, **kw)
+
+
 def test_mbpp_bad_files(tmp_path):
     with pytest.raises(ValueError, match="not found"):
         MBPPTask(str(tmp_path / "missing.jsonl"))

@@ -434,3 +434,38 @@ def test_eval_frac_is_eval_fractions_old_name(tmp_path, task_name):
     assert (new.split_size("train"), new.split_size("eval")) == (old.split_size("train"), old.split_size("eval"))
     with pytest.raises(ValueError, match="task.params.eval_fraction"):
         tasks.build(task_name, {"path": str(path), "eval_frac": 0.5, "eval_fraction": 0.5, **extra})
+
+
+@pytest.mark.parametrize("task_name", ["math", "data"])
+def test_the_flat_split_keywords_build_the_task_the_groups_build(tmp_path, task_name):
+    """``split``/``eval_split``/``eval_path``/``eval_fraction`` and ``template``/
+    ``max_completion_len`` as keywords of their own (the task.params spelling) build the same
+    task as a DataSplits and a PromptFormat; a bad field is named."""
+    from gapo.tasks.base import DataSplits, PromptFormat
+
+    main = tmp_path / "main"
+    main.mkdir()
+    write("jsonl", GSM8K[:2], main, "train")
+    write("jsonl", GSM8K[2:], main, "test")
+    cls = tasks.factory(task_name)
+    tpl = "Q: {question}" if task_name == "math" else "P: {prompt}"
+    extra = {} if task_name == "math" else {"prompt_field": "question", "answer_fields": ["answer"]}
+    flat = cls(main, split="train", eval_split="test", template=tpl, max_completion_len=99, **extra)
+    grouped = cls(
+        main,
+        splits=DataSplits(split="train", eval_split="test"),
+        prompt_format=PromptFormat(tpl, max_completion_len=99),
+        **extra,
+    )
+    assert vars(flat) == vars(grouped)
+    for split in ("train", "eval"):
+        a, b = flat.generate(split, flat.split_size(split), 0), grouped.generate(split, flat.split_size(split), 0)
+        assert [(p.prompt, p.answer, p.meta) for p in a] == [(p.prompt, p.answer, p.meta) for p in b]
+    assert (flat.split_size("train"), flat.split_size("eval"), flat.max_completion_len) == (2, 1, 99)
+    assert flat.generate("eval", 1, 0)[0].prompt.startswith(tpl.split("{")[0])
+    with pytest.raises(ValueError, match="eval_fraction"):
+        cls(main, splits=DataSplits(eval_fraction=-0.1), **extra)
+    with pytest.raises(ValueError, match="max_completion_len"):
+        cls(main, max_completion_len=0, **extra)
+    with pytest.raises(ValueError, match=f"task {task_name!r}.*'eval_splt'"):
+        tasks.build(task_name, {"path": str(main), "eval_splt": "test", **extra})

@@ -390,3 +390,105 @@ def test_pool_worker_scores_exact_answers_after_a_timeout(comp):
         rewards, stats = pool.score(comp, [p] * 4, [BOMB, "\\boxed{0.5}", "<answer>1/2</answer>", "\\boxed{0.5, 1}"])
     assert rewards == [0.0, 1.0, 1.0, 0.0]
     assert stats["reward/n_timeout"] == 1 and stats["reward/n_ambiguous"] == 1
+
+
+# ----------------------------------------------------------------------------- parameter groups
+from gapo import tasks  # noqa: E402
+from gapo.tasks.base import DataSplits, PromptFormat  # noqa: E402
+from gapo.tasks.math import MathScoring  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: DataSplits(eval_fraction=1.0), "eval_fraction"),
+        (lambda: DataSplits(eval_fraction=float("nan")), "eval_fraction"),
+        (lambda: DataSplits(eval_fraction="0.1"), "eval_fraction"),
+        (lambda: DataSplits(split=3), "split"),
+        (lambda: DataSplits(eval_split=["test"]), "eval_split"),
+        (lambda: DataSplits(eval_path=7), "eval_path"),
+        (lambda: PromptFormat(None), "template"),
+        (lambda: PromptFormat("{question}", max_completion_len=0), "max_completion_len"),
+        (lambda: PromptFormat("{question}", max_completion_len=True), "max_completion_len"),
+        (lambda: MathScoring(timeout_s=0), "timeout_s"),
+        (lambda: MathScoring(timeout_s=float("inf")), "timeout_s"),
+        (lambda: MathScoring(guard="thread"), "guard"),
+        (lambda: MathScoring(last_number="yes"), "last_number"),
+    ],
+)
+def test_a_bad_group_value_names_the_field(make, field):
+    with pytest.raises(ValueError, match=field):
+        make()
+
+
+def _same_task(a: MathTask, b: MathTask) -> None:
+    assert vars(a) == vars(b)  # every attribute, the problem pools included (prompt and answer)
+    for split in ("train", "eval"):  # Problem equality leaves meta out: compare it too
+        assert [p.meta for p in a._split(split)] == [p.meta for p in b._split(split)]
+
+
+def test_the_flat_keywords_build_the_task_the_groups_build():
+    tpl = "Q: {question}\nA:"
+    flat = MathTask(
+        GSM, eval_fraction=0.4, template=tpl, max_completion_len=77, timeout_s=2.0, guard="process", last_number=False
+    )
+    grouped = MathTask(
+        GSM,
+        splits=DataSplits(eval_fraction=0.4),
+        prompt_format=PromptFormat(tpl, max_completion_len=77),
+        scoring=MathScoring(timeout_s=2.0, guard="process", last_number=False),
+    )
+    _same_task(flat, grouped)
+    assert flat.eval_fraction == 0.4 and flat.template == tpl and flat.max_completion_len == 77
+    assert (flat.timeout_s, flat.guard, flat.last_number) == (2.0, "process", False)
+    assert flat.split_size("eval") > 0 and flat.split_size("train") > 0
+    # the registry (the config's path) and a mapping per group (YAML) build the same task
+    params = {"eval_fraction": 0.4, "template": tpl, "max_completion_len": 77, "timeout_s": 2.0}
+    _same_task(flat, get("math", path=str(GSM), guard="process", last_number=False, **params))
+    _same_task(
+        flat,
+        MathTask(
+            GSM,
+            splits={"eval_fraction": 0.4},
+            prompt_format={"template": tpl, "max_completion_len": 77},
+            scoring={"timeout_s": 2.0, "guard": "process", "last_number": False},
+        ),
+    )
+    # the defaults are what they were: eval_fraction 0.1 (also for None), the boxed template, 1024, 5 s
+    d = MathTask(GSM, eval_fraction=None)
+    assert (d.eval_fraction, d.max_completion_len, d.timeout_s) == (0.1, 1024, 5.0)
+    assert (d.guard, d.last_number) == ("auto", True)
+    assert "{question}" in d.template and "boxed" in d.template
+
+
+def test_a_keyword_replaces_that_field_of_a_group():
+    t = MathTask(GSM, splits=DataSplits(eval_fraction=0.4), eval_fraction=0.2, scoring=MathScoring(guard="process"))
+    assert t.eval_fraction == 0.2 and t.guard == "process"  # the group's other fields stay
+
+
+def test_unknown_keywords_and_fields_are_named():
+    with pytest.raises(TypeError, match="'timeout'"):
+        MathTask(GSM, timeout=2)
+    with pytest.raises(TypeError, match="'eval_fracion'"):
+        MathTask(GSM, splits={"eval_fracion": 0.2})
+    with pytest.raises(TypeError, match="DataSplits"):
+        MathTask(GSM, splits=0.2)
+    with pytest.raises(ValueError, match="guard"):  # a bad field given flat is named as well
+        MathTask(GSM, guard="thread")
+    with pytest.raises(ValueError, match="task 'math'.*'timeout'"):  # through the config's path
+        tasks.build("math", {"path": str(GSM), "timeout": 2})
+
+
+def test_the_config_checks_the_groups_fields_by_name_and_type():
+    from gapo.rl.domains import check_task_param_types, task_params
+
+    accepted = task_params("math")
+    # every keyword the task took before the groups is still a task.params key
+    old = {"path", "split", "eval_split", "prompt_field", "answer_field", "template", "eval_path", "eval_fraction"}
+    old |= {"timeout_s", "guard", "last_number", "max_completion_len", "name", "eval_frac"}
+    assert old <= accepted
+    check_task_param_types("task.params", "math", {"eval_fraction": None, "timeout_s": 3, "last_number": False})
+    with pytest.raises(ValueError, match="task.params.last_number"):
+        check_task_param_types("task.params", "math", {"last_number": "maybe"})
+    with pytest.raises(ValueError, match="task.params.max_completion_len"):
+        check_task_param_types("task.params", "math", {"max_completion_len": "long"})

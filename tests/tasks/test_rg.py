@@ -163,3 +163,45 @@ def test_list_oracles_keep_their_own_rules():
     q = spell.generate("train", 1, 0)[0]
     assert spell.score(q, f"<answer>{q.answer}</answer>") == 1.0
     assert spell.score_detailed(q, f"<answer>{q.answer}, {q.answer}x</answer>") == (0.0, "ambiguous")
+
+
+def test_the_flat_keywords_build_the_task_the_groups_build():
+    """``partial_credit``/``last_line`` and ``template``/``max_completion_len`` as keywords of
+    their own (the task.params spelling) build what an RGScoring and a PromptFormat build; the
+    dataset's own config keywords still reach the dataset, the groups' never do."""
+    from gapo.tasks.base import PromptFormat
+    from gapo.tasks.rg import RGScoring
+
+    tpl = "Sum: {question}"
+    flags = {"partial_credit": True, "last_line": False}
+    flat = ReasoningGymTask("chain_sum", size=300, seed=2, template=tpl, max_completion_len=50, **flags, **SMALL)
+    grouped = ReasoningGymTask(
+        "chain_sum",
+        SMALL,
+        size=300,
+        seed=2,
+        scoring=RGScoring(partial_credit=True, last_line=False),
+        prompt_format=PromptFormat(tpl, max_completion_len=50),
+    )
+
+    def state(t):  # the dataset object has no ==
+        return {k: v for k, v in vars(t).items() if k != "_ds"}
+
+    assert state(flat) == state(grouped)
+    assert flat.config == SMALL  # the groups' fields are not dataset config
+    assert (flat.partial_credit, flat.last_line, flat.template, flat.max_completion_len) == (True, False, tpl, 50)
+    a, b = flat.generate("train", 6, 0), grouped.generate("train", 6, 0)
+    assert [(p.prompt, p.answer, p.meta) for p in a] == [(p.prompt, p.answer, p.meta) for p in b]
+    assert a[0].prompt.startswith("Sum: ")
+    p = a[0]
+    assert flat.score(p, str(p.answer)) == 0.0  # last_line=False: an untagged answer is no answer
+    assert ReasoningGymTask("chain_sum", size=300, seed=2, **SMALL).score(p, str(p.answer)) == 1.0  # the default
+    d = ReasoningGymTask("chain_sum", size=300)
+    assert (d.partial_credit, d.last_line, d.max_completion_len) == (False, True, 1024)
+    for make, field in (
+        (lambda: RGScoring(partial_credit="yes"), "partial_credit"),
+        (lambda: ReasoningGymTask("chain_sum", size=300, last_line=1), "last_line"),
+        (lambda: ReasoningGymTask("chain_sum", size=300, max_completion_len=-1), "max_completion_len"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            make()

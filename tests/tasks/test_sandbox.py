@@ -288,6 +288,70 @@ def test_bad_arguments():
         sandbox.run("print(1)", timeout_s=0, memory_mb=256)
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("timeout_s", 0),
+        ("timeout_s", -1.0),
+        ("timeout_s", float("nan")),
+        ("timeout_s", float("inf")),
+        ("timeout_s", "5"),
+        ("memory_mb", 0),
+        ("memory_mb", 256.0),
+        ("memory_mb", True),
+        ("cpu_s", 0),
+        ("file_size_mb", -1),
+        ("tmpfs_mb", 0),  # tmpfs size=0 would mean no limit
+        ("output_limit_bytes", -1),
+    ],
+)
+def test_a_bad_limit_names_the_field(field, value):
+    kw = {"timeout_s": 5.0, "memory_mb": 256, field: value}
+    with pytest.raises(ValueError, match=f"sandbox limit {field} "):
+        sandbox.Limits(**kw)
+    with pytest.raises(ValueError, match=f"sandbox limit {field} "):  # the keyword spelling: the same check
+        sandbox.run("print(1)", **kw)
+
+
+def test_limits_as_keywords_or_one_object():
+    L = sandbox.Limits
+    assert L.of(None, {"timeout_s": 5, "memory_mb": 256}) == L(5, 256)
+    assert L.of(L(5, 256), {"cpu_s": 1, "tmpfs_mb": 8}) == L(5, 256, cpu_s=1, tmpfs_mb=8)  # keywords replace fields
+    assert L.of(L(5, 256), {}) == L(5, 256)
+    with pytest.raises(TypeError, match="'timeout'"):
+        sandbox.run("print(1)", timeout=5, memory_mb=256)
+    with pytest.raises(TypeError, match="memory_mb"):
+        sandbox.run("print(1)", timeout_s=5)
+    with pytest.raises(TypeError, match="run_many.*'cpu'"):
+        sandbox.run_many(["print(1)"], timeout_s=5, memory_mb=256, cpu=1)
+
+
+def test_the_boot_config_applies_each_limit():
+    """What the bootstrap is told, from one Limits: the CPU rlimit is cpu_s (default timeout_s)
+    rounded up plus one second, SIGKILL a second later; sizes in MiB."""
+    iso = sandbox.Isolation(sys.platform, False, (), None, None)
+    limits = sandbox.Limits(2.5, 128, file_size_mb=8, tmpfs_mb=32)
+    cfg = sandbox._boot_config(iso, "/w", limits, peer=False, cgroup=None)
+    assert cfg["rlimits"]["RLIMIT_CPU"] == [4, 5]
+    assert cfg["rlimits"]["RLIMIT_AS"] == 128 << 20 and cfg["rlimits"]["RLIMIT_FSIZE"] == 8 << 20
+    assert cfg["tmpfs_mb"] == 32 and cfg["peer"] is False
+    cfg = sandbox._boot_config(iso, "/w", sandbox.Limits(300, 256, cpu_s=1), peer=True, cgroup=None)
+    assert cfg["rlimits"]["RLIMIT_CPU"] == [2, 3] and cfg["rlimits"]["RLIMIT_FSIZE"] == 16 << 20
+    assert cfg["tmpfs_mb"] == 64 and cfg["peer"] is True
+
+
+def test_a_limits_object_reaches_the_run():
+    prog = "import sys\nprint('x' * 5000)\n"
+    capped = sandbox.run(prog, sandbox.Limits(timeout_s=30.0, memory_mb=256, output_limit_bytes=1000))
+    assert capped.status == "output_limit" and capped.stdout_truncated and len(capped.stdout) <= 1000
+    flat = sandbox.run(prog, timeout_s=30.0, memory_mb=256, output_limit_bytes=1000)
+    assert (flat.status, flat.stdout, flat.isolation) == (capped.status, capped.stdout, capped.isolation)
+    base = sandbox.Limits(timeout_s=30.0, memory_mb=256)
+    a, b = sandbox.run_many([prog, "print(2)"], limits=base, output_limit_bytes=1000)
+    assert (a.status, b.status, b.stdout) == ("output_limit", "ok", "2\n")
+    assert sandbox.run(prog, base).status == "ok"  # the default cap (1 MiB) lets 5000 bytes through
+
+
 # A pair of processes (``peer=``): main.py holds a secret read from stdin; peer.py, running the
 # attacks below, must not get at it nor at main's process, and must have the same limits.
 PEER_MAIN = r"""

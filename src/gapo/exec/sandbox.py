@@ -1,6 +1,7 @@
 """Run untrusted Python programs (code written by a policy under RL) with limits and isolation.
 
-    res = gapo.exec.sandbox.run(program, timeout_s=5, memory_mb=256)
+    res = gapo.exec.sandbox.run(program, Limits(timeout_s=5, memory_mb=256))
+    res = gapo.exec.sandbox.run(program, timeout_s=5, memory_mb=256)  # the same, as keywords
     res.passed, res.status, res.stdout, res.stderr, res.isolation
 
 Code written by a policy under RL is hostile input by default. The program never runs in the
@@ -48,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import shutil
 import signal
@@ -62,6 +64,7 @@ from gapo.exec import sandbox_ns, sandbox_proc
 from gapo.exec.sandbox_boot import BOOT
 
 __all__ = [
+    "Limits",
     "SandboxResult",
     "Isolation",
     "run",
@@ -170,6 +173,60 @@ class Isolation:
             f"{self.platform}: namespaces {ns}, {uid}, network {self.network}, {cg}, "
             f"pdeathsig {'yes' if self.pdeathsig else 'no'}, {keys}, rlimits"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one sandbox run may use.
+
+    ``timeout_s`` is wall clock (the parent kills the process group when it passes);
+    ``memory_mb`` caps the address space (and the run's cgroup, where there is one); ``cpu_s``
+    (default ``timeout_s``) is the CPU-time rlimit, rounded up; ``file_size_mb`` caps any file
+    written; ``tmpfs_mb`` sizes each scratch tmpfs (namespaced runs); stdout and stderr are each
+    capped at ``output_limit_bytes`` (exceeding it kills the run: status ``output_limit``).
+    A bad value is a ``ValueError`` naming the field.
+    """
+
+    timeout_s: float
+    memory_mb: int
+    cpu_s: float | None = None
+    file_size_mb: int = 16
+    tmpfs_mb: int = 64
+    output_limit_bytes: int = 1 << 20
+
+    def __post_init__(self):
+        def number(name: str, value, *, integer: bool, low: float, strict: bool) -> None:
+            kinds = (int,) if integer else (int, float)
+            ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
+            if not ok or (value <= low if strict else value < low):
+                what = "an integer" if integer else "a finite number"
+                raise ValueError(f"sandbox limit {name} must be {what} {'>' if strict else '>='} {low}, got {value!r}")
+
+        number("timeout_s", self.timeout_s, integer=False, low=0, strict=True)
+        number("memory_mb", self.memory_mb, integer=True, low=0, strict=True)
+        if self.cpu_s is not None:
+            number("cpu_s", self.cpu_s, integer=False, low=0, strict=True)
+        number("file_size_mb", self.file_size_mb, integer=True, low=0, strict=False)
+        # tmpfs size=0 means no limit at all, so 0 is refused rather than passed on
+        number("tmpfs_mb", self.tmpfs_mb, integer=True, low=0, strict=True)
+        number("output_limit_bytes", self.output_limit_bytes, integer=True, low=0, strict=False)
+
+    @classmethod
+    def of(cls, limits: Limits | None, fields: dict, where: str = "run") -> Limits:
+        """``limits`` with the fields named in ``fields`` (the keyword spelling) replacing its
+        values; an unknown keyword is a ``TypeError`` as for any signature."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        for k in fields:
+            if k not in names:
+                raise TypeError(f"{where}() got an unexpected keyword argument {k!r} (limits: {sorted(names)})")
+        if limits is None:
+            missing = [k for k in ("timeout_s", "memory_mb") if k not in fields]
+            if missing:
+                raise TypeError(f"{where}() needs limits= or the keywords {missing}")
+            return cls(**fields)
+        if not isinstance(limits, cls):
+            raise TypeError(f"{where}(): limits must be a sandbox.Limits, got {type(limits).__name__}")
+        return dataclasses.replace(limits, **fields) if fields else limits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,7 +355,7 @@ def capabilities() -> Isolation:
     for ns in [*candidates, ()]:
         iso = Isolation(sys.platform, root, ns, drop, unshare if ns else None, cgroups)
         try:
-            res = _run(iso, "print('ok')", timeout_s=60.0, memory_mb=256, probe=True)
+            res = _run(iso, "print('ok')", Limits(timeout_s=60.0, memory_mb=256), probe=True)
         except OSError:
             continue
         if res.passed and res.stdout.strip() == "ok":
@@ -357,23 +414,17 @@ def _prefix(iso: Isolation) -> list[str]:
 
 def run(
     program: str,
+    limits: Limits | None = None,
     *,
-    timeout_s: float,
-    memory_mb: int,
     stdin: bytes | None = None,
     peer: str | None = None,
-    cpu_s: float | None = None,
-    file_size_mb: int = 16,
-    tmpfs_mb: int = 64,
-    output_limit_bytes: int = 1 << 20,
+    **limit_fields,
 ) -> SandboxResult:
-    """Run the Python ``program`` in a fresh sandboxed interpreter and return what happened.
+    """Run the Python ``program`` in a fresh sandboxed interpreter under ``limits`` (a
+    :class:`Limits`) and return what happened.
 
-    ``timeout_s`` is wall clock (the parent kills the process group when it passes);
-    ``cpu_s`` (default ``timeout_s``, rounded up) is the CPU-time rlimit; ``memory_mb`` caps the
-    address space; ``file_size_mb`` caps any file written; ``tmpfs_mb`` sizes each scratch
-    tmpfs (namespaced runs); stdout and stderr are each capped at ``output_limit_bytes``
-    (exceeding it kills the run: status ``output_limit``). ``stdin`` is fed to the program
+    The limits may also be given as keywords, ``run(program, timeout_s=5, memory_mb=256)``;
+    keywords next to ``limits`` replace those fields of it. ``stdin`` is fed to the program
     (``None``: empty). Never raises for anything the program does.
 
     ``peer``: a second Python program, run in a second process of the same sandbox (same
@@ -385,21 +436,9 @@ def run(
     (status, exit code) is ``program``'s. Used by :mod:`gapo.tasks.code` to keep the judge of
     a completion out of the completion's reach.
     """
-    if timeout_s <= 0 or memory_mb <= 0:
-        raise ValueError(f"timeout_s and memory_mb must be positive, got {timeout_s}, {memory_mb}")
+    limits = Limits.of(limits, limit_fields)
     with _SLOTS:
-        return _run(
-            capabilities(),
-            program,
-            timeout_s=timeout_s,
-            memory_mb=memory_mb,
-            stdin=stdin,
-            peer=peer,
-            cpu_s=cpu_s,
-            file_size_mb=file_size_mb,
-            tmpfs_mb=tmpfs_mb,
-            output_limit_bytes=output_limit_bytes,
-        )
+        return _run(capabilities(), program, limits, stdin=stdin, peer=peer)
 
 
 def run_many(
@@ -408,11 +447,13 @@ def run_many(
     workers: int | None = None,
     stdins: Sequence[bytes | None] | None = None,
     peers: Sequence[str | None] | None = None,
-    **kwargs,
+    limits: Limits | None = None,
+    **limit_fields,
 ) -> list[SandboxResult]:
-    """:func:`run` each program (same keyword arguments; ``stdins`` and ``peers`` one entry per
-    program) on a pool of at most ``workers`` (default :func:`max_concurrency`) threads;
-    results in input order."""
+    """:func:`run` each program under the same limits (``limits`` and/or its fields as
+    keywords; ``stdins`` and ``peers`` one entry per program) on a pool of at most ``workers``
+    (default :func:`max_concurrency`) threads; results in input order."""
+    limits = Limits.of(limits, limit_fields, "run_many")
     programs = list(programs)
     stdins = [None] * len(programs) if stdins is None else list(stdins)
     peers = [None] * len(programs) if peers is None else list(peers)
@@ -422,7 +463,7 @@ def run_many(
         return []
     n = min(workers or max_concurrency(), len(programs))
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="gapo-sandbox") as pool:
-        futs = [pool.submit(run, p, stdin=s, peer=q, **kwargs) for p, s, q in zip(programs, stdins, peers)]
+        futs = [pool.submit(run, p, limits, stdin=s, peer=q) for p, s, q in zip(programs, stdins, peers)]
         return [f.result() for f in futs]
 
 
@@ -443,36 +484,22 @@ def _ipc_limits(memory_mb: int) -> dict[str, int]:
 def _run(
     iso: Isolation,
     program: str,
+    limits: Limits,
     *,
-    timeout_s: float,
-    memory_mb: int,
     stdin: bytes | None = None,
     peer: str | None = None,
-    cpu_s: float | None = None,
-    file_size_mb: int = 16,
-    tmpfs_mb: int = 64,
-    output_limit_bytes: int = 1 << 20,
     probe: bool = False,
 ) -> SandboxResult:
     t0 = time.monotonic()
     workdir = tempfile.mkdtemp(prefix=f"gapo-sbx-{os.getpid()}-")
-    cgroup = sandbox_ns.acquire(memory_mb << 20) if iso.cgroups else None
+    cap = limits.output_limit_bytes
+    cgroup = sandbox_ns.acquire(limits.memory_mb << 20) if iso.cgroups else None
     try:
         _write_programs(iso, workdir, program, peer)
-        cpu = int(-(-(cpu_s if cpu_s is not None else timeout_s) // 1)) + 1
-        cfg = _boot_config(
-            iso,
-            workdir,
-            memory_mb=memory_mb,
-            cpu=cpu,
-            file_size_mb=file_size_mb,
-            tmpfs_mb=tmpfs_mb,
-            peer=peer is not None,
-            cgroup=cgroup,
-        )
+        cfg = _boot_config(iso, workdir, limits, peer=peer is not None, cgroup=cgroup)
         argv = [*_prefix(iso), sys.executable, "-I", "-B", "-c", _BOOT]
         out, err, report, limit_hit, timed_out, rc = sandbox_proc.execute(
-            argv, cfg, workdir=workdir, stdin=stdin, cgroup=cgroup, deadline=t0 + timeout_s, cap=output_limit_bytes
+            argv, cfg, workdir=workdir, stdin=stdin, cgroup=cgroup, deadline=t0 + limits.timeout_s, cap=cap
         )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -484,8 +511,8 @@ def _run(
         applied = tuple(json.loads(report.decode())) if report else ()
     except ValueError:
         applied = ()
-    stdout = bytes(out[:output_limit_bytes]).decode("utf-8", "replace")
-    stderr = bytes(err[:output_limit_bytes]).decode("utf-8", "replace")
+    stdout = bytes(out[:cap]).decode("utf-8", "replace")
+    stderr = bytes(err[:cap]).decode("utf-8", "replace")
     status = _status(limit_hit=limit_hit, timed_out=timed_out, applied=applied, rc=rc, oom=oom, stderr=stderr)
     if probe and status != "ok" and not applied:
         raise OSError(f"sandbox probe failed: {stderr[-500:]}")
@@ -497,8 +524,8 @@ def _run(
         stderr=stderr,
         duration_s=duration,
         isolation=tuple(f"{n}ns" for n in iso.namespaces) + applied,
-        stdout_truncated=len(out) > output_limit_bytes,
-        stderr_truncated=len(err) > output_limit_bytes,
+        stdout_truncated=len(out) > cap,
+        stderr_truncated=len(err) > cap,
     )
 
 
@@ -513,17 +540,18 @@ def _write_programs(iso: Isolation, workdir: str, program: str, peer: str | None
         os.chmod(workdir, 0o700)
 
 
-def _boot_config(
-    iso: Isolation, workdir: str, *, memory_mb: int, cpu: int, file_size_mb: int, tmpfs_mb: int, peer: bool, cgroup
-) -> dict:
+def _boot_config(iso: Isolation, workdir: str, limits: Limits, *, peer: bool, cgroup) -> dict:
     """What the bootstrap applies (gapo.exec.sandbox_boot); ``report_fd`` and ``go_fd`` are
     filled in by :func:`gapo.exec.sandbox_proc.execute`, which makes those pipes."""
+    memory_mb = limits.memory_mb
+    # the CPU rlimit: cpu_s (default timeout_s) rounded up, plus one second of slack
+    cpu = int(-(-(limits.cpu_s if limits.cpu_s is not None else limits.timeout_s) // 1)) + 1
     mount = "mount" in iso.namespaces
     uid = iso.drop_to_uid
     rlimits = {
         "RLIMIT_AS": memory_mb << 20,
         "RLIMIT_CPU": [cpu, cpu + 1],  # SIGXCPU at the soft limit, SIGKILL a second later
-        "RLIMIT_FSIZE": file_size_mb << 20,
+        "RLIMIT_FSIZE": limits.file_size_mb << 20,
         "RLIMIT_NOFILE": 64,
         "RLIMIT_CORE": 0,
         "RLIMIT_NPROC": 0,
@@ -533,7 +561,7 @@ def _boot_config(
         "uid": uid,
         "gid": NOBODY_GID if uid is not None else None,
         "mount": mount,
-        "tmpfs_mb": tmpfs_mb,
+        "tmpfs_mb": limits.tmpfs_mb,
         "rlimits": rlimits,
         "socket_guard": "net" not in iso.namespaces,
         "python_paths": _python_paths(),

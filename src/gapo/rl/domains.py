@@ -17,6 +17,7 @@ from pathlib import Path
 from gapo import tasks
 from gapo.rl import names
 from gapo.rl.config_io import coerce
+from gapo.tasks.base import group_params
 
 __all__ = [
     "DOMAINS",
@@ -190,12 +191,13 @@ def check_advantage_params(key: str, name: str, params: dict, group_size: int) -
 
 
 def task_params(name: str) -> set[str] | None:
-    """The constructor parameters of task ``name`` (walking up ``**kwargs`` to the base class)."""
+    """The constructor parameters of task ``name`` (walking up ``**kwargs`` to the base class),
+    with the fields of its parameter groups (:func:`gapo.tasks.base.group_params`)."""
     try:
         cls = tasks.factory(name)
     except ImportError:  # the task's extra is missing: its own error comes when it is built
         return None
-    return _keyword_names(cls)
+    return _keyword_names(cls) | (set(group_params(cls)) if isinstance(cls, type) else set())
 
 
 def check_task_param_types(key: str, name: str, params: dict) -> None:
@@ -206,7 +208,7 @@ def check_task_param_types(key: str, name: str, params: dict) -> None:
         cls = tasks.factory(name)
     except ImportError:
         return
-    hints = {}
+    hints = dict(group_params(cls)) if isinstance(cls, type) else {}
     for c in cls.__mro__:
         if "__init__" in vars(c):
             try:

@@ -18,15 +18,18 @@ deterministic and prefix-stable (``generate(s, m, seed) == generate(s, n, seed)[
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
 import os
 import random
+import typing
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 SPLITS = ("train", "eval")
 
@@ -81,7 +84,9 @@ class Task(Protocol):
     def demonstration(self, problem: Problem, rng: random.Random) -> str: ...
 
 
-def eval_fraction_param(eval_fraction: float | None, eval_frac: float | None, default: float = 0.1) -> float:
+def eval_fraction_param(
+    eval_fraction: float | None, eval_frac: float | None, default: float | None = 0.1, stacklevel: int = 3
+) -> float | None:
     """A task's ``eval_fraction`` given either name: ``eval_frac`` (the math and data tasks'
     spelling before gapo 0.3) still works, with a FutureWarning naming the new key; both at once
     is an error (one parameter, two names). ``None`` for both gives ``default``."""
@@ -92,10 +97,112 @@ def eval_fraction_param(eval_fraction: float | None, eval_frac: float | None, de
             f"task.params.eval_frac is now eval_fraction (renamed in gapo 0.3); write "
             f"task.params.eval_fraction={eval_frac}",
             FutureWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         eval_fraction = eval_frac
     return default if eval_fraction is None else eval_fraction
+
+
+def _check_type(owner: str, name: str, value, kinds: tuple, what: str) -> None:
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise ValueError(f"{owner}.{name} must be {what}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DataSplits:
+    """Which rows of a local dataset a task trains and evaluates on (``math:``, ``data:``).
+
+    ``split``: the dataset's split to read (None: ``train``, or its only split). ``eval_split``
+    (a split of the same dataset, or of ``eval_path``) or ``eval_path`` (another dataset) name
+    the held-out data; training rows whose question also appears there are dropped. Without
+    either, a stable hash of the question puts ``eval_fraction`` ∈ [0, 1) of the rows in eval
+    (:func:`split_of`). A bad value is a ``ValueError`` naming the field.
+    """
+
+    split: str | None = None
+    eval_split: str | None = None
+    eval_path: str | Path | None = None
+    eval_fraction: float | None = 0.1  # None: 0.1, as the tasks always took it
+
+    def __post_init__(self):
+        if self.eval_fraction is None:
+            object.__setattr__(self, "eval_fraction", 0.1)
+        for name in ("split", "eval_split"):
+            _check_type("DataSplits", name, getattr(self, name), (str, type(None)), "a split name or None")
+        _check_type("DataSplits", "eval_path", self.eval_path, (str, Path, type(None)), "a path or None")
+        f = self.eval_fraction
+        _check_type("DataSplits", "eval_fraction", f, (int, float), "a number in [0, 1)")
+        if not 0.0 <= f < 1.0:  # NaN fails this too
+            raise ValueError(f"eval_fraction must be in [0, 1), got {f}")
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a task turns a problem into a prompt, and how long a completion may be:
+    ``template`` wraps the question (each task names its placeholder, ``{question}`` or
+    ``{prompt}``); ``max_completion_len`` caps generation (characters; a real tokenizer's
+    tokens). The math, data and reasoning-gym tasks share it; each has its own defaults."""
+
+    template: str
+    max_completion_len: int = 1024
+
+    def __post_init__(self):
+        _check_type("PromptFormat", "template", self.template, (str,), "a string")
+        n = self.max_completion_len
+        _check_type("PromptFormat", "max_completion_len", n, (int,), "an integer >= 1")
+        if n < 1:
+            raise ValueError(f"PromptFormat.max_completion_len must be an integer >= 1, got {n!r}")
+
+
+G = TypeVar("G")
+
+
+def take_group(group: type[G], value: G | Mapping | None, params: dict, default: G) -> G:
+    """The parameter group ``group`` (a frozen dataclass) of a task constructor.
+
+    ``value`` is an instance, a mapping of its fields (``task.params.splits={split: test}``) or
+    None (``default``); each field that ``params`` (the constructor's other keywords) names on
+    its own -- the flat spelling, ``MathTask(path, split="test")``, ``task.params.split=test`` --
+    is popped from ``params`` and replaces that field. Unknown fields are a ``TypeError``."""
+    own = {f.name: params.pop(f.name) for f in dataclasses.fields(group) if f.name in params}
+    if value is None:
+        value = default
+    elif isinstance(value, Mapping):
+        names = {f.name for f in dataclasses.fields(group)}
+        bad = sorted(set(value) - names)
+        if bad:
+            raise TypeError(f"{group.__name__} has no field {bad[0]!r} (fields: {sorted(names)})")
+        value = dataclasses.replace(default, **value)
+    elif not isinstance(value, group):
+        raise TypeError(f"expected a {group.__name__} (or a mapping of its fields), got {type(value).__name__}")
+    return dataclasses.replace(value, **own) if own else value
+
+
+def refuse_leftovers(owner: str, params: dict) -> None:
+    """What :func:`take_group` left in a constructor's keywords is not a parameter: the
+    ``TypeError`` Python raises for any signature (``gapo.tasks.build`` names it with the task)."""
+    if params:
+        raise TypeError(f"{owner}() got an unexpected keyword argument {next(iter(params))!r}")
+
+
+def flat_eval_fraction(params: dict, eval_frac: float | None) -> None:
+    """A constructor's ``eval_frac`` (``eval_fraction``'s name before gapo 0.3) becomes the
+    ``eval_fraction`` among its keywords (see :func:`eval_fraction_param`);
+    ``eval_fraction=None`` means the default, as it always has."""
+    frac = eval_fraction_param(params.pop("eval_fraction", None), eval_frac, default=None, stacklevel=4)
+    if frac is not None:
+        params["eval_fraction"] = frac
+
+
+def group_params(cls: type) -> dict[str, Any]:
+    """The flat keywords ``cls`` accepts through its parameter groups (``param_groups`` in its
+    MRO, each a dataclass of :func:`take_group`): field name -> type hint, for checking
+    ``task.params`` against the task (:mod:`gapo.rl.domains`)."""
+    out: dict[str, Any] = {}
+    for c in reversed(cls.__mro__):
+        for g in vars(c).get("param_groups", ()):
+            out.update(typing.get_type_hints(g))
+    return out
 
 
 def split_of(key: str, eval_fraction: float) -> str:

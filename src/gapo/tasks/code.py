@@ -35,6 +35,7 @@ objects reach the tests as they are; it has no reward integrity against a hostil
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import marshal
 import random
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 
 from gapo.exec import sandbox
 from gapo.exec.judge import CANDIDATE, CODEC, HARNESS, JUDGE, MARKER, UNSUPPORTED
-from gapo.tasks.base import Problem, draw_problems, read_jsonl
+from gapo.tasks.base import Problem, draw_problems, read_jsonl, take_group
 from gapo.tasks.datasets_io import check_required, read_records
 
 
@@ -140,8 +141,15 @@ class _CodeTask:
         self.max_completion_len = int(max_completion_len)
         self.eval_fraction = float(eval_fraction)
         self.strict_returns = bool(strict_returns)
+        _ = self.limits  # a bad timeout_s or memory_mb is named here, not as a scoring error per completion
         self._problems: list[Problem] = []
         self._unsupported: dict = {}  # problem -> reference solution cannot cross either
+
+    @property
+    def limits(self) -> sandbox.Limits:
+        """The sandbox limits each completion runs under (``timeout_s``, ``memory_mb``; the
+        other fields at their defaults)."""
+        return sandbox.Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb)
 
     @property
     def score_timeout_s(self) -> float:
@@ -267,8 +275,7 @@ class _CodeTask:
                 workers=workers,
                 peers=peers,
                 stdins=[(n + "\n").encode() for n in nonces],
-                timeout_s=self.timeout_s,
-                memory_mb=self.memory_mb,
+                limits=self.limits,
             )
         except Exception:
             results = [None] * len(programs)
@@ -336,36 +343,61 @@ class HumanEvalTask(_CodeTask):
         return problem.prompt + extract_code(completion)
 
 
+@dataclass(frozen=True)
+class MBPPColumns:
+    """Where :class:`MBPPTask` finds each part of a problem: ``prompt_field`` the prompt (None:
+    ``prompt`` when the data has one, else ``text``), ``tests_field`` a list of assert statements
+    (or one string of test code), ``solution_field`` a reference solution (for
+    ``demonstration``), ``setup_field`` code run before the tests (``auto``: MBPP's
+    ``test_setup_code`` or sanitized MBPP's ``test_imports``, whichever the data has),
+    ``id_field`` the problem's id; None for an optional one: the data has none. A bad value is a
+    ``ValueError`` naming the field."""
+
+    prompt_field: str | None = None
+    tests_field: str = "test_list"
+    solution_field: str | None = "code"
+    setup_field: str | None = "auto"
+    id_field: str | None = "task_id"
+
+    def __post_init__(self):
+        if not isinstance(self.tests_field, str) or not self.tests_field:
+            raise ValueError(f"MBPPColumns.tests_field must be a column name, got {self.tests_field!r}")
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None and not isinstance(v, str):
+                raise ValueError(f"MBPPColumns.{f.name} must be a column name or None, got {v!r}")
+
+
 class MBPPTask(_CodeTask):
     """MBPP-style data: one problem per record with a prompt and tests (field names configurable).
 
     ``path``: a local dataset in any format of :func:`gapo.tasks.datasets_io.read_records`
     (JSONL, JSON, Parquet, CSV, a ``datasets`` folder); ``split`` picks its split (default
-    ``train``, or its only split). ``prompt_field`` defaults to ``prompt`` (sanitized MBPP) or,
-    when there is none, ``text`` (full MBPP). ``tests_field`` holds a list of assert statements
-    (or one string of test code); ``setup_field`` (optional) code run before the tests
-    (default: MBPP's ``test_setup_code`` or sanitized MBPP's ``test_imports``, whichever the
-    data has); ``solution_field`` (optional) a reference solution for ``demonstration``. With
-    ``prompt_is_code`` the prompt is code (a signature) and the program is ``prompt +
-    completion``; otherwise (MBPP's natural-language prompt) the program is the completion alone.
+    ``train``, or its only split). ``columns`` (:class:`MBPPColumns`) names the prompt, tests,
+    setup, solution and id columns; each of its fields is a keyword of its own too
+    (``tests_field="test"``: the ``task.params`` spelling). With ``prompt_is_code`` the prompt is
+    code (a signature) and the program is ``prompt + completion``; otherwise (MBPP's
+    natural-language prompt) the program is the completion alone. Other keywords go to
+    ``_CodeTask`` (``timeout_s``, ``memory_mb``, ``max_completion_len``, ``eval_fraction``,
+    ``strict_returns``).
     """
 
     name = "mbpp"
+    param_groups = (MBPPColumns,)  # its fields are keywords too
 
     def __init__(
         self,
         path: str,
         *,
         split: str | None = None,
-        prompt_field: str | None = None,
-        tests_field: str = "test_list",
-        solution_field: str | None = "code",
-        setup_field: str | None = "auto",
-        id_field: str | None = "task_id",
+        columns: MBPPColumns | None = None,
         prompt_is_code: bool = False,
         prompt_template: str = "{prompt}",
-        **kwargs,
+        **kwargs,  # MBPPColumns' fields, then _CodeTask's keywords
     ):
+        cols = take_group(MBPPColumns, columns, kwargs, MBPPColumns())
+        prompt_field, tests_field, solution_field = cols.prompt_field, cols.tests_field, cols.solution_field
+        setup_field, id_field = cols.setup_field, cols.id_field
         super().__init__(**kwargs)
         self.path = str(path)
         self.prompt_is_code = bool(prompt_is_code)

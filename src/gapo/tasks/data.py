@@ -22,7 +22,16 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from gapo.tasks.base import Problem, draw_from_split, eval_fraction_param, split_of
+from gapo.tasks.base import (
+    DataSplits,
+    Problem,
+    PromptFormat,
+    draw_from_split,
+    flat_eval_fraction,
+    refuse_leftovers,
+    split_of,
+    take_group,
+)
 from gapo.tasks.datasets_io import read_records
 
 __all__ = ["DataTask"]
@@ -42,37 +51,43 @@ def _qkey(prompt: str) -> str:
 
 
 class DataTask:
-    """Rows of a local dataset as prompts (see the module docstring)."""
+    """Rows of a local dataset as prompts (see the module docstring).
+
+    ``splits`` (:class:`~gapo.tasks.base.DataSplits`) and ``prompt_format``
+    (:class:`~gapo.tasks.base.PromptFormat`, placeholder ``{prompt}``) as for ``MathTask``; their
+    fields are keywords of their own too (``DataTask(path, split="test", template=...)``, the
+    ``task.params`` spelling)."""
 
     alphabet = None  # a real tokenizer
     needs_reward = True  # no verifier of its own: gapo.tasks.custom.with_rewards requires --reward
+    param_groups = (DataSplits, PromptFormat)  # their fields are keywords too
 
     def __init__(
         self,
         path: str | Path,
         *,
-        split: str | None = None,
-        eval_split: str | None = None,
-        eval_path: str | Path | None = None,
+        splits: DataSplits | None = None,
         prompt_field: str | None = None,
         answer_fields: list | None = None,
-        template: str = "{prompt}",
-        eval_fraction: float | None = None,
-        max_completion_len: int = 1024,
+        prompt_format: PromptFormat | None = None,
         name: str = "data",
-        eval_frac: float | None = None,
-    ):  # eval_frac: eval_fraction's old name (warns)
+        eval_frac: float | None = None,  # eval_fraction's old name (warns)
+        **fields,  # the groups' fields, one keyword each
+    ):
+        flat_eval_fraction(fields, eval_frac)
+        splits = take_group(DataSplits, splits, fields, DataSplits())
+        fmt = take_group(PromptFormat, prompt_format, fields, PromptFormat("{prompt}"))
+        refuse_leftovers("DataTask", fields)
+        template, eval_fraction = fmt.template, splits.eval_fraction
+        split, eval_split, eval_path = splits.split, splits.eval_split, splits.eval_path
         if "{prompt}" not in template:
             raise ValueError(f"template must contain '{{prompt}}', got {template!r}")
-        eval_fraction = eval_fraction_param(eval_fraction, eval_frac)
-        if not 0.0 <= eval_fraction < 1.0:
-            raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
         if answer_fields is not None and (
             not isinstance(answer_fields, (list, tuple)) or not all(isinstance(f, str) for f in answer_fields)
         ):
             raise ValueError(f"answer_fields must be a list of column names, got {answer_fields!r}")
         self.name, self.path, self.template = name, Path(path), template
-        self.eval_fraction, self.max_completion_len = eval_fraction, max_completion_len
+        self.eval_fraction, self.max_completion_len = eval_fraction, fmt.max_completion_len
         self.prompt_field, self.answer_fields = prompt_field, list(answer_fields) if answer_fields else None
         src, train = self._load(self.path, split)
         if eval_path is not None or eval_split is not None:

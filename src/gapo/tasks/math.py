@@ -74,12 +74,22 @@ import os
 import random
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gapo.exec.scoring import VerifierTimeout, run_with_timeout
 from gapo.exec.scoring_pool import alarm_deferred, signal_guard_usable
-from gapo.tasks.base import Problem, draw_from_split, eval_fraction_param, split_of
+from gapo.tasks.base import (
+    DataSplits,
+    Problem,
+    PromptFormat,
+    draw_from_split,
+    flat_eval_fraction,
+    refuse_leftovers,
+    split_of,
+    take_group,
+)
 from gapo.tasks.datasets_io import read_records
 
 __all__ = [
@@ -595,51 +605,82 @@ def _qkey(question: str) -> str:
     return " ".join(question.split()).lower()
 
 
+_GUARDS = ("auto", "signal", "process", "none")
+
+
+@dataclass(frozen=True)
+class MathScoring:
+    """How :class:`MathTask` checks a completion: ``math-verify`` under ``timeout_s`` seconds
+    per completion (None: no limit), enforced by ``guard`` (``auto``, ``signal``, ``process``
+    or ``none``: :func:`gapo.exec.scoring.run_with_timeout`); ``last_number``: without a boxed
+    answer, fall back to the last number of the text (see the module docstring). A bad value is
+    a ``ValueError`` naming the field."""
+
+    timeout_s: float | None = 5.0
+    guard: str = "auto"
+    last_number: bool = True
+
+    def __post_init__(self):
+        t = self.timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
+            raise ValueError(f"MathScoring.timeout_s must be a number > 0 or None, got {t!r}")
+        if self.guard not in _GUARDS:
+            raise ValueError(f"guard must be auto, signal, process or none, not {self.guard!r}")
+        if not isinstance(self.last_number, bool):
+            raise ValueError(f"MathScoring.last_number must be true or false, got {self.last_number!r}")
+
+
 class MathTask:
     """Problems from a local dataset (JSONL, JSON, Parquet, CSV, a ``datasets`` folder), rewards
     from ``math-verify`` (binary 0/1).
 
-    ``split`` names the dataset's split to read (default ``train``, or its only split);
-    ``eval_split`` a split of the same dataset (or of ``eval_path``) to evaluate on instead of
-    the ``eval_fraction`` hash split, e.g. GSM8K's ``test``. ``eval_frac`` is the old name of
-    ``eval_fraction`` (still accepted, with a FutureWarning).
+    ``splits`` (:class:`~gapo.tasks.base.DataSplits`): the dataset's split to read (default
+    ``train``, or its only split), and the held-out data: ``eval_split``, a split of the same
+    dataset (or of ``eval_path``) to evaluate on instead of the ``eval_fraction`` hash split,
+    e.g. GSM8K's ``test``. ``prompt_field`` / ``answer_field``: the question and answer columns
+    (default: detected). ``prompt_format`` (:class:`~gapo.tasks.base.PromptFormat`): the
+    template (``{question}`` is replaced) and the completion cap. ``scoring``
+    (:class:`MathScoring`): the verifier's timeout, guard and last-number fallback.
+
+    Every field of the three groups is also a keyword of its own, the ``task.params`` spelling:
+    ``MathTask(path, split="train", eval_split="test", timeout_s=2)`` is
+    ``MathTask(path, splits=DataSplits(split="train", eval_split="test"),
+    scoring=MathScoring(timeout_s=2))``; a keyword replaces that field of a group given too.
+    ``eval_frac`` is the old name of ``eval_fraction`` (still accepted, with a FutureWarning).
     """
 
     alphabet = None  # a real tokenizer
+    param_groups = (DataSplits, PromptFormat, MathScoring)  # their fields are keywords too
 
     def __init__(
         self,
         path: str | Path,
         *,
-        split: str | None = None,
-        eval_split: str | None = None,
+        splits: DataSplits | None = None,
         prompt_field: str | None = None,
         answer_field: str | None = None,
-        template: str = DEFAULT_TEMPLATE,
-        eval_path: str | Path | None = None,
-        eval_fraction: float | None = None,  # None: 0.1
-        timeout_s: float | None = 5.0,
-        guard: str = "auto",
-        last_number: bool = True,
-        max_completion_len: int = 1024,
+        prompt_format: PromptFormat | None = None,
+        scoring: MathScoring | None = None,
         name: str = "math",
         eval_frac: float | None = None,  # eval_fraction's old name (warns)
+        **fields,  # the groups' fields, one keyword each
     ):
-        if "{question}" not in template:
-            raise ValueError(f"template must contain '{{question}}', got {template!r}")
-        eval_fraction = eval_fraction_param(eval_fraction, eval_frac)
-        if not 0.0 <= eval_fraction < 1.0:
-            raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
-        if guard not in ("auto", "signal", "process", "none"):
-            raise ValueError(f"guard must be auto, signal, process or none, not {guard!r}")
+        flat_eval_fraction(fields, eval_frac)
+        splits = take_group(DataSplits, splits, fields, DataSplits())
+        fmt = take_group(PromptFormat, prompt_format, fields, PromptFormat(DEFAULT_TEMPLATE))
+        scoring = take_group(MathScoring, scoring, fields, MathScoring())
+        refuse_leftovers("MathTask", fields)
+        if "{question}" not in fmt.template:
+            raise ValueError(f"template must contain '{{question}}', got {fmt.template!r}")
         self.name = name
         self.path = Path(path)
-        self.template = template
-        self.timeout_s = timeout_s
-        self.eval_fraction = eval_fraction
-        self.guard = guard
-        self.last_number = last_number
-        self.max_completion_len = max_completion_len
+        self.template = fmt.template
+        self.timeout_s = scoring.timeout_s
+        self.eval_fraction = eval_fraction = splits.eval_fraction
+        self.guard = scoring.guard
+        self.last_number = scoring.last_number
+        self.max_completion_len = fmt.max_completion_len
+        split, eval_split, eval_path = splits.split, splits.eval_split, splits.eval_path
         src, self.split, train = _load(self.path, split, prompt_field, answer_field)
         self.eval_split = eval_split
         if eval_path is not None or eval_split is not None:

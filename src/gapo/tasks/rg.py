@@ -46,11 +46,12 @@ import difflib
 import math
 import random
 import re
+from dataclasses import dataclass
 from typing import Any
 
-from gapo.tasks.base import Problem, check_split, draw_problems
+from gapo.tasks.base import Problem, PromptFormat, check_split, draw_problems, take_group
 
-__all__ = ["ReasoningGymTask", "extract_rg_answer", "one_rg_answer"]
+__all__ = ["ReasoningGymTask", "RGScoring", "extract_rg_answer", "one_rg_answer"]
 
 DEFAULT_TEMPLATE = "{question}\nGive your final answer between <answer> and </answer> tags."
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -110,10 +111,32 @@ def _qkey(question: str) -> str:
     return " ".join(question.split())
 
 
+@dataclass(frozen=True)
+class RGScoring:
+    """How :class:`ReasoningGymTask` scores an answer (see the module docstring):
+    ``partial_credit`` returns the dataset scorer's raw score clamped to [0, 1] instead of the
+    binary reward; ``last_line`` lets a completion without ``<answer>`` tags answer with its last
+    non-empty line. A bad value is a ``ValueError`` naming the field."""
+
+    partial_credit: bool = False
+    last_line: bool = True
+
+    def __post_init__(self):
+        for name in ("partial_credit", "last_line"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RGScoring.{name} must be true or false, got {getattr(self, name)!r}")
+
+
 class ReasoningGymTask:
-    """A reasoning-gym procedural dataset; see the module docstring for the decisions."""
+    """A reasoning-gym procedural dataset; see the module docstring for the decisions.
+
+    ``scoring`` (:class:`RGScoring`) and ``prompt_format`` (:class:`~gapo.tasks.base.PromptFormat`,
+    placeholder ``{question}``); their fields are keywords of their own too
+    (``partial_credit=True``, ``template=...``: the ``task.params`` spelling). Any other keyword
+    is a field of the dataset's ``config``."""
 
     alphabet = None  # a real tokenizer
+    param_groups = (RGScoring, PromptFormat)  # their fields are keywords too
 
     def __init__(
         self,
@@ -124,12 +147,13 @@ class ReasoningGymTask:
         size: int = 100_000,
         seed: int = 0,
         eval_fraction: float = 0.1,
-        partial_credit: bool = False,
-        last_line: bool = True,
-        template: str = DEFAULT_TEMPLATE,
-        max_completion_len: int = 1024,
-        **config_kwargs: Any,
+        scoring: RGScoring | None = None,
+        prompt_format: PromptFormat | None = None,
+        **config_kwargs: Any,  # the groups' fields, then the dataset's config
     ):
+        scoring = take_group(RGScoring, scoring, config_kwargs, RGScoring())
+        fmt = take_group(PromptFormat, prompt_format, config_kwargs, PromptFormat(DEFAULT_TEMPLATE))
+        template = fmt.template
         # lazy: reasoning-gym is the optional [tasks] extra
         import reasoning_gym
         from reasoning_gym.factory import DATASETS
@@ -158,10 +182,10 @@ class ReasoningGymTask:
         self.size = size
         self.seed = seed
         self.eval_fraction = eval_fraction
-        self.partial_credit = partial_credit
-        self.last_line = last_line
+        self.partial_credit = scoring.partial_credit
+        self.last_line = scoring.last_line
         self.template = template
-        self.max_completion_len = max_completion_len
+        self.max_completion_len = fmt.max_completion_len
         try:
             self._ds = reasoning_gym.create_dataset(name, seed=seed, size=size, **cfg)
         except (TypeError, ValueError, AssertionError) as e:
