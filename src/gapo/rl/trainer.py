@@ -3,7 +3,10 @@
 One step, in the order of ``train_step``: draw P prompts → sample G rollouts each and score
 them (one ``Batch``) → advantages and GAPO's per-rollout ε_high from the raw group rewards →
 behaviour log-probs → E epochs × M mini-batch optimiser steps of the chosen surrogate →
-diagnostics. Every formula is a call into ``gapo.core``.
+diagnostics. Every formula is a call into ``gapo.core``. ``Trainer`` holds the run's state; the
+pieces it calls sit beside it: ``rl.problems`` (the pools and the order they are visited in),
+``rl.update`` (the update's data and loss), ``rl.optimizer`` (AdamW, warm-up, the clipped step),
+``rl.step_metrics`` (a step's record) and ``rl.checkpoint`` (the trainable state, ``policy/``).
 
 Runs survive: metrics go to ``<run>/metrics.jsonl`` (one JSON object a line, ``kind`` = train |
 eval), checkpoints are written atomically to ``<run>/checkpoint.pt`` (model, optimiser,
