@@ -159,3 +159,18 @@ def test_keyword_form_of_logprobs_is_the_same_with_a_warning(model, prompts):
     assert torch.allclose(new[0][m], r.logp[m], atol=1e-5)
     with pytest.raises(TypeError, match="chunksize"):
         logprobs(model, r.input_ids, r.attention_mask, T, chunksize=3)
+
+
+def test_numpy_scalars_are_numbers_and_kept_as_python_ints():
+    np = pytest.importorskip("numpy")
+    p = SamplingParams(np.int64(8), temperature=np.float32(0.5))
+    assert p.max_new_tokens == 8 and type(p.max_new_tokens) is int
+    assert type(HeadMemory(chunk_size=np.int32(4)).chunk_size) is int
+    assert DecodeOptions(check_every=np.int16(2)).check_every == 2
+
+
+def test_a_wrong_kind_of_options_or_memory_is_named(model, prompts):
+    with pytest.raises(TypeError, match="options must be a DecodeOptions, got dict"):
+        sample(model, prompts, params=SamplingParams(2), options={"fast": False})
+    with pytest.raises(TypeError, match="memory must be a HeadMemory, got int"):
+        logprobs(model, torch.ones(1, 4, dtype=torch.long), torch.ones(1, 4, dtype=torch.long), 2, memory=3)

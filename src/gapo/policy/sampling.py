@@ -46,6 +46,7 @@ DeprecationWarning (``params_from_keywords``).
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import warnings
 from collections.abc import Sequence
@@ -165,13 +166,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self):
-        n = self.max_new_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"max_new_tokens must be >= 1 (an int), got {n!r}")
+        n = _as_int(self.max_new_tokens)
+        if n is None or n < 1:
+            raise ValueError(f"max_new_tokens must be >= 1 (an int), got {self.max_new_tokens!r}")
+        object.__setattr__(self, "max_new_tokens", n)
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t >= 0):
+        if not _is_real(t) or not (math.isfinite(t) and t >= 0):
             raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {t!r}")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.eos_token_id is not None:
             object.__setattr__(self, "eos_token_id", as_eos_ids(self.eos_token_id))
@@ -205,8 +207,10 @@ class DecodeOptions:
 
     def __post_init__(self):
         c = self.check_every
-        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
-            raise ValueError(f"check_every must be an int >= 1 or None, got {c!r}")
+        if c is not None:
+            if _as_int(c) is None or c < 1:
+                raise ValueError(f"check_every must be an int >= 1 or None, got {c!r}")
+            object.__setattr__(self, "check_every", _as_int(c))
 
 
 @dataclass(frozen=True)
@@ -226,12 +230,30 @@ class HeadMemory:
 
     def __post_init__(self):
         c = self.chunk_size
-        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
-            raise ValueError(f"chunk_size must be an int >= 1 or None, got {c!r}")
+        if c is not None:
+            if _as_int(c) is None or c < 1:
+                raise ValueError(f"chunk_size must be an int >= 1 or None, got {c!r}")
+            object.__setattr__(self, "chunk_size", _as_int(c))
         for name in ("max_chunk_bytes", "max_saved_bytes"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+            v = _as_int(getattr(self, name))
+            if v is None or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, v)
+
+
+def _as_int(x) -> int | None:
+    """``x`` as an int (Python or NumPy integers, not bools or floats), else ``None``."""
+    if isinstance(x, bool):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
+def _is_real(x) -> bool:
+    """A real number (int, float, NumPy scalars), not a bool or a string."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def params_from_keywords(fn: str, kwargs: dict, slots: dict, *, renames=None, stacklevel: int = 3) -> dict:
@@ -350,6 +372,8 @@ def sample(
             "sample() needs params=SamplingParams(max_new_tokens=...), got "
             + ("none" if params is None else type(params).__name__)
         )
+    if not isinstance(options, DecodeOptions):
+        raise TypeError(f"sample(): options must be a DecodeOptions, got {type(options).__name__}")
     eos_ids, stop = params.eos_token_id or (), params.stop
     if stop:
         if tokenizer is None:
@@ -676,6 +700,8 @@ def logprobs(
     term: it keeps the memory of a checkpointed backward bounded, see ``_chunk_stats``).
     """
     memory = params_from_keywords("logprobs", keywords, {"memory": (HeadMemory, memory)})["memory"] or HeadMemory()
+    if not isinstance(memory, HeadMemory):
+        raise TypeError(f"logprobs(): memory must be a HeadMemory, got {type(memory).__name__}")
     B, L = input_ids.shape
     T = int(response_len)
     if not 0 < T < L:

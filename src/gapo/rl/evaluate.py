@@ -13,6 +13,7 @@ For each problem, ``n`` samples at the evaluation temperature give ``c_j`` corre
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass, replace
 
@@ -46,8 +47,13 @@ class EvalPlan:
     def __post_init__(self):
         for name, lo in (("n", 1), ("seed", None), ("batch_size", 1)):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
+            try:  # Python or NumPy integers, not bools or floats
+                i = None if isinstance(v, bool) else operator.index(v)
+            except TypeError:
+                i = None
+            if i is None or (lo is not None and i < lo):
                 raise ValueError(f"{name} must be an int{f' >= {lo}' if lo is not None else ''}, got {v!r}")
+            object.__setattr__(self, name, i)
 
 
 @torch.no_grad()
