@@ -482,11 +482,21 @@ def test_unknown_keywords_and_fields_are_named():
 def test_the_config_checks_the_groups_fields_by_name_and_type():
     from gapo.rl.domains import check_task_param_types, task_params
 
-    accepted = task_params("math")
-    # every keyword the task took before the groups is still a task.params key
-    old = {"path", "split", "eval_split", "prompt_field", "answer_field", "template", "eval_path", "eval_fraction"}
-    old |= {"timeout_s", "guard", "last_number", "max_completion_len", "name", "eval_frac"}
-    assert old <= accepted
+    # every keyword each task took before the groups is still a task.params key
+    common = {"path", "split", "eval_split", "eval_path", "eval_fraction", "eval_frac", "template", "name"}
+    before = {
+        "math": common | {"prompt_field", "answer_field", "timeout_s", "guard", "last_number", "max_completion_len"},
+        "data": common | {"prompt_field", "answer_fields", "max_completion_len"},
+        "rg": {"name", "config", "dataset", "size", "seed", "eval_fraction", "partial_credit", "last_line"}
+        | {"template", "max_completion_len"},
+        "mbpp": {"path", "split", "prompt_field", "tests_field", "solution_field", "setup_field", "id_field"}
+        | {"prompt_is_code", "prompt_template", "timeout_s", "memory_mb", "max_completion_len", "eval_fraction"}
+        | {"strict_returns"},
+    }
+    for name, old in before.items():
+        accepted = task_params(name)
+        if accepted is not None:  # None: the task's optional package is missing
+            assert old <= accepted, (name, old - accepted)
     check_task_param_types("task.params", "math", {"eval_fraction": None, "timeout_s": 3, "last_number": False})
     with pytest.raises(ValueError, match="task.params.last_number"):
         check_task_param_types("task.params", "math", {"last_number": "maybe"})
