@@ -1,5 +1,5 @@
 """glibc allocator tuning (gapo.machine.allocator): it removes the per-step page faults it is there to
-remove, and it is off where asked. Each case runs in a fresh interpreter: mallopt is process-wide."""
+remove, and it is off where asked. Each setting runs in a fresh interpreter: mallopt is process-wide."""
 
 import json
 import os
@@ -41,23 +41,34 @@ print(json.dumps({"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt -
 glibc = pytest.mark.skipif(allocator._libc() is None, reason="mallopt tuning is glibc-only")
 
 
-def _faults(tuning: str) -> int:
+def _probe(tuning: str) -> dict:
+    """One fresh interpreter per setting runs both probes: the page faults (``PROBE``), then two
+    trainer steps (``STEPS``); mallopt is process-wide, and both probes run under the same one.
+    One process instead of two per setting: each start (torch, transformers, gapo) costs more
+    than the probes themselves."""
     out = timing.run(
-        [sys.executable, "-c", PROBE, tuning],
+        [sys.executable, "-c", PROBE + STEPS, tuning],
         capture_output=True,
         text=True,
         check=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"},
         timeout=900,
-        quiet_s=20,
-        what=f"the page-fault probe (tuning={tuning})",
+        quiet_s=40,
+        what=f"the page-fault probe and two trainer steps (tuning={tuning})",
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])["faults"]
+    faults, steps = out.stdout.strip().splitlines()[-2:]
+    return {"faults": json.loads(faults)["faults"], "steps": json.loads(steps)}
+
+
+@pytest.fixture(scope="module")
+def probes():
+    return {t: _probe(t) for t in ("false", "true")}
 
 
 @glibc
-def test_tuning_removes_the_per_round_page_faults():
-    default, tuned = _faults("false"), _faults("true")
+@pytest.mark.slow
+def test_tuning_removes_the_per_round_page_faults(probes):
+    default, tuned = probes["false"]["faults"], probes["true"]["faults"]
     # measured: 15-37 thousand faults with glibc's defaults, 1-3 thousand tuned (Python's own
     # arenas and first touches remain)
     assert default > 5_000, default
@@ -98,21 +109,9 @@ print(json.dumps([{k: v for k, v in r.items() if not k.startswith("time/")} for 
 
 
 @glibc
-def test_tuning_changes_no_value():
+@pytest.mark.slow
+def test_tuning_changes_no_value(probes):
     # memory that comes back from the heap instead of fresh (zeroed) pages must not leak into a
     # result: two trainer steps give the same records, bit for bit, with and without the tuning
-    runs = [
-        timing.run(
-            [sys.executable, "-c", STEPS, t],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=900,
-            quiet_s=30,
-            what=f"two trainer steps (tuning={t})",
-            env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"},
-        ).stdout
-        for t in ("true", "false")
-    ]
-    a, b = (json.loads(r.strip().splitlines()[-1]) for r in runs)
-    assert a == b
+    a, b = probes["true"]["steps"], probes["false"]["steps"]
+    assert len(a) == 2 and a == b

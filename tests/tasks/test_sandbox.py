@@ -163,10 +163,14 @@ def test_files_outside_the_sandbox_are_untouched(sentinel_dir):
 
 
 def test_writes_inside_the_workdir_work_and_are_removed():
-    before = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("gapo-sbx-")}
+    # this process's work folders only (gapo-sbx-<pid>-*): other processes (a parallel test worker,
+    # another suite) make and remove their own meanwhile
+    ours = f"gapo-sbx-{os.getpid()}-"
+    before = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(ours)}
     r = run("import os\nopen('out.txt', 'w').write('x' * 1000)\nprint(os.getcwd())")
     assert r.passed, r.stderr
-    after = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("gapo-sbx-")}
+    assert os.path.basename(r.stdout.strip()).startswith(ours)  # the prefix the filter relies on
+    after = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(ours)}
     assert os.path.basename(r.stdout.strip()) not in after
     assert after <= before | set()  # nothing of ours left behind
 
