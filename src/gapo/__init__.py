@@ -35,6 +35,7 @@ _API = {
     "EPS_SCHEDULES": "gapo.core.clipping",
     "policy_loss": "gapo.core.losses",
     "cispo_loss": "gapo.core.losses",
+    "ClipBounds": "gapo.core.losses",
     "LOSSES": "gapo.core.losses",
     "agg_loss": "gapo.core.aggregation",
     "compute_advantages": ("gapo.core.advantages", "compute"),
@@ -47,6 +48,7 @@ _API = {
     "load_config": "gapo.rl.config",
     "Trainer": "gapo.rl.trainer",
     "load_policy": "gapo.policy.model",
+    "SamplingParams": "gapo.policy.sampling",
     "get_base_policy": "gapo.policy.base_policy",
 }
 __all__ = sorted(_API)
