@@ -14,6 +14,7 @@ import pytest
 import timing  # tests/timing.py: timeouts that say they are timeouts
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # seven and four fresh processes (torch, transformers, TRL each)
 
 
 def _last_line(*args: str) -> str:

@@ -2,9 +2,12 @@
 
 import sys
 
+import pytest
+
 import timing  # tests/timing.py: timeouts that say they are timeouts
 
 
+@pytest.mark.slow
 def test_demo_smoke(tmp_path):
     out = tmp_path / "demo"
     env_cache = tmp_path / "cache"  # empty cache: the shipped low-preset policy must be used, not rebuilt

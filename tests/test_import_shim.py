@@ -70,6 +70,7 @@ def test_old_path_is_the_new_module_with_a_warning_and_its_spec_untouched(tmp_pa
     assert out["second_import_warnings"] == 0
 
 
+@pytest.mark.slow
 def test_every_old_path_imports_as_its_new_module():
     code = textwrap.dedent("""
         import importlib, json, warnings

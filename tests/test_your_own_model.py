@@ -106,6 +106,7 @@ def adapt(argv: list[str], *, out: Path, model: str, data: Path, rewards: Path) 
     return out_argv
 
 
+@pytest.mark.slow
 def test_readme_your_own_model_command_runs(tmp_path, capsys, monkeypatch):
     argv = readme_command()
     assert "task.params.split=train" in argv and "--task" in argv

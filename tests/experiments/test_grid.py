@@ -124,6 +124,7 @@ def test_every_committed_grid_file_loads():
         assert g["methods"] and g["regimes"] and g["seeds"], f
 
 
+@pytest.mark.slow
 def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
     from gapo.experiments.grid import cell_config, cell_dir
     from gapo.rl.trainer import Trainer
@@ -223,6 +224,7 @@ def test_cli_report_only_without_cells_fails_clearly(tmp_path, capsys):
     assert rc == 2 and "no finished cells" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_retry_failed_reruns_failed_cells(tmp_path, capsys):
     import yaml
 

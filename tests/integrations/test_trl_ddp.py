@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 from pathlib import Path
 
@@ -24,15 +23,9 @@ import timing  # tests/timing.py: timeouts that say they are timeouts
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.trl
+pytestmark = [pytest.mark.trl, pytest.mark.slow]
 
 WORKER = Path(__file__).with_name("_trl_ddp_worker.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +38,11 @@ def ranks(tmp_path_factory):
     proc = timing.run(
         [
             torchrun,
+            # the rendezvous store binds port 0 itself: no port picked here and released, which a
+            # parallel test worker or another suite could take in between
+            "--standalone",
             "--nproc_per_node",
             "2",
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(_free_port()),
             str(WORKER),
             str(out),
         ],

@@ -158,6 +158,7 @@ def _fresh(env_extra, pre="", post=""):
     )
 
 
+@pytest.mark.slow
 def test_loading_in_fresh_processes():
     """``import verl`` alone registers the losses through the entry point; with entry points off,
     ``VERL_USE_EXTERNAL_MODULES`` does; a failing import is loud (ERROR log, and stubs that raise

@@ -182,6 +182,7 @@ _CAPTURE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_docs_scripts_start_main_ppo(tmp_path):
     """Both documented scripts, run verbatim by bash with `python3` standing for a probe that runs
     verl's main_ppo up to Ray: the plugin loads through the entry point in a fresh process, the

@@ -67,6 +67,7 @@ def test_math_jsonl_with_scoring_pool(tmp_path, ascii_policy):
     assert "eval/pass@1" in evals[-1]
 
 
+@pytest.mark.slow
 def test_humaneval_in_the_sandbox(tmp_path, ascii_policy):
     train, _ = _train(tmp_path, ascii_policy, "humaneval", "task.scoring_workers=2")
     assert train[-1]["step"] == 1 and train[-1]["rollout/reward"] == 0.0

@@ -230,6 +230,7 @@ def test_bad_model_path_is_clear(tmp_path):
         Trainer(load_config(None, [f"model.path={tmp_path}/nope", "train.progress=false"]), tmp_path / "r")
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_exits_cleanly(easy_policy, tmp_path):
     run = tmp_path / "run"
     cmd = [

@@ -43,6 +43,7 @@ def test_registry_and_interface(he):
     assert ev[0].prompt.lstrip().startswith(("def", "from", "import"))
 
 
+@pytest.mark.slow
 def test_all_canonical_solutions_pass_and_wrong_ones_fail(he):
     """All 164 canonical solutions pass; every fourth problem with the body replaced by
     ``return None`` fails (all 164 fail too; a quarter keeps the suite fast); scored together

@@ -417,6 +417,7 @@ def gold_and_distractor(draw):
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
 )
+@pytest.mark.slow
 @given(gold_and_distractor())
 def test_random_golds_no_hedge_scores(task, gd):
     g, d, _ = gd
