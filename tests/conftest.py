@@ -1,4 +1,7 @@
+import functools
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -43,51 +46,74 @@ def easy_policy(tmp_path_factory):
 # ---------------------------------------------------------------- parallel runs (pytest-xdist)
 # `./run test` runs the suite on one worker per CPU (`-n N --dist loadgroup`). Two rules keep that
 # both correct and worth it:
-# - a module-scoped fixture is built once per worker that runs a test using it, so the tests that use
-#   one are kept on one worker (an ``xdist_group`` per module), rather than building it twice;
-# - the expensive tests start first: the suite ends when its last test does, and a minute-long test
+# - a module-scoped fixture is built once per worker that runs a test using it, so a test file that
+#   defines one (or a class- or package-scoped one) runs whole on one worker, rather than building
+#   it twice. The unit is decided from the file's text, identically in the controller (which
+#   schedules, from node ids alone) and in the workers (which order the tests): xdist's own
+#   ``xdist_group`` marks do not reach the scheduler under pytest 9.2 (xdist 3.8 renames node ids
+#   through an attribute that pytest no longer reads);
+# - the expensive units start first: the suite ends when its last test does, and a minute-long test
 #   started last leaves the other worker idle meanwhile. Expensive = marked ``slow``, then the
 #   durations of the previous run (kept in pytest's cache, when there is one), longest first.
 DURATIONS_KEY = "gapo/test-durations"
+_WIDE_FIXTURE = re.compile(r"""scope\s*=\s*["'](?:class|module|package)["']""")
 
 
-def _xdist_active(config) -> bool:
-    return config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no"
+@functools.cache
+def _whole_file(rootdir: str, path: str) -> bool:
+    try:
+        return bool(_WIDE_FIXTURE.search((Path(rootdir) / path).read_text(encoding="utf-8")))
+    except OSError:
+        return False
 
 
-def _group(item) -> str | None:
-    info = getattr(item, "_fixtureinfo", None)
-    for defs in info.name2fixturedefs.values() if info else ():
-        if defs and defs[-1].scope in ("class", "module", "package"):
-            return item.nodeid.split("::", 1)[0]
-    return None
+def _unit(rootdir, nodeid: str) -> str:
+    """The scheduling unit of a test: its file if the file has a module-scoped fixture, else itself."""
+    path = nodeid.split("::", 1)[0]
+    return path if _whole_file(str(rootdir), path) else nodeid
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+@pytest.hookimpl(tryfirst=True)  # before xdist's own scheduler for --dist loadgroup
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrTest(LoadScopeScheduling):
+        """LoadScope's dynamic hand-out (a worker gets the next unit when it has two tests left),
+        with :func:`_unit` as the unit and the workers' collection order kept."""
+
+        def _split_scope(self, nodeid):
+            return _unit(config.rootpath, nodeid)
+
+    config.option.loadscopereorder = False  # the order of the collection (below) is the order wanted
+    return FileOrTest(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    if not _xdist_active(config):
+    if not hasattr(config, "workerinput"):  # only xdist's workers collect for the scheduler
         return
-    for item in items:
-        if (g := _group(item)) is not None:
-            item.add_marker(pytest.mark.xdist_group(g))
     cache = getattr(config, "cache", None)
     last = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
-    # a group runs as one unit, from the place of its first test: rank it by its total
-    cost: dict[str, float] = {}
+    # a unit runs whole, from the place of its first test: rank it by (any test marked slow, total)
+    slow: dict[str, bool] = {}
+    total: dict[str, float] = {}
     for item in items:
-        key = _group(item) or item.nodeid
-        cost[key] = cost.get(key, 0.0) + float(last.get(item.nodeid, 0.0))
-        if item.get_closest_marker("slow") is not None:
-            cost[key] += 1e6
-    # stable: without marks or durations, the collection order stands
-    items.sort(key=lambda it: -cost[_group(it) or it.nodeid])
+        key = _unit(config.rootpath, item.nodeid)
+        total[key] = total.get(key, 0.0) + float(last.get(item.nodeid, 0.0))
+        slow[key] = slow.get(key, False) or item.get_closest_marker("slow") is not None
+
+    def rank(item):
+        key = _unit(config.rootpath, item.nodeid)
+        return not slow[key], -total[key]
+
+    items.sort(key=rank)  # stable: without marks or durations, the collection order stands
 
 
 def pytest_runtest_logreport(report):
     if report.when in ("setup", "call", "teardown") and not report.skipped:
-        nodeid, at, group = report.nodeid.rpartition("@")  # xdist appends "@<group>" to a grouped test's id
-        nodeid = nodeid if at and group.endswith(".py") else report.nodeid
-        _durations[nodeid] = _durations.get(nodeid, 0.0) + report.duration
+        _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
 
 
 _durations: dict[str, float] = {}
