@@ -3,6 +3,7 @@ resume, failure isolation, report) and bad input."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +67,13 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("GAPO_CACHE", str(tmp_path_factory.getbasetemp() / "compare-cache"))
 
 
+@pytest.fixture
+def easy_cache(easy_policy, monkeypatch):
+    """The cache that holds tests/conftest.py's session policy: EASY here is the same pretraining
+    (one cache key), so a grid of regime ``easy`` finds its base there instead of training it again."""
+    monkeypatch.setenv("GAPO_CACHE", str(Path(easy_policy).parents[1]))
+
+
 def test_unknown_names_are_listed():
     with pytest.raises(ValueError, match=r"unknown method 'gapoo'.*'gapo'"):
         load_grid(_grid(methods=["gapoo"]))
@@ -125,7 +133,7 @@ def test_every_committed_grid_file_loads():
 
 
 @pytest.mark.slow
-def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path):
+def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path, easy_cache):
     from gapo.experiments.grid import cell_config, cell_dir
     from gapo.rl.trainer import Trainer
 
@@ -225,7 +233,7 @@ def test_cli_report_only_without_cells_fails_clearly(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_cli_retry_failed_reruns_failed_cells(tmp_path, capsys):
+def test_cli_retry_failed_reruns_failed_cells(tmp_path, capsys, easy_cache):
     import yaml
 
     from gapo.cli import main as cli_main
