@@ -1,5 +1,7 @@
 """Checkpoints the tests build locally (no hub): a pretrained-instruct-shaped Qwen2 model, made by
-the same builder as the GPU check (``benchmarks/gpu_check.py``) at its small ``test`` shape."""
+the same builder as the GPU check (``benchmarks/gpu_check.py``) at its small ``test`` shape; and
+the settings of the tiny Countdown run that tests of run folders train (``train_run``; the
+session's finished one is tests/conftest.py's ``finished_run``)."""
 
 import sys
 from pathlib import Path
@@ -8,7 +10,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from gpu_check import CHAT_TEMPLATE, build  # noqa: E402
 
-__all__ = ["CHAT_TEMPLATE", "build_instruct_checkpoint"]
+__all__ = ["CHAT_TEMPLATE", "RUN_BASE", "build_instruct_checkpoint", "train_run"]
+
+# 4 prompts x 4 rollouts of 2-number Countdown, no evaluation, no periodic checkpoint
+RUN_BASE = [
+    "task.name=countdown",
+    "task.params.n_numbers=2",
+    "task.params.num_range=[1,10]",
+    "task.train_size=300",
+    "train.prompts=4",
+    "train.group_size=4",
+    "train.mini_batches=2",
+    "train.progress=false",
+    "eval.problems=4",
+    "eval.samples=2",
+    "eval.every=0",
+    "train.checkpoint_every=0",
+]
 
 
 def build_instruct_checkpoint(path, *, seed=0):
@@ -16,3 +34,10 @@ def build_instruct_checkpoint(path, *, seed=0):
     (``<|im_start|>``, ``<|im_end|>`` as EOS, ``<|endoftext|>`` as padding) and a chat template."""
     build(Path(path), "test", seed=seed)
     return path
+
+
+def train_run(run, policy, *extra, flags=()):
+    """``gapo train --out run [flags] model.path=policy RUN_BASE extra``, in this process; its exit code."""
+    from gapo.cli import main
+
+    return main(["train", "--out", str(run), *flags, f"model.path={policy}", *RUN_BASE, *extra])

@@ -43,6 +43,17 @@ def easy_policy(tmp_path_factory):
     return str(get_base_policy(PretrainConfig(**EASY), progress=False))
 
 
+@pytest.fixture(scope="session")
+def finished_run(easy_policy, tmp_path_factory):
+    """A finished 2-step run of ``easy_policy`` (tests/checkpoints.py's ``train_run``), trained once per
+    session for the tests that read it (tests/rl/test_run_dir.py and test_run_lock.py copy it first)."""
+    from checkpoints import train_run
+
+    run = tmp_path_factory.mktemp("runs") / "done"
+    assert train_run(run, easy_policy, "train.steps=2") == 0
+    return run
+
+
 # ---------------------------------------------------------------- parallel runs (pytest-xdist)
 # `./run test` runs the suite on one worker per CPU (`-n N --dist loadgroup`). Two rules keep that
 # both correct and worth it:

@@ -12,25 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from checkpoints import RUN_BASE as BASE
+from checkpoints import train_run
 from gapo.cli import main
 from gapo.rl.config import load_config
 from gapo.rl.run_dir import MARKER, RunFolder
 from gapo.rl.trainer import RunExists, Trainer
-
-BASE = [
-    "task.name=countdown",
-    "task.params.n_numbers=2",
-    "task.params.num_range=[1,10]",
-    "task.train_size=300",
-    "train.prompts=4",
-    "train.group_size=4",
-    "train.mini_batches=2",
-    "train.progress=false",
-    "eval.problems=4",
-    "eval.samples=2",
-    "eval.every=0",
-    "train.checkpoint_every=0",
-]
 
 
 def snapshot(folder: Path) -> dict:
@@ -43,15 +30,13 @@ def snapshot(folder: Path) -> dict:
     return {"files": files, "siblings": sorted(p.name for p in folder.parent.iterdir())}
 
 
-def train(run, policy, *extra, flags=()):
-    return main(["train", "--out", str(run), *flags, f"model.path={policy}", *BASE, *extra])
+train = train_run  # the tiny run (tests/checkpoints.py), in this process
 
 
-@pytest.fixture(scope="module")
-def finished(easy_policy, tmp_path_factory):
-    run = tmp_path_factory.mktemp("runs") / "done"
-    assert train(run, easy_policy, "train.steps=2") == 0
-    return run
+@pytest.fixture
+def finished(finished_run):
+    """The session's finished 2-step run (tests/conftest.py), shared with test_run_lock: read only."""
+    return finished_run
 
 
 @pytest.fixture

@@ -28,11 +28,10 @@ HOLD = (
 )
 
 
-@pytest.fixture(scope="module")
-def finished(easy_policy, tmp_path_factory):
-    run = tmp_path_factory.mktemp("runs") / "done"
-    assert train(run, easy_policy, "train.steps=2") == 0
-    return run
+@pytest.fixture
+def finished(finished_run):
+    """The session's finished 2-step run (tests/conftest.py), shared with test_run_dir: read only."""
+    return finished_run
 
 
 @pytest.fixture
