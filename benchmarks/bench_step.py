@@ -285,15 +285,24 @@ def _child(
     return r
 
 
-def _policy(tmp: str, shape: str) -> str:
-    path = str(Path(tmp) / f"policy-{shape}")
-    if not Path(path).exists():
+def _policies(tmp: str, shapes: list[str]) -> dict[str, str]:
+    """Save the policy of each shape under ``tmp``, all in one fresh process (each policy is seeded
+    by itself, so building them together gives the same weights as one process per shape, for one
+    interpreter's imports of torch and transformers instead of one per shape)."""
+    paths = {shape: str(Path(tmp) / f"policy-{shape}") for shape in dict.fromkeys(shapes)}
+    todo = [f"{shape}:{path}" for shape, path in paths.items() if not Path(path).exists()]
+    if todo:
         subprocess.run(
-            [sys.executable, __file__, "--make-policy", path, "--shape", shape],
+            [sys.executable, __file__, "--make-policy", *todo],
             check=True,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
-    return path
+    return paths
+
+
+def _policy(tmp: str, shape: str) -> str:
+    """The policy of one shape under ``tmp`` (built on first use; ``_policies``)."""
+    return _policies(tmp, [shape])[shape]
 
 
 HEADER = (
@@ -453,14 +462,16 @@ def main() -> None:
     ap.add_argument("--json", help="also write every child's result here")
     ap.add_argument("--one", choices=["gapo", "trl", "gemm"], help=argparse.SUPPRESS)
     ap.add_argument("--policy", help=argparse.SUPPRESS)
-    ap.add_argument("--make-policy", help=argparse.SUPPRESS)
+    ap.add_argument("--make-policy", nargs="+", metavar="SHAPE:PATH", help=argparse.SUPPRESS)
     ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES), help=argparse.SUPPRESS)
     ap.add_argument("--max-tokens", type=int, default=16, help=argparse.SUPPRESS)
     ap.add_argument("--warmup", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--trl-no-gc", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.make_policy:
-        make_policy(a.make_policy, shape=a.shape)
+        for item in a.make_policy:
+            shape, path = item.split(":", 1)
+            make_policy(path, shape=shape)
         return
     if a.one:
         th, mu = a.threads[0], a.mu[0]
@@ -488,13 +499,14 @@ def main() -> None:
     results: list[dict] = []
     tiny = big = {"step_time": float("nan"), "peak_rss": float("nan"), "limit_frac": float("nan")}
     with tempfile.TemporaryDirectory() as tmp:
+        policies = _policies(tmp, [{"tiny": "tiny", "big": a.big_shape}[c] for c in a.configs])
         print(HEADER, flush=True)
         if "tiny" in a.configs:
-            res = interleaved(_policy(tmp, "tiny"), a.reps, a.steps, a.threads, a.mu, a.systems, a.extra)
+            res = interleaved(policies["tiny"], a.reps, a.steps, a.threads, a.mu, a.systems, a.extra)
             results += res
         if "big" in a.configs:
             bres = interleaved(
-                _policy(tmp, a.big_shape),
+                policies[a.big_shape],
                 a.big_reps,
                 a.big_steps,
                 a.threads,
