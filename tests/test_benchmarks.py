@@ -66,6 +66,36 @@ def test_bench_step_both_sizes_last_line():
 
 
 def test_bench_memory_last_line():
-    line = _last_line("benchmarks/bench_memory.py", "--V", "512", "--T", "16", "--B", "2")
+    """The command's protocol (a fresh process per path, the ratio line) with the three paths the
+    last line needs; ``chunked+ent`` runs in-process below (one fresh torch + transformers
+    interpreter less)."""
+    line = _last_line(
+        "benchmarks/bench_memory.py", "--V", "512", "--T", "16", "--B", "2", "--paths", "chunked", "bounded", "naive"
+    )
     m = re.fullmatch(r"ratio peak naive/chunked=([\d.]+) naive/bounded=([\d.]+) at T=16", line)
     assert m, line
+
+
+def test_bench_memory_paths_compute_the_same_update():
+    """Every path of ``bench_memory.one`` (in this process): the same loss and entropy from the
+    chunked, checkpointed and full-logits log-probs; ``chunked+ent`` subtracts 0.01 × the
+    token-mean entropy."""
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_memory
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    threads = torch.get_num_threads()
+    with torch.random.fork_rng(devices=[]):
+        r = {p: bench_memory.one(p, V=512, B=2, T=16, threads=threads) for p in bench_memory.PATHS}
+    torch.set_num_threads(threads)
+    base = r["chunked"]
+    for p in ("bounded", "naive"):
+        assert r[p]["loss"] == pytest.approx(base["loss"], rel=1e-5, abs=1e-6), p
+        assert r[p]["entropy"] == pytest.approx(base["entropy"], rel=1e-5), p
+    assert r["chunked+ent"]["entropy"] == pytest.approx(base["entropy"], rel=1e-5)
+    assert base["entropy"] > 0
+    # token-mean entropy = entropy sum / response tokens; each row has T/2..T of them (B·T/2..B·T)
+    gap = base["loss"] - r["chunked+ent"]["loss"]
+    assert 0.01 * base["entropy"] / 32 - 1e-6 <= gap <= 0.01 * base["entropy"] / 16 + 1e-6, gap
