@@ -1,8 +1,9 @@
 """gapo 0.1's flat module paths (``gapo.clipping``, ``gapo.trainer``, …) still import: each is the
 moved module itself, with a DeprecationWarning naming the new path, and importing an old path
 leaves the new module's ``__spec__`` alone (a copy of the shim overwrote it, so ``importlib.reload``
-of the new module silently did nothing). Each check runs in a fresh interpreter: the shim acts
-only on the first import of a path."""
+of the new module silently did nothing). The shim acts only on the first import of a path, so
+each path's check is that path's first import: all of them in one fresh interpreter (each old path
+is imported there once, by its own check), not one interpreter per path."""
 
 import json
 import subprocess
@@ -13,54 +14,63 @@ import pytest
 
 from gapo import _MOVED
 
+OLD_PATHS = [
+    "gapo.clipping",
+    "gapo.advantages",
+    "gapo._checks",
+    "gapo.tasks.sandbox",
+    "gapo.tasks.scoring",
+    "gapo.rl.allocator",
+]
+
 SCRIPT = textwrap.dedent("""
     import importlib, json, sys, warnings
-    old, new = sys.argv[1], sys.argv[2]
-    real = importlib.import_module(new)
-    spec, loader = real.__spec__, real.__loader__
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        mod = importlib.import_module(old)
-    dep = [w for w in caught if issubclass(w.category, DeprecationWarning) and old in str(w.message)]
-    out = {"same": mod is real, "in_sys_modules": sys.modules[old] is real,
-           "warnings": [str(w.message) for w in dep], "filename": [w.filename for w in dep],
-           "spec_is_kept": real.__spec__ is spec, "spec_name": real.__spec__.name,
-           "loader_is_kept": real.__loader__ is loader, "name": real.__name__}
-    # reload goes through __spec__: it must re-execute the real module, under its own name
-    doc, real.__doc__ = real.__doc__, "overwritten"
-    importlib.reload(real)
-    out["reloaded_under"] = real.__spec__.name
-    out["reload_ran_the_module"] = real.__doc__ == doc and real.__spec__.origin == spec.origin
-    with warnings.catch_warnings(record=True) as again:  # a second import is a plain sys.modules hit
-        warnings.simplefilter("always")
-        importlib.import_module(old)
-    out["second_import_warnings"] = len(again)
-    print(json.dumps(out))
+
+    def check(old, new):
+        assert old not in sys.modules, old  # this check is the path's first import
+        real = importlib.import_module(new)
+        spec, loader = real.__spec__, real.__loader__
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mod = importlib.import_module(old)
+        dep = [w for w in caught if issubclass(w.category, DeprecationWarning) and old in str(w.message)]
+        out = {"same": mod is real, "in_sys_modules": sys.modules[old] is real,
+               "warnings": [str(w.message) for w in dep], "filename": [w.filename for w in dep],
+               "spec_is_kept": real.__spec__ is spec, "spec_name": real.__spec__.name,
+               "loader_is_kept": real.__loader__ is loader, "name": real.__name__}
+        # reload goes through __spec__: it must re-execute the real module, under its own name
+        doc, real.__doc__ = real.__doc__, "overwritten"
+        importlib.reload(real)
+        out["reloaded_under"] = real.__spec__.name
+        out["reload_ran_the_module"] = real.__doc__ == doc and real.__spec__.origin == spec.origin
+        with warnings.catch_warnings(record=True) as again:  # a second import is a plain sys.modules hit
+            warnings.simplefilter("always")
+            importlib.import_module(old)
+        out["second_import_warnings"] = len(again)
+        return out
+
+    pairs = sys.argv[1:]
+    print(json.dumps({old: check(old, new) for old, new in zip(pairs[::2], pairs[1::2])}))
 """)
 
 
-def _run(tmp_path, old, new):
-    script = tmp_path / "importer.py"
+@pytest.fixture(scope="module")
+def shim_checks(tmp_path_factory):
+    """Every path of ``OLD_PATHS`` checked by ``SCRIPT`` in one fresh interpreter: ``{old: result}``
+    and the script's path."""
+    script = tmp_path_factory.mktemp("shim") / "importer.py"
     script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), old, new], capture_output=True, text=True, timeout=300)
+    args = [x for old in OLD_PATHS for x in (old, _MOVED[old])]
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1]), str(script)
 
 
-@pytest.mark.parametrize(
-    "old",
-    [
-        "gapo.clipping",
-        "gapo.advantages",
-        "gapo._checks",
-        "gapo.tasks.sandbox",
-        "gapo.tasks.scoring",
-        "gapo.rl.allocator",
-    ],
-)
-def test_old_path_is_the_new_module_with_a_warning_and_its_spec_untouched(tmp_path, old):
+@pytest.mark.parametrize("old", OLD_PATHS)
+def test_old_path_is_the_new_module_with_a_warning_and_its_spec_untouched(shim_checks, old):
     new = _MOVED[old]
-    out, script = _run(tmp_path, old, new)
+    results, script = shim_checks
+    out = results[old]
     assert out["same"] and out["in_sys_modules"]
     assert out["warnings"] == [f"{old} moved to {new}; the old path will be removed"]
     # attributed to the importing line, not to the import machinery (so default filters show it)
