@@ -11,7 +11,7 @@ completion's code points (≈ 50% success; digits are rare with 32000 tokens). E
 token in both systems (stop after EOS as in the tiny one); the random model samples it with
 p ≈ 1/32000 per token, so almost every completion runs to 128 tokens (the tokens per step are
 reported). Each compute-bound repetition first measures this machine's fp32 GEMM rate at the
-same thread count (``gemm_rate``: 2048 × 2048 products, median of 7) and reports each system's
+same thread count (``gemm_rate``: 2048 × 2048 products by default (``--gemm-n``), median of 7) and reports each system's
 achieved FLOP/s of the step and of its update phase as a fraction of the median rate, counted
 by ``bench_trl_step.flops_per_step`` (nominal work: 2·N per prompt and generated token of
 sampling, 6·N per trained token, plus attention). One compute-bound step takes about a minute
@@ -249,6 +249,7 @@ def _child(
     shape: str = "tiny",
     max_tokens: int = 16,
     warmup: int = 1,
+    gemm_n: int = 2048,
 ) -> dict:
     cmd = [
         sys.executable,
@@ -269,6 +270,8 @@ def _child(
         str(max_tokens),
         "--warmup",
         str(warmup),
+        "--gemm-n",
+        str(gemm_n),
     ] + [f"--extra={e}" for e in extra]
     env = {
         **os.environ,
@@ -332,6 +335,7 @@ def interleaved(
     max_tokens: int = 16,
     warmup: int = 1,
     gemm: bool = False,
+    gemm_n: int = 2048,
     first_rep: int = 0,
 ) -> list[dict]:
     """``reps`` repetitions of a fresh process per system (order alternating), per μ and thread
@@ -341,7 +345,7 @@ def interleaved(
         for mu in mus:
             for th in threads:
                 if gemm:
-                    g = _child("gemm", "", 1, th, 1, [])
+                    g = _child("gemm", "", 1, th, 1, [], gemm_n=gemm_n)
                     g.update(system="gemm", rep=rep)
                     results.append(g)
                     print(f"{rep:>3}   gemm {th} thr: {g['flops_per_s'] / 1e9:.1f} GFLOP/s", flush=True)
@@ -456,6 +460,9 @@ def main() -> None:
     ap.add_argument("--big-warmup", type=int, default=0, help="warm-up steps per process (compute-bound size)")
     ap.add_argument("--big-shape", default="30m", choices=sorted(SHAPES))
     ap.add_argument("--big-tokens", type=int, default=128, help="completion tokens (compute-bound size)")
+    ap.add_argument(
+        "--gemm-n", type=int, default=2048, help="matrix size of the GEMM rate measurement (compute-bound size)"
+    )
     ap.add_argument("--configs", nargs="+", default=["tiny", "big"], choices=["tiny", "big"])
     ap.add_argument("--systems", nargs="+", default=["gapo", "trl"], choices=["gapo", "trl"])
     ap.add_argument("--extra", action="append", default=[], help="extra gapo config override (repeatable)")
@@ -476,7 +483,7 @@ def main() -> None:
     if a.one:
         th, mu = a.threads[0], a.mu[0]
         if a.one == "gemm":
-            r = gemm_rate(th)
+            r = gemm_rate(th, a.gemm_n)
         elif a.one == "gapo":
             r = run_gapo(
                 a.policy, a.steps, th, mu, extra=a.extra, shape=a.shape, max_tokens=a.max_tokens, warmup=a.warmup
@@ -517,6 +524,7 @@ def main() -> None:
                 max_tokens=a.big_tokens,
                 warmup=a.big_warmup,
                 gemm=True,
+                gemm_n=a.gemm_n,
             )
             results += bres
     if a.json:
@@ -526,7 +534,7 @@ def main() -> None:
     if "big" in a.configs:
         gemm = statistics.median(r["flops_per_s"] for r in bres if r["system"] == "gemm")
         print(
-            f"\nGEMM fp32 {2048}x{2048}, {a.threads} thread(s): median {gemm / 1e9:.1f} GFLOP/s over "
+            f"\nGEMM fp32 {a.gemm_n}x{a.gemm_n}, {a.threads} thread(s): median {gemm / 1e9:.1f} GFLOP/s over "
             f"{sum(r['system'] == 'gemm' for r in bres)} measurements (each the median of 7 products)"
         )
         big = report(bres, [1], a.threads, a.systems, f"compute-bound ({a.big_shape}, {a.big_tokens} tokens)", gemm)

@@ -14,7 +14,7 @@ import pytest
 import timing  # tests/timing.py: timeouts that say they are timeouts
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow  # seven and four fresh processes (torch, transformers, TRL each)
+pytestmark = pytest.mark.slow  # six and three fresh processes (torch, transformers, TRL each)
 
 
 def _last_line(*args: str) -> str:
@@ -51,6 +51,8 @@ def test_bench_step_both_sizes_last_line():
         "5m",
         "--big-tokens",
         "4",
+        "--gemm-n",
+        "512",
     )
     fields = dict(re.findall(r"(\w+)=([^\s]+)", line))
     assert line.startswith("ratio ") and set(fields) == {
