@@ -102,7 +102,7 @@ def build(path: Path, shape: str, *, seed: int = 0) -> None:
     print(f"built {shape}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters at {path}", flush=True)
 
 
-def run(model: Path, out: Path, device: str, steps: int, extra: list[str]) -> dict:
+def run(model: Path, out: Path, device: str, steps: int, extra: list[str], max_new_tokens: int = 64) -> dict:
     cmd = [
         sys.executable,
         "-m",
@@ -119,7 +119,7 @@ def run(model: Path, out: Path, device: str, steps: int, extra: list[str]) -> di
         "train.group_size=8",
         "train.mini_batches=4",
         "train.micro_batch_size=16",
-        "sampling.max_new_tokens=64",
+        f"sampling.max_new_tokens={max_new_tokens}",
         f"model.device={device}",
         "model.dtype=bfloat16",
         "model.gradient_checkpointing=true",
@@ -150,13 +150,14 @@ def main() -> int:
     ap.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="completion tokens per rollout (default 64)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         model = Path(d) / "model"
         build(model, a.shape)
         results = {}
         for name, extra in (("full", []), ("lora", ["model.lora={r: 16, alpha: 32, target_modules: all-linear}"])):
-            results[name] = run(model, Path(d) / name, a.device, a.steps, extra)
+            results[name] = run(model, Path(d) / name, a.device, a.steps, extra, a.max_new_tokens)
             print(name, json.dumps(results[name]), flush=True)
     print("gpu_check " + " ".join(f"{n}_{k}={v}" for n, r in results.items() for k, v in r.items()))
     return 0
