@@ -308,12 +308,14 @@ def _interrupt(env: Env, out: Path, sig: int, after: int) -> None:
         raise RuntimeError("resume: the interrupted run finished anyway")
 
 
-def unit_resume(env: Env, interruptions=(("term", signal.SIGTERM, 2), ("kill", signal.SIGKILL, 3))) -> list[dict]:
-    straight = env.work / "resume-straight"
+def unit_resume(
+    env: Env, interruptions=(("term", signal.SIGTERM, 2), ("kill", signal.SIGKILL, 3)), folder: str = "resume"
+) -> list[dict]:
+    straight = env.work / f"{folder}-straight"
     env.run(_train_args(env, straight))
     golden = read_metrics(straight / "metrics.jsonl", "resume")
     for name, sig, after in interruptions:
-        d = env.work / f"resume-{name}"
+        d = env.work / f"{folder}-{name}"
         _interrupt(env, d, sig, after)
         env.run(_train_args(env, d, "--resume"))
         got = read_metrics(d / "metrics.jsonl", "resume")
@@ -443,7 +445,8 @@ def unit_parity(env: Env) -> list[dict]:
 
 
 def unit_resume_quick(env: Env) -> list[dict]:
-    return unit_resume(env, interruptions=(("term", signal.SIGTERM, 2),))
+    # folders of its own: `check --only resume resume_quick` runs both units in one work folder
+    return unit_resume(env, interruptions=(("term", signal.SIGTERM, 2),), folder="resume_quick")
 
 
 # A processor other than the recording one changes floats in their last bits (seen: 1e-7 relative at step 0,
