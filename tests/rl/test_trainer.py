@@ -348,3 +348,22 @@ def test_the_trainer_is_small():
     # (rl.problems, rl.optimizer, rl.step_metrics, rl.checkpoint)
     methods = [k for k, v in vars(Trainer).items() if callable(v)]
     assert len(methods) <= 15, methods
+
+
+def test_a_signal_while_the_final_policy_is_written_stops_nothing(easy_policy, tmp_path, monkeypatch):
+    """A SIGTERM that lands after the last step (here: while save_policy runs) must not report the
+    finished run as stopped: `gapo compare`'s cell then left it without done.json, and its resume
+    failed with "run is finished; nothing to resume" (seen on a real grid)."""
+    cfg = _cfg(easy_policy, "train.steps=1", "eval.problems=0")
+    tr = Trainer(cfg, tmp_path / "run")
+    save = tr.save_policy
+
+    def save_then_signal():
+        out = save()
+        tr._stop = True  # what stop_on_signals' handler does when the signal arrives
+        return out
+
+    monkeypatch.setattr(tr, "save_policy", save_then_signal)
+    res = tr.fit()
+    assert res["step"] == 1 and res["stopped"] is False
+    assert (tmp_path / "run" / "policy").is_dir()

@@ -483,4 +483,6 @@ class Trainer:
             self.trackers.close()
             if self._own_lock:
                 self.folder.release()
-        return {"step": self.step, "eval": last_eval, "stopped": self._stop}
+        # a signal that lands after the last step (while the policy is written) stops nothing: the run is
+        # finished, and a caller that read "stopped" would leave a finished run to be resumed
+        return {"step": self.step, "eval": last_eval, "stopped": self._stop and self.step < t.steps}
