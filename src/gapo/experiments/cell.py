@@ -83,6 +83,25 @@ def _check_finite(cdir: Path) -> None:
         raise FloatingPointError(f"non-finite metrics at steps {bad[:5]}")
 
 
+def _finished_run(cdir: Path, steps: int, evaluates: bool) -> dict | None:
+    """``{"eval": record or None}`` if the run in ``cdir`` already trained all ``steps`` and wrote its
+    policy (and logged its final evaluation, if it evaluates), else None. Such a run without
+    ``done.json`` was stopped by a signal after its last step (code before 0.2's fix reported it as
+    stopped); its result is in the folder, so it is recorded, not resumed (the trainer refuses that)."""
+    from gapo.rl.checkpoint import policy_written
+
+    metrics = cdir / "metrics.jsonl"
+    if not (cdir / "checkpoint.pt").is_file() or not metrics.is_file() or not policy_written(cdir, steps):
+        return None
+    recs = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+    if not any(r.get("kind") == "train" and r.get("step") == steps for r in recs):
+        return None
+    evals = [r for r in recs if r.get("kind") == "eval" and r.get("step") == steps]
+    if evaluates and not evals:
+        return None
+    return {"eval": {k: v for k, v in evals[-1].items() if k.startswith("eval/")} if evals else None}
+
+
 def _run_cell(cdir: Path) -> int:
     """Train one cell from its spec; ``done.json`` on success, ``failed.json`` on error."""
     cdir = Path(cdir)
@@ -106,16 +125,20 @@ def _run_locked_cell(cdir: Path, folder: RunFolder) -> int:
         cfg = from_dict(spec["config"]).validate()
         folder.check(resume=False, overwrite=True)  # puts back a run an interrupted --overwrite moved aside
         resume = (cdir / "checkpoint.pt").is_file()
-        tr = _CellTrainer(
-            cfg,
-            folder,
-            resume=resume,
-            overwrite=not resume,  # no checkpoint: start over
-            base_eval=spec.get("base_eval"),
-        )
-        res = tr.fit()
-        if res["stopped"]:
-            return 130
+        res = _finished_run(cdir, cfg.train.steps, bool(cfg.eval.problems)) if resume else None
+        if res is None:
+            tr = _CellTrainer(
+                cfg,
+                folder,
+                resume=resume,
+                overwrite=not resume,  # no checkpoint: start over
+                base_eval=spec.get("base_eval"),
+            )
+            res = tr.fit()
+            if res["stopped"]:
+                return 130
+        else:
+            res["step"] = cfg.train.steps
         _check_finite(cdir)
         final = {k: v for k, v in (res["eval"] or {}).items() if k != "eval/correct"}
         # per-problem success counts of the final evaluation (for problem-level intervals; the
