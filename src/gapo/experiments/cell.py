@@ -28,6 +28,7 @@ from gapo.experiments.grid import cell_file, pretrain_config, regime_task, write
 from gapo.policy.base_policy import get_base_policy
 from gapo.policy.model import load_policy
 from gapo.policy.sampling import SamplingParams
+from gapo.rl.checkpoint import policy_written
 from gapo.rl.config import from_dict
 from gapo.rl.evaluate import EvalPlan, evaluate
 from gapo.rl.run_dir import RunFolder, RunLocked
@@ -86,10 +87,9 @@ def _check_finite(cdir: Path) -> None:
 def _finished_run(cdir: Path, steps: int, evaluates: bool) -> dict | None:
     """``{"eval": record or None}`` if the run in ``cdir`` already trained all ``steps`` and wrote its
     policy (and logged its final evaluation, if it evaluates), else None. Such a run without
-    ``done.json`` was stopped by a signal after its last step (code before 0.2's fix reported it as
-    stopped); its result is in the folder, so it is recorded, not resumed (the trainer refuses that)."""
-    from gapo.rl.checkpoint import policy_written
-
+    ``done.json`` was stopped by a signal after its last step (``Trainer.fit`` before commit 5223c87
+    reported it as stopped); its result is in the folder, so it is recorded, not resumed (the trainer
+    refuses that)."""
     metrics = cdir / "metrics.jsonl"
     if not (cdir / "checkpoint.pt").is_file() or not metrics.is_file() or not policy_written(cdir, steps):
         return None
