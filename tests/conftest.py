@@ -1,4 +1,5 @@
 import functools
+import json
 import os
 import re
 from pathlib import Path
@@ -65,8 +66,13 @@ def finished_run(easy_policy, tmp_path_factory):
 #   through an attribute that pytest no longer reads);
 # - the expensive units start first: the suite ends when its last test does, and a minute-long test
 #   started last leaves the other worker idle meanwhile. Expensive = marked ``slow``, then the
-#   durations of the previous run (kept in pytest's cache, when there is one), longest first.
+#   durations of the previous run (kept in pytest's cache, when there is one), longest first. A
+#   fresh clone has no cache: it falls back on tests/durations.json, the durations of the tests that
+#   took over half a second in a reference run (rewritten by ``./run test --write-durations``; a
+#   stale or missing entry only changes the order, never what runs).
 DURATIONS_KEY = "gapo/test-durations"
+DURATIONS_FILE = Path(__file__).with_name("durations.json")
+DURATIONS_MIN_S = 0.5
 _WIDE_FIXTURE = re.compile(r"""scope\s*=\s*["'](?:class|module|package)["']""")
 
 
@@ -106,7 +112,7 @@ def pytest_collection_modifyitems(config, items):
     if not hasattr(config, "workerinput"):  # only xdist's workers collect for the scheduler
         return
     cache = getattr(config, "cache", None)
-    last = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
+    last = {**_committed_durations(), **(cache.get(DURATIONS_KEY, {}) if cache is not None else {})}
     # a unit runs whole, from the place of its first test: rank it by (any test marked slow, total)
     slow: dict[str, bool] = {}
     total: dict[str, float] = {}
@@ -120,6 +126,22 @@ def pytest_collection_modifyitems(config, items):
         return not slow[key], -total[key]
 
     items.sort(key=rank)  # stable: without marks or durations, the collection order stands
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--write-durations",
+        action="store_true",
+        help=f"write the durations of this run's tests that took over {DURATIONS_MIN_S} s to tests/durations.json "
+        "(the order a fresh clone schedules the suite in)",
+    )
+
+
+def _committed_durations() -> dict[str, float]:
+    try:
+        return dict(json.loads(DURATIONS_FILE.read_text(encoding="utf-8"))["durations"])
+    except (OSError, ValueError, KeyError, TypeError):  # missing or malformed: collection order stands
+        return {}
 
 
 def pytest_runtest_logreport(report):
@@ -138,3 +160,7 @@ def pytest_sessionfinish(session):
     kept = cache.get(DURATIONS_KEY, {})
     kept.update({k: round(v, 3) for k, v in _durations.items()})
     cache.set(DURATIONS_KEY, kept)
+    if session.config.getoption("write_durations"):
+        long = {k: round(v, 1) for k, v in sorted(_durations.items()) if v > DURATIONS_MIN_S}
+        about = "seconds per test (setup + call + teardown) of one ./run test; only the order of a fresh clone's run"
+        DURATIONS_FILE.write_text(json.dumps({"about": about, "durations": long}, indent=0) + "\n", encoding="utf-8")
