@@ -7,16 +7,12 @@ config objects, as verl's actor (``verl.workers.utils.losses.ppo_loss``) calls t
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 import torch
-
-import timing  # tests/timing.py: timeouts that say they are timeouts
+from _forked import run_cases  # tests/integrations/_forked.py: fresh children of one preloaded interpreter
 
 pytest.importorskip("verl")
 
@@ -145,45 +141,50 @@ _PROBE = textwrap.dedent("""
 """)
 
 
-def _fresh(env_extra, pre="", post=""):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
-    env.update(env_extra)
-    return subprocess.Popen(
-        [sys.executable, "-c", _PROBE.format(pre=pre, post=post)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd="/",
-    )
+# third-party packages `import verl` pulls in, imported once by the parent of the fresh children
+# (tests/integrations/_forked.py); ray is left to verl, which sets a Ray flag before importing it
+PRELOAD = ["torch", "tensordict", "transformers", "omegaconf"]
 
 
 @pytest.mark.slow
-def test_loading_in_fresh_processes():
+def test_loading_in_fresh_processes(tmp_path):
     """``import verl`` alone registers the losses through the entry point; with entry points off,
     ``VERL_USE_EXTERNAL_MODULES`` does; a failing import is loud (ERROR log, and stubs that raise
-    the cause instead of verl's "Unsupported loss mode")."""
+    the cause instead of verl's "Unsupported loss mode"). Each case is a process whose first
+    ``import verl`` (and of gapo) is the probe's: forked children of one interpreter that has
+    imported only torch & co."""
     broken_post = textwrap.dedent("""
         try:
             R["gapo"]()
         except RuntimeError as e:
             print("STUB", e)
     """)
-    procs = {
-        "entry_point": _fresh({}),
-        "env_var": _fresh({"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "gapo.integrations.verl"}),
+
+    def case(env_update, pre="", post=""):
+        return {
+            "code": _PROBE.format(pre=pre, post=post),
+            "env_drop_prefixes": ["VERL_USE_EXTERNAL"],
+            "env_update": env_update,
+            "cwd": "/",
+        }
+
+    cases = {
+        "entry_point": case({}),
+        "env_var": case({"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "gapo.integrations.verl"}),
         # the core cannot be imported: verl's loader alone would hide that at DEBUG level
-        "broken": _fresh({}, pre="sys.modules['gapo.core.losses'] = None", post=broken_post),
+        "broken": case({}, pre="sys.modules['gapo.core.losses'] = None", post=broken_post),
     }
-    out = {
-        k: timing.communicate(p, timeout=900, quiet_s=60, what=f"a fresh `import verl` ({k})") for k, p in procs.items()
-    }
+    out = run_cases(
+        PRELOAD, ["verl", "gapo", "ray"], cases, tmp_path, timeout=900, quiet_s=30, what="three fresh `import verl`"
+    )
     ok = "REGISTERED ['gapo', 'gapo_seq'] gapo.integrations.verl"
     for how in ("entry_point", "env_var"):
-        stdout = out[how][0]
+        rc, stdout, stderr = out[how]
+        assert rc == 0, (how, stderr[-4000:])
         assert ok in stdout and f"LOADED_BY {how}" in stdout, out[how]
         assert stdout.count("LOADED_BY") == 1, out[how]
-    stdout, stderr = out["broken"]
+    rc, stdout, stderr = out["broken"]
+    assert rc == 0, stderr[-4000:]
     assert "gapo's verl plugin failed to load" in stderr, stderr
     assert "STUB gapo's verl plugin failed to load" in stdout, stdout
 
