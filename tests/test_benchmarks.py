@@ -1,11 +1,20 @@
 """The benchmark commands still run and keep their machine-readable last lines (BENCHMARKS.md).
 
 Smallest settings: these check that the scripts work end to end (gapo and TRL side by side, the
-GEMM rate and the limit fraction, the memory paths), not the figures, which are benchmarks."""
+GEMM rate and the limit fraction, the memory paths), not the figures, which are benchmarks.
 
+Each script's ``main`` runs here with the command's arguments and starts its children through
+``_Children``: one child per command in a fresh interpreter (the protocol: ``python <script>
+--one …`` prints its result as the last stdout line, which the parent parses), the others
+through the same ``main`` in this process, from the command line the parent built, their stdout
+parsed the same way. A fresh torch + transformers (+ TRL) interpreter costs ~10-14 s of CPU in
+imports alone; these tests used to start nine."""
+
+import contextlib
+import io
 import math
-import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,28 +23,94 @@ import pytest
 import timing  # tests/timing.py: timeouts that say they are timeouts
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow  # six and three fresh processes (torch, transformers, TRL each)
+pytestmark = pytest.mark.slow  # whole benchmark commands at their smallest settings
 
 
-def _last_line(*args: str) -> str:
-    out = timing.run(
-        [sys.executable, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        quiet_s=120,
-        what=" ".join(args),
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout.strip().splitlines()[-1]
+def _script(name: str):
+    """``benchmarks/<name>.py`` as a module (the directory is on ``sys.path`` while it imports)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
 
 
-def test_bench_step_both_sizes_last_line():
+class _Children:
+    """Stands in for ``subprocess`` in a benchmark script whose children are ``[sys.executable,
+    <script>, *args]``: a child that ``fresh(args)`` selects runs as it would (a fresh
+    interpreter); any other runs the script's ``main`` here with ``sys.argv = [<script>, *args]``
+    and answers with what the process would have printed (stdout captured, exit status 0; an
+    error raises here; its ``env`` is not needed: the scripts' children set their thread counts
+    themselves). ``calls`` records every child's arguments."""
+
+    def __init__(self, script, fresh):
+        self.script, self.fresh, self.calls = script, fresh, []
+
+    def run(self, cmd, *, env=None, capture_output=False, text=False, check=False):
+        assert list(cmd[:2]) == [sys.executable, self.script.__file__], cmd
+        args = [str(a) for a in cmd[2:]]
+        self.calls.append(args)
+        if self.fresh(args):
+            out = timing.run(
+                list(cmd),
+                env=env,
+                capture_output=capture_output,
+                text=text,
+                timeout=600,
+                quiet_s=30,
+                what=" ".join(args),
+            )
+            assert out.returncode == 0, (out.stderr or "")[-3000:]
+            return out
+        buf, argv = io.StringIO(), sys.argv
+        sys.argv = [self.script.__file__, *args]
+        try:
+            with contextlib.redirect_stdout(buf):
+                self.script.main()
+        finally:
+            sys.argv = argv
+        return subprocess.CompletedProcess(cmd, 0, buf.getvalue() if capture_output else None, "")
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """``in_process(script, fresh)``: run ``script.main()`` with its children through ``_Children``,
+    leaving this process's torch threads, RNG, task registry and transformers' log level as they
+    were."""
+    torch = pytest.importorskip("torch")
+    from transformers.utils import logging as hf_logging
+
+    from gapo import tasks
+
+    monkeypatch.setattr(tasks, "_REGISTRY", dict(tasks._REGISTRY))  # bench_step registers its tasks
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # as the scripts' children have it
+    threads = torch.get_num_threads()
+
+    def go(script, fresh, *args):
+        children = _Children(script, fresh)
+        monkeypatch.setattr(script, "subprocess", children)
+        monkeypatch.setattr(sys, "argv", [script.__file__, *args])
+        buf = io.StringIO()
+        try:
+            with torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(buf):
+                script.main()
+        finally:
+            torch.set_num_threads(threads)
+        return buf.getvalue().strip().splitlines()[-1], children.calls
+
+    verbosity = hf_logging.get_verbosity()  # bench_trl_step.run_trl sets it to errors only
+    yield go
+    hf_logging.set_verbosity(verbosity)
+
+
+def test_bench_step_both_sizes_last_line(in_process):
+    """Both sizes, gapo and TRL: the GEMM rate's child runs in a fresh interpreter (torch alone:
+    the cheapest), the policies' and the four systems' children here."""
     pytest.importorskip("trl")
-    line = _last_line(
-        "benchmarks/bench_step.py",
+    bench_step = _script("bench_step")
+    line, calls = in_process(
+        bench_step,
+        lambda args: args[:2] == ["--one", "gemm"],
         "--configs",
         "tiny",
         "big",
@@ -54,6 +129,9 @@ def test_bench_step_both_sizes_last_line():
         "--gemm-n",
         "512",
     )
+    assert calls[0][0] == "--make-policy" and [c[:2] for c in calls[1:]] == [
+        ["--one", s] for s in ("gapo", "trl", "gemm", "gapo", "trl")
+    ], calls
     fields = dict(re.findall(r"(\w+)=([^\s]+)", line))
     assert line.startswith("ratio ") and set(fields) == {
         "step_time",
@@ -67,13 +145,26 @@ def test_bench_step_both_sizes_last_line():
     assert float(fields["big_limit_frac"]) < 1.5  # a fraction of the measured GEMM rate, not a raw rate
 
 
-def test_bench_memory_last_line():
-    """The command's protocol (a fresh process per path, the ratio line) with the three paths the
-    last line needs; ``chunked+ent`` runs in-process below (one fresh torch + transformers
-    interpreter less)."""
-    line = _last_line(
-        "benchmarks/bench_memory.py", "--V", "512", "--T", "16", "--B", "2", "--paths", "chunked", "bounded", "naive"
+def test_bench_memory_last_line(in_process):
+    """The command's protocol (a process per path, the ratio line) with the three paths the last
+    line needs: ``chunked`` in a fresh interpreter, ``bounded`` and ``naive`` here (their updates
+    are checked against ``chunked`` below; ``chunked+ent`` too)."""
+    bench_memory = _script("bench_memory")
+    line, calls = in_process(
+        bench_memory,
+        lambda args: args[:2] == ["--one", "chunked"],
+        "--V",
+        "512",
+        "--T",
+        "16",
+        "--B",
+        "2",
+        "--paths",
+        "chunked",
+        "bounded",
+        "naive",
     )
+    assert [c[:2] for c in calls] == [["--one", p] for p in ("chunked", "bounded", "naive")], calls
     m = re.fullmatch(r"ratio peak naive/chunked=([\d.]+) naive/bounded=([\d.]+) at T=16", line)
     assert m, line
 
@@ -83,11 +174,7 @@ def test_bench_memory_paths_compute_the_same_update():
     chunked, checkpointed and full-logits log-probs; ``chunked+ent`` subtracts 0.01 × the
     token-mean entropy."""
     torch = pytest.importorskip("torch")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_memory
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    bench_memory = _script("bench_memory")
     threads = torch.get_num_threads()
     with torch.random.fork_rng(devices=[]):
         r = {p: bench_memory.one(p, V=512, B=2, T=16, threads=threads) for p in bench_memory.PATHS}

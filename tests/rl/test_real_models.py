@@ -246,41 +246,64 @@ def test_fast_sampler_matches_model_forward_under_autocast(instruct, dtype):
 
 
 @pytest.mark.slow
-def test_gpu_check_script_runs_on_cpu_at_a_tiny_shape():
+def test_gpu_check_script_runs_on_cpu_at_a_tiny_shape(monkeypatch, capsys):
     """benchmarks/gpu_check.py is the one prepared GPU check; its path (build a Qwen2-shaped
     model from config values, bf16 + gradient checkpointing, with and without LoRA) must work
     before a GPU session spends device time on it. At the script's smallest shape (``test``: the
-    tests' own ~0.1M checkpoint, vocabulary from the tokenizer): the same path as ``tiny`` at a
-    third of its step time (measured on 2 busy cores: 36 s of CPU in all instead of 45 s), with
-    16 completion tokens instead of 64 (the same path; the test's CPU 43 s instead of 51 s)."""
+    tests' own ~0.1M checkpoint, vocabulary from the tokenizer) with 16 completion tokens instead
+    of 64 (the same path). The script's ``main`` runs here and so do its two ``gapo train``
+    children (``gapo.cli.main`` with the command line the script built): a fresh interpreter
+    costs ~11 s of CPU in imports alone (the script's own and each child's used to: 33 s of CPU
+    in all). The script starting from its command line is checked with ``--help``, and
+    ``python -m gapo.cli train`` in a fresh interpreter by tests/rl/test_run_lock.py and others."""
+    import math
     import os
+    import re
+    import subprocess
     import sys
+    import types
     from pathlib import Path
 
+    from gapo.cli import main as gapo_main
+
     root = Path(__file__).resolve().parents[2]
-    out = timing.run(
-        [
-            sys.executable,
-            str(root / "benchmarks" / "gpu_check.py"),
-            "--shape",
-            "test",
-            "--device",
-            "cpu",
-            "--steps",
-            "1",
-            "--max-new-tokens",
-            "16",
-        ],
-        capture_output=True,
-        text=True,
-        env=os.environ | {"OMP_NUM_THREADS": "1"},
-        timeout=900,
-        quiet_s=60,
-        what="benchmarks/gpu_check.py --shape test --device cpu",
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    last = out.stdout.strip().splitlines()[-1]
-    assert last.startswith("gpu_check ") and "full_step_s=" in last and "lora_step_s=" in last
+    script = root / "benchmarks" / "gpu_check.py"
+    out = timing.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60, quiet_s=1)
+    assert out.returncode == 0 and "--max-new-tokens" in out.stdout, out.stderr[-2000:]
+
+    sys.path.insert(0, str(script.parent))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(script.parent))
+    runs = []
+
+    def train(cmd, *, check, env):  # the script's ``subprocess.run`` of ``python -m gapo.cli train ...``
+        assert cmd[:4] == [sys.executable, "-m", "gapo.cli", "train"] and check, cmd
+        assert str(root / "src") in env["PYTHONPATH"].split(os.pathsep), env["PYTHONPATH"]
+        runs.append(cmd)
+        if rc := gapo_main(cmd[3:]):
+            raise subprocess.CalledProcessError(rc, cmd)
+
+    monkeypatch.setattr(gpu_check, "subprocess", types.SimpleNamespace(run=train))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # model.threads: null reads it, as in a child
+    argv = ["--shape", "test", "--device", "cpu", "--steps", "1", "--max-new-tokens", "16"]
+    monkeypatch.setattr(sys, "argv", [str(script), *argv])
+    threads = torch.get_num_threads()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            assert gpu_check.main() == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert len(runs) == 2 and any(a.startswith("model.lora=") for a in runs[1]), runs
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    fields = dict(re.findall(r"(\w+)=(\S+)", last))
+    assert last.startswith("gpu_check ") and set(fields) == {
+        f"{run}_{k}" for run in ("full", "lora") for k in ("wall_s", "step_s", "sample_tok_s", "peak_gpu_gb")
+    }, last
+    for run in ("full", "lora"):
+        assert all(math.isfinite(float(fields[f"{run}_{k}"])) for k in ("step_s", "sample_tok_s")), last
+        assert float(fields[f"{run}_step_s"]) > 0 and float(fields[f"{run}_peak_gpu_gb"]) == 0.0, last  # CPU
 
 
 def test_report_shows_what_the_model_wrote(instruct, tmp_path, capsys):
