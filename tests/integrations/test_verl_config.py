@@ -9,17 +9,18 @@ drift apart. Nothing here starts Ray.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import pickle
 import re
 import shlex
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from _forked import run_cases  # tests/integrations/_forked.py: fresh children of one preloaded interpreter
 
 import timing  # tests/timing.py: timeouts that say they are timeouts
 
@@ -27,6 +28,7 @@ pytest.importorskip("verl")
 
 import verl  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra._internal.config_loader_impl import ConfigLoaderImpl  # noqa: E402
 from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
 from hydra.errors import InstantiationException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
@@ -81,9 +83,47 @@ def doc_overrides(script: str, env: dict | None = None) -> list[str]:
     return shlex.split(cmd)[3:]
 
 
-def _compose(overrides):
+def _hydra_compose(overrides):
+    """verl's ppo_trainer config with ``overrides``, composed by hydra from the files (~0.8 s of CPU)."""
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         return compose("ppo_trainer", overrides=list(overrides))
+
+
+@functools.cache
+def _plain_config():
+    return _hydra_compose([])
+
+
+def _compose(overrides):
+    """The same config as :func:`_hydra_compose`, from one composition of the files shared by the
+    module: a copy of ppo_trainer without overrides, then the overrides applied by the function
+    hydra's compose applies them with (after the defaults list, in struct mode). Exact for
+    overrides of config values (``key=v``, ``+key=v``, interpolations), the only kind used here
+    (no config-group choices, which would change the defaults list): checked against hydra's own
+    composition by test_shared_composition_is_hydras."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    assert all(o.package is None and "/" not in o.key_or_group for o in parsed), overrides  # no group choices
+    cfg = copy.deepcopy(_plain_config())
+    ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(lambda: doc_overrides(doc_scripts()["gapo"]), id="docs-gapo"),
+        pytest.param(lambda: BASE + [f"{PL}.loss_mode=gapo", f"+{PL}.reward_range=[-1,1]"], id="list"),
+    ],
+)
+def test_shared_composition_is_hydras(overrides):
+    """:func:`_compose` (what the tests below compose with) gives exactly hydra's composition:
+    the documented command (plain values, ``+`` keys, interpolations, a list) and a ``+`` list."""
+    overrides = overrides()
+    ours, hydra = _compose(overrides), _hydra_compose(overrides)
+    assert OmegaConf.to_yaml(ours) == OmegaConf.to_yaml(hydra)
+    assert OmegaConf.to_container(ours, resolve=True) == OmegaConf.to_container(hydra, resolve=True)
+    assert OmegaConf.is_struct(ours) and OmegaConf.is_struct(hydra)
+    assert OmegaConf.to_yaml(ours) != OmegaConf.to_yaml(_plain_config())  # the overrides did something
 
 
 def _expected(override, cfg):
@@ -182,35 +222,89 @@ _CAPTURE = textwrap.dedent("""
 """)
 
 
+# stands in for `python3` on the scripts' PATH: records how bash called it (arguments, environment,
+# folder) for the replay below, in a second of CPU instead of a verl start-up per script
+_RECORD = textwrap.dedent("""
+    import json, os, sys
+    with open(os.environ["GAPO_PYTHON3_CALLS"], "a") as f:
+        f.write(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}) + "\\n")
+""")
+
+# what main_ppo's start-up imports besides verl, gapo, ray and the default trainer's own packages
+# (transfer_queue, fastapi, uvicorn, zmq, …, imported by the replay itself): loaded once, before the fork
+MAIN_PPO_PRELOAD = [
+    "torch",
+    "tensordict",
+    "transformers",
+    "omegaconf",
+    "hydra",
+    "datasets",
+    "pandas",
+    "accelerate",
+    "peft",
+]
+
+
 @pytest.mark.slow
 def test_docs_scripts_start_main_ppo(tmp_path):
-    """Both documented scripts, run verbatim by bash with `python3` standing for a probe that runs
-    verl's main_ppo up to Ray: the plugin loads through the entry point in a fresh process, the
-    start-up imports of the default trainer succeed, and every override arrives."""
+    """Both documented scripts, run verbatim by bash with `python3` standing for a recorder; each
+    recorded call is then replayed (its arguments, environment and folder) in a fresh process that
+    runs verl's main_ppo up to Ray: the plugin loads through the entry point, the start-up
+    imports of the default trainer succeed, and every override arrives. The replays are forked
+    children of one interpreter that has imported torch & co but not verl, gapo or ray
+    (tests/integrations/_forked.py)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (tmp_path / "capture.py").write_text(_CAPTURE)
+    (tmp_path / "record.py").write_text(_RECORD)
     shim = bin_dir / "python3"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{tmp_path / "capture.py"}" "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I -S "{tmp_path / "record.py"}" "$@"\n')
     shim.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_USE_EXTERNAL", "MODEL", "DATA"))}
-    env.update(PATH=f"{bin_dir}:{env['PATH']}", HYDRA_FULL_ERROR="1")
-    procs = {}
+    cases = {}
     for mode, script in doc_scripts().items():
         run_dir = tmp_path / mode
         run_dir.mkdir()
         (run_dir / "launch.sh").write_text(script)
-        procs[mode] = subprocess.Popen(
+        calls = run_dir / "python3-calls.jsonl"
+        bash_env = {
+            **env,
+            "PATH": f"{bin_dir}:{env['PATH']}",
+            "HYDRA_FULL_ERROR": "1",
+            "GAPO_PYTHON3_CALLS": str(calls),
+        }
+        proc = timing.run(
             ["bash", "launch.sh", "trainer.logger=[console]"],
             cwd=run_dir,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            env=bash_env,
+            capture_output=True,
             text=True,
+            timeout=300,
+            quiet_s=1,
+            what=f"the documented {mode} script",
         )
-    for mode, p in procs.items():
-        stdout, stderr = timing.communicate(p, timeout=1800, quiet_s=120, what=f"verl's main_ppo start-up ({mode})")
-        assert p.returncode == 0, (mode, stderr[-4000:])
+        assert proc.returncode == 0, (mode, proc.stderr[-4000:])
+        (call,) = [json.loads(line) for line in calls.read_text().splitlines()]  # python3 ran once
+        assert call["cwd"] == str(run_dir)
+        cases[mode] = {
+            "code": _CAPTURE,
+            "env": call["env"],
+            "cwd": call["cwd"],
+            "argv": [str(tmp_path / "capture.py"), *call["argv"]],
+            "path0": str(tmp_path),
+        }
+    done = run_cases(
+        MAIN_PPO_PRELOAD,
+        ["verl", "gapo", "ray"],
+        cases,
+        tmp_path,
+        env=env,
+        timeout=1800,
+        quiet_s=60,
+        what="verl's main_ppo start-up (both scripts)",
+    )
+    for mode, (rc, stdout, stderr) in done.items():
+        assert rc == 0, (mode, stderr[-4000:])
         line = [ln for ln in stdout.splitlines() if ln.startswith("GAPO_CAPTURE ")]
         assert len(line) == 1, (stdout[-2000:], stderr[-4000:])
         out = json.loads(line[0][len("GAPO_CAPTURE ") :])
