@@ -53,13 +53,14 @@ def _grid(**kw):
     return g
 
 
-def _not_a_model(tmp_path) -> str:
-    """A cell that fails in its own process: a model folder the grid's up-front checks accept
-    (it has a config.json) whose weights are missing, so only loading it, in the cell, fails."""
-    d = tmp_path / "not-a-model"
-    d.mkdir(exist_ok=True)
-    (d / "config.json").write_text('{"model_type": "llama"}')
-    return str(d)
+def _occupy(out: Path, method: str = "boom") -> Path:
+    """Make the cell ``easy/<method>/seed0`` fail in its own process: its run folder holds a file
+    that is not a gapo run, which the grid's up-front checks do not look at and the cell refuses
+    to overwrite (it fails before it imports torch, so in about a second)."""
+    d = out / "easy" / method / "seed0"
+    d.mkdir(parents=True)
+    (d / "notes.txt").write_text("not a gapo run")
+    return d
 
 
 @pytest.fixture(autouse=True)
@@ -137,9 +138,9 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path, easy_cache):
     from gapo.experiments.grid import cell_config, cell_dir
     from gapo.rl.trainer import Trainer
 
-    boom = _not_a_model(tmp_path)
-    g = load_grid(_grid(method_defs={"boom": {"model.path": boom}}, methods=["drgrpo", "gapo", "boom"]))
+    g = load_grid(_grid(method_defs={"boom": {}}, methods=["drgrpo", "gapo", "boom"]))
     out = tmp_path / "grid"
+    _occupy(out)
     # an interrupted cell: one of two steps done and checkpointed before the grid starts
     from gapo.experiments.grid import pretrain_config
     from gapo.policy.base_policy import get_base_policy
@@ -160,7 +161,8 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path, easy_cache):
         assert done["step"] == 2 and "eval/pass@1" in done["eval"]
     assert json.loads((d / "done.json").read_text())["resumed"] is True
     failed = json.loads((cell_dir(out, "easy", "boom", 0) / "failed.json").read_text())
-    assert failed["error"] and cell_dir(out, "easy", "boom", 0).with_name("seed0.log").is_file()
+    assert "refusing to overwrite" in failed["error"], failed
+    assert "refusing to overwrite" in cell_dir(out, "easy", "boom", 0).with_name("seed0.log").read_text()
     # the pre-training evaluation is shared: identical in every cell
     evals = [
         json.loads((cell_dir(out, "easy", m, 0) / "metrics.jsonl").read_text().splitlines()[0])
@@ -182,7 +184,7 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path, easy_cache):
     lr = load_grid(
         _grid(
             common={**COMMON, "optim.lr": 2e-3},
-            method_defs={"boom": {"model.path": boom}},
+            method_defs={"boom": {}},
             methods=["drgrpo", "gapo", "boom"],
         )
     )
@@ -233,17 +235,28 @@ def test_cli_report_only_without_cells_fails_clearly(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_cli_retry_failed_reruns_failed_cells(tmp_path, capsys, easy_cache):
+def test_cli_retry_failed_reruns_failed_cells(tmp_path, capsys, easy_policy):
     import yaml
 
     from gapo.cli import main as cli_main
+    from gapo.experiments.grid import base_eval_cfg, write_json
 
+    grid = _grid(method_defs={"boom": {}}, methods=["boom"])
     p = tmp_path / "g.yaml"
-    p.write_text(yaml.safe_dump(_grid(method_defs={"boom": {"model.path": _not_a_model(tmp_path)}}, methods=["boom"])))
-    args = ["compare", "--config", str(p), "--out", str(tmp_path / "grid")]
+    p.write_text(yaml.safe_dump(grid))
+    out = tmp_path / "grid"
+    _occupy(out)
+    # the regime's base evaluation as phase 1 leaves it (phase 1 itself: the test above), so that
+    # only the failing cell runs here
+    write_json(
+        out / "easy" / "base_eval.json",
+        {"policy": str(easy_policy), "eval_cfg": base_eval_cfg(load_grid(grid), "easy"), "eval": {}},
+    )
+    args = ["compare", "--config", str(p), "--out", str(out)]
     assert cli_main(args) == 2  # the only cell fails, so there is nothing to report
-    assert "grid: 0 cells run, 1 failed, 0 skipped of 1" in capsys.readouterr().out
-    failed = tmp_path / "grid" / "easy" / "boom" / "seed0" / "failed.json"
+    said = capsys.readouterr().out
+    assert "grid: 0 cells run, 1 failed, 0 skipped of 1" in said and "base policy" not in said  # no phase 1
+    failed = out / "easy" / "boom" / "seed0" / "failed.json"
     mtime = failed.stat().st_mtime_ns
     assert cli_main(args) == 2  # skipped, not retried
     assert "grid: 0 cells run, 1 failed, 1 skipped of 1" in capsys.readouterr().out
@@ -251,6 +264,29 @@ def test_cli_retry_failed_reruns_failed_cells(tmp_path, capsys, easy_cache):
     assert cli_main(args + ["--retry-failed"]) == 2
     assert "grid: 0 cells run, 1 failed, 0 skipped of 1" in capsys.readouterr().out
     assert failed.stat().st_mtime_ns != mtime
+
+
+def test_a_cell_that_fails_its_checks_ends_without_importing_torch(tmp_path):
+    """The cell's checks (spec, config, its run folder) come before torch and the trainer load:
+    such a cell records its failure in about a second, not after ~10 s of imports."""
+    import subprocess
+    import sys
+
+    from gapo.experiments.grid import cell_config, cell_file, write_json
+    from gapo.rl.config import to_dict
+
+    g = load_grid(_grid(method_defs={"boom": {}}, methods=["boom"]))
+    d = _occupy(tmp_path / "grid")
+    cfg = to_dict(cell_config(g, "easy", "boom", 0, base_path="x"))
+    write_json(cell_file(d, "json"), {"regime": "easy", "method": "boom", "seed": 0, "config": cfg})
+    code = (
+        "import json, sys; from gapo.experiments.cell import main; rc = main(['--cell', sys.argv[1]]); "
+        "print(json.dumps({'rc': rc, 'heavy': [m for m in ('torch', 'transformers') if m in sys.modules]}))"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True, timeout=300)
+    assert json.loads(p.stdout.splitlines()[-1]) == {"rc": 1, "heavy": []}, p.stdout + p.stderr
+    assert "refusing to overwrite" in json.loads((d / "failed.json").read_text())["error"]
+    assert (d / "notes.txt").read_text() == "not a gapo run"  # left as it was
 
 
 def test_estimate_from_finished_cells_then_from_cell_s(tmp_path):

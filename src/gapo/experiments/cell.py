@@ -9,7 +9,8 @@
 (``seed<k>.json`` next to the run folder) and writes ``done.json`` or ``failed.json``. Exit
 codes: 0 done, 1 failed (recorded), 75 busy (another process holds the cell's run-folder lock;
 nothing written), 130 stopped by SIGTERM (checkpointed; resumes next time).
-This module imports torch and the trainer at the top: only the child imports it.
+torch, transformers and the trainer (about 10 s of CPU to import) are imported only once a job
+needs them: a cell whose folder is locked, unusable or whose spec is invalid ends in about a second.
 """
 
 from __future__ import annotations
@@ -21,24 +22,24 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
-
-from gapo import tasks
-from gapo.experiments.grid import cell_file, pretrain_config, regime_task, write_json
-from gapo.policy.base_policy import get_base_policy
-from gapo.policy.model import load_policy
-from gapo.policy.sampling import SamplingParams
-from gapo.rl.checkpoint import policy_written
+from gapo.experiments.grid import cell_file, write_json
 from gapo.rl.config import from_dict
-from gapo.rl.evaluate import EvalPlan, evaluate
 from gapo.rl.run_dir import RunFolder, RunLocked
-from gapo.rl.trainer import Trainer
 
 BUSY = 75  # EX_TEMPFAIL: the cell's folder is locked by another process; nothing was written
 
 
 def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> int:
     """Build (or fetch) the regime's base policy and evaluate it once."""
+    import torch
+
+    from gapo import tasks
+    from gapo.experiments.grid import pretrain_config, regime_task
+    from gapo.policy.base_policy import get_base_policy
+    from gapo.policy.model import load_policy
+    from gapo.policy.sampling import SamplingParams
+    from gapo.rl.evaluate import EvalPlan, evaluate
+
     torch.set_num_threads(1)
     spec, ev = json.loads(spec_json), json.loads(eval_json)
     rdir = Path(out) / regime
@@ -63,18 +64,18 @@ def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> i
     return 0
 
 
-class _CellTrainer(Trainer):
+def _cell_trainer(*args, base_eval: dict | None = None, **kwargs):
     """A trainer whose step-0 evaluation is the regime's shared one: every cell of a regime starts
     from the same policy and is evaluated on the same problems with the same seed."""
+    from gapo.rl.trainer import Trainer
 
-    def __init__(self, *args, base_eval: dict | None = None, **kwargs):
-        self._cell_base_eval = base_eval
-        super().__init__(*args, **kwargs)
+    class _CellTrainer(Trainer):
+        def evaluate(self, *, progress=False):
+            if self.step == 0 and base_eval:
+                return dict(base_eval)
+            return super().evaluate(progress=progress)
 
-    def evaluate(self, *, progress=False):
-        if self.step == 0 and self._cell_base_eval:
-            return dict(self._cell_base_eval)
-        return super().evaluate(progress=progress)
+    return _CellTrainer(*args, **kwargs)
 
 
 def _check_finite(cdir: Path) -> None:
@@ -90,6 +91,8 @@ def _finished_run(cdir: Path, steps: int, evaluates: bool) -> dict | None:
     ``done.json`` was stopped by a signal after its last step (``Trainer.fit`` before commit 5223c87
     reported it as stopped); its result is in the folder, so it is recorded, not resumed (the trainer
     refuses that)."""
+    from gapo.rl.checkpoint import policy_written
+
     metrics = cdir / "metrics.jsonl"
     if not (cdir / "checkpoint.pt").is_file() or not metrics.is_file() or not policy_written(cdir, steps):
         return None
@@ -119,15 +122,17 @@ def _run_cell(cdir: Path) -> int:
 
 def _run_locked_cell(cdir: Path, folder: RunFolder) -> int:
     spec = json.loads(cell_file(cdir, "json").read_text())
-    torch.set_num_threads(1)
     t0 = time.time()
     try:
         cfg = from_dict(spec["config"]).validate()
         folder.check(resume=False, overwrite=True)  # puts back a run an interrupted --overwrite moved aside
+        import torch  # only now: a cell that fails the checks above does so in about a second
+
+        torch.set_num_threads(1)
         resume = (cdir / "checkpoint.pt").is_file()
         res = _finished_run(cdir, cfg.train.steps, bool(cfg.eval.problems)) if resume else None
         if res is None:
-            tr = _CellTrainer(
+            tr = _cell_trainer(
                 cfg,
                 folder,
                 resume=resume,

@@ -39,18 +39,23 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from tqdm import tqdm
 
 from gapo import tasks
 from gapo.core.checks import unknown
-from gapo.policy.base_policy import PRESETS, cache_dir, resolve, shipped_dir
-from gapo.policy.pretrain import PretrainConfig
 from gapo.rl.config import Config, set_key, to_dict
 from gapo.rl.config_io import diff
 from gapo.rl.run_dir import RunLock, atomic_write
 
+if TYPE_CHECKING:
+    from gapo.policy.pretrain import PretrainConfig
+
+# gapo.policy.base_policy and .pretrain import torch (and transformers): they are imported where a
+# base policy is needed, so that a cell process (gapo.experiments.cell, which imports this module)
+# that fails or is skipped before its training does so without them
 __all__ = [
     "METHODS",
     "BASELINE_OF",
@@ -238,6 +243,9 @@ def grid_cells(grid: dict) -> list[tuple[str, str, int]]:
 
 
 def _check_regime(name: str, spec: dict) -> None:
+    from gapo.policy.base_policy import PRESETS
+    from gapo.policy.pretrain import PretrainConfig
+
     base = spec.get("base")
     if isinstance(base, str):
         if base not in PRESETS:
@@ -257,6 +265,9 @@ def _check_regime(name: str, spec: dict) -> None:
 
 def pretrain_config(spec: dict) -> PretrainConfig:
     """The regime's base policy: a preset's ``PretrainConfig``, or one built from the regime's fields."""
+    from gapo.policy.base_policy import resolve
+    from gapo.policy.pretrain import PretrainConfig
+
     base = spec["base"]
     if isinstance(base, str):
         return resolve(base)
@@ -340,6 +351,15 @@ def _eval_cfg(grid: dict, regime: str) -> dict:
     }
 
 
+def base_eval_cfg(grid: dict, regime: str) -> dict:
+    """What a regime's ``base_eval.json`` must record as its ``eval_cfg`` to be reused: the
+    evaluation's settings and the base policy's identity (a regime whose base or task changed must
+    not reuse another policy's evaluation, or path). As it reads back from JSON (tuples as lists)."""
+    spec = grid["_regimes"][regime]
+    ev = {**_eval_cfg(grid, regime), "base_key": pretrain_config(spec).cache_key(), "task": regime_task(spec)}
+    return json.loads(json.dumps(ev))
+
+
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -421,15 +441,14 @@ def _run_grid(grid: dict, out: Path, retry_failed: bool, say) -> dict:
 def _prepare_regimes(grid: dict, out: Path, t0: float, say) -> dict[str, dict]:
     """Phase 1: every regime's base policy and base evaluation (one job per regime, in parallel,
     skipped where ``base_eval.json`` matches); returns each regime's ``base_eval.json``."""
+    from gapo.policy.base_policy import cache_dir, shipped_dir
+
     prep = []
     for r in grid["regimes"]:
-        # the base policy's identity is part of the match: a regime whose base or task changed
-        # must not reuse another policy's evaluation (or path)
         spec = grid["_regimes"][r]
-        ev = {**_eval_cfg(grid, r), "base_key": pretrain_config(spec).cache_key(), "task": regime_task(spec)}
+        ev = base_eval_cfg(grid, r)
         be = out / r / "base_eval.json"
-        # compared as JSON: the task's tuples (e.g. num_range) come back from the file as lists
-        if be.is_file() and json.loads(be.read_text()).get("eval_cfg") == json.loads(json.dumps(ev)):
+        if be.is_file() and json.loads(be.read_text()).get("eval_cfg") == ev:
             continue
         argv = ["--prepare", str(out), r, json.dumps(grid["_regimes"][r]), json.dumps(ev)]
         prep.append(
