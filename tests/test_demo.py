@@ -20,7 +20,7 @@ def test_demo_smoke(tmp_path):
             "--out",
             str(out),
             "--steps",
-            "2",
+            "1",  # one step per run: the demo's path end to end (its train steps are most of its CPU)
             "--eval-every",
             "0",
             "--eval-problems",
