@@ -1,45 +1,36 @@
-"""Worker of tests/test_trl_ddp.py: GAPOTrainer on 2 CPU processes (torchrun, gloo).
+"""Worker of tests/integrations/test_trl_ddp.py: GAPOTrainer on 2 CPU processes (gloo).
 
 Each rank records, in order, what GAPO computed from the gathered rewards and, for every loss
 micro-batch, the tensors its per-``c`` sums come from, plus the pooled ``clip/*_by_c`` values at
-every ``log``; it saves them to ``OUT/rank{r}.pt``. Usage: torchrun --nproc_per_node 2 THIS OUT
+every ``log``; it saves them to ``OUT/rank{r}.pt``.
+
+Usage: ``python THIS OUT``. The launch is torchrun's (``--standalone --nproc_per_node 2``) in
+miniature, after one import of torch, transformers and TRL instead of one per process (torchrun's
+own agent would be a third): this process forks the two ranks before anything runs, then holds
+the rendezvous store on a port the OS picks (port 0: nothing to race for), and each rank gets
+torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``,
+``TORCHELASTIC_USE_AGENT_STORE``, …), from which accelerate sets up the gloo process group itself.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
 import sys
 import tempfile
+import threading
+import traceback
+import uuid
 from pathlib import Path
 
 import torch
-from datasets import Dataset
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from test_trl import ALPHABET, SPECIALS, _char_tokenizer, _dataset, has_a  # the single-process tests' policy parts
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from gapo.integrations.trl import GAPOConfig, GAPOTrainer
 
-ALPHABET = "abcde+="
-SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-
-
-def tokenizer(path: Path) -> PreTrainedTokenizerFast:
-    vocab = {t: i for i, t in enumerate(SPECIALS + list(ALPHABET))}
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    tk.save(str(path / "tokenizer.json"))
-    return PreTrainedTokenizerFast(
-        tokenizer_file=str(path / "tokenizer.json"),
-        pad_token="<pad>",
-        bos_token="<bos>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-        padding_side="left",
-    )
-
-
-def has_a(completions, **kwargs):
-    return [float("a" in c) for c in completions]
+WORLD = 2
 
 
 class Recording(GAPOTrainer):
@@ -66,7 +57,7 @@ class Recording(GAPOTrainer):
 
 def main(out: str) -> None:
     work = Path(tempfile.mkdtemp())
-    tok = tokenizer(work)
+    tok = _char_tokenizer(work)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(
         Qwen2Config(
@@ -83,7 +74,7 @@ def main(out: str) -> None:
             tie_word_embeddings=True,
         )
     )
-    data = Dataset.from_list([{"prompt": ALPHABET[i % 5] + ALPHABET[(i + 1) % 5] + "="} for i in range(16)])
+    data = _dataset(16)
     args = GAPOConfig(
         output_dir=str(work / "out"),
         use_cpu=True,
@@ -115,5 +106,73 @@ def main(out: str) -> None:
     )
 
 
+def _rank(rank: int, port_pipe: int, out: str, run_id: str) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the launcher
+    except Exception:
+        pass
+    code = 0
+    try:
+        port = int(os.read(port_pipe, 32))  # the store is up
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            GROUP_RANK="0",
+            ROLE_RANK=str(rank),
+            WORLD_SIZE=str(WORLD),
+            LOCAL_WORLD_SIZE=str(WORLD),
+            GROUP_WORLD_SIZE="1",
+            ROLE_WORLD_SIZE=str(WORLD),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            TORCHELASTIC_USE_AGENT_STORE="True",
+            TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_MAX_RESTARTS="0",
+            TORCHELASTIC_RUN_ID=run_id,
+        )
+        main(out)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def launch(out: str) -> int:
+    """Forks the ranks, starts the store, waits: 0 if every rank exited 0 (a failed rank stops the rest)."""
+    assert threading.active_count() == 1, threading.enumerate()  # fork copies this thread only
+    assert not torch.distributed.is_initialized()
+    pipes, pids, run_id = [], [], uuid.uuid4().hex
+    for rank in range(WORLD):
+        r, w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _rank(rank, r, out, run_id)
+        os.close(r)
+        pipes.append(w)
+        pids.append(pid)
+    # the agent's store (torchrun --standalone binds port 0 too); the ranks connect as clients
+    store = torch.distributed.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
+    for w in pipes:
+        os.write(w, str(store.port).encode())
+        os.close(w)
+    status = 0
+    alive = set(pids)
+    while alive:
+        pid, st = os.wait()
+        alive.discard(pid)
+        code = os.waitstatus_to_exitcode(st)
+        if code != 0 and status == 0:
+            status = code
+            print(f"rank with pid {pid} exited with {code}; stopping the others", file=sys.stderr)
+            for other in alive:
+                os.kill(other, signal.SIGKILL)
+    return status
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.exit(launch(sys.argv[1]))

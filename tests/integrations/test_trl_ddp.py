@@ -1,18 +1,18 @@
-"""GAPOTrainer on 2 real processes (torchrun, gloo, CPU): per-``c`` sums across ranks = single-process totals.
+"""GAPOTrainer on 2 real processes (gloo, CPU): per-``c`` sums across ranks = single-process totals.
 
-``tests/_trl_ddp_worker.py`` trains a tiny random Qwen2 for 4 optimiser steps (one generation batch,
-split in 2 micro-batches, each used for 2 iterations) on 2 ranks and records, on each rank, the
-gathered rewards, its own slice of ε_high and c, the tensors of every loss micro-batch, and the
-pooled ``clip/*_by_c/{c}`` values at every log. Here, in one process, we recompute from the raw
-tensors of both ranks: ε_high and c from the whole gathered groups, and the per-``c`` sums of each
-logging window with ``gapo.core.metrics.clip_counts_by_c`` on the union of both ranks' rows; the values
-each rank logged must be those totals (about 10-20 s on 2 cores).
+``tests/integrations/_trl_ddp_worker.py`` (a launch like ``torchrun --standalone --nproc_per_node
+2``, the two ranks forked after one import of torch and TRL) trains a tiny random Qwen2 for 4
+optimiser steps (one generation batch, split in 2 micro-batches, each used for 2 iterations) on 2
+ranks and records, on each rank, the gathered rewards, its own slice of ε_high and c, the tensors
+of every loss micro-batch, and the pooled ``clip/*_by_c/{c}`` values at every log. Here, in one
+process, we recompute from the raw tensors of both ranks: ε_high and c from the whole gathered
+groups, and the per-``c`` sums of each logging window with ``gapo.core.metrics.clip_counts_by_c`` on
+the union of both ranks' rows; the values each rank logged must be those totals (about 14 s of CPU).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -30,28 +30,16 @@ WORKER = Path(__file__).with_name("_trl_ddp_worker.py")
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
-    if torchrun is None:
-        pytest.skip("torchrun not found")
     out = tmp_path_factory.mktemp("ddp")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     proc = timing.run(
-        [
-            torchrun,
-            # the rendezvous store binds port 0 itself: no port picked here and released, which a
-            # parallel test worker or another suite could take in between
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(WORKER),
-            str(out),
-        ],
+        [sys.executable, str(WORKER), str(out)],
         env=env,
         capture_output=True,
         text=True,
         timeout=1200,
-        quiet_s=90,
-        what="two TRL ranks under torchrun",
+        quiet_s=60,
+        what="two TRL ranks",
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     recs = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
