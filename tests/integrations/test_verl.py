@@ -7,12 +7,10 @@ config objects, as verl's actor (``verl.workers.utils.losses.ppo_loss``) calls t
 from __future__ import annotations
 
 import logging
-import textwrap
 
 import numpy as np
 import pytest
 import torch
-from _forked import run_cases  # tests/integrations/_forked.py: fresh children of one preloaded interpreter
 
 pytest.importorskip("verl")
 
@@ -120,73 +118,9 @@ def test_entry_point_declared():
     assert eps.get("gapo") == "gapo.integrations.verl"
 
 
-_PROBE = textwrap.dedent("""
-    import sys, traceback
-
-    class _Spy:  # reports which of verl's two mechanisms imports the adapter
-        def find_spec(self, name, path=None, target=None):
-            if name == "gapo.integrations.verl":
-                frames = [f.name for f in traceback.extract_stack()]
-                how = "env_var" if "import_external_libs" in frames else "entry_point" if "load" in frames else "?"
-                print("LOADED_BY", how)
-            return None
-
-    sys.meta_path.insert(0, _Spy())
-    {pre}
-    import verl
-    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R
-    print("REGISTERED", sorted(k for k in ("gapo", "gapo_seq") if k in R),
-          getattr(R.get("gapo"), "__module__", None))
-    {post}
-""")
-
-
-# third-party packages `import verl` pulls in, imported once by the parent of the fresh children
-# (tests/integrations/_forked.py); ray is left to verl, which sets a Ray flag before importing it
-PRELOAD = ["torch", "tensordict", "transformers", "omegaconf"]
-
-
-@pytest.mark.slow
-def test_loading_in_fresh_processes(tmp_path):
-    """``import verl`` alone registers the losses through the entry point; with entry points off,
-    ``VERL_USE_EXTERNAL_MODULES`` does; a failing import is loud (ERROR log, and stubs that raise
-    the cause instead of verl's "Unsupported loss mode"). Each case is a process whose first
-    ``import verl`` (and of gapo) is the probe's: forked children of one interpreter that has
-    imported only torch & co."""
-    broken_post = textwrap.dedent("""
-        try:
-            R["gapo"]()
-        except RuntimeError as e:
-            print("STUB", e)
-    """)
-
-    def case(env_update, pre="", post=""):
-        return {
-            "code": _PROBE.format(pre=pre, post=post),
-            "env_drop_prefixes": ["VERL_USE_EXTERNAL"],
-            "env_update": env_update,
-            "cwd": "/",
-        }
-
-    cases = {
-        "entry_point": case({}),
-        "env_var": case({"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "gapo.integrations.verl"}),
-        # the core cannot be imported: verl's loader alone would hide that at DEBUG level
-        "broken": case({}, pre="sys.modules['gapo.core.losses'] = None", post=broken_post),
-    }
-    out = run_cases(
-        PRELOAD, ["verl", "gapo", "ray"], cases, tmp_path, timeout=900, quiet_s=30, what="three fresh `import verl`"
-    )
-    ok = "REGISTERED ['gapo', 'gapo_seq'] gapo.integrations.verl"
-    for how in ("entry_point", "env_var"):
-        rc, stdout, stderr = out[how]
-        assert rc == 0, (how, stderr[-4000:])
-        assert ok in stdout and f"LOADED_BY {how}" in stdout, out[how]
-        assert stdout.count("LOADED_BY") == 1, out[how]
-    rc, stdout, stderr = out["broken"]
-    assert rc == 0, stderr[-4000:]
-    assert "gapo's verl plugin failed to load" in stderr, stderr
-    assert "STUB gapo's verl plugin failed to load" in stdout, stdout
+# `import verl` in fresh processes (entry point, VERL_USE_EXTERNAL_MODULES, a failing import):
+# tests/integrations/test_verl_config.py::test_loading_in_fresh_processes, next to the documented
+# scripts' start-up, whose fresh processes it shares an interpreter's imports with
 
 
 def test_unsupported_verl_version_is_an_import_error(monkeypatch):

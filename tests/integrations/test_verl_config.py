@@ -1,6 +1,6 @@
-"""verl start-up with GAPO (issue 12): the documented ``main_ppo`` commands, ``+policy_loss.*``
-keys without a ``_target_`` override, start-up errors in gapo's words, and the packages verl's
-default trainer imports.
+"""verl start-up with GAPO (issue 12): the plugin's loading in fresh processes, the documented
+``main_ppo`` commands, ``+policy_loss.*`` keys without a ``_target_`` override, start-up errors in
+gapo's words, and the packages verl's default trainer imports.
 
 The two launch commands are read from docs/scale-out.md, so the docs and these tests cannot
 drift apart. Nothing here starts Ray.
@@ -230,6 +230,27 @@ _RECORD = textwrap.dedent("""
         f.write(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}) + "\\n")
 """)
 
+# a fresh `import verl`: which of verl's two mechanisms imports the adapter, and what is registered
+_PROBE = textwrap.dedent("""
+    import sys, traceback
+
+    class _Spy:  # reports which of verl's two mechanisms imports the adapter
+        def find_spec(self, name, path=None, target=None):
+            if name == "gapo.integrations.verl":
+                frames = [f.name for f in traceback.extract_stack()]
+                how = "env_var" if "import_external_libs" in frames else "entry_point" if "load" in frames else "?"
+                print("LOADED_BY", how)
+            return None
+
+    sys.meta_path.insert(0, _Spy())
+    {pre}
+    import verl
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R
+    print("REGISTERED", sorted(k for k in ("gapo", "gapo_seq") if k in R),
+          getattr(R.get("gapo"), "__module__", None))
+    {post}
+""")
+
 # what main_ppo's start-up imports besides verl, gapo, ray and the default trainer's own packages
 # (transfer_queue, fastapi, uvicorn, zmq, …, imported by the replay itself): loaded once, before the fork
 MAIN_PPO_PRELOAD = [
@@ -245,14 +266,43 @@ MAIN_PPO_PRELOAD = [
 ]
 
 
-@pytest.mark.slow
-def test_docs_scripts_start_main_ppo(tmp_path):
-    """Both documented scripts, run verbatim by bash with `python3` standing for a recorder; each
-    recorded call is then replayed (its arguments, environment and folder) in a fresh process that
-    runs verl's main_ppo up to Ray: the plugin loads through the entry point, the start-up
-    imports of the default trainer succeed, and every override arrives. The replays are forked
-    children of one interpreter that has imported torch & co but not verl, gapo or ray
-    (tests/integrations/_forked.py)."""
+def _loading_cases():
+    """The fresh `import verl` cases of test_loading_in_fresh_processes."""
+    broken_post = textwrap.dedent("""
+        try:
+            R["gapo"]()
+        except RuntimeError as e:
+            print("STUB", e)
+    """)
+
+    def case(env_update, pre="", post=""):
+        return {
+            "code": _PROBE.format(pre=pre, post=post),
+            "env_drop_prefixes": ["VERL_USE_EXTERNAL"],
+            "env_update": env_update,
+            "cwd": "/",
+        }
+
+    return {
+        "entry_point": case({}),
+        "env_var": case({"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "gapo.integrations.verl"}),
+        # the core cannot be imported: verl's loader alone would hide that at DEBUG level
+        "broken": case({}, pre="sys.modules['gapo.core.losses'] = None", post=broken_post),
+    }
+
+
+@pytest.fixture(scope="module")
+def fresh_processes(tmp_path_factory):
+    """``({case: (exit status, stdout, stderr)}, tmp folder)``: the cases of
+    test_loading_in_fresh_processes and, as ``gapo``/``gapo_seq``, the documented scripts' start-up.
+
+    Both scripts run verbatim by bash with `python3` a recorder of its call; each recorded call is
+    then replayed (its arguments, environment and folder) through verl's real main_ppo. Every case
+    is a fresh process for verl and gapo: a forked child of one interpreter that has imported
+    torch, transformers, hydra & co but not verl, gapo or ray (asserted;
+    tests/integrations/_forked.py), so the first ``import verl``, the plugin's load and the default
+    trainer's start-up imports are that child's."""
+    tmp_path = tmp_path_factory.mktemp("fresh")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (tmp_path / "capture.py").write_text(_CAPTURE)
@@ -261,7 +311,7 @@ def test_docs_scripts_start_main_ppo(tmp_path):
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I -S "{tmp_path / "record.py"}" "$@"\n')
     shim.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_USE_EXTERNAL", "MODEL", "DATA"))}
-    cases = {}
+    cases = _loading_cases()
     for mode, script in doc_scripts().items():
         run_dir = tmp_path / mode
         run_dir.mkdir()
@@ -301,9 +351,38 @@ def test_docs_scripts_start_main_ppo(tmp_path):
         env=env,
         timeout=1800,
         quiet_s=60,
-        what="verl's main_ppo start-up (both scripts)",
+        what="three fresh `import verl` and verl's main_ppo start-up (both scripts)",
     )
-    for mode, (rc, stdout, stderr) in done.items():
+    return done, tmp_path
+
+
+@pytest.mark.slow
+def test_loading_in_fresh_processes(fresh_processes):
+    """``import verl`` alone registers the losses through the entry point; with entry points off,
+    ``VERL_USE_EXTERNAL_MODULES`` does; a failing import is loud (ERROR log, and stubs that raise
+    the cause instead of verl's "Unsupported loss mode"). Each case is a process whose first
+    ``import verl`` (and of gapo) is the probe's."""
+    out = fresh_processes[0]
+    ok = "REGISTERED ['gapo', 'gapo_seq'] gapo.integrations.verl"
+    for how in ("entry_point", "env_var"):
+        rc, stdout, stderr = out[how]
+        assert rc == 0, (how, stderr[-4000:])
+        assert ok in stdout and f"LOADED_BY {how}" in stdout, out[how]
+        assert stdout.count("LOADED_BY") == 1, out[how]
+    rc, stdout, stderr = out["broken"]
+    assert rc == 0, stderr[-4000:]
+    assert "gapo's verl plugin failed to load" in stderr, stderr
+    assert "STUB gapo's verl plugin failed to load" in stdout, stdout
+
+
+@pytest.mark.slow
+def test_docs_scripts_start_main_ppo(fresh_processes):
+    """Both documented scripts, run verbatim by bash, their `python3` call replayed in a fresh
+    process that runs verl's main_ppo up to Ray (the fixture): the plugin loads through the entry
+    point, the start-up imports of the default trainer succeed, and every override arrives."""
+    done, tmp_path = fresh_processes
+    for mode in doc_scripts():
+        rc, stdout, stderr = done[mode]
         assert rc == 0, (mode, stderr[-4000:])
         line = [ln for ln in stdout.splitlines() if ln.startswith("GAPO_CAPTURE ")]
         assert len(line) == 1, (stdout[-2000:], stderr[-4000:])
