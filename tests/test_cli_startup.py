@@ -50,10 +50,12 @@ def test_help_imports_no_heavy_library_and_costs_under_half_a_second(sub, tmp_pa
     if sub and sub[0] not in build_parser()._subparsers._group_actions[0].choices:
         pytest.skip(f"no {sub[0]} command")
     best = float("inf")
-    for _ in range(3):  # the least of 3: a page-cache miss of a cold file system is not the CLI's cost
+    for _ in range(3):  # the least of up to 3: a page-cache miss of a cold file system is not the CLI's cost
         rc, heavy, _, cpu = _run([*sub, "--help"], tmp_path)
         assert rc == 0 and heavy == [], heavy
         best = min(best, cpu)
+        if best < 0.5:  # the bound below holds already: more tries cannot change the verdict
+            break
     # measured 0.08-0.10 s of CPU on the project's 2-core machines (Python start-up included)
     assert best < 0.5, f"gapo {' '.join(sub)} --help used {best:.2f} s of CPU"
 
