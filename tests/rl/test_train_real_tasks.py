@@ -22,12 +22,24 @@ def ascii_policy(tmp_path_factory):
     return str(save_policy(model, tok, tmp_path_factory.mktemp("policy") / "p"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _close_scoring_pools():
+    """The trainers here run in this process: the scoring pool they start (task.scoring_workers) is
+    the process-wide one, shared by this file's tests and closed (its workers reaped) at the end."""
+    yield
+    from gapo.exec.scoring import SHARED
+
+    SHARED.close()
+
+
 def _train(tmp_path, policy, task, *extra):
+    """``gapo train --task TASK --model POLICY`` for one step, in this process (the command line is
+    the same parser and trainer; a fresh interpreter would only add its imports: ~10 s of CPU for
+    transformers). Its train and eval records."""
+    from gapo.cli import main
+
     run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "gapo.cli",
+    argv = [
         "train",
         "--task",
         task,
@@ -45,8 +57,7 @@ def _train(tmp_path, policy, task, *extra):
         "train.progress=false",
         *extra,
     ]
-    p = timing.run(cmd, capture_output=True, text=True, timeout=1200, quiet_s=60, what=f"one gapo train step on {task}")
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert main(argv) == 0
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [r for r in recs if r["kind"] == "train"], [r for r in recs if r["kind"] == "eval"]
 
