@@ -2,6 +2,7 @@
 resume is checked against, symlinked --out, a full disk. Each scenario checks the folder's
 contents afterwards (tests/rl/test_run_dir.py's snapshot), not only the message."""
 
+import contextlib
 import json
 import os
 import signal
@@ -97,46 +98,10 @@ def test_a_fresh_run_into_a_locked_name_creates_nothing(tmp_path, easy_policy, c
         let_go(holder)
 
 
-def test_two_real_trainers_one_folder(tmp_path, easy_policy, capsys):
-    """A trainer runs; a second --resume and an --overwrite of its folder are refused with its
-    PID; once it has stopped, the run resumes, and its steps neither repeat nor lag the checkpoint."""
-    out = tmp_path / "live"
-    cmd = [
-        sys.executable,
-        "-m",
-        "gapo.cli",
-        "train",
-        "--out",
-        str(out),
-        f"model.path={easy_policy}",
-        *BASE,
-        "train.steps=100000",
-        "train.checkpoint_every=1",
-        "eval.problems=0",
-    ]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, text=True)
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline and not (out / "checkpoint.pt").is_file() and p.poll() is None:
-            time.sleep(0.2)
-        assert (out / "checkpoint.pt").is_file(), p.communicate(timeout=5)[0]
-        assert main(["train", "--out", str(out), "--resume", "--allow-change", "train.steps=1"]) == 2
-        assert f"pid {p.pid}" in capsys.readouterr().err
-        assert (
-            main(["train", "--out", str(out), "--overwrite", f"model.path={easy_policy}", *BASE, "train.steps=1"]) == 2
-        )
-        assert f"pid {p.pid}" in capsys.readouterr().err
-        assert not [q for q in tmp_path.iterdir() if ".replaced-" in q.name]
-    finally:
-        p.send_signal(signal.SIGTERM)
-        p.communicate(timeout=300)
-    assert p.returncode == 130
-    step = torch.load(out / "checkpoint.pt", weights_only=False)["step"]
-    assert main(["train", "--out", str(out), "--resume", "--allow-change", f"train.steps={step + 1}"]) == 0
-    steps = [r["step"] for r in records(out) if r["kind"] == "train"]
-    assert steps == list(range(1, step + 2))
-    assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == step + 1
-    assert not (tmp_path / ".live.gapo-lock").exists()  # let go of, and removed
+# Two real trainers, one folder (a running trainer refuses a second --resume and an --overwrite of
+# its folder with its PID; stopped, the run resumes, its steps neither repeated nor lagging the
+# checkpoint): tests/rl/test_trainer.py::test_sigterm_checkpoints_and_exits_cleanly, which already
+# starts and stops a real trainer process (a second one would add ~10 s of CPU, mostly imports).
 
 
 def test_a_killed_holders_lock_is_taken_over(run, capsys):
@@ -499,38 +464,41 @@ def test_a_full_disk_on_an_overwrite_keeps_the_old_run(run, easy_policy, monkeyp
     assert snapshot(run) == before
 
 
-def test_a_real_write_failure_at_a_checkpoint(easy_policy, finished, tmp_path):
-    """A real process whose files cannot grow past half a checkpoint (RLIMIT_FSIZE: torch's own
-    failure path, as on a full disk): one error line, exit 2, the previous checkpoint intact."""
+@contextlib.contextmanager
+def _files_cannot_grow_past(limit: int):
+    """This process's files cannot grow past ``limit`` bytes while the block runs (RLIMIT_FSIZE's
+    soft limit, SIGXFSZ ignored: a write past it fails with EFBIG, as on a full disk); restored after."""
     import resource
 
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def test_a_real_write_failure_at_a_checkpoint(easy_policy, finished, tmp_path, capsys):
+    """Files that cannot grow past half a checkpoint (RLIMIT_FSIZE: torch's own failure path, as on
+    a full disk; nothing mocked): one error line, exit 2, the previous checkpoint intact. In this
+    process (a soft limit, lifted after each call): a fresh interpreter per run added only its
+    imports (~10 s of CPU)."""
     limit = (finished / "checkpoint.pt").stat().st_size // 2
-
-    def small_files():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
     out = tmp_path / "r"
-    base = [sys.executable, "-m", "gapo.cli", "train", "--out", str(out)]
-    r = subprocess.run(
-        base + [f"model.path={easy_policy}", *BASE, "train.steps=1"],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        preexec_fn=small_files,
-    )
-    assert r.returncode == 2, r.stderr
-    assert "Traceback" not in r.stderr and r.stderr.count("error:") == 1
-    assert "cannot write the checkpoint" in r.stderr and "a checkpoint needs about" in r.stderr
+    with _files_cannot_grow_past(limit):
+        code = main(["train", "--out", str(out), f"model.path={easy_policy}", *BASE, "train.steps=1"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and err.count("error:") == 1, err
+    assert "cannot write the checkpoint" in err and "a checkpoint needs about" in err
     assert not (out / "checkpoint.pt").exists() and not [q for q in out.iterdir() if q.name.endswith(".tmp")]
     assert train(out, easy_policy, "train.steps=1", flags=["--overwrite"]) == 0  # a good checkpoint, then resume
     good = (out / "checkpoint.pt").read_bytes()
-    r = subprocess.run(
-        base + ["--resume", "--allow-change", "train.steps=2"],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        preexec_fn=small_files,
-    )
-    assert r.returncode == 2 and "Traceback" not in r.stderr and "cannot write the checkpoint" in r.stderr, r.stderr
+    capsys.readouterr()
+    with _files_cannot_grow_past(limit):
+        code = main(["train", "--out", str(out), "--resume", "--allow-change", "train.steps=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "cannot write the checkpoint" in err, err
     assert (out / "checkpoint.pt").read_bytes() == good

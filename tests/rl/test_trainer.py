@@ -231,15 +231,16 @@ def test_bad_model_path_is_clear(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_and_exits_cleanly(easy_policy, tmp_path):
+def test_sigterm_checkpoints_and_exits_cleanly(easy_policy, tmp_path, capsys):
+    """A real trainer process, without periodic checkpoints. While it trains, a second writer of its
+    folder (``--resume``, ``--overwrite``) is refused with its PID; SIGTERM makes it checkpoint at its
+    last logged step, say how far it got and the command that continues, and exit 130; the run then
+    resumes from there, no step repeated or lost, and the lock is let go of. (tests/rl/test_run_lock.py's
+    "two real trainers, one folder" is this test: one trainer process for both.)"""
+    from gapo.cli import main
+
     run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "gapo.cli",
-        "train",
-        "--out",
-        str(run),
+    overrides = [
         f"model.path={easy_policy}",
         "task.params.n_numbers=2",
         "task.params.num_range=[1,10]",
@@ -247,11 +248,11 @@ def test_sigterm_checkpoints_and_exits_cleanly(easy_policy, tmp_path):
         "train.prompts=8",
         "train.group_size=4",
         "train.mini_batches=2",
-        "train.steps=100000",
         "eval.problems=0",
         "train.checkpoint_every=0",
         "train.progress=false",
     ]
+    cmd = [sys.executable, "-m", "gapo.cli", "train", "--out", str(run), *overrides, "train.steps=100000"]
     p = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ | {"OMP_NUM_THREADS": "1"}
     )
@@ -263,10 +264,17 @@ def test_sigterm_checkpoints_and_exits_cleanly(easy_policy, tmp_path):
             what="the first training step of a gapo train run",
             poll_s=0.2,
         )
-    finally:
-        if p.poll() is None and not (run / "metrics.jsonl").is_file():
-            p.kill()
-    assert (run / "metrics.jsonl").is_file(), p.communicate(timeout=60)[0]
+        assert (run / "metrics.jsonl").is_file(), p.communicate(timeout=60)[0]
+        # its folder has one writer: a second one is refused, naming the trainer's PID
+        assert main(["train", "--out", str(run), "--resume", "--allow-change", "train.steps=1"]) == 2
+        assert f"pid {p.pid}" in capsys.readouterr().err
+        assert main(["train", "--out", str(run), "--overwrite", *overrides, "train.steps=1"]) == 2
+        assert f"pid {p.pid}" in capsys.readouterr().err
+        assert not [q for q in tmp_path.iterdir() if ".replaced-" in q.name]  # nothing moved aside
+    except BaseException:
+        p.kill()
+        p.communicate(timeout=60)
+        raise
     p.send_signal(signal.SIGTERM)
     out, _ = timing.communicate(p, timeout=600, quiet_s=10, what="gapo train checkpointing after SIGTERM")
     assert p.returncode == 130, out
@@ -277,12 +285,11 @@ def test_sigterm_checkpoints_and_exits_cleanly(easy_policy, tmp_path):
     text = out.decode()
     assert f"stopped at step {state['step']} of 100000" in text
     assert f"resume with: gapo train --out {run} --resume" in text
-    # and it resumes from there
-    resumed = Trainer(
-        load_config(None, cmd[6:] + ["train.steps=" + str(state["step"] + 1)]), run, resume=True, allow_change=True
-    )
-    resumed.fit()
-    assert resumed.step == state["step"] + 1
+    # and it resumes from there: its steps neither repeat nor lag the checkpoint
+    assert main(["train", "--out", str(run), "--resume", "--allow-change", f"train.steps={state['step'] + 1}"]) == 0
+    assert [r["step"] for r in _records(run) if r["kind"] == "train"] == list(range(1, state["step"] + 2))
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] == state["step"] + 1
+    assert not (tmp_path / ".run.gapo-lock").exists()  # let go of, and removed
 
 
 def test_tensorboard_logging(easy_policy, tmp_path):
