@@ -134,7 +134,7 @@ def test_every_committed_grid_file_loads():
 
 
 @pytest.mark.slow
-def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path, easy_cache):
+def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path, easy_cache, monkeypatch):
     from gapo.experiments.grid import cell_config, cell_dir
     from gapo.rl.trainer import Trainer
 
@@ -147,6 +147,9 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path, easy_cache):
 
     base = str(get_base_policy(pretrain_config(g["_regimes"]["easy"]), progress=False))
     d = cell_dir(out, "easy", "gapo", 0)
+    # one torch thread, as a cell process gets (grid._spawn): the run records it and its resume in
+    # the cell keeps it; without it the trainer would time its thread probe here (machine/threads.py)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     Trainer(cell_config(g, "easy", "gapo", 0, base_path=base), d).fit(stop_after=1)
     assert (d / "checkpoint.pt").is_file()
 
