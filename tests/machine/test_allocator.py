@@ -1,6 +1,5 @@
 """glibc allocator tuning (gapo.machine.allocator): it removes the per-step page faults it is there to
-remove, and it is off where asked. Both settings run in one fresh interpreter, glibc's defaults
-first: mallopt is process-wide."""
+remove, and it is off where asked. Each setting runs in a fresh interpreter: mallopt is process-wide."""
 
 import json
 import os
@@ -11,75 +10,59 @@ import pytest
 import timing  # tests/timing.py: timeouts that say they are timeouts
 from gapo.machine import allocator
 
-# One fresh interpreter (mallopt is process-wide and, once called, cannot give back glibc's
-# dynamic defaults) measures both settings, defaults first:
-# - the page faults of ten log-prob forward + backward passes of the same (64 x 24) batch through a
-#   tiny-benchmark-shaped Qwen2, after two warm-up passes: the allocation pattern of a CPU RL
-#   update. glibc's defaults trim each pass's freed activations (heap top over 2 x its ~2 MB
-#   dynamic mmap threshold) and fault them back in on the next;
-# - two trainer steps, with ``model.malloc_tuning`` false, then true (the second ones on a heap
-#   that the earlier work left full of freed, dirty memory, which the tuning reuses).
-# One process instead of one per setting: each start (torch, transformers, gapo) costs more than
-# the probes themselves.
+# Ten log-prob forward + backward passes of the same (64 x 24) batch through a tiny-benchmark-
+# shaped Qwen2, after two warm-up passes: the allocation pattern of a CPU RL update. glibc's
+# defaults trim each pass's freed activations (heap top over 2 x its ~2 MB dynamic mmap
+# threshold) and fault them back in on the next.
 PROBE = r"""
 import json, resource, sys
 import torch
 torch.set_num_threads(1)
+if sys.argv[1] == "true":
+    from gapo.machine.allocator import tune_malloc
+    assert tune_malloc()
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from gapo.policy.sampling import logprobs
-
-def faults():
-    torch.manual_seed(0)
-    m = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
-                                     num_attention_heads=4, num_key_value_heads=4,
-                                     max_position_embeddings=64)).train()
-    ids = torch.randint(3, 32, (64, 24))
-    def one_pass():
-        lp, _ = logprobs(m, ids, torch.ones_like(ids), 16, entropy_grad=False)
-        lp.sum().backward()
-        m.zero_grad(set_to_none=True)
-    one_pass(); one_pass()
-    r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(10):
-        one_pass()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0
-
-def steps(tuning):
-    import tempfile
-    from pathlib import Path
-    from gapo.rl.config import load_config
-    from gapo.rl.trainer import Trainer
-    cfg = load_config(None, ["train.steps=2", "eval.problems=0", "train.progress=false", "train.checkpoint_every=0",
-                             "model.threads=1", "model.malloc_tuning=" + tuning])
-    tr = Trainer(cfg, Path(tempfile.mkdtemp()) / "run")
-    recs = [tr.train_step() for _ in range(2)]
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in recs]
-
-out = {"false": {"faults": faults()}}
-out["false"]["steps"] = steps("false")
-from gapo.machine.allocator import tune_malloc
-assert tune_malloc()
-out["true"] = {"faults": faults()}
-out["true"]["steps"] = steps("true")
-print(json.dumps(out))
+torch.manual_seed(0)
+m = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
+                                 num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)).train()
+ids = torch.randint(3, 32, (64, 24))
+def one_pass():
+    lp, _ = logprobs(m, ids, torch.ones_like(ids), 16, entropy_grad=False)
+    lp.sum().backward()
+    m.zero_grad(set_to_none=True)
+one_pass(); one_pass()
+r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    one_pass()
+print(json.dumps({"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0}))
 """
 
 glibc = pytest.mark.skipif(allocator._libc() is None, reason="mallopt tuning is glibc-only")
 
 
-@pytest.fixture(scope="module")
-def probes():
+def _probe(tuning: str) -> dict:
+    """One fresh interpreter per setting runs both probes: the page faults (``PROBE``), then two
+    trainer steps (``STEPS``); mallopt is process-wide, and both probes run under the same one.
+    One process instead of two per setting: each start (torch, transformers, gapo) costs more
+    than the probes themselves."""
     out = timing.run(
-        [sys.executable, "-c", PROBE],
+        [sys.executable, "-c", PROBE + STEPS, tuning],
         capture_output=True,
         text=True,
         check=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", "GAPO_MALLOC_TUNING": "1"},
         timeout=900,
-        quiet_s=25,
-        what="the page-fault probe and two trainer steps, without and with the tuning",
+        quiet_s=40,
+        what=f"the page-fault probe and two trainer steps (tuning={tuning})",
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    faults, steps = out.stdout.strip().splitlines()[-2:]
+    return {"faults": json.loads(faults)["faults"], "steps": json.loads(steps)}
+
+
+@pytest.fixture(scope="module")
+def probes():
+    return {t: _probe(t) for t in ("false", "true")}
 
 
 @glibc
@@ -110,6 +93,19 @@ def test_trainer_respects_model_malloc_tuning(monkeypatch, tmp_path):
     assert calls == []
     trainer_mod.Trainer(load_config(None, base), tmp_path / "on")
     assert calls == [1]
+
+
+STEPS = r"""
+import json, sys, tempfile
+from pathlib import Path
+from gapo.rl.config import load_config
+from gapo.rl.trainer import Trainer
+cfg = load_config(None, ["train.steps=2", "eval.problems=0", "train.progress=false", "train.checkpoint_every=0",
+                         "model.threads=1", "model.malloc_tuning=" + sys.argv[1]])
+tr = Trainer(cfg, Path(tempfile.mkdtemp()) / "run")
+recs = [tr.train_step() for _ in range(2)]
+print(json.dumps([{k: v for k, v in r.items() if not k.startswith("time/")} for r in recs]))
+"""
 
 
 @glibc
