@@ -9,6 +9,9 @@
 (``seed<k>.json`` next to the run folder) and writes ``done.json`` or ``failed.json``. Exit
 codes: 0 done, 1 failed (recorded), 75 busy (another process holds the cell's run-folder lock;
 nothing written), 130 stopped by SIGTERM (checkpointed; resumes next time).
+A cell stops the same way when the ``gapo compare`` that started it ends, even by ``kill -9``
+(:func:`_stop_with_parent`), and one that finds its folder locked waits a while for the holder (an
+orphan of a killed grid, finishing its step) before it answers busy.
 torch, transformers and the trainer (about 10 s of CPU to import) are imported only once a job
 needs them: a cell whose folder is locked, unusable or whose spec is invalid ends in about a second.
 """
@@ -17,7 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -27,6 +33,40 @@ from gapo.rl.config import from_dict
 from gapo.rl.run_dir import RunFolder, RunLocked
 
 BUSY = 75  # EX_TEMPFAIL: the cell's folder is locked by another process; nothing was written
+PARENT_ENV = "GAPO_GRID_PID"  # set by grid._spawn: the pid of the `gapo compare` that started this job
+BUSY_WAIT_S = 60.0  # how long a cell waits for its folder's lock before it answers BUSY
+
+
+def _stop_with_parent() -> bool:
+    """Send this process SIGTERM when the ``gapo compare`` that spawned it (pid in ``$GAPO_GRID_PID``)
+    ends, however it ends: the trainer then finishes its step, checkpoints and exits 130, as when the
+    grid stops it. Without this a grid killed with ``kill -9`` leaves its cells training on, holding
+    their folders' locks, and the rerun finds them busy. Returns False if that process has gone
+    already (the job must not start). Linux: ``PR_SET_PDEATHSIG``; elsewhere a thread polls
+    ``getppid()``."""
+    try:
+        parent = int(os.environ.get(PARENT_ENV, ""))
+    except ValueError:
+        return True  # not started by a grid (run by hand): nothing to follow
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+        else:
+            return os.getppid() == parent  # checked after the call: it may have died just before
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled in the main thread, like the grid's own SIGTERM
+
+    if os.getppid() != parent:
+        return False
+    threading.Thread(target=watch, name="gapo-grid-watch", daemon=True).start()
+    return True
 
 
 def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> int:
@@ -109,11 +149,16 @@ def _run_cell(cdir: Path) -> int:
     """Train one cell from its spec; ``done.json`` on success, ``failed.json`` on error."""
     cdir = Path(cdir)
     folder = RunFolder(cdir)
-    try:  # one writer: held until done.json is written and the checkpoint removed
-        folder.lock.acquire()
-    except RunLocked as e:  # not this cell's failure: another process is writing it
-        print(f"cell {str(cdir)!r}: {e}", file=sys.stderr, flush=True)
-        return BUSY
+    deadline = time.monotonic() + BUSY_WAIT_S
+    while True:
+        try:  # one writer: held until done.json is written and the checkpoint removed
+            folder.lock.acquire()
+            break
+        except RunLocked as e:  # not this cell's failure: another process is writing it
+            if time.monotonic() >= deadline:
+                print(f"cell {str(cdir)!r} (waited {BUSY_WAIT_S:.0f} s): {e}", file=sys.stderr, flush=True)
+                return BUSY
+            time.sleep(0.5)  # most often a killed grid's orphan, checkpointing its step
     try:
         return _run_locked_cell(cdir, folder)
     finally:
@@ -183,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         help="build and evaluate a regime's base policy",
     )
     a = ap.parse_args(argv)
+    if not _stop_with_parent():
+        return 130  # the grid that started this job is gone: nothing run, nothing written
     if a.cell:
         return _run_cell(Path(a.cell))
     return _prepare_regime(Path(a.prepare[0]), a.prepare[1], a.prepare[2], a.prepare[3])

@@ -361,7 +361,10 @@ def base_eval_cfg(grid: dict, regime: str) -> dict:
 
 
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # GAPO_GRID_PID: the child stops (checkpointing) when this process ends, even by kill -9 (cell.py)
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", GAPO_GRID_PID=str(os.getpid())
+    )
     log.parent.mkdir(parents=True, exist_ok=True)
     fh = open(log, "a")
     p = subprocess.Popen(
