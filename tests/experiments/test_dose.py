@@ -146,6 +146,26 @@ def test_analyse_hand_computed():
     assert next(x for x in res["primary"] if x["a"][0] == "u4")["verdict"].startswith("not measured")
 
 
+def test_trend_is_the_slope_of_the_differences_on_the_clip_share():
+    res = analyse(_grid(), _cells())
+    t = next(
+        x for x in res["trend"] if (x["cells"], x["a"], x["b"], x["key"]) == ("all", "gapo", "drgrpo", "after/pass@1")
+    )
+    # u32: differences 0.03, 0.04, 0.01 at share 0.09; u4: one seed, difference 0 at share 0.02.
+    # mean x 0.0725, mean y 0.02: Sxx 0.003675, Sxy 0.0014, slope 8/21
+    assert t["slope"] == pytest.approx(8 / 21) and t["n"] == 4 and t["regimes"] == ["u32", "u4"]
+    assert math.isfinite(t["ci"]) and 0 < t["p"] < 1
+    dapo = next(x for x in res["trend"] if (x["cells"], x["b"], x["key"]) == ("all", "dapo", "after/pass@1"))
+    assert dapo["regimes"] == ["u32"] and math.isnan(dapo["slope"])  # u4 ran no DAPO: one share, no slope
+    # no cell learns here (u32 fails the rule, u4 is undetermined): the learning-cells trend is empty
+    assert all(x["n"] == 0 for x in res["trend"] if x["cells"] == "learning")
+    # 2 cell-sets x 2 comparisons x 2 keys, counted among the secondary intervals
+    assert len(res["trend"]) == 8
+    # GAPO − Dr.GRPO clipping at c = 1, 2 in both cells (once, though GAPO has two comparators), the width
+    # block's between-method rows, the trend rows
+    assert res["n_secondary_intervals"] == 2 * 2 + sum(1 for x in res["width"] if x.get("b")) + 8
+
+
 def test_width_pairs_read_the_dose_cell_and_the_width_block():
     res = analyse(_grid(), _cells())
     w28 = [x for x in res["width"] if x["width"] == 0.28 and x.get("b")]

@@ -15,7 +15,10 @@ module reports
   seeds counts with p = 1, so an unfinished grid is adjusted as strictly as the finished one), and
   a seed × problem bootstrap interval (:func:`gapo.experiments.stats.seed_problem_bootstrap`);
 - a verdict in the plan's words (:func:`verdict_words`);
-- width sensitivity (``dose.width``): GAPO at upper width w against clip-higher at the same w.
+- width sensitivity (``dose.width``): GAPO at upper width w against clip-higher at the same w;
+- the **trend**: does the effect grow with the clip-binding share? The least-squares slope of the
+  same-seed differences on their cell's clip-binding share, pooled over the cells (all cells, and
+  the cells that learn by the plan's rule), with its 95% t interval (secondary, unadjusted).
 
 and the figure users need: GAPO's effect (mean, 95% CI) against the clip-binding share, one point
 per cell (``dose_response.png``). ``gapo compare --config configs/dose-response.yaml
@@ -34,7 +37,7 @@ import tarfile
 from pathlib import Path
 
 from gapo.experiments.grid import cell_config, methods_of, write_json
-from gapo.experiments.stats import holm, mean_ci, paired_problem_diffs, seed_problem_bootstrap, t_pvalue
+from gapo.experiments.stats import holm, mean_ci, ols_slope, paired_problem_diffs, seed_problem_bootstrap, t_pvalue
 
 __all__ = [
     "dose_spec",
@@ -215,8 +218,17 @@ def analyse(grid: dict, cells: dict) -> dict:
                 width.append(row)
             width.append({**_compare(cells, (reg, a), (w["at"], ref), "after/pass@1", seeds, B), "width": wd})
             width.append({"a": [reg, b], "b": [], "key": _CLIP, "width": wd, **_share(cells, reg, b, seeds, _CLIP)})
-    n_secondary = sum(len(lv.get(f"{a}_clip_c", {})) for lv in levels for a, _ in spec["comparisons"]) + sum(
-        1 for x in width if x.get("b")
+    trend = [
+        {"a": a, "b": b, "key": key, "cells": which, **_trend(cells, levels, a, b, key, seeds, which)}
+        for which in ("all", "learning")
+        for a, b in spec["comparisons"]
+        for key in spec["keys"]
+    ]
+    n_secondary = (
+        # each a − reference clip comparison once (a method compared with two baselines has one)
+        sum(len(lv.get(f"{a}_clip_c", {})) for lv in levels for a in {a for a, b in spec["comparisons"] if b == ref})
+        + sum(1 for x in width if x.get("b"))
+        + len(trend)
     )
     return {
         "grid": grid.get("name"),
@@ -225,11 +237,35 @@ def analyse(grid: dict, cells: dict) -> dict:
         "levels": levels,
         "primary": primary,
         "width": width,
+        "trend": trend,
         "family_size": len(primary),
         "alpha": spec["alpha"],
         "bootstrap": B,
         "n_secondary_intervals": n_secondary,
     }
+
+
+def _trend(cells: dict, levels: list, a: str, b: str, key: str, seeds: list[int], which: str) -> dict:
+    """Slope of the same-seed ``a − b`` differences on ``key`` against their cell's clip-binding share
+    (both fractions: points of difference per point of share), pooled over the dose cells where
+    both methods ran (``which`` = "learning": only the cells that learn by the plan's rule)."""
+    xs, ys, used = [], [], []
+    for lv in levels:
+        r = lv["regime"]
+        if which == "learning" and lv["learns"] != "yes":
+            continue
+        if not lv["clip"]["n"] or not math.isfinite(lv["clip"]["mean"]):
+            continue
+        d = [
+            cells[(r, a, s)]["summary"].get(key, math.nan) - cells[(r, b, s)]["summary"].get(key, math.nan)
+            for s in seeds
+            if (r, a, s) in cells and (r, b, s) in cells
+        ]
+        if d:
+            used.append(r)
+        xs += [lv["clip"]["mean"]] * len(d)
+        ys += d
+    return {**ols_slope(xs, ys), "regimes": used}
 
 
 def _learns(lv: dict, n_planned: int) -> str:
@@ -326,6 +362,28 @@ def dose_markdown(res: dict) -> str:
             L.append(
                 f"| {x['width']} | {x['a'][1]} − {x['b'][1]} (`{x['b'][0]}`) | {x['key'].split('/')[-1]} | "
                 f"{_pt(x)} | {_boot(x)} | {x['n']} | {x.get('verdict') or verdict_words(x)} |"
+            )
+    if res.get("trend"):
+        L += [
+            "",
+            f"## Trend: does the effect grow with {ref}'s clip-binding share? (secondary, unadjusted)",
+            "",
+            "Least-squares slope of the same-seed differences on their cell's clip-binding share: points of "
+            "difference per percentage point of share, 95% t interval (n − 2 degrees of freedom).",
+            "",
+            "| cells | comparison | metric | slope [95% t] | cells used | n | p |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for x in res["trend"]:
+            sl = (
+                "–"
+                if not math.isfinite(x["slope"])
+                else f"{x['slope']:+.2f}"
+                + (f" [{x['slope'] - x['ci']:+.2f}, {x['slope'] + x['ci']:+.2f}]" if math.isfinite(x["ci"]) else "")
+            )
+            L.append(
+                f"| {x['cells']} | {x['a']} − {x['b']} | {x['key'].split('/')[-1]} | {sl} | {len(x['regimes'])} | "
+                f"{x['n']} | {_p(x['p'])} |"
             )
     L += [
         "",

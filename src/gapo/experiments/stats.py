@@ -347,6 +347,37 @@ def t_pvalue(xs: list[float]) -> float:
     return _betainc(df / 2.0, 0.5, df / (df + t * t))
 
 
+def ols_slope(xs: list[float], ys: list[float]) -> dict:
+    """Least-squares slope of ``ys`` on ``xs`` with its 95% t interval and two-sided p-value:
+    ``b = Sxy / Sxx``, ``se = sqrt(SSE / (n − 2) / Sxx)``, ``ci = t_{0.975, n−2} se``,
+    ``p = I_{df/(df+t²)}(df/2, 1/2)`` with ``t = b / se``, ``df = n − 2``. Pairs with a non-finite
+    member are dropped; ``slope`` is NaN with fewer than two distinct ``x``, ``ci`` and ``p`` with
+    fewer than three points."""
+    pts = [
+        (float(x), float(y))
+        for x, y in zip(xs, ys)
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and math.isfinite(x) and math.isfinite(y)
+    ]
+    n, nan = len(pts), float("nan")
+    out = {"slope": nan, "ci": nan, "p": nan, "n": n}
+    if n < 2:
+        return out
+    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0.0:
+        return out
+    b = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    out["slope"] = b
+    if n < 3:
+        return out
+    df = n - 2
+    sse = sum((y - my - b * (x - mx)) ** 2 for x, y in pts)
+    se = math.sqrt(sse / df / sxx)
+    out["ci"] = t975(df) * se
+    out["p"] = (1.0 if b == 0.0 else 0.0) if se == 0.0 else _betainc(df / 2.0, 0.5, df / (df + (b / se) ** 2))
+    return out
+
+
 def holm(pvalues: list[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the input order: with the m finite p-values sorted,
     ``p̃_(i) = max_{j <= i} min(1, (m − j + 1) p_(j))``; rejecting ``p̃ < α`` keeps the family-wise
