@@ -51,14 +51,14 @@ import time; time.sleep(120)
 def test_a_cell_gets_sigterm_when_its_grid_is_killed(tmp_path, how):
     if how == "pdeathsig" and not sys.platform.startswith("linux"):
         pytest.skip("PR_SET_PDEATHSIG is Linux's")
-    mark = tmp_path / "child.txt"
+    mark, child = tmp_path / "child.txt", None
     grid = subprocess.Popen([sys.executable, "-c", PARENT, CHILD, str(mark), how], stdout=subprocess.PIPE, text=True)
     try:
         child = int(grid.stdout.readline())
         assert not mark.exists()
         os.kill(grid.pid, signal.SIGKILL)  # no handler runs: only the child's own watch can notice
         grid.wait()
-        deadline = time.monotonic() + 60  # a failure bound, not a timing claim: it takes well under a second
+        deadline = time.monotonic() + 60  # a failure bound only: a child that never gets SIGTERM
         while not mark.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert mark.read_text() == "SIGTERM"
@@ -66,10 +66,11 @@ def test_a_cell_gets_sigterm_when_its_grid_is_killed(tmp_path, how):
         if grid.poll() is None:
             grid.kill()
         grid.wait()
-        try:
-            os.kill(child, signal.SIGKILL)
-        except (ProcessLookupError, NameError, UnboundLocalError):
-            pass
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_a_cell_whose_grid_is_gone_does_nothing(tmp_path):
@@ -102,32 +103,32 @@ def _invalid_cell(tmp_path):
     return d
 
 
-def test_a_cell_waits_for_a_stopping_holder(tmp_path, monkeypatch):
-    d = _invalid_cell(tmp_path)
-    holder = _hold(d, 1.5)
-    monkeypatch.setattr(cell, "BUSY_WAIT_S", 60.0)
+def _run_while_held(d, hold_s: float, wait_s: float, monkeypatch) -> tuple[int, int]:
+    """``cell._run_cell(d)`` while another process holds ``d``'s lock for ``hold_s`` seconds and the
+    cell waits at most ``wait_s``; returns its exit code and the holder's pid."""
+    holder = _hold(d, hold_s)
+    monkeypatch.setattr(cell, "BUSY_WAIT_S", wait_s)
     try:
-        rc = cell._run_cell(d)
+        return cell._run_cell(d), holder.pid
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_cell_waits_for_a_stopping_holder(tmp_path, monkeypatch):
+    d = _invalid_cell(tmp_path)
+    rc, _ = _run_while_held(d, 1.5, 60.0, monkeypatch)
     assert rc == 1  # it got the lock once the holder let go, and ran (here: failed its checks)
     assert "train.steps" in json.loads((d / "failed.json").read_text())["error"]
 
 
 def test_a_cell_still_held_after_the_wait_is_busy(tmp_path, monkeypatch, capsys):
     d = _invalid_cell(tmp_path)
-    holder = _hold(d, 120)
-    monkeypatch.setattr(cell, "BUSY_WAIT_S", 1.0)
-    try:
-        rc = cell._run_cell(d)
-    finally:
-        holder.kill()
-        holder.wait()
+    rc, pid = _run_while_held(d, 120, 1.0, monkeypatch)
     assert rc == cell.BUSY
     assert not (d / "failed.json").exists()  # nothing written: not this cell's failure
     err = capsys.readouterr().err
-    assert f"pid {holder.pid}" in err and "waited 1 s" in err
+    assert f"pid {pid}" in err and "waited 1 s" in err
 
 
 def test_spawn_tells_the_cell_whose_it_is(tmp_path, monkeypatch):

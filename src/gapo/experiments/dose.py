@@ -37,7 +37,15 @@ import tarfile
 from pathlib import Path
 
 from gapo.experiments.grid import cell_config, methods_of, write_json
-from gapo.experiments.stats import holm, mean_ci, ols_slope, paired_problem_diffs, seed_problem_bootstrap, t_pvalue
+from gapo.experiments.stats import (
+    holm,
+    mean_ci,
+    ols_slope,
+    paired_diffs,
+    paired_problem_diffs,
+    seed_problem_bootstrap,
+    t_pvalue,
+)
 
 __all__ = [
     "dose_spec",
@@ -256,11 +264,7 @@ def _trend(cells: dict, levels: list, a: str, b: str, key: str, seeds: list[int]
             continue
         if not lv["clip"]["n"] or not math.isfinite(lv["clip"]["mean"]):
             continue
-        d = [
-            cells[(r, a, s)]["summary"].get(key, math.nan) - cells[(r, b, s)]["summary"].get(key, math.nan)
-            for s in seeds
-            if (r, a, s) in cells and (r, b, s) in cells
-        ]
+        d = paired_diffs(cells, r, a, b, key, seeds)
         if d:
             used.append(r)
         xs += [lv["clip"]["mean"]] * len(d)
