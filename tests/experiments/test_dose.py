@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from gapo.experiments.dose import analyse, dose_report, dose_spec, pack, unpack, verdict_words
+from gapo.experiments.dose import analyse, dose_markdown, dose_report, dose_spec, pack, unpack, verdict_words
 from gapo.experiments.grid import grid_cells, load_grid
 from gapo.experiments.stats import mean_ci, t_pvalue
 
@@ -164,6 +164,17 @@ def test_trend_is_the_slope_of_the_differences_on_the_clip_share():
     # GAPO − Dr.GRPO clipping at c = 1, 2 in both cells (once, though GAPO has two comparators), the width
     # block's between-method rows, the trend rows
     assert res["n_secondary_intervals"] == 2 * 2 + sum(1 for x in res["width"] if x.get("b")) + 8
+
+
+def test_a_single_cell_grid_has_no_trend_and_counts_none():
+    # the shape of configs/confirm-medium.yaml: one regime, no width block
+    g = _grid(regimes=["u32"], methods=["drgrpo", "dapo", "gapo"], dose={"keys": ["after/pass@1"], "bootstrap": 50})
+    cells = {k: v for k, v in _cells().items() if k[0] == "u32"}
+    res = analyse(g, cells)
+    assert [lv["regime"] for lv in res["levels"]] == ["u32"] and res["trend"] == [] and res["width"] == []
+    assert res["family_size"] == 2
+    assert res["n_secondary_intervals"] == 2  # GAPO − Dr.GRPO clipping at c = 1, 2 only
+    assert "## Trend" not in dose_markdown(res)
 
 
 def test_width_pairs_read_the_dose_cell_and_the_width_block():

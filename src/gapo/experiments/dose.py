@@ -226,12 +226,17 @@ def analyse(grid: dict, cells: dict) -> dict:
                 width.append(row)
             width.append({**_compare(cells, (reg, a), (w["at"], ref), "after/pass@1", seeds, B), "width": wd})
             width.append({"a": [reg, b], "b": [], "key": _CLIP, "width": wd, **_share(cells, reg, b, seeds, _CLIP)})
-    trend = [
-        {"a": a, "b": b, "key": key, "cells": which, **_trend(cells, levels, a, b, key, seeds, which)}
-        for which in ("all", "learning")
-        for a, b in spec["comparisons"]
-        for key in spec["keys"]
-    ]
+    # a grid of one cell (configs/confirm-medium.yaml) has no dose axis: no slope to fit or to count
+    trend = (
+        [
+            {"a": a, "b": b, "key": key, "cells": which, **_trend(cells, levels, a, b, key, seeds, which)}
+            for which in ("all", "learning")
+            for a, b in spec["comparisons"]
+            for key in spec["keys"]
+        ]
+        if len(levels) >= 2
+        else []
+    )
     n_secondary = (
         # each a − reference clip comparison once (a method compared with two baselines has one)
         sum(len(lv.get(f"{a}_clip_c", {})) for lv in levels for a in {a for a, b in spec["comparisons"] if b == ref})
