@@ -9,7 +9,16 @@ import tarfile
 
 import pytest
 
-from gapo.experiments.dose import analyse, dose_markdown, dose_report, dose_spec, pack, unpack, verdict_words
+from gapo.experiments.dose import (
+    analyse,
+    dose_markdown,
+    dose_report,
+    dose_spec,
+    pack,
+    trend_line,
+    unpack,
+    verdict_words,
+)
 from gapo.experiments.grid import grid_cells, load_grid
 from gapo.experiments.stats import mean_ci, t_pvalue
 
@@ -175,6 +184,16 @@ def test_a_single_cell_grid_has_no_trend_and_counts_none():
     assert res["family_size"] == 2
     assert res["n_secondary_intervals"] == 2  # GAPO − Dr.GRPO clipping at c = 1, 2 only
     assert "## Trend" not in dose_markdown(res)
+
+
+def test_the_figure_draws_the_trend_tables_line():
+    res = analyse(_grid(), _cells())
+    # the hand-computed trend above: slope 8/21, through (mean x 0.0725, mean y 0.02)
+    (xs, ys), label = trend_line(res, "gapo", "drgrpo", "after/pass@1", [0.09, 0.02])
+    assert xs == pytest.approx([2.0, 9.0])
+    assert ys == pytest.approx([(0.02 + 8 / 21 * (x - 0.0725)) * 100 for x in (0.02, 0.09)])
+    assert label.startswith("gapo − drgrpo: slope +0.38 [")
+    assert trend_line(res, "gapo", "dapo", "after/pass@1", [0.09]) is None  # one share: no slope
 
 
 def test_width_pairs_read_the_dose_cell_and_the_width_block():

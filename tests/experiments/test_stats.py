@@ -358,12 +358,14 @@ def test_ols_slope_hand_computed():
     # mean x 1.5, mean y 2.75, Sxx 5, Sxy 5.5: slope 1.1; residuals -0.1, 0.8, -1.3, 0.6 (SSE 2.7)
     r = ols_slope([0, 1, 2, 3], [1, 3, 2, 5])
     assert r["slope"] == pytest.approx(1.1) and r["n"] == 4
+    assert r["intercept"] == pytest.approx(2.75 - 1.1 * 1.5)
     se = math.sqrt(2.7 / 2 / 5)
     assert r["ci"] == pytest.approx(4.303 * se)
     t = 1.1 / se  # with 2 degrees of freedom the two-sided p is 1 - t / sqrt(2 + t^2) exactly
     assert r["p"] == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-6)
     exact = ols_slope([1, 2, 3], [4, 7, 10])  # on a line: slope 3, no residual
     assert exact["slope"] == pytest.approx(3.0) and exact["ci"] == 0.0 and exact["p"] == 0.0
+    assert exact["intercept"] == pytest.approx(1.0)
     flat = ols_slope([1, 1, 1], [1, 2, 3])  # one x: no slope
     assert math.isnan(flat["slope"]) and flat["n"] == 3
     two = ols_slope([0, 1, float("nan")], [0, 2, 5])  # the NaN pair dropped; two points: slope, no interval

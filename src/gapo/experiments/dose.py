@@ -404,6 +404,19 @@ def dose_markdown(res: dict) -> str:
 
 
 # --------------------------------------------------------------------------------- the figure
+def trend_line(res: dict, a: str, b: str, key: str, shares: list[float]):
+    """The trend table's least-squares line of ``a − b`` on ``key`` over all cells, drawn across the
+    cells' clip-binding ``shares`` (fractions): ``((xs, ys), label)`` in percent and points, or None
+    when there is no finite slope."""
+    fit = next((t for t in res.get("trend", []) if (t["cells"], t["a"], t["b"], t["key"]) == ("all", a, b, key)), None)
+    if not fit or not math.isfinite(fit["slope"]) or not shares:
+        return None
+    x = [min(shares), max(shares)]
+    y = [(fit["intercept"] + fit["slope"] * v) * 100 for v in x]
+    ci = f" [{fit['slope'] - fit['ci']:+.2f}, {fit['slope'] + fit['ci']:+.2f}]" if math.isfinite(fit["ci"]) else ""
+    return ([v * 100 for v in x], y), f"{a} − {b}: slope {fit['slope']:+.2f}{ci}"
+
+
 def dose_figure(res: dict, fdir: Path, name: str = "dose_response.png") -> str | None:
     """GAPO's effect (mean, 95% t CI, points) against the reference's clip-binding share (%), one
     point per dose cell and comparison, one panel per primary metric."""
@@ -430,8 +443,12 @@ def dose_figure(res: dict, fdir: Path, name: str = "dose_response.png") -> str |
             ys = [p["mean"] * 100 for _, p in pts]
             ye = [p["ci"] * 100 if math.isfinite(p["ci"]) else 0 for _, p in pts]
             xe = [c["ci"] * 100 if math.isfinite(c["ci"]) else 0 for c, _ in pts]
-            ax.errorbar(xs, ys, yerr=ye, xerr=xe, fmt="os"[i % 2], capsize=3, label=f"{a} − {b}")
+            eb = ax.errorbar(xs, ys, yerr=ye, xerr=xe, fmt="os"[i % 2], capsize=3, label=f"{a} − {b}")
             drawn = True
+            line = trend_line(res, a, b, key, [c["mean"] for c, _ in pts])
+            if line:
+                (px, py), label = line
+                ax.plot(px, py, ls="--", lw=1, color=eb[0].get_color(), label=label)
             for x, y, (_, p) in zip(xs, ys, pts):
                 ax.annotate(p["a"][0], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
         ax.axhline(0, color="k", lw=0.6)

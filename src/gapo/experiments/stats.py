@@ -349,7 +349,7 @@ def t_pvalue(xs: list[float]) -> float:
 
 def ols_slope(xs: list[float], ys: list[float]) -> dict:
     """Least-squares slope of ``ys`` on ``xs`` with its 95% t interval and two-sided p-value:
-    ``b = Sxy / Sxx``, ``se = sqrt(SSE / (n − 2) / Sxx)``, ``ci = t_{0.975, n−2} se``,
+    ``b = Sxy / Sxx`` (``intercept = ȳ − b x̄``), ``se = sqrt(SSE / (n − 2) / Sxx)``, ``ci = t_{0.975, n−2} se``,
     ``p = I_{df/(df+t²)}(df/2, 1/2)`` with ``t = b / se``, ``df = n − 2``. Pairs with a non-finite
     member are dropped; ``slope`` is NaN with fewer than two distinct ``x``, ``ci`` and ``p`` with
     fewer than three points."""
@@ -359,7 +359,7 @@ def ols_slope(xs: list[float], ys: list[float]) -> dict:
         if isinstance(x, (int, float)) and isinstance(y, (int, float)) and math.isfinite(x) and math.isfinite(y)
     ]
     n, nan = len(pts), float("nan")
-    out = {"slope": nan, "ci": nan, "p": nan, "n": n}
+    out = {"slope": nan, "intercept": nan, "ci": nan, "p": nan, "n": n}
     if n < 2:
         return out
     mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
@@ -367,7 +367,7 @@ def ols_slope(xs: list[float], ys: list[float]) -> dict:
     if sxx == 0.0:
         return out
     b = sum((x - mx) * (y - my) for x, y in pts) / sxx
-    out["slope"] = b
+    out["slope"], out["intercept"] = b, my - b * mx
     if n < 3:
         return out
     df = n - 2
