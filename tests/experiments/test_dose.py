@@ -183,7 +183,9 @@ def test_a_single_cell_grid_has_no_trend_and_counts_none():
     assert [lv["regime"] for lv in res["levels"]] == ["u32"] and res["trend"] == [] and res["width"] == []
     assert res["family_size"] == 2
     assert res["n_secondary_intervals"] == 2  # GAPO − Dr.GRPO clipping at c = 1, 2 only
-    assert "## Trend" not in dose_markdown(res)
+    md = dose_markdown(res)
+    assert "## Trend" not in md and md.startswith("# Pre-registered comparison (dose-test)")
+    assert dose_markdown(analyse(_grid(), _cells())).startswith("# Dose-response on the clip (dose-test)")
 
 
 def test_the_figure_draws_the_trend_tables_line():

@@ -322,7 +322,8 @@ def dose_markdown(res: dict) -> str:
     """``dose.md``: the cells, the primary family with verdicts, the width block, the counts."""
     ref = res["reference"]
     L = [
-        f"# Dose-response on the clip ({res['grid']})",
+        # one cell is a pre-registered comparison, not a dose-response (configs/confirm-medium.yaml)
+        f"# {'Dose-response on the clip' if len(res['levels']) >= 2 else 'Pre-registered comparison'} ({res['grid']})",
         "",
         f"Seeds planned: {len(res['seeds'])} ({res['seeds'][0]}–{res['seeds'][-1]}). Values in points (pass@k) "
         f"or percent (clip shares); intervals: 95% Student t over seeds; 'seed×problem': the two-way bootstrap "
