@@ -159,6 +159,11 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path, easy_cache, mon
     # it says what phase 1 does and estimates phase 2 before it starts (no cell finished yet here)
     assert any(s.startswith("regime easy: base policy") and "is cached" in s for s in said), said
     assert any(s.startswith("estimate: no cell time known yet") for s in said), said
+    # the base evaluation records which weights it evaluated (what a resume elsewhere checks against)
+    from gapo.experiments.grid import weights_sha256
+
+    rec = json.loads((out / "easy" / "base_eval.json").read_text())
+    assert rec["policy"] == base and rec["weights_sha256"] == weights_sha256(base) is not None
     for m in ("drgrpo", "gapo"):
         done = json.loads((cell_dir(out, "easy", m, 0) / "done.json").read_text())
         assert done["step"] == 2 and "eval/pass@1" in done["eval"]

@@ -74,7 +74,7 @@ def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> i
     import torch
 
     from gapo import tasks
-    from gapo.experiments.grid import pretrain_config, regime_task
+    from gapo.experiments.grid import pretrain_config, regime_task, weights_sha256
     from gapo.policy.base_policy import get_base_policy
     from gapo.policy.model import load_policy
     from gapo.policy.sampling import SamplingParams
@@ -100,7 +100,8 @@ def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> i
             plan=EvalPlan(n=ev["samples"], seed=ev["seed"]),
         )
         res.update(kind="eval", step=0)
-    write_json(rdir / "base_eval.json", {"policy": str(path), "eval_cfg": ev, "eval": res})
+    rec = {"policy": str(path), "weights_sha256": weights_sha256(path), "eval_cfg": ev, "eval": res}
+    write_json(rdir / "base_eval.json", rec)
     return 0
 
 

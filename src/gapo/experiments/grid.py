@@ -28,6 +28,7 @@ The report over finished cells is :func:`gapo.experiments.report.grid_report`.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import json
 import os
@@ -441,18 +442,61 @@ def _run_grid(grid: dict, out: Path, retry_failed: bool, say) -> dict:
         lock.release()
 
 
+def weights_sha256(policy: Path | str) -> str | None:
+    """sha256 over a policy folder's ``*.safetensors`` files (sorted by name), or None if it has none."""
+    files = sorted(Path(policy).glob("*.safetensors"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _base_still_there(rec: dict) -> bool:
+    """A ``base_eval.json`` record's policy is on this machine, and (where the record has its
+    digest) with the same weights."""
+    path = Path(rec.get("policy", ""))
+    if not (path / "config.json").is_file():
+        return False
+    want = rec.get("weights_sha256")
+    return want is None or weights_sha256(path) == want
+
+
+def _same_base(old: dict, new: dict) -> bool:
+    """Whether a rebuilt base is the one an earlier ``base_eval.json`` recorded: the same weights
+    digest where both have one, else the same evaluation, value for value (its timings aside)."""
+    if old.get("weights_sha256") and new.get("weights_sha256"):
+        return old["weights_sha256"] == new["weights_sha256"]
+
+    def values(rec):
+        return {k: v for k, v in (rec.get("eval") or {}).items() if not k.startswith("time/")}
+
+    return values(old) == values(new)
+
+
 def _prepare_regimes(grid: dict, out: Path, t0: float, say) -> dict[str, dict]:
     """Phase 1: every regime's base policy and base evaluation (one job per regime, in parallel,
-    skipped where ``base_eval.json`` matches); returns each regime's ``base_eval.json``."""
+    skipped where ``base_eval.json`` matches and its policy is still there); returns each regime's
+    ``base_eval.json``. A base rebuilt for a regime that has finished cells must be the one they
+    trained from (pretraining is reproducible on one machine type, not across all): if it is not,
+    the old record is put back and nothing runs."""
     from gapo.policy.base_policy import cache_dir, shipped_dir
 
-    prep = []
+    prep, before = [], {}
     for r in grid["regimes"]:
         spec = grid["_regimes"][r]
         ev = base_eval_cfg(grid, r)
         be = out / r / "base_eval.json"
-        if be.is_file() and json.loads(be.read_text()).get("eval_cfg") == ev:
-            continue
+        if be.is_file():
+            rec = json.loads(be.read_text())
+            if rec.get("eval_cfg") == ev:
+                if _base_still_there(rec):
+                    continue
+                if any((out / r).glob("*/seed*/done.json")):
+                    before[r] = rec  # rebuilt below, then checked against the finished cells' base
         argv = ["--prepare", str(out), r, json.dumps(grid["_regimes"][r]), json.dumps(ev)]
         prep.append(
             (
@@ -486,6 +530,16 @@ def _prepare_regimes(grid: dict, out: Path, t0: float, say) -> dict[str, dict]:
         if not be.is_file():
             raise RuntimeError(f"regime {r}: base policy could not be prepared; see {out / r / 'prepare.log'}")
         bases[r] = json.loads(be.read_text())
+    for r, old in before.items():
+        if not _same_base(old, bases[r]):
+            write_json(out / r / "base_eval.json", old)
+            raise RuntimeError(
+                f"regime {r}: the base policy rebuilt at {bases[r]['policy']} is not the one the finished cells "
+                f"in {out / r} trained from (weights sha256 {bases[r].get('weights_sha256')}, recorded "
+                f"{old.get('weights_sha256')}; base pass@1 {bases[r]['eval'].get('eval/pass@1')}, recorded "
+                f"{(old.get('eval') or {}).get('eval/pass@1')}); resuming would mix two base policies. Put the "
+                f"original weights at {old.get('policy')}, or run the grid into a new --out."
+            )
     return bases
 
 
