@@ -242,7 +242,8 @@ def test_pack_and_unpack_keep_only_the_raw_records(tmp_path):
     unfinished = runs / "u32" / "gapo" / "seed1"
     unfinished.mkdir()
     (unfinished / "metrics.jsonl").write_text("x")
-    assert pack(runs, tmp_path / "raw.tar.xz") == 1
+    assert pack(runs, tmp_path / "new" / "raw.tar.xz") == 1  # its folder is made
+    (tmp_path / "new" / "raw.tar.xz").rename(tmp_path / "raw.tar.xz")
     unpack(tmp_path / "raw.tar.xz", tmp_path / "back")
     got = sorted(str(p.relative_to(tmp_path / "back")) for p in (tmp_path / "back").rglob("*") if p.is_file())
     assert got == [
@@ -339,8 +340,11 @@ def test_a_rerun_reuses_every_regimes_base_evaluation(tmp_path, monkeypatch):
             "task": gridmod.regime_task(spec),
         }
         assert isinstance(ev["task"]["params"]["num_range"], tuple)  # what made the old comparison fail
+        policy = tmp_path / "policy"  # the base is still on this machine (else phase 1 rebuilds it)
+        policy.mkdir(exist_ok=True)
+        (policy / "config.json").write_text("{}")
         gridmod.write_json(
-            tmp_path / r / "base_eval.json", {"policy": "p", "eval_cfg": ev, "eval": {"eval/pass@1": 0.1}}
+            tmp_path / r / "base_eval.json", {"policy": str(policy), "eval_cfg": ev, "eval": {"eval/pass@1": 0.1}}
         )
     jobs = []
     monkeypatch.setattr(gridmod, "_pool", lambda prep, workers, say, *a, **kw: jobs.extend(prep))

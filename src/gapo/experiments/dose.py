@@ -508,6 +508,7 @@ def pack(runs: str | Path, archive: str | Path) -> int:
     runs = Path(runs)
     if not runs.is_dir():
         raise ValueError(f"{str(runs)!r} is not a folder")
+    Path(archive).parent.mkdir(parents=True, exist_ok=True)  # results/<grid>/ may not exist yet
     n = 0
     with tarfile.open(archive, "w:xz") as tar:
         for be in sorted(runs.glob("*/base_eval.json")):
