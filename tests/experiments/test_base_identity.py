@@ -139,3 +139,27 @@ def test_without_finished_cells_a_rebuilt_base_is_simply_used(tmp_path, rebuild)
     (tmp_path / "x" / "config.json").unlink()
     bases = G._prepare_regimes(g, out, 0.0, lambda *a: None)
     assert rebuild["built"] == ["r"] and bases["r"]["weights_sha256"] == weights_sha256(tmp_path / "cache" / "r")
+
+
+def test_a_resume_on_a_machine_without_the_base_gets_to_the_rebuild(tmp_path, rebuild):
+    # the whole resume, as `gapo compare` runs it: a finished cell's recorded config names a base
+    # folder that is not on this machine; the config check must not stop there (phase 1
+    # rebuilds that base and decides by its weights), and a changed key still stops it
+    from gapo.rl.config import to_dict
+
+    g, out = _grid(), tmp_path / "out"
+    ev = base_eval_cfg(g, "r")
+    gone = _policy(tmp_path / "elsewhere", rebuild["weights"])
+    G.write_json(out / "r" / "base_eval.json", _record(gone, ev, 0.1))
+    spec = {"config": to_dict(G.cell_config(g, "r", "drgrpo", 0, base_path=str(gone)))}
+    G.write_json(out / "r" / "drgrpo" / "seed0.json", spec)
+    for f in gone.iterdir():
+        f.unlink()
+    gone.rmdir()
+    _finished_cell(out)
+    stats = G.run_grid(g, out, say=lambda *a: None)
+    assert rebuild["built"] == ["r"] and stats["skipped"] == 1
+    spec["config"]["algo"]["eps_low"] = 0.1
+    G.write_json(out / "r" / "drgrpo" / "seed0.json", spec)
+    with pytest.raises(ValueError, match=r"r/drgrpo/seed0 \(algo.eps_low"):
+        G.run_grid(g, out, say=lambda *a: None)

@@ -292,8 +292,10 @@ def regime_task(spec: dict) -> dict:
     return {"name": pc.task, "params": dict(pc.rl_task)}
 
 
-def cell_config(grid: dict, regime: str, method: str, seed: int, *, base_path: str) -> Config:
-    """The validated trainer ``Config`` of one cell."""
+def cell_config(
+    grid: dict, regime: str, method: str, seed: int, *, base_path: str, model_files: bool = True
+) -> Config:
+    """The validated trainer ``Config`` of one cell (``model_files``: see ``Config.validate``)."""
     cfg = Config()
     task = regime_task(grid["_regimes"][regime])
     overrides = {
@@ -312,7 +314,7 @@ def cell_config(grid: dict, regime: str, method: str, seed: int, *, base_path: s
         except ValueError as e:
             raise ValueError(f"cell {regime}/{method}/seed{seed}: {e}") from None
     try:
-        return cfg.validate()
+        return cfg.validate(model_files=model_files)
     except ValueError as e:
         raise ValueError(f"cell {regime}/{method}/seed{seed}: {e}") from None
 
@@ -708,7 +710,10 @@ def _check_finished_cells(grid: dict, out: Path) -> None:
             continue
         used.add(r)
         old = json.loads(spec.read_text()).get("config") or {}
-        new = to_dict(cell_config(grid, r, m, s, base_path=(old.get("model") or {}).get("path") or ""))
+        # the recorded base folder may be gone (another machine): phase 1 rebuilds it and checks it
+        # is the same base, so only the rest of the config is compared here
+        base = (old.get("model") or {}).get("path") or ""
+        new = to_dict(cell_config(grid, r, m, s, base_path=base, model_files=False))
         changed = {k: v for k, v in diff(old, new).items() if k != "train.progress"}
         if changed:
             keys = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(changed.items())[:4])

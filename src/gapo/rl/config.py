@@ -160,8 +160,12 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
-    def validate(self) -> Config:
+    def validate(self, *, model_files: bool = True) -> Config:
         """Reject out-of-domain values and impossible combinations before any work is done.
+
+        ``model_files=False`` skips whether ``model.path`` exists (everything else is checked): a
+        resumed grid compares a finished cell's config whose base folder was on another machine
+        and is rebuilt, and checked by its weights, after this comparison.
 
         Two phases (docs/design.md §8). Here, without torch, transformers or the model: keys,
         types, domains, names, dict-valued params (passk's k against G), files (``model.path``,
@@ -217,7 +221,8 @@ class Config:
         if self.model.dtype not in known("DTYPES"):
             raise ValueError(f"{where('model.dtype')}: {unknown('dtype', self.model.dtype, known('DTYPES'))}")
         check_lora(where("model.lora"), self.model.lora)
-        check_model_path(where("model.path"), self.model.path)
+        if model_files:
+            check_model_path(where("model.path"), self.model.path)
         if self.model.path is None:
             if self.model.base_preset not in known("BASE_PRESETS"):
                 raise ValueError(
