@@ -292,9 +292,7 @@ def regime_task(spec: dict) -> dict:
     return {"name": pc.task, "params": dict(pc.rl_task)}
 
 
-def cell_config(
-    grid: dict, regime: str, method: str, seed: int, *, base_path: str, model_files: bool = True
-) -> Config:
+def cell_config(grid: dict, regime: str, method: str, seed: int, *, base_path: str, model_files: bool = True) -> Config:
     """The validated trainer ``Config`` of one cell (``model_files``: see ``Config.validate``)."""
     cfg = Config()
     task = regime_task(grid["_regimes"][regime])
