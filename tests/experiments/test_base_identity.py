@@ -66,6 +66,12 @@ def _finished_cell(out: Path):
     (d / "done.json").write_text("{}")
 
 
+def _started_cell(out: Path):
+    d = out / "r" / "drgrpo" / "seed0"
+    d.mkdir(parents=True)
+    (d / "checkpoint.pt").write_bytes(b"weights trained on the old base")
+
+
 def test_weights_sha256_is_the_digest_of_the_weight_files_in_name_order(tmp_path):
     d = tmp_path / "p"
     d.mkdir()
@@ -163,3 +169,17 @@ def test_a_resume_on_a_machine_without_the_base_gets_to_the_rebuild(tmp_path, re
     G.write_json(out / "r" / "drgrpo" / "seed0.json", spec)
     with pytest.raises(ValueError, match=r"r/drgrpo/seed0 \(algo.eps_low"):
         G.run_grid(g, out, say=lambda *a: None)
+
+
+def test_a_started_cell_pins_the_base_as_a_finished_one_does(tmp_path, rebuild):
+    # a checkpointed cell resumes from weights trained on the recorded base: a rebuilt base that
+    # differs must stop the grid here too, not only once some cell has finished
+    g, out = _grid(), tmp_path / "out"
+    ev = base_eval_cfg(g, "r")
+    old = {"policy": str(tmp_path / "gone"), "eval_cfg": ev, "eval": {"eval/pass@1": 0.1}, "weights_sha256": "0" * 64}
+    G.write_json(out / "r" / "base_eval.json", old)
+    _started_cell(out)
+    with pytest.raises(RuntimeError, match="finished or started cells .* mix two base policies"):
+        G._prepare_regimes(g, out, 0.0, lambda *a: None)
+    assert rebuild["built"] == ["r"]
+    assert json.loads((out / "r" / "base_eval.json").read_text()) == old

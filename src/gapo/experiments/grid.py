@@ -477,11 +477,17 @@ def _same_base(old: dict, new: dict) -> bool:
     return values(old) == values(new)
 
 
+def _trained_from(regime_dir: Path) -> bool:
+    """Some cell of the regime finished or checkpointed: its base is fixed from then on (a started
+    cell resumes from weights trained on it, and its base evaluation is the one recorded)."""
+    return any(regime_dir.glob("*/seed*/done.json")) or any(regime_dir.glob("*/seed*/checkpoint.pt"))
+
+
 def _prepare_regimes(grid: dict, out: Path, t0: float, say) -> dict[str, dict]:
     """Phase 1: every regime's base policy and base evaluation (one job per regime, in parallel,
     skipped where ``base_eval.json`` matches and its policy is still there); returns each regime's
-    ``base_eval.json``. A base rebuilt for a regime that has finished cells must be the one they
-    trained from (pretraining is reproducible on one machine type, not across all): if it is not,
+    ``base_eval.json``. A base rebuilt for a regime that has finished or started cells must be the
+    one they trained from (pretraining is reproducible on one machine type, not across all): if it is not,
     the old record is put back and nothing runs."""
     from gapo.policy.base_policy import cache_dir, shipped_dir
 
@@ -495,8 +501,8 @@ def _prepare_regimes(grid: dict, out: Path, t0: float, say) -> dict[str, dict]:
             if rec.get("eval_cfg") == ev:
                 if _base_still_there(rec):
                     continue
-                if any((out / r).glob("*/seed*/done.json")):
-                    before[r] = rec  # rebuilt below, then checked against the finished cells' base
+                if _trained_from(out / r):
+                    before[r] = rec  # rebuilt below, then checked against the base those cells used
         argv = ["--prepare", str(out), r, json.dumps(grid["_regimes"][r]), json.dumps(ev)]
         prep.append(
             (
@@ -534,8 +540,8 @@ def _prepare_regimes(grid: dict, out: Path, t0: float, say) -> dict[str, dict]:
         if not _same_base(old, bases[r]):
             write_json(out / r / "base_eval.json", old)
             raise RuntimeError(
-                f"regime {r}: the base policy rebuilt at {bases[r]['policy']} is not the one the finished cells "
-                f"in {out / r} trained from (weights sha256 {bases[r].get('weights_sha256')}, recorded "
+                f"regime {r}: the base policy rebuilt at {bases[r]['policy']} is not the one the finished or "
+                f"started cells in {out / r} trained from (weights sha256 {bases[r].get('weights_sha256')}, recorded "
                 f"{old.get('weights_sha256')}; base pass@1 {bases[r]['eval'].get('eval/pass@1')}, recorded "
                 f"{(old.get('eval') or {}).get('eval/pass@1')}); resuming would mix two base policies. Put the "
                 f"original weights at {old.get('policy')}, or run the grid into a new --out."
