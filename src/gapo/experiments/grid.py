@@ -477,18 +477,23 @@ def _same_base(old: dict, new: dict) -> bool:
     return values(old) == values(new)
 
 
+def _was_run(cdir: Path) -> bool:
+    """The cell finished or checkpointed: its config and its base are fixed from then on (a started
+    cell resumes from weights trained on that base)."""
+    return (cdir / "done.json").is_file() or (cdir / "checkpoint.pt").is_file()
+
+
 def _trained_from(regime_dir: Path) -> bool:
-    """Some cell of the regime finished or checkpointed: its base is fixed from then on (a started
-    cell resumes from weights trained on it, and its base evaluation is the one recorded)."""
-    return any(regime_dir.glob("*/seed*/done.json")) or any(regime_dir.glob("*/seed*/checkpoint.pt"))
+    """Some cell under the regime's folder was run (any method or seed, in this grid or not)."""
+    return any(_was_run(d) for d in regime_dir.glob("*/seed*"))
 
 
 def _prepare_regimes(grid: dict, out: Path, t0: float, say) -> dict[str, dict]:
     """Phase 1: every regime's base policy and base evaluation (one job per regime, in parallel,
     skipped where ``base_eval.json`` matches and its policy is still there); returns each regime's
     ``base_eval.json``. A base rebuilt for a regime that has finished or started cells must be the
-    one they trained from (pretraining is reproducible on one machine type, not across all): if it is not,
-    the old record is put back and nothing runs."""
+    one they trained from (pretraining is reproducible on one machine type, not across all): if it
+    is not, the old record is put back and nothing runs."""
     from gapo.policy.base_policy import cache_dir, shipped_dir
 
     prep, before = [], {}
@@ -710,7 +715,7 @@ def _check_finished_cells(grid: dict, out: Path) -> None:
     for r, m, s in grid_cells(grid):
         d = cell_dir(out, r, m, s)
         spec = cell_file(d, "json")
-        if not spec.is_file() or not ((d / "done.json").is_file() or (d / "checkpoint.pt").is_file()):
+        if not spec.is_file() or not _was_run(d):
             continue
         used.add(r)
         old = json.loads(spec.read_text()).get("config") or {}

@@ -164,8 +164,8 @@ class Config:
         """Reject out-of-domain values and impossible combinations before any work is done.
 
         ``model_files=False`` skips whether ``model.path`` exists (everything else is checked): a
-        resumed grid compares a finished cell's config whose base folder was on another machine
-        and is rebuilt, and checked by its weights, after this comparison.
+        resumed grid compares a finished or started cell's config whose base folder was on another
+        machine and is rebuilt, and checked by its weights, after this comparison.
 
         Two phases (docs/design.md §8). Here, without torch, transformers or the model: keys,
         types, domains, names, dict-valued params (passk's k against G), files (``model.path``,
