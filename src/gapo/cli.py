@@ -315,7 +315,12 @@ def cmd_eval(args) -> int:
         model, tok = load_policy(model_path, cfg.model.device)
     task = tasks.build(cfg.task.name, cfg.task.params)
     max_new_tokens = cfg.sampling.max_new_tokens or task.max_completion_len + 1
-    encoder = PromptEncoder(tok, chat=cfg.task.chat, system_prompt=cfg.task.system_prompt)
+    encoder = PromptEncoder(
+        tok,
+        chat=cfg.task.chat,
+        system_prompt=cfg.task.system_prompt,
+        chat_template_kwargs=cfg.task.chat_template_kwargs,
+    )
     problems, dropped = draw_problems(
         task, encoder, args.split, args.problems, cfg.eval.seed, cfg.task.max_prompt_tokens
     )
@@ -332,7 +337,7 @@ def cmd_eval(args) -> int:
         probe=problems[0] if problems else None,
         reward_range=cfg.algo.reward_range,
     )
-    lengths = [len(encoder.ids(p.prompt)) for p in problems]
+    lengths = [len(encoder.ids(p)) for p in problems]
     check_context(
         model,
         lengths,

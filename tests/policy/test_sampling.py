@@ -539,7 +539,7 @@ def build_qwen_base(path, data_root, *, steps: int = 150):
     task = tasks.build("math", params)
     enc = PromptEncoder(tok)
     seqs = [
-        (enc.ids(p.prompt), tok(QA[p.meta["question"]][1], add_special_tokens=False).input_ids)
+        (enc.ids(p), tok(QA[p.meta["question"]][1], add_special_tokens=False).input_ids)
         for p in task.generate("train", 2, 0)[:2] + task.generate("eval", 1, 0)[:1]
     ]
     assert len({tuple(p) for p, _ in seqs}) == 3
@@ -574,8 +574,9 @@ def qwen_base(tmp_path_factory):
 
 def _chat_ids(tok, question):
     from gapo.policy.chat import PromptEncoder
+    from gapo.tasks.base import Problem
 
-    return PromptEncoder(tok).ids(question)
+    return PromptEncoder(tok).ids(Problem(question, None))
 
 
 def _greedy_text(tok, r, i=0, **kw):

@@ -63,7 +63,7 @@ def test_an_over_long_row_is_named_and_max_prompt_tokens_is_offered(instruct, da
 def test_max_prompt_tokens_drops_long_prompts_from_both_pools(instruct, data, tmp_path, capsys):
     run = tmp_path / "run"
     tr = Trainer(_cfg(instruct, data, "task.train_size=100", "task.max_prompt_tokens=200"), run)
-    assert all(len(tr.encoder.ids(p.prompt)) <= 200 for p in tr.pool + tr.eval_problems)
+    assert all(len(tr.encoder.ids(p)) <= 200 for p in tr.pool + tr.eval_problems)
     assert len(tr.eval_problems) == 4 and len(tr.pool) == 2  # prompts × steps: the pool keeps its size
     f = tr.filtered
     assert f["train_dropped"] + f["eval_dropped"] == 1 and f["train_prompts"] + f["eval_prompts"] == 41

@@ -12,6 +12,7 @@ from checkpoints import CHAT_TEMPLATE, build_instruct_checkpoint  # tests/checkp
 from gapo.policy.chat import PromptEncoder
 from gapo.rl.config import load_config
 from gapo.rl.trainer import Trainer
+from gapo.tasks.base import Problem
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +60,14 @@ def test_system_prompt_and_chat_false(instruct, tmp_path):
 
     _, tok = load_policy(instruct)
     enc = PromptEncoder(tok, chat="auto", system_prompt="Answer briefly.")
-    text = enc.text("2 3 > 6:")
+    problem = Problem("2 3 > 6:", None)
+    text = enc.text(problem)
     assert text == (
         "<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n2 3 > 6:<|im_end|>\n<|im_start|>assistant\n"
     )
-    assert enc.ids("2 3 > 6:") == tok(text, add_special_tokens=False).input_ids
+    assert enc.ids(problem) == tok(text, add_special_tokens=False).input_ids
     raw = PromptEncoder(tok, chat=False)
-    assert raw.text("2 3 > 6:") == "2 3 > 6:" and raw.ids("2 3 > 6:") == tok("2 3 > 6:").input_ids
+    assert raw.text(problem) == "2 3 > 6:" and raw.ids(problem) == tok("2 3 > 6:").input_ids
     with pytest.raises(ValueError, match="system_prompt needs a chat template"):
         PromptEncoder(tok, chat=False, system_prompt="x")
 

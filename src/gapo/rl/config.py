@@ -23,7 +23,7 @@ from pathlib import Path
 # registries' names come from gapo.rl.names (tested to equal the registries).
 from gapo import tasks
 from gapo.core.checks import unknown
-from gapo.policy.chat import CHAT_MODES
+from gapo.policy.chat import CHAT_MODES, check_chat_template_kwargs
 from gapo.policy.lora import check_lora
 from gapo.rl.config_io import coerce, diff, parse_value, read_yaml
 from gapo.rl.domains import (
@@ -50,6 +50,7 @@ class TaskConfig:
     scoring_workers: int = 0  # >0: score in a process pool (slow verifiers)
     chat: bool | str = "auto"  # prompts through the tokenizer's chat template: auto (if it has one) | true | false
     system_prompt: str | None = None  # a system turn before the task's prompt (chat templates only)
+    chat_template_kwargs: dict = field(default_factory=dict)  # template variables, e.g. {enable_thinking: false}
     max_prompt_tokens: int | None = None  # drop prompts longer than this (tokens, after the chat template)
 
 
@@ -218,6 +219,9 @@ class Config:
             )
         if self.task.chat not in CHAT_MODES:
             raise ValueError(f"{where('task.chat')}: must be auto, true or false, got {self.task.chat!r}")
+        check_chat_template_kwargs(where("task.chat_template_kwargs"), self.task.chat_template_kwargs)
+        if self.task.chat is False and self.task.chat_template_kwargs:
+            raise ValueError(f"{where('task.chat_template_kwargs')}: needs a chat template, and task.chat=false")
         if self.model.dtype not in known("DTYPES"):
             raise ValueError(f"{where('model.dtype')}: {unknown('dtype', self.model.dtype, known('DTYPES'))}")
         check_lora(where("model.lora"), self.model.lora)

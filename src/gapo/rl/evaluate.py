@@ -76,8 +76,8 @@ def evaluate(
     ``params.eos_token_id`` (``None``: the tokenizer's EOS and ``generation_config.eos_token_id``,
     ``gapo.policy.model.eos_token_ids``) and at the stop strings ``params.stop``; the text scored
     is cut there. ``plan`` (``EvalPlan``, default ``EvalPlan()``) is how many samples, with which
-    seed. ``encode(prompt) -> ids`` builds the model's input (default: the tokenizer on the raw
-    prompt; the trainer passes its chat-template encoder)."""
+    seed. ``encode(problem) -> ids`` builds the model's input (default: the tokenizer on the raw
+    ``problem.prompt``; the trainer and ``gapo eval`` pass their chat-template encoder's ``ids``)."""
     got = params_from_keywords(
         "evaluate",
         keywords,
@@ -98,7 +98,7 @@ def evaluate(
     gen = torch.Generator(device=device).manual_seed(plan.seed)
     if params.eos_token_id is None:
         params = replace(params, eos_token_id=eos_token_ids(model, tok))
-    prompts = [encode(p.prompt) if encode is not None else tok(p.prompt).input_ids for p in problems]
+    prompts = [encode(p) if encode is not None else tok(p.prompt).input_ids for p in problems]
     flat = [j for j in range(len(problems)) for _ in range(n)]
     texts: list[list[str]] = [[] for _ in problems]
     tok_sum, logp_sum = 0.0, 0.0

@@ -51,8 +51,8 @@ def prompt_lengths(encoder, pool: list, eval_problems: list, limit: int = 2000) 
     prompts after the chat template, and the name of the longest prompt's problem (``None`` when
     both are empty)."""
     lengths = {
-        "train": [len(encoder.ids(p.prompt)) for p in pool[:limit]],
-        "eval": [len(encoder.ids(p.prompt)) for p in eval_problems[:limit]],
+        "train": [len(encoder.ids(p)) for p in pool[:limit]],
+        "eval": [len(encoder.ids(p)) for p in eval_problems[:limit]],
     }
     longest = max(((n, s, i) for s, ls in lengths.items() for i, n in enumerate(ls)), default=None)
     if longest is None:

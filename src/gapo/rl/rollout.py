@@ -234,15 +234,16 @@ def concat(parts: list[Batch], chosen: list[tuple[int, int]], *, pad_id: int) ->
     )
 
 
-def sample_records(batch: Batch, step: int, n: int, render: Callable[[str], str]) -> list[dict]:
+def sample_records(batch: Batch, step: int, n: int, render: Callable[[object], str]) -> list[dict]:
     """The first ``n`` rollouts of ``batch`` as ``samples.jsonl`` records: the exact prompt text
-    the model read (``render``: after the chat template), the completion, its reward and group."""
+    the model read (``render(problem)``: after the chat template, a conversation whole), the
+    completion, its reward and group."""
     G = batch.group_size
     return [
         {
             "step": step,
             "group": i // G,
-            "prompt": render(batch.problems[i // G].prompt),
+            "prompt": render(batch.problems[i // G]),
             "completion": batch.texts[i],
             "reward": float(batch.rewards[i]),
         }
@@ -267,19 +268,23 @@ def draw_problems(
     task, encoder, split: str, n: int, seed: int, max_tokens: int | None, *, key: str = "task.max_prompt_tokens"
 ) -> tuple[list, dict | None]:
     """``(problems, info)``: ``task.generate(split, n, seed)`` without the prompts longer than
-    ``max_tokens`` tokens (``encoder.ids``: after the chat template). A dataset task (one with
+    ``max_tokens`` tokens (``encoder.ids``: after the chat template; ``encoder.check`` first: a
+    conversation the template cannot render whole stops here, naming its row). A dataset task (one with
     ``split_size``) is filtered whole, so the run still gets ``n`` problems where the split has
     them (training cycles through the kept ones, as ``generate`` does; with nothing dropped the
     problems are exactly ``generate``'s); a generated task has its ``n`` problems filtered.
     ``info``: ``{split}_dropped`` and ``{split}_prompts`` (distinct prompts), None without a limit.
     A split left empty is an error naming ``key``."""
     if max_tokens is None or n == 0:
-        return (task.generate(split, n, seed) if n else []), None
+        drawn = task.generate(split, n, seed) if n else []
+        encoder.check(drawn, problem_name)
+        return drawn, None
     whole = getattr(task, "split_size", None)
     drawn = task.generate(split, whole(split), seed) if whole is not None else task.generate(split, n, seed)
-    lengths = {p.prompt: len(encoder.ids(p.prompt)) for p in drawn}
+    encoder.check(drawn, problem_name)
+    lengths = {encoder.key(p): len(encoder.ids(p)) for p in drawn}
     long = {q for q, k in lengths.items() if k > max_tokens}
-    kept = [p for p in drawn if p.prompt not in long]
+    kept = [p for p in drawn if encoder.key(p) not in long]
     if not kept:
         what = "training" if split == "train" else f"{split!r} (set eval.problems=0 to skip evaluation)"
         raise ValueError(

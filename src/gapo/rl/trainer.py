@@ -151,7 +151,12 @@ class Trainer:
         self.ref_model = (
             copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 and not m.lora else None
         )
-        self.encoder = PromptEncoder(self.tok, chat=cfg.task.chat, system_prompt=cfg.task.system_prompt)
+        self.encoder = PromptEncoder(
+            self.tok,
+            chat=cfg.task.chat,
+            system_prompt=cfg.task.system_prompt,
+            chat_template_kwargs=cfg.task.chat_template_kwargs,
+        )
         self.scaler = grad_scaler(self.device, m.dtype)
         self.opt, self.sched = optimizer.build(self.model, cfg.optim, self.device)
         self.max_new_tokens = cfg.sampling.max_new_tokens or self.task.max_completion_len + 1  # + EOS
@@ -271,7 +276,7 @@ class Trainer:
 
     def _sample(self, problems: list):
         G, s = self.cfg.train.group_size, self.cfg.sampling
-        prompts = [self.encoder.ids(p.prompt) for p in problems for _ in range(G)]
+        prompts = [self.encoder.ids(p) for p in problems for _ in range(G)]
         self.model.eval()
         with autocast(self.device, self.cfg.model.dtype):
             ro = sample(

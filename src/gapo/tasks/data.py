@@ -6,9 +6,18 @@
 One problem per row of the dataset (every format of :mod:`gapo.tasks.datasets_io`: JSONL, JSON,
 Parquet, CSV/TSV, Arrow, a ``save_to_disk`` folder, a folder of data files; ``split`` picks a
 split). ``prompt_field`` names the prompt column (default: the first of ``prompt``, ``question``,
-``problem``, ``instruction`` present; a chat-format column gives its first user turn);
+``problem``, ``instruction``, ``messages`` present, so TRL's ``prompt`` needs no setting);
 ``answer_fields`` the columns handed to the reward functions beside the prompt (default: every
 column). ``template`` wraps the prompt (``{prompt}`` is replaced by it).
+
+A prompt is a string (TRL's standard format) or a conversation (TRL's conversational format: a
+list of ``{"role", "content"}`` messages, e.g. a system turn, few-shot exchanges and the
+question last). A conversation is kept whole: the problem's ``prompt`` is its last turn, which
+must be the user's, wrapped by ``template``, and ``meta["messages"]`` the conversation with that
+turn so wrapped, which the chat template renders whole (:mod:`gapo.policy.chat`). A conversation
+that is empty, holds a message that is not ``{role: str, content: str}`` or ends in a turn other
+than the user's (TRL's language-modelling ``messages``, with their answers) is an error naming
+the row.
 
 The task has no verifier of its own: it needs ``--reward`` (``reward.funcs``,
 :mod:`gapo.tasks.custom`), which receives ``prompt``, ``completion`` and the row's prompt and
@@ -39,11 +48,20 @@ __all__ = ["DataTask"]
 _PROMPT_FIELDS = ("prompt", "question", "problem", "instruction")
 
 
-def _turn(value):
-    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
-        turns = [m.get("content") for m in value if m.get("role") == "user"]
-        return turns[0] if turns else None
-    return value
+def _conversation(value, where: str) -> tuple[dict, ...]:
+    """A message list checked: non-empty, ``{role: str, content: str}`` messages, the user's last."""
+    if not value:
+        raise ValueError(f"{where}: the conversation is empty (a prompt needs a user turn)")
+    for i, m in enumerate(value, 1):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise ValueError(f"{where}: message {i} is not {{role: str, content: str}} (got {m!r:.120})")
+    if value[-1]["role"] != "user":
+        raise ValueError(
+            f"{where}: the conversation's last turn is {value[-1]['role']!r}, not 'user'; a prompt ends "
+            "with the question the model answers (a conversation with its answers is training text, "
+            "not a prompt: drop the turns after the last user turn)"
+        )
+    return tuple(value)
 
 
 def _qkey(prompt: str) -> str:
@@ -134,21 +152,27 @@ class DataTask:
             for fld in [pf] + (af or []):
                 if fld not in rec:
                     raise ValueError(f"{recs.where(pos)}: missing field {fld!r} (fields present: {sorted(rec)})")
-            prompt = _turn(rec[pf])
-            if not isinstance(prompt, str) or not prompt.strip():
-                raise ValueError(f"{recs.where(pos)}: {recs.noun} {pf!r} must be a non-empty string")
+            value, conv = rec[pf], None
+            if isinstance(value, (list, tuple)):
+                conv = _conversation(value, f"{recs.where(pos)}: {recs.noun} {pf!r}")
+                value = conv[-1]["content"]
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(
+                    f"{recs.where(pos)}: {recs.noun} {pf!r} must be a non-empty string or a list of "
+                    "{role, content} messages ending with the user's"
+                )
             keep = af if af is not None else list(rec)
             fields = {k: rec[k] for k in dict.fromkeys([pf] + keep)}
-            rows.append((pos, prompt, fields))
+            rows.append((pos, value, fields, conv))
         return recs.source, rows
 
-    def _problem(self, src: str, split: str, pos: int, prompt: str, fields: dict) -> Problem:
+    def _problem(self, src: str, split: str, pos: int, prompt: str, fields: dict, conv) -> Problem:
         answer = fields.get(self.answer_fields[0]) if self.answer_fields else None
-        return Problem(
-            prompt=self.template.replace("{prompt}", prompt),
-            answer=_hashable(answer),
-            meta={"source": str(src), "line": pos, "split": split, "fields": fields},
-        )
+        prompt = self.template.replace("{prompt}", prompt)
+        meta = {"source": str(src), "line": pos, "split": split, "fields": fields}
+        if conv is not None:  # the whole conversation, its question wrapped as a plain prompt is
+            meta["messages"] = (*conv[:-1], {**conv[-1], "content": prompt})
+        return Problem(prompt=prompt, answer=_hashable(answer), meta=meta)
 
     def __getstate__(self):  # the pool pickles the task once per batch: leave the data behind
         state = dict(self.__dict__)
