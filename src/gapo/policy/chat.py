@@ -164,8 +164,8 @@ class PromptEncoder:
         unread = [k for k in self.chat_template_kwargs if read is not None and k not in read]
         if unread:
             raise ValueError(
-                f"task.chat_template_kwargs: {template_source(self.tok)} never reads {unread}, so they would "
-                "change nothing; drop them (they belong to another model's template)"
+                f"task.chat_template_kwargs: {template_source(self.tok)} never reads {unread}: setting them "
+                "changes nothing; drop them (they belong to another model's template)"
             )
 
     def _render(self, messages: list[dict]) -> str:
