@@ -22,7 +22,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 import gapo.tasks.math as math_mod  # noqa: E402
 from gapo.tasks.base import Problem  # noqa: E402
-from gapo.tasks.math import MathTask, answer_candidates, final_answers  # noqa: E402
+from gapo.tasks.math import MathTask  # noqa: E402
+from gapo.tasks.math_answer import answer_candidates, final_answers  # noqa: E402
 
 FIX = Path(__file__).parents[1] / "fixtures"
 

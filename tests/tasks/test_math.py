@@ -15,7 +15,8 @@ import timing  # tests/timing.py: timeouts that say they are timeouts
 pytest.importorskip("math_verify")
 
 from gapo.tasks import get  # noqa: E402
-from gapo.tasks.math import MathTask, extract_answer, gold_from_field, last_boxed, verify_answer  # noqa: E402
+from gapo.tasks.math import MathTask, verify_answer  # noqa: E402
+from gapo.tasks.math_answer import extract_answer, gold_from_field, last_boxed  # noqa: E402
 
 FIX = Path(__file__).parents[1] / "fixtures"
 GSM = FIX / "math_gsm8k.jsonl"
