@@ -137,9 +137,9 @@ def test_sequence_ratio_is_exp_of_masked_mean_log_ratio():
     expected = ((logp.detach() - old) * mask).sum(-1) / mask.sum(-1)
     # every token of a rollout carries the same value s_i ...
     assert torch.allclose(lr.detach(), expected[:, None].expand_as(lr), atol=1e-6)
-    # ... and the gradient flows per token: d log s[i,t] / d logp[i,t] = 1 (GSPO-token)
+    # ... and the gradient flows per token: d log s[i,t] / d logp[i,t] = 1 (GSPO-token), 0 at padding
     (g,) = torch.autograd.grad(lr.sum(), logp)
-    assert torch.equal(g, torch.ones_like(g))
+    assert torch.equal(g, mask)
 
 
 def test_gspo_gradient_matches_closed_form():

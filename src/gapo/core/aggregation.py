@@ -10,6 +10,9 @@ Modes (``mask`` marks response tokens, ``N`` tokens, ``S`` non-empty sequences, 
 The normalisers ``num_tokens``, ``num_seqs`` and ``horizon`` may be passed for the *whole*
 mini-batch, so that summing the losses of its micro-batches gives exactly the mini-batch loss,
 independent of how it was split.
+
+Padded entries (``mask = 0``) are selected away, not multiplied by 0 (as verl's ``masked_sum``):
+NaN or ±inf there (log-probs of padding) reach neither the loss nor its gradient.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ def agg_loss(
     if mode not in AGG_MODES:
         raise unknown("aggregation mode", mode, AGG_MODES)
     check_same_shape(loss_mat=loss_mat, mask=mask)
+    # where, not loss_mat * mask: NaN · 0 is NaN, and padded log-probs may be NaN or ±inf
+    masked = torch.where(mask.bool(), loss_mat, loss_mat.new_zeros(()))
     mask = mask.to(loss_mat.dtype)
-    masked = loss_mat * mask
     if mode == "token-mean":
         n = mask.sum() if num_tokens is None else num_tokens
         return masked.sum() / n

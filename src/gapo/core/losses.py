@@ -22,6 +22,10 @@ ratio (``level="sequence"``, arXiv 2507.18071)::
 
 Token log-ratios are clamped to ±20 before ``exp``; the GSPO sequence log-ratio is capped at
 +10 (as verl's ``gspo``), so extreme inputs give finite losses and both match verl exactly.
+Padded positions (``response_mask = 0``) are don't-care: NaN or ±inf there in ``logp``,
+``old_logp``, (B, T) ``advantages`` or ``weights`` change neither the loss, nor the gradient (0
+at padding), nor the metrics. They are selected away (``torch.where``) where they first meet
+(the log-ratio, the advantages, ``agg_loss``), never multiplied by a 0/1 mask (NaN · 0 is NaN).
 ``weights`` (optional, (B, T)) multiply the per-token loss, e.g. rollout-correction IS weights.
 GAPO only supplies a per-rollout ``eps_high`` (see ``gapo.core.clipping``); with a constant tensor
 the computation is exactly fixed clipping.
@@ -133,19 +137,23 @@ def log_ratio(
     response_mask: torch.Tensor,  # (B, T)
     level: str = "token",
 ) -> torch.Tensor:  # (B, T) log ρ, with the GSPO-token gradient at sequence level
-    """``log ρ``: token ``logp − old_logp``, or GSPO's ``sg(log s_i) + logp − sg(logp)``."""
+    """``log ρ``: token ``logp − old_logp``, or GSPO's ``sg(log s_i) + logp − sg(logp)``; 0 (ρ = 1,
+    no gradient) at padded positions, whatever ``logp`` and ``old_logp`` hold there."""
+    if level not in LEVELS:
+        raise unknown("ratio level", level, LEVELS)
+    # where, not · mask: padded log-probs may be NaN or ±inf, and NaN · 0 is NaN (in the gradient too)
+    diff = torch.where(response_mask.bool(), logp - old_logp, logp.new_zeros(()))
     if level == "token":
-        return (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    if level == "sequence":
-        # as verl's gspo: no per-token clamp inside the mean, the combined log-ratio capped at +10
-        mask = response_mask.to(logp.dtype)
-        diff = (logp - old_logp) * mask
-        seq = diff.sum(-1) / mask.sum(-1).clamp(min=1.0)  # (B,) log s_i
-        return (seq.detach().unsqueeze(-1) + (logp - logp.detach())).clamp(max=SEQ_LOG_RATIO_MAX)
-    raise unknown("ratio level", level, LEVELS)
+        return diff.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    # as verl's gspo: no per-token clamp inside the mean, the combined log-ratio capped at +10;
+    # diff − sg(diff) is 0 with logp's gradient, as logp − sg(logp) is, but 0 at padding
+    seq = diff.sum(-1) / response_mask.to(logp.dtype).sum(-1).clamp(min=1.0)  # (B,) log s_i
+    return (seq.detach().unsqueeze(-1) + (diff - diff.detach())).clamp(max=SEQ_LOG_RATIO_MAX)
 
 
-def _check_inputs(logp, old_logp, advantages, response_mask):
+def _checked_advantages(logp, old_logp, advantages, response_mask) -> torch.Tensor:  # (B,) or (B, T)
+    """The advantages after the input checks: (B,) ones finite, (B, T) ones finite on response
+    tokens and set to 0 at padding (NaN there would otherwise reach the gradient: 0 · NaN)."""
     check_same_shape(logp=logp, old_logp=old_logp, response_mask=response_mask)
     if logp.ndim != 2:
         raise ValueError(f"logp must have shape (B, T), got {tuple(logp.shape)}")
@@ -153,8 +161,11 @@ def _check_inputs(logp, old_logp, advantages, response_mask):
         raise ValueError(
             f"advantages must have shape (B,) or (B, T), got {tuple(advantages.shape)} for logp {tuple(logp.shape)}"
         )
+    if advantages.shape == logp.shape:
+        advantages = torch.where(response_mask.bool(), advantages, advantages.new_zeros(()))
     if not torch.isfinite(advantages).all():
-        raise ValueError("advantages contain NaN/inf")
+        raise ValueError("advantages contain NaN/inf (on response tokens)")
+    return advantages
 
 
 def _bounds(adv, eps_low, eps_high):
@@ -188,7 +199,7 @@ def _metrics(neg_log_r, adv, mask, n_tokens, clipped, dual, eps_high) -> dict:
         "loss/clipfrac_high": high / n_tokens,
         "loss/clipfrac_low": low / n_tokens,
         "loss/clipfrac_dual": (dual.to(m.dtype) * m).sum() / n_tokens if dual is not None else torch.zeros(()),
-        "loss/approx_kl": (neg_log_r * m).sum() / n_tokens,
+        "loss/approx_kl": torch.where(mask.bool(), neg_log_r, 0.0).sum() / n_tokens,
         "clip/eps_high_mean": (
             eps_high.detach().float().mean() if isinstance(eps_high, torch.Tensor) else torch.tensor(float(eps_high))
         ),
@@ -221,7 +232,7 @@ def policy_loss(
     normalisers to ``agg_loss``. Returns ``(loss, metrics)``; see the module docstring for the metrics.
     """
     bounds, agg_kwargs = _bounds_and_norms("policy_loss", bounds, kwargs)
-    _check_inputs(logp, old_logp, advantages, response_mask)
+    advantages = _checked_advantages(logp, old_logp, advantages, response_mask)
     eps_low, clip_ratio_c = bounds.eps_low, bounds.clip_ratio_c
     eps_high = _as_rows(bounds.eps_high, logp, "eps_high")
     adv = _as_rows(advantages, logp, "advantages")
@@ -267,7 +278,7 @@ def cispo_loss(
     :func:`policy_loss`; their ``clip_ratio_c`` must be None (CISPO has no dual clip).
     """
     bounds, agg_kwargs = _bounds_and_norms("cispo_loss", bounds, kwargs)
-    _check_inputs(logp, old_logp, advantages, response_mask)
+    advantages = _checked_advantages(logp, old_logp, advantages, response_mask)
     if bounds.clip_ratio_c is not None:
         raise ValueError("clip_ratio_c (dual clip) is not defined for CISPO; pass None")
     eps_low = bounds.eps_low

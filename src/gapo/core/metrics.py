@@ -108,7 +108,7 @@ def clip_counts_by_c(
     eps_high = eps_high.to(ratio.dtype)
     above = (ratio > 1.0 + eps_high.unsqueeze(-1)) & m
     below = (ratio < 1.0 - eps_low) & m
-    dev = (ratio - 1.0).abs() * m
+    dev = torch.where(m, (ratio - 1.0).abs(), 0.0)  # not · m: a padded ratio may be NaN
     pos, neg = advantages > 0, advantages < 0
     tokens = m.sum(-1)
     per_row = torch.stack(

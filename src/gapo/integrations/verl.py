@@ -428,13 +428,13 @@ def _check_counts(c: torch.Tensor, rows: torch.Tensor, G: int, what: str, a: tor
 
 
 def _row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # (B,)
-    """The one advantage of each row; error if it varies over the response (GAE, token rewards)."""
+    """The one advantage of each row; error if it varies over the response (GAE, token rewards).
+    Padded entries are ignored, NaN and ±inf included (selected away: NaN · 0 is NaN)."""
     if advantages.ndim == 1:
         return advantages
-    m = mask.to(advantages.dtype)
-    n = m.sum(-1)
-    row = (advantages * m).sum(-1) / n.clamp(min=1.0)
-    dev = ((advantages - row.unsqueeze(-1)).abs() * m).amax(-1) if advantages.shape[-1] else row * 0
+    m = mask.bool()
+    row = torch.where(m, advantages, 0.0).sum(-1) / m.sum(-1).clamp(min=1).to(advantages.dtype)
+    dev = torch.where(m, (advantages - row.unsqueeze(-1)).abs(), 0.0).amax(-1) if advantages.shape[-1] else row * 0
     if (dev > 1e-5 * (1.0 + row.abs())).any():
         raise ValueError(
             "GAPO's verl adapter needs one outcome advantage per response (grpo/rloo), but the advantages "
