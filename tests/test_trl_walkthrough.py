@@ -1,0 +1,118 @@
+"""A TRL user's data as they have it: ``gapo train --task data:PATH`` on a JSONL file in TRL's
+prompt-only formats (a ``prompt`` column holding conversations, few-shot turns and the question
+last, beside standard string rows, and an ``answer`` column), with a Qwen2-style local
+checkpoint (tests/checkpoints.py, no hub) whose template puts a default system turn before a
+conversation without one and reads Qwen3's ``enable_thinking``. The model reads each
+conversation whole, in training (``samples.jsonl``), in the run's evaluation and in
+``gapo eval RUN``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from checkpoints import build_instruct_checkpoint  # tests/checkpoints.py (tests/ is on sys.path under pytest)
+from gapo.cli import main
+from gapo.rl import evaluate as evaluate_module
+
+DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+QWEN_TEMPLATE = (
+    "{%- if messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}{%- endif %}"
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+SYSTEM = "Answer with a number only."
+REWARDS = """
+def exact(*texts, answer, **fields):  # (prompt, completion); the row's `prompt` column is in fields
+    return 1.0 if texts[1].strip() == answer else 0.0
+"""
+
+
+def rows() -> list[dict]:
+    """TRL's conversational prompt-only rows (system, one worked exchange, the question), and a
+    few standard ones."""
+    out = []
+    for a in range(1, 9):
+        for b in (2, 5):
+            few_shot = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": "1 + 1?"},
+                {"role": "assistant", "content": "2"},
+                {"role": "user", "content": f"{a} + {b}?"},
+            ]
+            out.append({"prompt": few_shot, "answer": str(a + b)})
+    return out + [{"prompt": f"{a} + 3 =", "answer": str(a + 3)} for a in range(1, 5)]
+
+
+def rendered(row: dict, thinking_off: bool = True) -> str:
+    """The prompt text the model should read for ``row``: TRL's apply_chat_template, by hand."""
+    msgs = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
+    head = "" if msgs[0]["role"] == "system" else f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n"
+    body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs)
+    return head + body + "<|im_start|>assistant\n" + ("<think>\n\n</think>\n\n" if thinking_off else "")
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    path = build_instruct_checkpoint(tmp_path_factory.mktemp("qwen2-instruct"))
+    (path / "chat_template.jinja").write_text(QWEN_TEMPLATE)
+    return path
+
+
+def test_conversational_dataset_trains_and_evaluates_whole(qwen, tmp_path, capsys, monkeypatch):
+    data = tmp_path / "trl.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows()))
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    texts = {rendered(r) for r in rows()}
+    seen = []  # the prompts every evaluation samples from, decoded
+    inner = evaluate_module.sample
+
+    def spy(model, prompts, *args, **kwargs):
+        seen.extend(prompts)
+        return inner(model, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "sample", spy)
+    run = tmp_path / "run"
+    argv = [
+        "train",
+        "--out",
+        str(run),
+        "--task",
+        f"data:{data}",
+        "--reward",
+        f"{tmp_path / 'rewards.py'}:exact",
+        f"model.path={qwen}",
+        "task.params.eval_fraction=0.3",
+        "task.chat_template_kwargs.enable_thinking=false",
+        "train.steps=1",
+        "train.prompts=4",
+        "train.group_size=2",
+        "train.mini_batches=1",
+        "train.progress=false",
+        "train.checkpoint_every=0",
+        "log.samples=8",
+        "eval.problems=2",
+        "eval.samples=1",
+        "sampling.max_new_tokens=4",
+    ]
+    assert main(argv) == 0, capsys.readouterr().err
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 8
+    for s in samples:  # exactly a row's whole conversation as TRL renders it
+        assert s["prompt"] in texts, s["prompt"]
+    whole = [s["prompt"] for s in samples if s["prompt"].startswith(f"<|im_start|>system\n{SYSTEM}")]
+    assert whole, [s["prompt"] for s in samples]  # the seed draws conversational rows among the 4
+    assert all("<|im_start|>user\n1 + 1?<|im_end|>\n<|im_start|>assistant\n2<|im_end|>\n" in p for p in whole)
+    assert all(DEFAULT_SYSTEM not in p for p in whole)
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(qwen)
+    evals = [tok.decode(p) for p in seen]
+    assert len(evals) == 4 and all(e in texts for e in evals), evals  # 2 problems, before and after
+    assert main(["eval", str(run), "--problems", "2", "--n", "1", "sampling.max_new_tokens=4"]) == 0
+    assert [tok.decode(p) for p in seen[4:]] == evals[:2]  # gapo eval RUN: the same prompts, rendered alike
