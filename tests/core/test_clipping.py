@@ -106,6 +106,9 @@ def test_every_schedule_has_one_signature(name):
         (dict(rewards=torch.tensor([[1.0, 0.0]]), group_size=2), r"shape \(B,\)"),
         (dict(rewards=torch.tensor([1.0, 0.0]), group_size=1), "group_size"),
         (dict(rewards=torch.tensor([1.0, 0.0]), group_size=2, eps_high_max=0.1), "eps_high_max"),
+        (dict(rewards=torch.tensor([1.0, 0.0]), group_size=2, eps_low=-0.1), "eps_low must be finite and >= 0"),
+        (dict(rewards=torch.tensor([1.0, 0.0]), group_size=2, eps_low=float("nan")), "eps_low must be finite"),
+        (dict(rewards=torch.tensor([1.0, 0.0]), group_size=2, eps_high_max=float("nan")), "eps_high_max"),
         (dict(rewards=torch.tensor([1.0, 0.0]), group_size=2, schedule="cubic"), "schedule 'cubic'"),
         (dict(rewards=torch.tensor([1.0, 0.0]), group_size=2, reward_range=(1, 1)), "reward_range"),
     ],
@@ -114,6 +117,13 @@ def test_bad_input_names_the_argument(kwargs, match):
     args = dict(eps_low=0.2, eps_high_max=0.28) | kwargs
     with pytest.raises(ValueError, match=match):
         gapo_eps_high(args.pop("rewards"), args.pop("group_size"), **args)
+
+
+@pytest.mark.parametrize("schedule", ["linear", "log"])
+def test_schedule_takes_widths_of_one_or_more_as_caps(schedule):
+    # TRL's cispo uses 1 + ε only as an IS-weight cap (no 1 − ε_low bound): ε_low = 4 is its cap 5
+    eps = gapo_eps_high(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, eps_low=4.0, eps_high_max=6.0, schedule=schedule)
+    assert eps.tolist() == pytest.approx([6.0, 4.0, 4.0, 4.0])
 
 
 def test_unknown_schedule_suggests_close_match():

@@ -486,8 +486,13 @@ def test_rejects_bad_config(tmp_path):
         GAPOConfig(epsilon=0.2, eps_high_max=0.1, **common)
     with pytest.raises(ValueError, match="epsilon_high"):
         GAPOConfig(epsilon_high=0.28, **common)
-    with pytest.raises(ValueError, match="eps_high_max=4.0"):  # TRL's cispo cap 5.0 in GAPO's terms
+    with pytest.raises(ValueError, match=r"epsilon=4, eps_high_max=4 \(every cap 5\)"):  # TRL's cispo cap 5.0
         GAPOConfig(loss_type="cispo", epsilon_high=5.0, **common)
+    with pytest.raises(ValueError, match=r"\[0, 1\), got 4.0 \(only loss_type='cispo'"):
+        GAPOConfig(loss_type="dapo", epsilon=4.0, eps_high_max=4.0, **common)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="epsilon must be finite and >= 0"):
+            GAPOConfig(loss_type="cispo", epsilon=bad, eps_high_max=6.0, **common)
     with pytest.raises(ValueError, match="gapo_schedule"):
         GAPOConfig(gapo_schedule="cosine", **common)
     with pytest.raises(ValueError, match="Did you mean 'group'"):
@@ -745,6 +750,39 @@ def test_cispo_caps_the_is_weight_per_rollout_like_gapo_cispo_loss(policy, tmp_p
     finally:
         trainer.epsilon_high = 0.2
     assert torch.equal(fixed, trl_fixed) and not torch.allclose(fixed, ours)
+
+
+def test_cispo_epsilon_is_trl_cap_minus_one_on_every_row_with_no_headroom(policy, tmp_path):
+    # TRL's cispo caps every row's IS weight at epsilon_high = E (ScaleRL: 5.0). GAPO caps row i at
+    # 1 + ε_high(i): 1 + epsilon where A ≤ 0, 1 + eps_high_max for a lone success. So E = 5 is
+    # epsilon = eps_high_max = 4 (TRL's loss exactly), and GAPO on top keeps epsilon = 4.
+    trainer = _trainer(policy, tmp_path, loss_type="cispo", epsilon=4.0, eps_high_max=4.0)
+    inputs = _inputs_with_stale_policy(trainer, seed=5)
+    inputs["old_per_token_logps"][::2] -= 2.0  # ratios e^2 ≈ 7.4 on even rows: TRL's cap 5 binds
+    assert torch.equal(inputs["gapo_eps_high"], torch.full((16,), 4.0))  # from the trainer's own rewards
+
+    def trl(x, cap):
+        trainer.epsilon_high = cap
+        try:
+            return _loss_and_grads(lambda m, y: GRPOTrainer._compute_loss(trainer, m, y), trainer, x)
+        finally:
+            trainer.epsilon_high = 4.0
+
+    ours, g_ours = _loss_and_grads(trainer._compute_loss, trainer, inputs)
+    ref, g_ref = trl(inputs, 5.0)
+    assert torch.equal(ours, ref) and all(torch.equal(a, b) for a, b in zip(g_ours, g_ref))
+    assert trainer._metrics["train"]["cispo_clip_ratio"][-1] > 0  # the cap binds
+    assert not torch.equal(trl(inputs, 7.0)[0], ref)  # ... so the cap's value shows in the loss
+    # GAPO on top of TRL's cap: ε_high from the schedule, 4 where A ≤ 0 (TRL's 5) and 6 (cap 7) for
+    # the lone success; the loss is TRL's at 5 on the A ≤ 0 rows plus TRL's at 7 on the others
+    trainer.args.eps_high_max = 6.0
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    eps = trainer.compute_eps_high(rewards, 4)
+    torch.testing.assert_close(eps, torch.tensor([6.0, 4, 4, 4, 4 + 4 / 3, 4 + 4 / 3, 4, 4] + [4.0] * 8))
+    pos = inputs["advantages"] > 0
+    inputs["gapo_eps_high"] = torch.where(pos, 6.0, 4.0)
+    ours = trainer._compute_loss(trainer.model, inputs).detach()
+    torch.testing.assert_close(ours, trl(_rows(inputs, pos), 7.0)[0] + trl(_rows(inputs, ~pos), 5.0)[0])
 
 
 def test_liger_kernel_leaves_the_loss_to_the_adapter(policy, tmp_path, monkeypatch):

@@ -120,9 +120,14 @@ def eps_high_from_weight(
     schedule: str = "linear",
 ) -> torch.Tensor:  # (B,)
     """GAPO's schedule applied to given success weights ``w`` (for adapters that recover ``w``
-    from advantages rather than rewards, e.g. verl's)."""
-    check_eps(eps_low, eps_high_max)
-    if eps_high_max < eps_low:
+    from advantages rather than rewards, e.g. verl's).
+
+    ``eps_low`` may be 1 or more here: a width used only as a cap ``1 + ε`` (TRL's cispo, whose IS
+    weight has no lower clip) needs none of ``1 − ε_low > 0``, which ``ClipBounds`` checks where a
+    clipped surrogate uses the bound."""
+    if not (math.isfinite(eps_low) and eps_low >= 0.0):
+        raise ValueError(f"eps_low must be finite and >= 0, got {eps_low!r}")
+    if not (math.isfinite(eps_high_max) and eps_high_max >= eps_low):
         raise ValueError(f"eps_high_max ({eps_high_max!r}) must be >= eps_low ({eps_low!r})")
     w = w.float().clone()
     if schedule == "linear":

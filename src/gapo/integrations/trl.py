@@ -38,6 +38,16 @@ How (three small overrides; no TRL code is copied):
    each completion's IS weight is capped at ``1 + ε_high(i)`` (as in :func:`gapo.core.losses.cispo_loss`,
    which also clips below; TRL's cispo does not).
 
+**The cispo cap, exactly.** TRL caps every completion's IS weight at one ``epsilon_high`` (ScaleRL's
+5.0). GAPO caps completion ``i`` at ``1 + ε_high(i)``: ``1 + epsilon`` for every completion with
+``A ≤ 0`` (failures, all-correct and all-wrong groups, unscorable ones: ``w = 0``),
+``1 + epsilon + (eps_high_max − epsilon)·w_i`` for ``A > 0`` ("linear"), ``1 + eps_high_max`` for
+the lone success of a hard group (``w = 1``). TRL's ``epsilon_high=E`` is therefore
+``epsilon = eps_high_max = E − 1`` (every cap ``E``: TRL's cispo loss, tested), and GAPO on top of
+it keeps ``epsilon = E − 1`` and raises ``eps_high_max``. ``eps_high_max = E − 1`` alone matches TRL
+only on lone-success rows and caps the others lower. TRL's cispo has no lower clip, so with
+``loss_type="cispo"`` ``epsilon`` may be 1 or more (it is only the cap's lower end).
+
 Unscorable completions (every reward function returned ``None``; TRL gives them zero advantage)
 get ``ε_low`` and do not move their group's mean. Accepted loss types: the hard-clipped ``grpo``,
 ``bnpo``, ``dr_grpo``, ``dapo``, ``luspo`` and ``cispo`` (per-rollout cap of the IS weight);
@@ -75,6 +85,7 @@ the next ``log``, which turns them into rates; with ``logging_steps=1`` that is 
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -133,7 +144,9 @@ class GAPOConfig(GRPOConfig):
         default=0.28,
         metadata={
             "help": "GAPO: largest upper clip width, given to the lone correct rollout of a hard group. "
-            "Token level: 0.28 (with epsilon=0.2); sequence level (GSPO): e.g. 5e-3 with epsilon=3e-3."
+            "Token level: 0.28 (with epsilon=0.2); sequence level (GSPO): e.g. 5e-3 with epsilon=3e-3. "
+            "loss_type='cispo': completion i's IS weight is capped at 1 + ε_high(i), 1 + epsilon where A ≤ 0; "
+            "TRL's epsilon_high=5.0 (every row) is epsilon=4.0, eps_high_max=4.0."
         },
     )
     gapo_schedule: str = field(
@@ -182,6 +195,21 @@ def _reward_range(args) -> tuple[float, float] | str:
         raise ValueError(f"GAPOConfig.{exc}") from None
 
 
+def _cispo_translation(cap: float) -> str:
+    """TRL's cispo ``epsilon_high`` (one cap of every IS weight) in GAPOConfig's terms."""
+    head = (
+        "for loss_type='cispo', TRL's epsilon_high caps every completion's IS weight; GAPO caps completion i "
+        "at 1 + ε_high(i): 1 + epsilon where A ≤ 0, rising to 1 + eps_high_max for a group's lone success. "
+    )
+    if cap < 1.0:
+        return head + f"TRL's cap {cap:g} < 1 has no GAPO equivalent (epsilon >= 0)"
+    e = cap - 1.0
+    return head + (
+        f"TRL's epsilon_high={cap:g} is epsilon={e:g}, eps_high_max={e:g} (every cap {cap:g}); GAPO on top of "
+        f"it keeps epsilon={e:g} and sets eps_high_max > {e:g}"
+    )
+
+
 def _validate(args) -> None:
     if args.loss_type not in SUPPORTED_LOSS_TYPES:
         why = {
@@ -194,17 +222,17 @@ def _validate(args) -> None:
         )
     if args.gapo_schedule not in SCHEDULES:
         raise ValueError(f"gapo_schedule must be one of {SCHEDULES}, got {args.gapo_schedule!r}")
-    if not 0.0 <= args.epsilon < 1.0:
-        raise ValueError(f"epsilon (ε_low) must be in [0, 1), got {args.epsilon!r}")
+    if args.loss_type == "cispo":  # only caps 1 + ε: no lower bound 1 − ε that must stay > 0
+        if not (math.isfinite(args.epsilon) and args.epsilon >= 0.0):
+            raise ValueError(f"epsilon must be finite and >= 0 (the cap 1 + epsilon), got {args.epsilon!r}")
+    elif not 0.0 <= args.epsilon < 1.0:
+        raise ValueError(
+            f"epsilon (ε_low) must be in [0, 1), got {args.epsilon!r} (only loss_type='cispo' takes epsilon >= 1)"
+        )
     if not args.eps_high_max >= args.epsilon:
         raise ValueError(f"eps_high_max ({args.eps_high_max!r}) must be >= epsilon ({args.epsilon!r})")
     if args.epsilon_high is not None and args.epsilon_high != args.epsilon:
-        cispo = (
-            " (for loss_type='cispo', TRL's epsilon_high is the cap of the IS weight itself; GAPO's cap of "
-            "completion i is 1 + ε_high(i), so TRL's epsilon_high=5.0 is eps_high_max=4.0)"
-            if args.loss_type == "cispo"
-            else ""
-        )
+        cispo = f" ({_cispo_translation(args.epsilon_high)})" if args.loss_type == "cispo" else ""
         raise ValueError(
             "GAPO sets ε_high per rollout between `epsilon` and `eps_high_max`; leave `epsilon_high` unset "
             f"(got epsilon_high={args.epsilon_high!r}, epsilon={args.epsilon!r}){cispo}. For fixed clip-higher, use "
