@@ -40,7 +40,9 @@ class Problem:
 
     ``prompt`` is the exact text fed to the model, ``answer`` the reference answer (task
     specific), ``meta`` free-form details (e.g. Countdown's numbers and target). ``meta`` takes
-    no part in equality or hashing, so problems stay hashable.
+    no part in equality or hashing, so problems stay hashable. ``meta["messages"]``, where set
+    (``data:PATH``'s conversational rows), is the whole conversation the chat template renders,
+    its last user turn ``prompt`` (:mod:`gapo.policy.chat`).
     """
 
     prompt: str
