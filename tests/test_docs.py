@@ -8,6 +8,8 @@ README, docs/*.md, BENCHMARKS.md and RESULTS.md exists, and the version has one 
   the linking file's folder.
 - A module path is ``gapo.a.b…``: the longest importable prefix, then attributes of it.
 - ``§N.M`` must be a heading of docs/design.md (design §8.6: references move with renumbering).
+- The README and docs/*.md quote no test counts ("86 tests", "51 collected"): every new test makes
+  them stale. BENCHMARKS.md and RESULTS.md may, beside the commit they measured.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 MODULE = re.compile(r"(?<![\w/.-])gapo(?:\.[A-Za-z_]\w*)+")
 FROM_IMPORT = re.compile(r"\bfrom (gapo(?:\.\w+)*) import ([\w, ]+)")
 SECTION = re.compile(r"§\s?(\d+(?:\.\d+)*)")
+# a count a test run changes: "86 tests", "44 parity tests", "1,427 tests", "51 collected", "12 passed"
+TEST_COUNT = re.compile(
+    r"(?<![\w.§,])\d[\d,]*(?:\s+[a-z-]+)?\s+(?:tests?|test cases|collected|passed|skipped|deselected)\b", re.I
+)
+UNDATED_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # no commit beside a number
 
 
 def _docs_text():
@@ -171,6 +178,16 @@ def test_section_references_are_headings_of_design():
     assert not bad, "\n".join(bad)
 
 
+def test_docs_quote_no_test_counts():
+    bad = [
+        f"{_where(f, i)}: {m.group(0)!r}"
+        for f in UNDATED_DOCS
+        for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
+        for m in TEST_COUNT.finditer(line)
+    ]
+    assert not bad, "test counts go stale with every new test; name the test files instead:\n" + "\n".join(bad)
+
+
 def test_version_has_one_source():
     import gapo
 
@@ -212,4 +229,8 @@ def test_the_checks_catch_drift():
     assert _module_refs("from gapo import sandbox") == ["gapo.sandbox"] and _deprecated("gapo.sandbox.run")
     assert _deprecated("gapo.exec.sandbox.run") is None
     assert SECTION.findall("docs/design.md §2.5 and §10") == ["2.5", "10"]
+    for stale in ("test_verl.py, 86 tests,", "35 tests for start-up", "44 parity tests", "85 and 51 collected"):
+        assert TEST_COUNT.search(stale), stale
+    for fine in ("### §8.5 Tests", "two tests", "G = 8 rollouts", "tests/core/test_losses.py", "1.5 passed"):
+        assert not TEST_COUNT.search(fine), fine
     assert "99.1" not in _design_sections()
