@@ -47,7 +47,7 @@ def test_a_new_pass_follows_the_pool_it_is_given():
 
 
 def test_prompt_lengths_name_the_longest_prompt():
-    enc = SimpleNamespace(ids=lambda text: text.split())
+    enc = SimpleNamespace(ids=lambda problem: problem.prompt.split())
     pool = [SimpleNamespace(prompt="a b", meta={"task_id": "t0"}), SimpleNamespace(prompt="a", meta={})]
     evals = [SimpleNamespace(prompt="a b c", meta={"task_id": "e0"})]
     train, ev, longest = prompt_lengths(enc, pool, evals)
