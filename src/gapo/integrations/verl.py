@@ -77,8 +77,10 @@ reward function).
 **Loss.** ``gapo.core.losses.policy_loss`` with verl's aggregation normalisers (``global_batch_info``);
 ``gapo`` applies verl's dual clip (``clip_ratio_c``) like ``vanilla``; ``gapo_seq`` has none,
 like ``gspo``. With ``ε_high_max == ε_low`` they equal verl's ``vanilla`` and ``gspo``
-(tests/test_verl.py). ``rollout_is_weights`` (verl's rollout correction) multiply the per-token
-loss after clipping, as in verl's own losses.
+(tests/integrations/test_verl.py). ``rollout_is_weights`` (verl's rollout correction) multiply the per-token
+loss after clipping, as in verl's own losses. NaN or ±inf at padded positions of any input change
+neither loss, gradient nor metrics, in every ``loss_agg_mode`` (verl's ``vanilla`` masks NaN
+log-probs only in ``token-mean``/``token-sum``; tests/integrations/test_verl_padding.py).
 
 **Metrics.** verl's keys ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``, plus
 ``actor/gapo_eps_high_mean``, ``actor/gapo_success_weight_mean``, ``actor/gapo_clipfrac_high``,
