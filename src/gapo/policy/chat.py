@@ -204,10 +204,12 @@ class PromptEncoder:
         if self.chat:
             return self._render(self.messages(problem))
         if _conversation(problem) is not None:
+            why = (
+                "task.chat=false turns it off" if getattr(self.tok, "chat_template", None) else "the tokenizer has none"
+            )
             raise ValueError(
-                "a conversational prompt (a list of {role, content} messages) needs a chat template, "
-                + ("and task.chat=false" if getattr(self.tok, "chat_template", None) else "and the tokenizer has none")
-                + "; use a chat model (task.chat=auto), or a column of plain-string prompts"
+                f"a conversational prompt (a list of {{role, content}} messages) needs a chat template, and {why}; "
+                "use a chat model (task.chat=auto), or a column of plain-string prompts"
             )
         return problem.prompt
 
