@@ -15,17 +15,27 @@ import pytest
 import torch
 from test_run_dir import BASE, snapshot, train
 
+import timing
 from gapo.cli import main
 from gapo.rl import run_dir as rd
+from gapo.rl import run_lock
 from gapo.rl.config import load_config
 from gapo.rl.run_dir import MARKER, RunFolder
+from gapo.rl.run_lock import RunLock, RunLocked
 from gapo.rl.trainer import Trainer
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-# holds the lock of the folder argv[1] (through the public API) until its stdin is closed
+# holds the lock of the folder argv[1] (through the public API) until its stdin is closed; with
+# argv[2] "resume" it takes it as `gapo train --resume` does, by checking the run
 HOLD = (
-    "import sys\nfrom gapo.rl.run_dir import RunFolder\nf = RunFolder(sys.argv[1])\nf.lock.acquire()\n"
+    "import sys\nfrom gapo.rl.run_dir import RunFolder\nf = RunFolder(sys.argv[1])\n"
+    "f.check(resume=True, overwrite=False) if sys.argv[2:] == ['resume'] else f.lock.acquire()\n"
     "print('locked', flush=True)\nsys.stdin.read()\n"
+)
+# tries once to take the lock of the folder argv[1]: exit 0 (taken, then let go), or 3 and the error
+TRY_LOCK = (
+    "import sys\nfrom gapo.rl.run_lock import RunLock, RunLocked\ntry:\n    RunLock(sys.argv[1]).acquire()\n"
+    "except RunLocked as e:\n    print(e)\n    sys.exit(3)\n"
 )
 
 
@@ -44,10 +54,10 @@ def run(finished, tmp_path):
     return dst
 
 
-def hold(folder: Path) -> subprocess.Popen:
+def hold(folder: Path, *how: str) -> subprocess.Popen:
     """Another process holding ``folder``'s lock (``.stdin.close()`` lets go)."""
     p = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(folder)],
+        [sys.executable, "-c", HOLD, str(folder), *how],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -61,6 +71,15 @@ def hold(folder: Path) -> subprocess.Popen:
 def let_go(p: subprocess.Popen) -> None:
     p.stdin.close()
     p.wait(timeout=60)
+
+
+def try_lock(folder: Path) -> tuple[int, str]:
+    """Another process's one attempt at ``folder``'s lock: (0, "") if it got it, else (3, its error)."""
+    r = timing.run(
+        [sys.executable, "-c", TRY_LOCK, str(folder)], timeout=120, quiet_s=2, capture_output=True, text=True, env=ENV
+    )
+    assert r.returncode in (0, 3), r.stderr
+    return r.returncode, r.stdout
 
 
 def records(run: Path) -> list[dict]:
@@ -87,15 +106,51 @@ def test_a_second_writer_is_refused_naming_the_holder(run, easy_policy, capsys, 
         let_go(holder)
 
 
-def test_a_fresh_run_into_a_locked_name_creates_nothing(tmp_path, easy_policy, capsys):
+def test_a_fresh_run_into_a_locked_empty_folder_writes_nothing(tmp_path, easy_policy, capsys):
     out = tmp_path / "new"
-    holder = hold(out)  # e.g. another process about to create it
+    out.mkdir()
+    holder = hold(out)  # e.g. another process that has just made it for its own run
     try:
         assert train(out, easy_policy, "train.steps=1") == 2
         assert f"pid {holder.pid}" in capsys.readouterr().err
-        assert not out.exists()
+        assert [q.name for q in out.iterdir()] == [".gapo-lock"]  # the holder's lock file, nothing else
     finally:
         let_go(holder)
+    assert list(out.iterdir()) == []  # the holder let go: its lock file went with it
+
+
+def test_of_two_processes_creating_one_folder_one_wins(tmp_path):
+    """Both validated while the folder did not exist; both then open it: one makes and holds it, the
+    other is refused (locked, or exists), never both writing."""
+    go = tmp_path / "go"
+    code = (
+        "import os, sys, time\nfrom gapo.rl.run_dir import RunFolder\nf = RunFolder(sys.argv[1])\n"
+        "f.check(resume=False, overwrite=False)\nprint('checked', flush=True)\n"
+        "while not os.path.exists(sys.argv[2]):\n    time.sleep(0.01)\n"
+        "try:\n    f.open(overwrite=False)\n"
+        "except ValueError as e:\n    print('refused', type(e).__name__, flush=True)\n"
+        "else:\n    print('won', flush=True)\n    sys.stdin.read()\n"
+    )
+    ps = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path / "r"), str(go)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        for _ in range(3)
+    ]
+    try:
+        assert [p.stdout.readline().strip() for p in ps] == ["checked"] * 3
+        go.write_text("")
+        answers = sorted(p.stdout.readline().split()[0] for p in ps)
+    finally:
+        for p in ps:
+            p.stdin.close()
+            p.wait(timeout=60)
+    assert answers == ["refused", "refused", "won"]
+    assert sorted(q.name for q in (tmp_path / "r").iterdir()) == [MARKER]
 
 
 # Two real trainers, one folder (a running trainer refuses a second --resume and an --overwrite of
@@ -108,7 +163,7 @@ def test_a_killed_holders_lock_is_taken_over(run, capsys):
     holder = hold(run)
     holder.kill()  # SIGKILL: its lock file stays, with its pid, but the kernel dropped the lock
     holder.wait()
-    lock = run.parent / f".{run.name}.gapo-lock"
+    lock = run / ".gapo-lock"
     assert json.loads(lock.read_text())["pid"] == holder.pid
     assert main(["train", "--out", str(run), "--resume", "--allow-change", "train.steps=3"]) == 0
     assert not lock.exists()
@@ -118,13 +173,12 @@ def test_a_killed_holders_lock_is_taken_over(run, capsys):
 def test_lock_takeover_has_no_race(tmp_path, monkeypatch):
     """A process that locks the file just as its holder lets go (and deletes it) must not think it
     holds the lock: the path now names another file, which a third process could lock."""
-    from gapo.rl.run_dir import RunLock, RunLocked
-
+    (tmp_path / "r").mkdir()
     a, b = RunLock(tmp_path / "r"), RunLock(tmp_path / "r")
     a.acquire()
     with pytest.raises(RunLocked, match=f"pid {os.getpid()}"):
         b.acquire()
-    real_flock = rd.fcntl.flock
+    real_flock = run_lock.fcntl.flock
     calls = []
 
     def flock_after_release(fd, op):
@@ -133,12 +187,12 @@ def test_lock_takeover_has_no_race(tmp_path, monkeypatch):
             a.release()
         return real_flock(fd, op)
 
-    monkeypatch.setattr(rd.fcntl, "flock", flock_after_release)
+    monkeypatch.setattr(run_lock.fcntl, "flock", flock_after_release)
     b.acquire()
     assert b.held and len(calls) == 1
     assert os.path.samestat(os.fstat(b._fd), os.stat(b.path))  # b holds the file that is at the path now
     c = RunLock(tmp_path / "r")
-    monkeypatch.setattr(rd.fcntl, "flock", real_flock)
+    monkeypatch.setattr(run_lock.fcntl, "flock", real_flock)
     with pytest.raises(RunLocked):
         c.acquire()
     b.release()
@@ -150,8 +204,9 @@ def test_lock_takeover_has_no_race(tmp_path, monkeypatch):
 def test_many_processes_racing_for_one_lock_one_wins(tmp_path):
     flag = tmp_path / "hold"
     flag.write_text("")
+    (tmp_path / "r").mkdir()
     code = (
-        "import sys, os, time\nfrom gapo.rl.run_dir import RunLock, RunLocked\nl = RunLock(sys.argv[1])\n"
+        "import sys, os, time\nfrom gapo.rl.run_lock import RunLock, RunLocked\nl = RunLock(sys.argv[1])\n"
         "try:\n    l.acquire()\nexcept RunLocked:\n    print('busy', flush=True)\n    sys.exit(0)\n"
         "print('got', flush=True)\nwhile os.path.exists(sys.argv[2]):\n    time.sleep(0.05)\n"
     )
@@ -196,7 +251,6 @@ def test_a_busy_compare_cell_writes_nothing(tmp_path):
 
 def test_a_second_compare_on_one_grid_folder_is_refused(tmp_path):
     from gapo.experiments.grid import QUICK_GRID, load_grid, run_grid
-    from gapo.rl.run_dir import RunLocked
 
     out = tmp_path / "grid"
     out.mkdir()
@@ -204,9 +258,125 @@ def test_a_second_compare_on_one_grid_folder_is_refused(tmp_path):
     try:
         with pytest.raises(RunLocked, match=f"grid folder .*pid {holder.pid}"):
             run_grid(load_grid(QUICK_GRID), out, say=lambda s: None)
-        assert list(out.iterdir()) == []
+        assert [q.name for q in out.iterdir()] == [".gapo-lock"]  # the holder's
     finally:
         let_go(holder)
+
+
+# ------------------------------------------------------------------ one lock per folder, whatever the path
+@pytest.mark.parametrize("second", ["moved", "symlinked parent"])
+def test_a_second_path_to_a_held_folder_meets_its_lock(run, tmp_path, capsys, second):
+    """Two `--resume` of one folder through two paths: the second is refused, naming the first's PID.
+    'moved': the folder renamed while it is held (the old lock beside the folder named the path)."""
+    holder = hold(run, "resume")
+    try:
+        if second == "moved":
+            other = run.with_name("moved")
+            os.rename(run, other)
+        else:
+            (tmp_path / "link").symlink_to(tmp_path)
+            other = tmp_path / "link" / run.name
+        before = snapshot(other)
+        assert main(["train", "--out", str(other), "--resume", "--allow-change", "train.steps=3"]) == 2
+        err = capsys.readouterr().err
+        assert f"pid {holder.pid}" in err and "in use" in err and f"{run} resume" in err, err  # its arguments
+        assert snapshot(other) == before
+    finally:
+        let_go(holder)
+
+
+def _in_mount_namespace(script: str, *args: str) -> subprocess.CompletedProcess:
+    """``script`` in a Python of its own in a private mount namespace (an unprivileged user namespace
+    mapped to root, so that it may bind-mount), or a skip saying why that is not possible here."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        probe = ["unshare", "--user", "--map-root-user", "--mount", "mount", "--bind", d, d]
+        try:
+            ok = subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            ok = False
+    if not ok:
+        pytest.skip("no bind mounts here (unshare --user --mount is unavailable or not permitted)")
+    cmd = ["unshare", "--user", "--map-root-user", "--mount", sys.executable, "-c", script, *args]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    what = "a run in a mount namespace"
+    return timing.run(cmd, timeout=600, quiet_s=15, what=what, capture_output=True, text=True, env=env)
+
+
+BIND_SECOND_PATH = f"""
+import subprocess, sys
+run, view = sys.argv[1], sys.argv[2]
+subprocess.run(["mount", "--bind", run, view], check=True)  # the same folder, a second path
+holder = subprocess.Popen([sys.executable, "-c", {HOLD!r}, run, "resume"], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+assert holder.stdout.readline().strip() == "locked"
+print(holder.pid, flush=True)
+from gapo.cli import main
+code = main(["train", "--out", view, "--resume", "--allow-change", "train.steps=3"])
+holder.stdin.close()
+holder.wait()
+sys.exit(code)
+"""
+
+
+def test_a_bind_mounted_second_path_meets_the_lock(run, tmp_path):
+    view = tmp_path / "view"
+    view.mkdir()
+    before = snapshot(run)
+    r = _in_mount_namespace(BIND_SECOND_PATH, str(run), str(view))
+    assert r.returncode == 2, r.stderr
+    pid = int(r.stdout.split()[0])
+    assert f"pid {pid}" in r.stderr and "in use" in r.stderr and r.stderr.count("error:") == 1, r.stderr
+    assert snapshot(run) == before
+
+
+READ_ONLY_PARENT = """
+import json, subprocess, sys
+from pathlib import Path
+run, view, policy, base = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+mount = lambda *a: subprocess.run(["mount", *a], check=True)
+mount("--bind", str(run.parent), str(view))
+mount("-o", "remount,bind,ro", str(view))  # the run's parent, read-only ...
+mount("--bind", str(run), str(view / run.name))  # ... the run in it writable
+from gapo.cli import main
+codes = [main(["train", "--out", str(view / run.name), "--resume", "--allow-change", "train.steps=3"])]
+print("=====", file=sys.stderr, flush=True)
+codes.append(main(["train", "--out", str(view / "fresh"), f"model.path={policy}", *base, "train.steps=1"]))
+print(json.dumps(codes))
+"""
+
+
+def test_a_read_only_parent_does_not_stop_a_resume(run, tmp_path_factory, easy_policy):
+    """The old lock beside the folder could not be made there: the resume failed, with 'cannot
+    create .../.run.gapo-lock: Read-only file system'. A fresh run there is an error before any work."""
+    view = tmp_path_factory.mktemp("view")
+    r = _in_mount_namespace(READ_ONLY_PARENT, str(run), str(view), easy_policy, json.dumps(BASE))
+    resumed, fresh = r.stderr.split("=====\n")
+    assert json.loads(r.stdout.splitlines()[-1]) == [0, 2], r.stderr
+    assert "Traceback" not in resumed and max(x["step"] for x in records(run)) == 3
+    assert "is not writable (a read-only file system)" in fresh and fresh.count("error:") == 1, fresh
+    assert not (run.parent / "fresh").exists() and not (run / ".gapo-lock").exists()
+
+
+def test_an_overwrite_keeps_the_old_and_the_new_run_locked(run):
+    """From the new folder's creation to the old run's deletion or return, both folders are this
+    process's: nobody can take the run moved aside (the old lock beside the folder left it free)."""
+    before = snapshot(run)
+    f = RunFolder(run)
+    f.check(resume=False, overwrite=True)
+    f.open(overwrite=True)
+    (aside,) = [q for q in run.parent.iterdir() if ".replaced-" in q.name]
+    assert (aside / "checkpoint.pt").is_file() and not (run / "checkpoint.pt").exists()
+    for folder in (aside, run):
+        code, err = try_lock(folder)
+        assert code == 3 and f"pid {os.getpid()}" in err, (folder, err)
+    f.abort()  # the new run failed before its first checkpoint: the old run is back, still locked
+    code, err = try_lock(run)
+    assert code == 3 and f"pid {os.getpid()}" in err
+    f.release()
+    assert snapshot(run) == before
+    assert try_lock(run)[0] == 0
 
 
 # ------------------------------------------------------------------ --overwrite never loses a run
@@ -262,17 +432,26 @@ def test_overwrite_deletes_the_old_run_only_at_the_new_runs_first_checkpoint(run
 
 
 def test_recovery_of_a_half_done_overwrite(run, finished):
-    """The steps of --overwrite called by hand, the process 'dying' at each point between them."""
+    """The steps of --overwrite called by hand, the process 'dying' at each point between them
+    (``release()``: the kernel drops a dead process's locks)."""
     before = snapshot(run)
     f = RunFolder(run)
     f.check(resume=False, overwrite=True)
-    f.open(overwrite=True)  # moved aside, new folder made: dies here
-    f.lock.release()
+    f.open(overwrite=True)  # new folder made and in place, old run aside: dies here
+    f.release()
     g = RunFolder(run)
     g.check(resume=False, overwrite=True)
     g.release()
     assert snapshot(run) == before  # put back
-    # dies right after the move-aside, before the new folder exists
+    # dies once the new folder is made beside the run, before the run is moved aside
+    new = run.with_name(f".{run.name}.new-99999-1")
+    new.mkdir()
+    (new / MARKER).write_text("{}")
+    RunFolder(run).check(resume=True, overwrite=False)
+    assert snapshot(run) == before
+    # dies right after the move-aside, before the new folder is renamed into place
+    new.mkdir()
+    (new / MARKER).write_text("{}")
     aside = run.with_name(f".{run.name}.replaced-99999-1")
     os.rename(run, aside)
     RunFolder(run).check(resume=True, overwrite=False)
@@ -288,7 +467,7 @@ def test_recovery_of_a_half_done_overwrite(run, finished):
     f.check(resume=False, overwrite=True)
     f.open(overwrite=True)
     (run / "checkpoint.pt").write_bytes((finished / "checkpoint.pt").read_bytes())
-    f.lock.release()
+    f.release()
     RunFolder(run).check(resume=True, overwrite=False)
     assert not [q for q in run.parent.iterdir() if ".replaced-" in q.name] and (run / MARKER).is_file()
     assert not (run / "metrics.jsonl").exists()  # the new run's folder, not the old one's
@@ -300,7 +479,7 @@ def test_the_report_names_a_run_left_aside(run):
     f = RunFolder(run)
     f.check(resume=False, overwrite=True)
     f.open(overwrite=True)
-    f.lock.release()
+    f.release()
     (run / MARKER).unlink()
     with pytest.raises(ValueError, match=r"\.replaced-.*--resume` puts it back"):
         load_run(run)
@@ -367,7 +546,7 @@ def test_a_lost_config_yaml_falls_back_to_the_checkpoints_config(run, capsys):
 def test_a_symlink_planted_at_the_lock_name_is_not_followed(run, tmp_path, capsys):
     target = tmp_path / "elsewhere.txt"
     target.write_text("precious")
-    (run.parent / f".{run.name}.gapo-lock").symlink_to(target)
+    (run / ".gapo-lock").symlink_to(target)
     before = snapshot(run)
     assert main(["train", "--out", str(run), "--resume", "--allow-change", "train.steps=3"]) == 2
     assert "cannot lock" in capsys.readouterr().err

@@ -289,7 +289,7 @@ def test_sigterm_checkpoints_and_exits_cleanly(easy_policy, tmp_path, capsys):
     assert main(["train", "--out", str(run), "--resume", "--allow-change", f"train.steps={state['step'] + 1}"]) == 0
     assert [r["step"] for r in _records(run) if r["kind"] == "train"] == list(range(1, state["step"] + 2))
     assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] == state["step"] + 1
-    assert not (tmp_path / ".run.gapo-lock").exists()  # let go of, and removed
+    assert not (run / ".gapo-lock").exists()  # let go of, and removed
 
 
 def test_tensorboard_logging(easy_policy, tmp_path):

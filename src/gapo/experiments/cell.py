@@ -30,7 +30,8 @@ from pathlib import Path
 
 from gapo.experiments.grid import cell_file, write_json
 from gapo.rl.config import from_dict
-from gapo.rl.run_dir import RunFolder, RunLocked
+from gapo.rl.run_dir import RunFolder
+from gapo.rl.run_lock import RunLocked
 
 BUSY = 75  # EX_TEMPFAIL: the cell's folder is locked by another process; nothing was written
 PARENT_ENV = "GAPO_GRID_PID"  # set by grid._spawn: the pid of the `gapo compare` that started this job
@@ -150,6 +151,7 @@ def _run_cell(cdir: Path) -> int:
     """Train one cell from its spec; ``done.json`` on success, ``failed.json`` on error."""
     cdir = Path(cdir)
     folder = RunFolder(cdir)
+    cdir.mkdir(parents=True, exist_ok=True)  # the lock is a file in the folder
     deadline = time.monotonic() + BUSY_WAIT_S
     while True:
         try:  # one writer: held until done.json is written and the checkpoint removed

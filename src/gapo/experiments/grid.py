@@ -49,7 +49,8 @@ from gapo import tasks
 from gapo.core.checks import unknown
 from gapo.rl.config import Config, set_key, to_dict
 from gapo.rl.config_io import diff
-from gapo.rl.run_dir import RunLock, atomic_write
+from gapo.rl.run_dir import atomic_write, refuse_inside_run
+from gapo.rl.run_lock import RunLock
 
 if TYPE_CHECKING:
     from gapo.policy.pretrain import PretrainConfig
@@ -424,8 +425,9 @@ def run_grid(grid: dict, out: str | Path, *, retry_failed: bool = False, say=pri
 
 
 def _run_grid(grid: dict, out: Path, retry_failed: bool, say) -> dict:
-    # one `gapo compare` per grid folder (its lock beside it, as a run folder's); each cell's own
+    # one `gapo compare` per grid folder (locked as a run folder is, once it exists); each cell's own
     # run folder is locked by its child process too
+    refuse_inside_run(out, "grid folder")
     lock = RunLock(out, what="grid folder")
     if out.is_dir():
         lock.acquire()

@@ -6,20 +6,21 @@ configuration it was trained with), ``policy/`` (the final policy) and ``events.
 (configuration changes made on resume). The rules:
 
 - **One writer.** A run folder is written by one process at a time: an exclusive ``flock`` on
-  ``<parent>/.<name>.gapo-lock`` (beside the folder, not in it, so that the lock survives the
-  folder being moved aside by ``--overwrite``), held for the run's whole life; the file holds the
-  holder's PID, which a second writer's error names (:class:`RunLocked`). The kernel drops a
-  ``flock`` when its process dies, so the file of a killed run is an unlocked file and the next
-  run simply takes it; taking it checks that the locked file is still the one at that path
-  (a holder removes the file when it lets go), so two processes can never both hold it. An
-  existing folder is locked when it is checked, before anything of it is read; a folder that does
-  not exist yet is locked when it is created, after validation, and checked again under the lock.
+  ``<folder>/.gapo-lock`` (:mod:`gapo.rl.run_lock`), held for the run's whole life. It is the lock
+  of the folder itself, so every path to the folder meets it. An existing folder is locked when it
+  is checked, before anything of it is read; a folder that does not exist yet is made when the run
+  opens it, after validation (``mkdir``: of two creators one makes it), then locked and checked
+  again under the lock.
+- **Nothing inside another run.** A run folder (or an export, or a grid folder) inside a gapo run,
+  at any depth, is refused: ``--overwrite`` of the outer run would take it along.
 - Nothing is written before the whole run has validated (config, model, data, task, device,
   reward function, free space for a checkpoint): :meth:`RunFolder.check` only reads (the lock
   file and the restore of an interrupted ``--overwrite``, below, aside).
 - ``--overwrite`` only replaces a folder that is a gapo run (marker, or the ``config.yaml`` +
-  ``metrics.jsonl`` of runs made before the marker existed). The old run is moved aside to
-  ``.<name>.replaced-<pid>-<ns>`` (the name is printed) and deleted only once the new run's first
+  ``metrics.jsonl`` of runs made before the marker existed). The new run's folder is made and
+  locked beside it (``.<name>.new-<pid>-<ns>``) first; then the old run is moved aside to
+  ``.<name>.replaced-<pid>-<ns>`` (the name is printed), still locked by this process, and the new
+  folder renamed into place. The old run is deleted only once the new run's first
   checkpoint is on disk (with ``train.checkpoint_every=0`` that is the checkpoint at the end, or
   at a stop by signal); if the new run fails before that, the old run is put back. If the process
   is killed in between, the next command that checks this folder (``gapo train`` in any mode, a
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import math
 import os
@@ -56,14 +56,14 @@ import yaml
 # torch is imported where a checkpoint is read or written, not here: a resumed run's config is
 # read and checked before torch loads (a config error costs well under a second of CPU)
 from gapo.rl.config import Config, diff, from_dict, to_dict
+from gapo.rl.run_lock import LOCK_NAME, RunLock, RunLocked
 
 __all__ = [
     "RunFolder",
     "require_run",
     "RunExists",
-    "RunLocked",
-    "RunLock",
     "MARKER",
+    "refuse_inside_run",
     "atomic_write",
     "resume_changes",
     "Trackers",
@@ -79,17 +79,13 @@ __all__ = [
 RESUME_FIXED = ("task.", "model.path", "model.base_preset", "train.seed")
 
 MARKER = ".gapo-run"
-LOCK_SUFFIX = ".gapo-lock"
 ASIDE_TAG = ".replaced-"  # .<name>.replaced-<pid>-<ns>: a run that --overwrite moved aside
+NEW_TAG = ".new-"  # .<name>.new-<pid>-<ns>: the folder of an --overwrite's new run, before it is in place
 TRASH_TAG = ".discarded-"  # .<name>.discarded-<pid>-<ns>: a replaced run being deleted
 
 
 class RunExists(ValueError):
     """The run folder exists and neither ``--resume`` nor ``--overwrite`` was given."""
-
-
-class RunLocked(ValueError):
-    """Another process holds the folder's lock (it is writing the run)."""
 
 
 def _mb(n: float) -> str:
@@ -128,118 +124,6 @@ def checkpoint_bytes(model_state: dict, trainable: list) -> int:
     return int((weights + moments) * 1.05) + 2**20
 
 
-class RunLock:
-    """An exclusive ``flock`` on ``<parent>/.<name>.gapo-lock``, the lock of the folder ``<name>``.
-
-    ``flock`` locks are per open file and dropped by the kernel when the holder dies, so a lock
-    file left by a killed run is simply unlocked and the next :meth:`acquire` takes it. The holder
-    deletes the file when it lets go; a process that locked the file just before it was deleted
-    sees that the path no longer names its file and starts again, so only one process can hold the
-    lock of a path at a time. The file carries the holder's PID, for the error of a second writer."""
-
-    def __init__(self, folder: Path, what: str = "run folder"):
-        self.folder, self.what = Path(folder), what
-        self.path = self.folder.parent / f".{self.folder.name}{LOCK_SUFFIX}"
-        self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def acquire(self) -> None:
-        """Take the lock, or raise :class:`RunLocked` naming the holder. Creates no folder."""
-        if self._fd is not None:
-            return
-        for _ in range(100):
-            try:
-                # not through a symlink planted at the lock's name; not inherited by exec'd children
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-            except OSError as e:
-                raise OSError(
-                    e.errno,
-                    f"cannot lock {self.what} {str(self.folder)!r}: cannot create "
-                    f"{str(self.path)!r}: {e.strerror or e}",
-                ) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _holder(fd)
-                os.close(fd)
-                raise RunLocked(self._busy(holder)) from None
-            except OSError as e:
-                os.close(fd)
-                raise OSError(e.errno, f"cannot lock {self.what} {str(self.folder)!r}: {e.strerror or e}") from None
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
-            except FileNotFoundError:  # its holder deleted it as it let go: try the new one
-                same = False
-            if not same:
-                os.close(fd)
-                continue
-            os.ftruncate(fd, 0)
-            os.write(
-                fd,
-                (
-                    json.dumps({"pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S"), "argv": sys.argv[:8]})
-                    + "\n"
-                ).encode(),
-            )
-            self._fd = fd
-            return
-        raise OSError(errno.EAGAIN, f"cannot lock {self.what} {str(self.folder)!r}: {str(self.path)!r} keeps changing")
-
-    def _busy(self, holder: dict) -> str:
-        pid = holder.get("pid")
-        who = f"pid {pid}" if pid else "a process that has not written its pid yet"
-        if isinstance(pid, int) and not _alive(pid):  # the lock is inherited by a child that outlived it
-            who = f"a child process of pid {pid} (which has exited)"
-        since = f", since {holder['since']}" if holder.get("since") else ""
-        return (
-            f"{self.what} {str(self.folder)!r} is in use by another gapo process ({who}{since}; lock file "
-            f"{str(self.path)!r}). Two writers would corrupt it: wait for that process to finish or stop it"
-            + (f" (kill {pid})" if pid else "")
-            + ", or choose another folder"
-        )
-
-    def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        try:  # delete the file only while it is still ours (see the class docstring)
-            if os.path.samestat(os.fstat(fd), os.stat(self.path)):
-                os.unlink(self.path)
-        except OSError:
-            pass
-        os.close(fd)
-
-    def __del__(self):
-        with contextlib.suppress(Exception):
-            self.release()
-
-
-def _holder(fd: int) -> dict:
-    """The holder's record in the lock file; it writes it right after locking, so wait briefly."""
-    for _ in range(50):
-        try:
-            data = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "null")
-            if isinstance(data, dict):
-                return data
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.01)
-    return {}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _resolve_out(given: Path) -> Path:
     """``given`` with every symlink resolved (the run goes where a link points); a symlink at or
     above it whose target does not exist is an error."""
@@ -272,6 +156,25 @@ def atomic_write(path: Path, write) -> None:
         raise
 
 
+def _is_run_at(p: Path) -> bool:
+    return (p / MARKER).is_file() or ((p / "config.yaml").is_file() and (p / "metrics.jsonl").is_file())
+
+
+def refuse_inside_run(path: str | Path, what: str) -> None:
+    """A ``ValueError`` if ``path`` (resolved through symlinks; it need not exist) lies inside a gapo
+    run folder, at any depth: an ``--overwrite`` of that run would move it aside and delete it with
+    the run, and a second run's files would mix with the first's. ``what`` names ``path`` ("--out")."""
+    p = Path(os.path.realpath(path))
+    run = next((a for a in p.parents if _is_run_at(a)), None)
+    if run is not None:
+        via = f" (which is {str(p)!r})" if str(p) != os.path.abspath(path) else ""
+        raise ValueError(
+            f"{what} {str(path)!r}{via} is inside the gapo run folder {str(run)!r}: nothing is written inside a "
+            "run folder (an --overwrite of that run would delete it along with the run). Choose a folder "
+            "outside any run"
+        )
+
+
 def require_run(path: str | Path) -> RunFolder:
     """The :class:`RunFolder` at ``path``, or a ``ValueError`` saying it is missing or not a gapo
     run (torch-free, so ``gapo export``/``eval`` name a wrong folder before torch loads)."""
@@ -297,14 +200,18 @@ class RunFolder:
         self.config = self.path / "config.yaml"
         self.lock = RunLock(self.path)
         self._aside: Path | None = None  # the run being replaced, until the new one is settled
+        self._aside_lock: RunLock | None = None  # its lock, which this process keeps until then
         self._released_sig = None
 
     # ------------------------------------------------------------------ the lock
     def release(self) -> None:
-        """Let go of the lock (remembering the folder's state, see :meth:`reacquire`)."""
+        """Let go of the lock, and of a replaced run's (remembering the folder's state, see
+        :meth:`reacquire`)."""
         if self.lock.held:
             self._released_sig = self._signature()
             self.lock.release()
+        if self._aside_lock is not None:
+            self._aside_lock.release()
 
     def reacquire(self) -> None:
         """Take the lock again for an object that let go of it; an error if another process wrote
@@ -345,18 +252,21 @@ class RunFolder:
         return sorted(found, key=ns)
 
     def _recover(self) -> None:
-        """Under the lock: finish an ``--overwrite`` that a killed process left half done. If the
-        new run had written a checkpoint, it had settled: the old run's leftover goes; otherwise the
-        old run is put back (the new run, which has no checkpoint, cannot be resumed anyway)."""
-        for q in self.asides(TRASH_TAG):  # a deletion that a kill cut short
-            shutil.rmtree(q, ignore_errors=True)
+        """Finish an ``--overwrite`` that a killed process left half done, holding the folder's lock
+        (or, where there is no folder, the lock of the run to put back; a live ``--overwrite`` holds
+        it, and is named). If the new run had written a checkpoint, it had settled: the old run's
+        leftover goes; otherwise the old run is put back (the new run, which has no checkpoint,
+        cannot be resumed anyway)."""
         asides = self.asides()
+        locks = self._lock_asides(asides)
+        for q in self.asides(TRASH_TAG) + self.asides(NEW_TAG):  # a cut-short deletion; a folder never put in place
+            self._discard(q)
         if not asides:
             return
         p, say = self.path, lambda m: print(f"[gapo] {m}", file=sys.stderr, flush=True)
         if self.checkpoint.is_file() or (p / "policy").is_dir():
-            for a in asides:
-                shutil.rmtree(a, ignore_errors=True)
+            for a, lock in zip(asides, locks):
+                self._discard(a, lock)
             say(
                 f"{str(p)!r}: removed {', '.join(repr(str(a)) for a in asides)}, the run that an --overwrite "
                 "replaced (the new run had written its first checkpoint)"
@@ -364,27 +274,67 @@ class RunFolder:
             return
         *older, last = asides
         if p.exists() and not self.is_empty() and not self.is_run():
+            for lock in locks:
+                lock.release()
             raise ValueError(
                 f"{str(p)!r} holds files that are not a gapo run, and the run an interrupted --overwrite "
                 f"moved aside is at {str(last)!r}; to restore it: mv {str(last)!r} {str(p)!r}"
             )
-        if p.exists() or p.is_symlink():
-            shutil.rmtree(p)
+        if p.exists():
+            self._discard(p, self.lock)
         os.rename(last, p)
-        for a in older:
-            shutil.rmtree(a, ignore_errors=True)
+        locks[-1].moved(p)
+        self.lock = locks[-1]
+        for a, lock in zip(older, locks):
+            self._discard(a, lock)
         say(
             f"{str(p)!r}: an --overwrite was interrupted before its new run's first checkpoint; the run it "
             f"replaced is back in place (it had been moved to {str(last)!r})"
         )
 
+    def _lock_asides(self, asides: list[Path]) -> list[RunLock]:
+        """The locks of ``asides`` (runs an ``--overwrite`` moved aside), all taken, or none."""
+        locks: list[RunLock] = []
+        try:
+            for a in asides:
+                locks.append(RunLock(a, name=self.path))
+                locks[-1].acquire()
+        except BaseException:
+            for lock in locks:
+                lock.release()
+            raise
+        return locks
+
+    def _discard(self, q: Path, lock: RunLock | None = None) -> None:
+        """Delete ``q`` (a replaced run, or a leftover of an ``--overwrite``) under its lock: ``lock``
+        (this process's), else taken here (a folder that a live process holds is left alone). It is
+        renamed first to a name that marks it as garbage, so that a kill during the deletion leaves
+        nothing that :meth:`_recover` could put back."""
+        if lock is None:
+            lock = RunLock(q, name=self.path)
+            try:
+                lock.acquire()
+            except (RunLocked, OSError):
+                return
+        trash = q
+        if TRASH_TAG not in q.name:
+            trash = q.with_name(f".{self.path.name}{TRASH_TAG}{os.getpid()}-{time.time_ns()}")
+            try:
+                os.rename(q, trash)
+                lock.moved(trash)
+            except OSError:
+                trash = q
+        shutil.rmtree(trash, ignore_errors=True)
+        lock.release()
+
     # ------------------------------------------------------------------ read-only
     def is_run(self) -> bool:
-        p = self.path
-        return (p / MARKER).is_file() or ((p / "config.yaml").is_file() and (p / "metrics.jsonl").is_file())
+        return _is_run_at(self.path)
 
     def is_empty(self) -> bool:
-        return not self.path.exists() or (self.path.is_dir() and not any(self.path.iterdir()))
+        """No folder, or one that holds nothing but a lock file."""
+        p = self.path
+        return not p.exists() or (p.is_dir() and all(q.name == LOCK_NAME for q in p.iterdir()))
 
     def check(self, *, resume: bool, overwrite: bool) -> None:
         """Raise a clear ``ValueError`` if this folder may not be used as asked.
@@ -399,10 +349,10 @@ class RunFolder:
             parent = next((a for a in p.absolute().parents if a.exists()), None)
             if parent is not None and not parent.is_dir():
                 raise ValueError(f"run folder {str(p)!r}: {str(parent)!r} is a file, not a folder")
-        if not self.lock.held and (p.exists() or self.asides() or self.asides(TRASH_TAG)):
+        refuse_inside_run(p, "run folder")
+        if not self.lock.held and p.is_dir():
             self.lock.acquire()
-        if self.lock.held:
-            self._recover()
+        self._recover()
         if resume:
             if not p.exists():
                 raise ValueError(f"cannot resume: there is no run folder at {str(p)!r}")
@@ -413,15 +363,35 @@ class RunFolder:
             if not self.checkpoint.is_file():
                 raise ValueError(f"cannot resume: no checkpoint at {str(self.checkpoint)!r}")
             return
-        if self.is_empty():
+        if not self.is_empty():
+            if not overwrite:
+                raise RunExists(
+                    f"run folder {str(p)!r} exists; pass --resume to continue it or --overwrite to replace it"
+                )
+            if not self.is_run():
+                raise ValueError(
+                    f"refusing to overwrite {str(p)!r}: it is not empty and not a gapo run folder "
+                    f"(no {MARKER}); choose another --out or empty it yourself"
+                )
+        self._check_writable()
+
+    def _check_writable(self) -> None:
+        """The folder in which a new run's folder is made (the parent, or the nearest existing one)
+        must be writable; an existing folder is, since its lock file was made in it."""
+        p = self.path
+        if p.is_dir() and self.is_empty():
             return
-        if not overwrite:
-            raise RunExists(f"run folder {str(p)!r} exists; pass --resume to continue it or --overwrite to replace it")
-        if not self.is_run():
-            raise ValueError(
-                f"refusing to overwrite {str(p)!r}: it is not empty and not a gapo run folder "
-                f"(no {MARKER}); choose another --out or empty it yourself"
-            )
+        where = next((a for a in (p.parent, *p.parent.parents) if a.exists()), None)
+        if where is None or os.access(where, os.W_OK | os.X_OK):
+            return
+        try:
+            why = "a read-only file system" if os.statvfs(where).f_flag & os.ST_RDONLY else "permission denied"
+        except OSError:
+            why = "permission denied"
+        raise ValueError(
+            f"cannot {'replace' if p.is_dir() else 'create'} run folder {str(p)!r}: {str(where)!r} is not "
+            f"writable ({why}); choose another --out"
+        )
 
     def saved_config(self, *, fallback: bool = True) -> dict:
         """The run's own ``config.yaml`` as a dict. A missing or unreadable one falls back to the
@@ -509,48 +479,75 @@ class RunFolder:
             )
 
     def open(self, *, overwrite: bool) -> None:
-        """Create the folder (moving an old run aside when overwriting) and write the marker.
-
-        A folder that did not exist at :meth:`check` is locked here, and checked again under the
-        lock (another process may have made it in between)."""
+        """Create the folder (an old run, when overwriting, is replaced by :meth:`_replace`) and write
+        the marker. A folder that did not exist at :meth:`check` is made here, then locked and
+        checked again under the lock (another process may have made it in between)."""
         p = self.path
         if not self.lock.held:
-            try:
-                p.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise OSError(e.errno, f"cannot create the run folder {str(p)!r}: {e.strerror or e}") from None
-            self.lock.acquire()
-            self.check(resume=False, overwrite=overwrite)
+            self._create(overwrite)
         try:
-            if overwrite and p.exists() and not self.is_empty():
-                aside = p.with_name(f".{p.name}{ASIDE_TAG}{os.getpid()}-{time.time_ns()}")
-                os.rename(p, aside)
-                self._aside = aside
-                print(
-                    f"[gapo] --overwrite: the old run is kept at {str(aside)!r} until the new run's first checkpoint "
-                    f"is written. If this process is killed before then, the next `gapo train --out {str(p)}` puts "
-                    f"it back (by hand: rm -r {str(p)!r} && mv {str(aside)!r} {str(p)!r})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            p.mkdir(parents=True, exist_ok=True)
+            if overwrite and not self.is_empty():
+                self._replace()
             self.write_text(MARKER, json.dumps({"format": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
         except OSError as e:
             self.abort()
             raise OSError(e.errno, f"cannot create the run folder {str(p)!r}: {e.strerror or e}") from None
 
+    def _create(self, overwrite: bool) -> None:
+        """``mkdir`` (of two processes one makes the folder), then :meth:`check` under its lock."""
+        p = self.path
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.mkdir()
+        except FileExistsError:
+            pass  # made since check(): checked below, under its lock, like any existing folder
+        except OSError as e:
+            raise OSError(e.errno, f"cannot create the run folder {str(p)!r}: {e.strerror or e}") from None
+        self.check(resume=False, overwrite=overwrite)
+
+    def _replace(self) -> None:
+        """Holding the old run's lock: make and lock the new run's folder beside it, move the old run
+        aside (its lock goes along and stays this process's until :meth:`settle` deletes it or
+        :meth:`abort` puts it back), then rename the new folder into place. The name is free only
+        between the two renames, and a process that checks it then finds the run moved aside locked."""
+        p, stamp = self.path, f"{os.getpid()}-{time.time_ns()}"
+        new, aside = p.with_name(f".{p.name}{NEW_TAG}{stamp}"), p.with_name(f".{p.name}{ASIDE_TAG}{stamp}")
+        new.mkdir()
+        new_lock = RunLock(new, name=p)
+        try:
+            new_lock.acquire()
+            os.rename(p, aside)
+        except BaseException:
+            self._discard(new, new_lock)
+            raise
+        self.lock.moved(aside)
+        self._aside, self._aside_lock = aside, self.lock
+        try:
+            os.rename(new, p)  # fails if another process made a folder at p in between, and wrote in it
+        except OSError:
+            self._discard(new, new_lock)
+            self.lock, self._aside, self._aside_lock = self._aside_lock, None, None
+            raise OSError(
+                errno.EEXIST,
+                f"another process made a new folder at {str(p)!r} while the old run was being moved aside; the "
+                f"old run is at {str(aside)!r} (the next `gapo train --out {str(p)}` puts it back)",
+            ) from None
+        new_lock.moved(p)
+        self.lock = new_lock
+        print(
+            f"[gapo] --overwrite: the old run is kept at {str(aside)!r} until the new run's first checkpoint "
+            f"is written. If this process is killed before then, the next `gapo train --out {str(p)}` puts "
+            f"it back (by hand: rm -r {str(p)!r} && mv {str(aside)!r} {str(p)!r})",
+            file=sys.stderr,
+            flush=True,
+        )
+
     def settle(self) -> None:
-        """The new run's first checkpoint is on disk: delete the run it replaces (renamed first to
-        a name that marks it as garbage, so that a kill during the deletion leaves nothing that
-        :meth:`_recover` could mistake for a run to put back)."""
+        """The new run's first checkpoint is on disk: delete the run it replaces (:meth:`_discard`)."""
         if self._aside is not None:
-            aside, self._aside = self._aside, None
-            trash = aside.with_name(f".{self.path.name}{TRASH_TAG}{os.getpid()}-{time.time_ns()}")
-            try:
-                os.rename(aside, trash)
-            except OSError:
-                trash = aside
-            shutil.rmtree(trash, ignore_errors=True)
+            aside, lock = self._aside, self._aside_lock
+            self._aside = self._aside_lock = None
+            self._discard(aside, lock)
 
     def save_checkpoint(self, state: dict, need: int) -> None:
         """``state`` to ``checkpoint.pt``, atomically and synced; then the replaced run (if any)
@@ -601,12 +598,19 @@ class RunFolder:
         self.settle()
 
     def abort(self) -> None:
-        """The new run failed before it settled: put the replaced run back."""
+        """The new run failed before it settled: put the replaced run back. The new folder is renamed
+        away first, so the name is free only between two renames, with both runs still locked."""
         if self._aside is None:
             return
-        shutil.rmtree(self.path, ignore_errors=True)
-        os.rename(self._aside, self.path)
-        self._aside = None
+        p, aside, old_lock = self.path, self._aside, self._aside_lock
+        trash = p.with_name(f".{p.name}{TRASH_TAG}{os.getpid()}-{time.time_ns()}")
+        os.rename(p, trash)
+        self.lock.moved(trash)
+        os.rename(aside, p)
+        old_lock.moved(p)
+        new_lock, self.lock, self._aside, self._aside_lock = self.lock, old_lock, None, None
+        shutil.rmtree(trash, ignore_errors=True)
+        new_lock.release()
 
     def write_text(self, name: str, text: str) -> None:
         atomic_write(self.path / name, lambda tmp: tmp.write_text(text, encoding="utf-8"))
