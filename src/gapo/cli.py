@@ -157,15 +157,14 @@ def _load(args, base: dict | None = None) -> object:
     import json
 
     from gapo.rl.config import load_config
-    from gapo.tasks.custom import absolute_spec
 
     overrides = []
     if args.task:
         overrides += parse_task(args.task)
     if getattr(args, "model", None):
         overrides.append(f"model.path={args.model}")
-    if getattr(args, "reward", None):  # file paths made absolute: the saved config works from anywhere
-        overrides.append(f"reward.funcs={json.dumps([absolute_spec(s) for s in args.reward])}")
+    if getattr(args, "reward", None):  # recorded as found from here (Config.validate): the saved config works anywhere
+        overrides.append(f"reward.funcs={json.dumps(args.reward)}")
     return load_config(args.config, overrides + list(args.overrides), base=base)
 
 
@@ -296,8 +295,7 @@ def cmd_eval(args) -> int:
     from gapo.policy.chat import PromptEncoder
     from gapo.policy.model import check_context, load_policy
     from gapo.policy.precision import autocast
-    from gapo.policy.sampling import SamplingParams
-    from gapo.rl.evaluate import EvalPlan, evaluate
+    from gapo.rl.evaluate import EvalPlan, eval_params, evaluate
     from gapo.rl.rollout import draw_problems, problem_name
     from gapo.tasks.custom import with_rewards
 
@@ -334,6 +332,7 @@ def cmd_eval(args) -> int:
         task,
         cfg.reward.funcs,
         cfg.reward.weights,
+        cfg.reward.ranges,
         probe=problems[0] if problems else None,
         reward_range=cfg.algo.reward_range,
     )
@@ -352,7 +351,7 @@ def cmd_eval(args) -> int:
             tok,
             task,
             problems,
-            params=SamplingParams(max_new_tokens, cfg.eval.temperature, stop=cfg.sampling.stop),
+            params=eval_params(cfg, max_new_tokens),
             plan=EvalPlan(n=args.n, seed=cfg.eval.seed),
             progress=True,
             encode=encoder.ids,

@@ -38,6 +38,7 @@ from gapo.rl.domains import (
     task_params,
 )
 from gapo.rl.names import known
+from gapo.tasks.custom import DEFAULT_RANGE, absolute_spec, check_reward_config, combined_range
 
 __all__ = ["Config", "load_config", "apply_overrides", "to_dict", "from_dict", "diff", "DOMAINS"]
 
@@ -60,6 +61,8 @@ class RewardConfig:
     # (the task's own verifier); empty: the task's verifier. --reward (repeatable) sets this list.
     funcs: list[str] = field(default_factory=list)
     weights: list[float] | None = None  # one per function (default 1 each); R = weighted sum
+    # one [lo, hi] per function (default [0, 1] each): checked on every value; they give R's range
+    ranges: list[tuple[float, float]] | None = None
 
 
 @dataclass
@@ -98,7 +101,8 @@ class AlgoConfig:
     eps_schedule: str = "fixed"  # fixed | linear (GAPO Eq. 11) | log (GAPO exact form)
     eps_low: float = 0.2
     eps_high_max: float = 0.2  # the upper width: the constant (fixed), GAPO's maximum (linear/log)
-    reward_range: tuple[float, float] | str = (0.0, 1.0)  # (R_min, R_max) | group | batch
+    # (R_min, R_max) | group | batch; unset: derived by validate, R's range (docs/design.md §2.7)
+    reward_range: tuple[float, float] | str | None = None
     clip_ratio_c: float | None = None  # dual clip for A < 0 (verl default 3.0)
     agg: str = "token-mean"
     kl_coef: float = 0.0  # reference-policy KL penalty in the loss
@@ -114,8 +118,7 @@ class OptimConfig:
     lr: float = 5e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 0  # linear warm-up over the first steps (rl/optimizer.py)
-    schedule: str = "constant"  # constant | linear | cosine: the decay after the warm-up (transformers' semantics)
+    warmup_steps: int = 0
     grad_clip: float = 1.0
 
 
@@ -138,6 +141,7 @@ class EvalConfig:
     problems: int = 64
     samples: int = 16  # n samples per problem (unbiased pass@k for k = 1, 2, 4, …, n)
     temperature: float = 1.0
+    top_p: float = 1.0  # evaluation's own, like temperature; sampling.max_new_tokens and sampling.stop apply too
     seed: int = 1234
 
 
@@ -183,9 +187,7 @@ class Config:
             if problem:
                 raise ValueError(f"{where(key)}: {problem}")
         a, t = self.algo, self.train
-        from gapo.tasks.custom import check_reward_config  # torch-free: the syntax of reward.funcs/weights
-
-        check_reward_config(self.reward.funcs, self.reward.weights, task=self.task.name)
+        self._settle_rewards()
         if self.task.name not in tasks.names():
             raise ValueError(f"{where('task.name')}: {unknown('task', self.task.name, tasks.names())}")
         for key, kind, name, accepted in (
@@ -195,7 +197,6 @@ class Config:
             ("algo.agg", "aggregation mode", a.agg, known("AGG_MODES")),
             ("algo.kl_estimator", "kl estimator", a.kl_estimator, known("KL_ESTIMATORS")),
             ("algo.old_logp", "old_logp source", a.old_logp, ("recompute", "sampler")),
-            ("optim.schedule", "learning-rate schedule", self.optim.schedule, known("LR_SCHEDULES")),
         ):
             if name not in accepted:
                 raise ValueError(f"{where(key)}: {unknown(kind, name, accepted)}")
@@ -243,6 +244,46 @@ class Config:
         # last: a device other than the CPU needs torch to ask its backend
         check_device(where("model.device"), self.model.device)
         return self
+
+    def _settle_rewards(self) -> None:
+        """``reward.*`` checked, and what follows from them settled, so that the saved config says
+        what runs: each spec as ``gapo.tasks.custom.absolute_spec`` records it (a file by its
+        absolute path, a module found only in this folder by its file's), and an unset
+        ``algo.reward_range`` derived: R's range (``combined_range``; ``[0, 1]``, the verifiers',
+        without ``reward.funcs``). A fixed range must hold R's (docs/design.md §2.7)."""
+        r, a = self.reward, self.algo
+        check_reward_config(r.funcs, r.weights, r.ranges, task=self.task.name)
+        try:
+            r.funcs = [absolute_spec(s) for s in r.funcs]
+        except ValueError as e:
+            raise ValueError(f"{self._where('reward.funcs')}: {e}") from None
+        if isinstance(a.reward_range, str):
+            return
+        if not r.funcs:
+            a.reward_range = a.reward_range or DEFAULT_RANGE
+            return
+        lo, hi = combined_range(r.funcs, r.weights, r.ranges)
+        ws = r.weights if r.weights is not None else [1] * len(r.funcs)
+        rs = r.ranges if r.ranges is not None else [DEFAULT_RANGE] * len(r.funcs)
+        how = (
+            f"reward.weights [{', '.join(f'{w:.12g}' for w in ws)}] over ranges "
+            f"{', '.join(f'[{x:.12g}, {y:.12g}]' for x, y in rs)}"
+            f"{'' if r.ranges is not None else ' (the default; reward.ranges declares others)'} "
+            f"give R in [{lo:.12g}, {hi:.12g}]"
+        )
+        if a.reward_range is None:
+            a.reward_range = (lo, hi)
+            if getattr(self, "_sources", None) is None:
+                object.__setattr__(self, "_sources", {})
+            self._sources["algo.reward_range"] = f"derived: {how}"
+            return
+        tol = 1e-9 * max(1.0, abs(lo), abs(hi))  # the derivation's rounding
+        if a.reward_range[0] > lo + tol or a.reward_range[1] < hi - tol:
+            raise ValueError(
+                f"{self._where('algo.reward_range')}: {list(a.reward_range)} does not hold the combined "
+                f"reward: {how}; set algo.reward_range=[{lo:.12g}, {hi:.12g}], or leave it unset to have it "
+                "derived, or declare the terms' ranges (reward.ranges)"
+            )
 
     def _where(self, key: str) -> str:
         """``key`` plus the file and line it was read from, when it came from a YAML file."""

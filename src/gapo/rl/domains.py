@@ -66,6 +66,8 @@ def _pair(check, what: str):
 
 
 def _reward_range(v):
+    if v is None:  # unset: Config.validate derives it
+        return None
     if isinstance(v, str):
         return None if v in ("group", "batch") else f"must be [R_min, R_max], 'group' or 'batch', got {v!r}"
     lo, hi = v
@@ -116,6 +118,7 @@ DOMAINS = {
     "eval.problems": _num(0, 100_000, integer=True),
     "eval.samples": _num(1, 4096, integer=True),
     "eval.temperature": _num(0, 100, lo_open=True),
+    "eval.top_p": _num(0, 1, lo_open=True),
     "eval.seed": _num(0, 2**63 - 1, integer=True),
 }
 

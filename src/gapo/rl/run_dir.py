@@ -57,6 +57,7 @@ import yaml
 # read and checked before torch loads (a config error costs well under a second of CPU)
 from gapo.rl.config import Config, diff, from_dict, to_dict
 from gapo.rl.run_lock import LOCK_NAME, RunLock, RunLocked
+from gapo.tasks.custom import absolute_spec
 
 __all__ = [
     "RunFolder",
@@ -661,7 +662,10 @@ def _jsonable(v):
 
 def _normalised(data: dict, where: str) -> dict:
     try:  # keys added since the run was made compare at their defaults
-        return to_dict(from_dict(data, migrate=True))
+        cfg = from_dict(data, migrate=True)
+        # reward specs as Config.validate records them (a run made before it did keeps my_rewards:fn)
+        cfg.reward.funcs = [absolute_spec(s) for s in cfg.reward.funcs]
+        return to_dict(cfg)
     except ValueError as e:
         raise ValueError(f"cannot resume: {where}: {e}") from None
 

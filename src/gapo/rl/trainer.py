@@ -44,7 +44,7 @@ from gapo.policy.precision import autocast, grad_scaler
 from gapo.policy.sampling import SamplingParams, logprobs, sample
 from gapo.rl import checkpoint, optimizer, problems, rollout, update
 from gapo.rl.config import Config, to_dict
-from gapo.rl.evaluate import EvalPlan, evaluate
+from gapo.rl.evaluate import EvalPlan, eval_params, evaluate
 from gapo.rl.run_dir import RunExists, RunFolder, Trackers, resume_changes, stop_on_signals
 from gapo.rl.step_metrics import gpu_memory, step_metrics
 from gapo.tasks.custom import with_rewards
@@ -158,15 +158,19 @@ class Trainer:
             chat_template_kwargs=cfg.task.chat_template_kwargs,
         )
         self.scaler = grad_scaler(self.device, m.dtype)
-        self.opt, self.sched = optimizer.build(self.model, cfg.optim, self.device, total_steps=t.steps)
+        self.opt, self.sched = optimizer.build(self.model, cfg.optim, self.device)
         self.max_new_tokens = cfg.sampling.max_new_tokens or self.task.max_completion_len + 1  # + EOS
         # the pool is what the run will visit (at most prompts × steps problems); over-long prompts
         # (task.max_prompt_tokens) leave both pools before anything is sampled
         self.pool, self.eval_problems, self.filtered = problems.draw_run(self.task, self.encoder, cfg)
         # --reward: the task scored by the user's functions (imported and checked here, probed below)
+        r = cfg.reward
         self.task = with_rewards(
-            self.task, cfg.reward.funcs, cfg.reward.weights, probe=self.pool[0], reward_range=cfg.algo.reward_range
+            self.task, r.funcs, r.weights, r.ranges, probe=self.pool[0], reward_range=cfg.algo.reward_range
         )
+        derived = getattr(cfg, "_sources", {}).get("algo.reward_range", "")
+        if derived.startswith("derived"):  # R's range, from the rewards (config.yaml records it)
+            print(f"[gapo] algo.reward_range={list(cfg.algo.reward_range)}, {derived}", file=sys.stderr)
         # (gapo's decoder fast path turns itself off for adapters and gradient checkpointing)
         train_len, eval_len, longest = problems.prompt_lengths(self.encoder, self.pool, self.eval_problems)
         key, where = cfg._where("sampling.max_new_tokens"), str(self.policy_path)
@@ -367,9 +371,7 @@ class Trainer:
                 self.tok,
                 self.task,
                 self.eval_problems,
-                params=SamplingParams(
-                    self.max_new_tokens, e.temperature, eos_token_id=self.eos_ids, stop=self.cfg.sampling.stop
-                ),
+                params=eval_params(self.cfg, self.max_new_tokens, self.eos_ids),
                 plan=EvalPlan(n=e.samples, seed=e.seed),
                 progress=progress,
                 encode=self.encoder.ids,
@@ -415,8 +417,7 @@ class Trainer:
         self.ratio_adv_window.extend(state.get("ratio_adv_window", []))
         if state.get("pool_size", len(self.pool)) != len(self.pool):  # resumed with other train.steps
             self.pool, _ = problems.draw(self.task, self.encoder, self.cfg, "train", state["pool_size"], t.seed)
-        # the optimiser state holds the old values; the schedule's length is train.steps
-        if any(k.startswith("optim.") or k == "train.steps" for k in changes):
+        if any(k.startswith("optim.") for k in changes):  # the optimiser state holds the old values
             optimizer.apply_changes(self.opt, self.sched, self.cfg.optim)
 
     def save_policy(self) -> Path:

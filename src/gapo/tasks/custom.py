@@ -22,26 +22,37 @@ combine, per completion, with ``S`` the terms that did not return ``None`` and `
     R = W · Σ_{k∈S} w_k r_k / Σ_{k∈S} w_k
 
 the weighted sum when no term skips (``S`` = all); a skipped term is left out and the others'
-weights renormalised, so R keeps the same scale (a skipped format term neither lowers nor raises
-the ceiling a completion can reach, which matters for GAPO's success count ``c``, computed from
-R on ``algo.reward_range``: ``c = round(Σ_group (R − R_min)/(R_max − R_min))``, docs/design.md
-§2.7). When every term skips (or only zero-weight terms answer) R = 0 and the completion counts
-as ``unparsable``. The name ``task`` (``--reward task``) is the task's own verifier as one term;
-without it, ``--reward`` replaces the task's verifier. Each term is logged as ``reward/<name>``
-(its mean over the completions it scored, ``reward/n_<name>`` of them); ``<name>`` is the
-function's name.
+weights renormalised, so R keeps the same scale (with terms on one range, a skipped format term
+neither lowers nor raises the ceiling a completion can reach, which matters for GAPO's success
+count ``c``, computed from R on ``algo.reward_range``: ``c = round(Σ_group (R − R_min)/(R_max −
+R_min))``, docs/design.md §2.7). When every term skips (or only zero-weight terms answer) R = 0
+and the completion counts as ``unparsable``.
+
+Each term has a range, ``reward.ranges`` (one ``[lo, hi]`` per term; default ``[0, 1]``, the
+built-in verifiers' range). A term's value outside its range is an error naming the term (checked
+whenever ``algo.reward_range`` is fixed; under ``group``/``batch`` only for declared ranges).
+:func:`combined_range` gives R's range over every pattern of skipped terms (the task's verifier
+never skips); an unset ``algo.reward_range`` is that range, a fixed one must hold it.
+
+The name ``task`` (``--reward task``) is the task's own verifier as one term; without it,
+``--reward`` replaces the task's verifier. Each term is logged as ``reward/<name>`` (its mean over
+the completions it scored, ``reward/n_<name>`` of them); ``<name>`` is the function's name, and
+may not collide with the scoring statistics under ``reward/`` (``mean``, ``n``, a status).
+
 
 The functions run where the built-in verifiers run (in the scoring pool's workers with
 ``task.scoring_workers > 0``), under the same timeouts: what travels to a worker is the spec
 (module path or the file's absolute path, and the function's name), never the function object,
 so each worker imports it itself. A module path is looked up on ``sys.path`` and then in the
-directory the run started in.
+directory the run started in; :func:`absolute_spec` records a module found only there by its
+file's path, so a saved run finds it from any folder.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import math
@@ -49,20 +60,29 @@ import numbers
 import os
 import sys
 
+from gapo.exec.scoring import STATUSES
+
 __all__ = [
     "RewardTerm",
     "RewardTask",
     "parse_spec",
     "absolute_spec",
     "check_reward_config",
+    "combined_range",
+    "DEFAULT_RANGE",
     "with_rewards",
     "BUILTIN",
     "problem_fields",
 ]
 
 BUILTIN = "task"  # --reward task: the task's own verifier as one term
-# stats gapo.exec.scoring already writes under reward/: a term may not take one of these names
-_RESERVED = {"mean", "n", "unparsable", "timeout", "error", "n_unparsable", "n_timeout", "n_error"}
+DEFAULT_RANGE = (0.0, 1.0)  # a term's range unless reward.ranges says otherwise: the built-in verifiers'
+# what gapo.exec.scoring writes under reward/ for every batch (reward/n, reward/mean and, per status,
+# reward/n_<s> and reward/<s>_frac, "ok" not counted); a term writes reward/<name> and
+# reward/n_<name>, neither of which may be one of these
+_COUNTED = [s for s in STATUSES if s != "ok"]
+_RESERVED = frozenset({"mean", "n", *(f"n_{s}" for s in _COUNTED), *(f"{s}_frac" for s in _COUNTED)})
+
 _DETAIL_KEYS = ("source", "line", "split")  # where a problem came from: not a field of the problem
 
 
@@ -86,11 +106,36 @@ def parse_spec(spec: str) -> tuple[str, str | None, bool]:
     return target, fn, is_file
 
 
-def absolute_spec(spec: str) -> str:
-    """``spec`` with a file path made absolute (against the current directory), so that the saved
-    config and the pool's workers name the same file wherever they run."""
+def absolute_spec(spec: str, start_dir: str | None = None) -> str:
+    """``spec`` as a saved config records it, so that ``gapo eval RUN``, ``--resume`` and the pool's
+    workers find the same function from any folder: a file path made absolute (against
+    ``start_dir``, default the current directory); a module found in ``start_dir`` and not
+    elsewhere on ``sys.path`` (``my_rewards:fn`` beside the run) as its file's absolute path; any
+    other spec as it is. Nothing is imported. A package module found only in ``start_dir`` is a
+    ``ValueError``: as a file on its own its imports would break, so it must be made importable."""
     target, fn, is_file = parse_spec(spec)
-    return f"{os.path.abspath(os.path.expanduser(target))}:{fn}" if is_file else spec.strip()
+    start = os.path.abspath(start_dir or os.getcwd())
+    if is_file:
+        return f"{os.path.normpath(os.path.join(start, os.path.expanduser(target)))}:{fn}"
+    if fn is None:
+        return BUILTIN
+    top = target.split(".")[0]
+    here = importlib.machinery.PathFinder.find_spec(top, [start])
+    if here is None:
+        return spec.strip()
+    try:
+        first = importlib.util.find_spec(top)  # sys.path's answer (sys.modules first): what an import gets
+    except (ImportError, ValueError):
+        first = None
+    if first is not None and first.origin is not None and first.origin != here.origin:
+        return spec.strip()  # another module of that name comes first on sys.path: the import uses it
+    if "." in target or here.submodule_search_locations is not None or here.origin is None:
+        raise ValueError(
+            f"reward {spec!r}: package {top!r} is found only in {start!r}, the folder the run starts in; a "
+            f"saved run must find it from any folder (gapo eval RUN, --resume): install it (pip install -e), "
+            "or put its folder on PYTHONPATH"
+        )
+    return f"{here.origin}:{fn}"
 
 
 def _load_file(path: str):
@@ -268,12 +313,24 @@ class RewardTask:
     """A task whose reward is the combination of ``terms`` (see the module docstring); everything
     else (problems, splits, first moves, lengths) is the wrapped task's."""
 
-    def __init__(self, task, terms: list[RewardTerm], success_reward: float | None = None):
+    def __init__(
+        self,
+        task,
+        terms: list[RewardTerm],
+        success_reward: float | None = None,
+        *,
+        ranges: list[tuple[float, float]] | None = None,
+        declared: bool = False,
+        bounds: tuple[float, float] | None = None,
+    ):
         self.task = task
         self.terms = terms
         self.success_reward = success_reward  # evaluation counts a sample correct at R >= this (None: R > 0)
         self.name = task.name
         self.total_weight = sum(t.weight for t in terms)
+        self.ranges = ranges  # each term's [lo, hi], checked on every value (None: unchecked)
+        self.declared = declared  # the ranges are reward.ranges (else the default [0, 1])
+        self.bounds = bounds  # the fixed algo.reward_range (None: group, batch)
 
     def __getattr__(self, attr):
         if attr in ("task", "__setstate__") or attr.startswith("__"):
@@ -298,8 +355,10 @@ class RewardTask:
         parts: dict[str, float | None] = {}
         status = "ok"
         num = den = 0.0
-        for t in self.terms:
+        for k, t in enumerate(self.terms):
             value, st = t(self.task, problem, completion)
+            if value is not None and self.ranges is not None:
+                self._check_range(k, value)
             parts[t.name] = value
             if t.builtin:
                 status = st
@@ -308,7 +367,29 @@ class RewardTask:
                 den += t.weight
         if den == 0:
             return 0.0, "unparsable", parts
-        return self.total_weight * num / den, status, parts
+        return self._snap(self.total_weight * num / den), status, parts
+
+    def _check_range(self, k: int, value: float) -> None:
+        lo, hi = self.ranges[k]
+        if lo <= value <= hi:
+            return
+        t = self.terms[k]
+        where = (
+            f"its range reward.ranges[{k}] = [{lo:g}, {hi:g}]"
+            if self.declared
+            else f"[{lo:g}, {hi:g}], a term's range when reward.ranges does not declare one (one [lo, hi] per reward)"
+        )
+        raise ValueError(f"reward {t.name!r} ({t.spec}) returned {value!r}, outside {where}")
+
+    def _snap(self, r: float) -> float:
+        """R at an end of the fixed range up to rounding (the terms summed in another order than
+        the range was) is that end: a full success reaches R_max exactly (``rollout/pass_rate`` and
+        evaluation count R >= R_max) and no R leaves the range by an ulp."""
+        if self.bounds is None:
+            return r
+        lo, hi = self.bounds
+        tol = 1e-9 * max(1.0, abs(lo), abs(hi))
+        return hi if abs(r - hi) <= tol else lo if abs(r - lo) <= tol else r
 
     def score(self, problem, completion: str) -> float:
         return self.score_detailed(problem, completion)[0]
@@ -318,10 +399,11 @@ class RewardTask:
         return True if inner is None else inner(completion)
 
 
-def check_reward_config(funcs, weights, *, key: str = "reward", task: str | None = None) -> None:
-    """``reward.funcs`` / ``reward.weights`` before anything loads: their syntax, that a file named
-    exists, and that a task without a verifier of its own (``data``) has a reward; nothing is
-    imported here (that, and the probe, come when the task is built: :func:`with_rewards`)."""
+def check_reward_config(funcs, weights, ranges=None, *, key: str = "reward", task: str | None = None) -> None:
+    """``reward.funcs`` / ``reward.weights`` / ``reward.ranges`` before anything loads: their
+    syntax, that a file named exists, that no name collides with a statistic under ``reward/``, and
+    that a task without a verifier of its own (``data``) has a reward; nothing is imported here
+    (that, and the probe, come when the task is built: :func:`with_rewards`)."""
     if not isinstance(funcs, (list, tuple)):
         raise ValueError(f"{key}.funcs: expected a list of module.path:function specs, got {funcs!r}")
     if task == "data" and (not funcs or BUILTIN in funcs):
@@ -336,10 +418,11 @@ def check_reward_config(funcs, weights, *, key: str = "reward", task: str | None
         if is_file and not os.path.isfile(os.path.expanduser(target)):
             raise ValueError(f"{key}.funcs: reward {s!r}: no such file {os.path.abspath(os.path.expanduser(target))!r}")
         name = BUILTIN if fn is None else fn
-        if name in _RESERVED:
+        clash = [k for k in (name, f"n_{name}") if k in _RESERVED]
+        if clash:
             raise ValueError(
-                f"{key}.funcs: a reward function named {name!r} would be logged as reward/{name}, "
-                "which gapo's scoring statistics use; rename the function"
+                f"{key}.funcs: a reward function named {name!r} would be logged as reward/{name} and "
+                f"reward/n_{name}, and reward/{clash[0]} is one of gapo's scoring statistics; rename the function"
             )
         if name in names:
             raise ValueError(
@@ -347,8 +430,19 @@ def check_reward_config(funcs, weights, *, key: str = "reward", task: str | None
                 "reward/<function name>, so give them different names"
             )
         names.append(name)
-    if weights is None:
-        return
+    for name in names:  # `foo` logs reward/n_foo, which a term named `n_foo` logs too
+        if f"n_{name}" in names:
+            raise ValueError(
+                f"{key}.funcs: rewards named {name!r} and 'n_{name}' would both be logged as "
+                f"reward/n_{name} (the count of {name!r} and the mean of 'n_{name}'); rename one"
+            )
+    if weights is not None:
+        _check_weights(funcs, weights, key)
+    if ranges is not None:
+        _check_ranges(funcs, ranges, key)
+
+
+def _check_weights(funcs, weights, key: str) -> None:
     if not isinstance(weights, (list, tuple)):
         raise ValueError(f"{key}.weights: expected a list of numbers, one per reward, got {weights!r}")
     if not funcs:
@@ -359,18 +453,74 @@ def check_reward_config(funcs, weights, *, key: str = "reward", task: str | None
             "give one weight per reward"
         )
     for w in weights:
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+        if not _finite(w) or w < 0:
             raise ValueError(f"{key}.weights: each weight must be a finite number >= 0, got {w!r}")
     if not sum(weights) > 0:
         raise ValueError(f"{key}.weights: at least one weight must be > 0, got {list(weights)}")
 
 
-def with_rewards(task, funcs, weights=None, *, probe=None, reward_range=None):
-    """``task`` scored by ``funcs`` (``reward.funcs``) with ``weights``; ``task`` itself when
-    ``funcs`` is empty. Every function is imported now and its parameters checked against the
-    fields of ``probe`` (a problem of the task), so a bad spec fails before the run. With a fixed
-    ``reward_range`` (R_min, R_max), evaluation counts a sample correct when R >= R_max (the rule
-    of ``rollout/pass_rate``); otherwise when R > 0."""
+def _check_ranges(funcs, ranges, key: str) -> None:
+    if not isinstance(ranges, (list, tuple)):
+        raise ValueError(f"{key}.ranges: expected a list of [lo, hi], one per reward, got {ranges!r}")
+    if not funcs:
+        raise ValueError(f"{key}.ranges: set but there are no rewards (--reward module:function, reward.funcs)")
+    if len(ranges) != len(funcs):
+        raise ValueError(
+            f"{key}.ranges: {len(ranges)} range(s) for {len(funcs)} reward(s) {list(funcs)}; "
+            "give one [lo, hi] per reward"
+        )
+    for spec, r in zip(funcs, ranges):
+        if not (isinstance(r, (list, tuple)) and len(r) == 2 and all(map(_finite, r)) and r[0] < r[1]):
+            raise ValueError(f"{key}.ranges: the range of {spec!r} must be [lo, hi] with finite lo < hi, got {r!r}")
+
+
+def _finite(x) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def combined_range(funcs, weights=None, ranges=None) -> tuple[float, float]:
+    """The range of R (module docstring) for terms ``funcs`` with ``weights`` (default 1 each) and
+    ``ranges`` (default ``DEFAULT_RANGE`` each), over every set S of terms that answer. With P the
+    terms of weight > 0, M ⊆ P the task's verifier (it never skips) and W = Σ_k w_k:
+
+        R_min = W · min_{M ⊆ S ⊆ P, S ≠ ∅} Σ_S w_k lo_k / Σ_S w_k,   R_max likewise with max and hi_k,
+
+    widened to hold 0 when M is empty (every term of P skips: R = 0). The weighted sum
+    ``[Σ w_k lo_k, Σ w_k hi_k]`` when every term has the same range; wider otherwise (a skipped
+    term's weight goes to the others). E.g. ``task`` [0, 1] and a penalty [-1, 0] at weights
+    [1, 0.5]: R in [-0.5, 1.5], 1.5 when the penalty skips. Nothing is imported."""
+    ws = [float(w) for w in weights] if weights is not None else [1.0] * len(funcs)
+    rs = [(float(lo), float(hi)) for lo, hi in ranges] if ranges is not None else [DEFAULT_RANGE] * len(funcs)
+    live = [(w, r, parse_spec(s)[1] is None) for s, w, r in zip(funcs, ws, rs) if w > 0]
+    must = [(w, r) for w, r, builtin in live if builtin]
+    may = [(w, r) for w, r, builtin in live if not builtin]
+    total = sum(ws)
+    lo = total * _extreme_mean(must, may, lambda r: r[0])
+    hi = -total * _extreme_mean(must, may, lambda r: -r[1])
+    return (lo, hi) if must else (min(lo, 0.0), max(hi, 0.0))
+
+
+def _extreme_mean(must, may, value) -> float:
+    """min over S ⊇ must, S ⊆ must ∪ may, S ≠ ∅ of Σ_S w·value(r) / Σ_S w. The best S adds the
+    ``may`` terms in increasing order of value while each lowers the mean, so it is one of those
+    prefixes."""
+    num = sum(w * value(r) for w, r in must)
+    den = sum(w for w, _ in must)
+    best = num / den if den else math.inf
+    for w, r in sorted(may, key=lambda x: value(x[1])):
+        num, den = num + w * value(r), den + w
+        best = min(best, num / den)
+    return best
+
+
+def with_rewards(task, funcs, weights=None, ranges=None, *, probe=None, reward_range=None):
+    """``task`` scored by ``funcs`` (``reward.funcs``) with ``weights`` and ``ranges``; ``task``
+    itself when ``funcs`` is empty. Every function is imported now and its parameters checked
+    against the fields of ``probe`` (a problem of the task), so a bad spec fails before the run.
+    Each term's values are checked against its range: ``ranges`` when given, else ``[0, 1]`` when
+    ``reward_range`` is fixed (under ``None``, ``group``, ``batch`` an undeclared range is not
+    checked). With a fixed ``reward_range`` (R_min, R_max), evaluation counts a sample correct when
+    R >= R_max (the rule of ``rollout/pass_rate``); otherwise when R > 0."""
     if not funcs:
         if getattr(task, "needs_reward", False):
             raise ValueError(
@@ -378,7 +528,7 @@ def with_rewards(task, funcs, weights=None, *, probe=None, reward_range=None):
                 "module.path:function or --reward my_rewards.py:function (reward.funcs)"
             )
         return task
-    check_reward_config(funcs, weights)
+    check_reward_config(funcs, weights, ranges)
     ws = list(weights) if weights is not None else [1.0] * len(funcs)
     terms = [RewardTerm(s, w) for s, w in zip(funcs, ws)]
     for t in terms:
@@ -387,5 +537,16 @@ def with_rewards(task, funcs, weights=None, *, probe=None, reward_range=None):
         t.resolve()
         if probe is not None:
             t.check_fields(problem_fields(probe))
-    top = None if reward_range is None or isinstance(reward_range, str) else float(reward_range[1])
-    return RewardTask(task, terms, success_reward=top)
+    fixed = None if reward_range is None or isinstance(reward_range, str) else tuple(map(float, reward_range))
+    if ranges is not None:
+        per_term = [(float(lo), float(hi)) for lo, hi in ranges]
+    else:
+        per_term = [DEFAULT_RANGE] * len(funcs) if fixed is not None else None
+    return RewardTask(
+        task,
+        terms,
+        success_reward=None if fixed is None else fixed[1],
+        ranges=per_term,
+        declared=ranges is not None,
+        bounds=fixed,
+    )
