@@ -364,3 +364,15 @@ def test_missing_files_are_config_errors(tmp_path):
     with pytest.raises(ValueError, match=r"task.params.path \(command line\): dataset 'nope.jsonl' not found"):
         load_config(None, ["task.name=math", "task.params.path=nope.jsonl", "model.path=org/model"])
     assert load_config(None, ["model.path=Qwen/Qwen2.5-0.5B", "task.name=arithmetic"]).model.path  # a hub id
+
+
+# ------------------------------------------------------------------ optim.schedule, train.keep_checkpoints
+def test_lr_schedules_mirror_the_optimizer_and_are_checked():
+    from gapo.rl import names, optimizer
+
+    assert names.LR_SCHEDULES == tuple(optimizer.LR_SCHEDULES)
+    assert load_config(None, ["optim.schedule=cosine"]).optim.schedule == "cosine"
+    assert load_config(None, []).optim.schedule == "constant"  # today's warm-up then constant
+    with pytest.raises(ValueError, match=r"unknown learning-rate schedule 'cosin'.*Did you mean 'cosine'") as e:
+        load_config(None, ["optim.schedule=cosin"])
+    assert str(e.value).startswith("optim.schedule (command line): ")

@@ -118,7 +118,8 @@ class OptimConfig:
     lr: float = 5e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # linear warm-up over the first steps (rl/optimizer.py)
+    schedule: str = "constant"  # constant | linear | cosine: the decay after the warm-up (transformers' semantics)
     grad_clip: float = 1.0
 
 
@@ -197,6 +198,7 @@ class Config:
             ("algo.agg", "aggregation mode", a.agg, known("AGG_MODES")),
             ("algo.kl_estimator", "kl estimator", a.kl_estimator, known("KL_ESTIMATORS")),
             ("algo.old_logp", "old_logp source", a.old_logp, ("recompute", "sampler")),
+            ("optim.schedule", "learning-rate schedule", self.optim.schedule, known("LR_SCHEDULES")),
         ):
             if name not in accepted:
                 raise ValueError(f"{where(key)}: {unknown(kind, name, accepted)}")

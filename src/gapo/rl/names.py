@@ -23,6 +23,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "DTYPES",
     "BASE_PRESETS",
+    "LR_SCHEDULES",
     "known",
 ]
 
@@ -36,6 +37,7 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 KL_ESTIMATORS = ("k1", "k3")  # gapo.core.losses.KL_ESTIMATORS
 DTYPES = ("float32", "bfloat16", "float16")  # gapo.policy.precision.DTYPES
 BASE_PRESETS = ("low", "high", "three", "medium")  # gapo.policy.base_policy.PRESETS
+LR_SCHEDULES = ("constant", "linear", "cosine")  # gapo.rl.optimizer.LR_SCHEDULES
 
 # list name -> (module, attribute) of the registry it mirrors
 _REGISTRY = {
@@ -46,6 +48,7 @@ _REGISTRY = {
     "KL_ESTIMATORS": ("gapo.core.losses", "KL_ESTIMATORS"),
     "DTYPES": ("gapo.policy.precision", "DTYPES"),
     "BASE_PRESETS": ("gapo.policy.base_policy", "PRESETS"),
+    "LR_SCHEDULES": ("gapo.rl.optimizer", "LR_SCHEDULES"),
 }
 
 

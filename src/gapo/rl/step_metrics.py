@@ -3,7 +3,11 @@ function of what the step produced.
 
 With ``U`` optimiser updates (``E × M``), ``N`` response tokens and ``B`` rollouts: the loss
 metrics are their sums over updates ``/ U``; ``policy/entropy`` is π_old's entropy summed over
-every response token ``/ N``; ``rollout/response_len = N / B``; ``rollout/pass_rate`` the share
+every response token ``/ N``; ``rollout/response_len = N / B`` (``_min``, ``_max``: the shortest
+and longest rollout, in tokens); ``rollout/frac_truncated`` the share of rollouts cut by
+``max_new_tokens`` (ended by neither a stop token nor a stop string; TRL's
+``completions/clipped_ratio``); ``rollout/group_reward_std`` the mean over the ``P`` groups of
+``std_g(R)`` (unbiased, as ``torch.std``); ``rollout/pass_rate`` the share
 of rewards at the top of the reward range (a success reaches ``R_max``; gapo's verifiers' 1.0
 under a ``group``/``batch`` range); ``optim/grad_norm`` the mean pre-clipping norm over updates;
 the per-``c`` rates come from the raw counts summed over every mini-batch and epoch
@@ -17,16 +21,18 @@ import torch
 
 from gapo.core.metrics import clip_stats_from_counts
 
-__all__ = ["step_metrics", "gpu_memory"]
+__all__ = ["step_metrics", "truncated", "gpu_memory"]
 
 
-def step_metrics(batch, ub, upd: dict, *, step: int, lr: float, reward_range) -> dict:
+def step_metrics(batch, ub, upd: dict, *, step: int, lr: float, reward_range, max_new_tokens: int, tokenizer) -> dict:
     """The deterministic part of step ``step``'s train record: ``batch`` the rollout
     (``rollout.Batch``), ``ub`` the ``update.UpdateBatch``, ``upd`` what ``Trainer._update``
     accumulated (``sums``, ``counts``, ``grad_norms``, ``entropy_sum``), ``lr`` the learning rate
-    after the step. The trainer appends ``gpu_memory`` and the ``time/*`` fields."""
+    after the step; ``max_new_tokens`` and ``tokenizer`` (its ``decode``) what the rollouts were
+    sampled with (:func:`truncated`). The trainer appends ``gpu_memory`` and the ``time/*`` fields."""
     advantages, rewards, mask = ub.advantages, batch.rewards, batch.rollout.response_mask.float()
     n_updates, n_tok = len(upd["grad_norms"]), float(mask.sum())
+    lengths = batch.rollout.response_mask.sum(1)
     out = {"kind": "train", "step": step}
     out.update({k: v / n_updates for k, v in upd["sums"].items()})
     out["policy/entropy"] = upd["entropy_sum"] / max(n_tok, 1.0)
@@ -34,6 +40,10 @@ def step_metrics(batch, ub, upd: dict, *, step: int, lr: float, reward_range) ->
     top = 1.0 if isinstance(reward_range, str) else reward_range[1]
     out["rollout/pass_rate"] = float((rewards >= top).float().mean())
     out["rollout/response_len"] = n_tok / mask.shape[0]
+    out["rollout/response_len_min"] = int(lengths.min())
+    out["rollout/response_len_max"] = int(lengths.max())
+    out["rollout/frac_truncated"] = float(truncated(batch.rollout, max_new_tokens, tokenizer).float().mean())
+    out["rollout/group_reward_std"] = float(rewards.view(-1, batch.group_size).std(dim=1).mean())
     out["optim/lr"] = lr
     out["optim/grad_norm"] = sum(upd["grad_norms"]) / n_updates
     if (advantages > 0).any():
@@ -45,6 +55,23 @@ def step_metrics(batch, ub, upd: dict, *, step: int, lr: float, reward_range) ->
     out.update(batch.info)
     out.update({k: v for k, v in batch.stats.items() if k.startswith("reward/") and k != "reward/n"})
     return out
+
+
+def truncated(rollout, max_new_tokens: int, tokenizer) -> torch.Tensor:  # (B,) bool
+    """The rollouts cut by ``max_new_tokens``: as long as the limit and ended by neither a stop
+    token (their last token is not one of ``rollout.eos_ids``) nor a stop string. A row ends at
+    the token that completes its first stop string, so a row of full length was ended by one
+    exactly when its decoded text (special tokens skipped, as ``Rollout.texts``) holds one; only
+    those rows are decoded, and only when there are stop strings."""
+    lengths = rollout.response_mask.sum(1)
+    last = rollout.completion_ids.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
+    eos = torch.tensor(rollout.eos_ids, dtype=last.dtype, device=last.device)
+    cut = (lengths >= max_new_tokens) & ~torch.isin(last, eos)
+    if rollout.stop:
+        for i in cut.nonzero()[:, 0].tolist():
+            text = tokenizer.decode(rollout.completion_ids[i, : int(lengths[i])].tolist(), skip_special_tokens=True)
+            cut[i] = not any(s in text for s in rollout.stop)
+    return cut
 
 
 def gpu_memory(device: torch.device) -> dict:

@@ -158,7 +158,7 @@ class Trainer:
             chat_template_kwargs=cfg.task.chat_template_kwargs,
         )
         self.scaler = grad_scaler(self.device, m.dtype)
-        self.opt, self.sched = optimizer.build(self.model, cfg.optim, self.device)
+        self.opt, self.sched = optimizer.build(self.model, cfg.optim, self.device, total_steps=t.steps)
         self.max_new_tokens = cfg.sampling.max_new_tokens or self.task.max_completion_len + 1  # + EOS
         # the pool is what the run will visit (at most prompts × steps problems); over-long prompts
         # (task.max_prompt_tokens) leave both pools before anything is sampled
@@ -246,7 +246,16 @@ class Trainer:
         self.last_samples = rollout.sample_records(batch, self.step, self.cfg.log.samples, self.encoder.text)
         now = time.perf_counter()
         metrics = {
-            **step_metrics(batch, ub, upd, step=self.step, lr=self.sched.get_last_lr()[0], reward_range=a.reward_range),
+            **step_metrics(
+                batch,
+                ub,
+                upd,
+                step=self.step,
+                lr=self.sched.get_last_lr()[0],
+                reward_range=a.reward_range,
+                max_new_tokens=self.max_new_tokens,
+                tokenizer=self.tok,
+            ),
             **gpu_memory(self.device),
             "time/update_s": now - t_update,
             "time/step_s": now - t_step,
@@ -417,7 +426,8 @@ class Trainer:
         self.ratio_adv_window.extend(state.get("ratio_adv_window", []))
         if state.get("pool_size", len(self.pool)) != len(self.pool):  # resumed with other train.steps
             self.pool, _ = problems.draw(self.task, self.encoder, self.cfg, "train", state["pool_size"], t.seed)
-        if any(k.startswith("optim.") for k in changes):  # the optimiser state holds the old values
+        # the optimiser state holds the old values; the schedule's length is train.steps
+        if any(k.startswith("optim.") or k == "train.steps" for k in changes):
             optimizer.apply_changes(self.opt, self.sched, self.cfg.optim)
 
     def save_policy(self) -> Path:
