@@ -376,3 +376,10 @@ def test_lr_schedules_mirror_the_optimizer_and_are_checked():
     with pytest.raises(ValueError, match=r"unknown learning-rate schedule 'cosin'.*Did you mean 'cosine'") as e:
         load_config(None, ["optim.schedule=cosin"])
     assert str(e.value).startswith("optim.schedule (command line): ")
+
+
+def test_keep_checkpoints_is_a_count():
+    assert load_config(None, ["train.keep_checkpoints=3"]).train.keep_checkpoints == 3
+    for bad in ("-1", "2.5", "true"):
+        with pytest.raises(ValueError, match="train.keep_checkpoints"):
+            load_config(None, [f"train.keep_checkpoints={bad}"])

@@ -5,12 +5,22 @@ where ``model.path`` points), otherwise the whole state dict. ``policy/`` is the
 a Hugging Face folder (with LoRA: merged, with the adapter beside it), its marker naming the
 step it is from. The file-level rules (atomic writes, locking, the space check) are
 ``gapo.rl.run_dir``'s; the trainer decides when each is written.
+
+Kept checkpoints (``train.keep_checkpoints = N > 1``, TRL's ``save_total_limit``): after
+``checkpoint.pt`` is written, it is hard-linked (no second copy; a copy where the filesystem has
+no hard links) as ``checkpoints/step-<s>.pt``, and only then are the kept ones beyond the newest
+``N`` deleted. So the run holds the checkpoints of its last ``N`` checkpointed steps (the newest
+is ``checkpoint.pt`` itself), ``gapo export RUN --step s`` reads any of them, and the space check
+before the run starts asks room for the ``N`` (less those already on disk). ``N`` of 0 or 1
+keeps ``checkpoint.pt`` only; a resume that lowers ``N`` deletes the extra ones at its first
+checkpoint.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -18,7 +28,20 @@ from gapo.policy import lora
 from gapo.policy.model import read_marker, save_policy
 from gapo.rl.run_dir import checkpoint_bytes, space_note
 
-__all__ = ["trainable_state", "size", "load_trainable", "policy_written", "write_policy"]
+__all__ = [
+    "trainable_state",
+    "size",
+    "load_trainable",
+    "policy_written",
+    "write_policy",
+    "KEPT_DIR",
+    "kept",
+    "check_room",
+    "save",
+]
+
+KEPT_DIR = "checkpoints"
+_KEPT = re.compile(r"step-(\d+)\.pt")
 
 
 def trainable_state(model) -> dict:
@@ -92,3 +115,76 @@ def write_policy(run_dir: Path, model, tok, step: int, *, ckpt_bytes: int, ckpt_
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+# ------------------------------------------------------------------ kept checkpoints
+def kept(run_dir: Path) -> dict[int, Path]:
+    """``step -> checkpoints/step-<step>.pt`` of the run's kept checkpoints, oldest first."""
+    folder = Path(run_dir) / KEPT_DIR
+    if not folder.is_dir():
+        return {}
+    found = {int(m.group(1)): p for p in folder.iterdir() if (m := _KEPT.fullmatch(p.name)) and p.is_file()}
+    return dict(sorted(found.items()))
+
+
+def _on_disk(run_dir: Path) -> int:
+    """Distinct checkpoint files of a run (``checkpoint.pt`` is the newest kept one's link)."""
+    files = [Path(run_dir) / "checkpoint.pt", *kept(run_dir).values()]
+    return len({(st.st_dev, st.st_ino) for p in files if p.is_file() and (st := p.stat())})
+
+
+def _free(path: Path) -> int | None:
+    for a in (path, *path.parents):  # the folder of a new run does not exist yet
+        if a.exists():
+            du = shutil.disk_usage(a)
+            return du.free if du.total else None
+    return None
+
+
+def check_room(folder, one: int, keep: int, *, resume: bool, key: str = "train.keep_checkpoints") -> None:
+    """Before anything is written: room for one checkpoint of ``one`` bytes (``folder.check_space``),
+    and with ``keep > 1`` for the ``keep`` checkpoints the run will hold, less those a resumed run
+    has on disk (an ``--overwrite``'s old run stays until the first checkpoint: not counted); an
+    ``OSError`` (ENOSPC) naming ``key`` otherwise."""
+    folder.check_space(one)
+    more = keep - (_on_disk(folder.path) if resume else 0)
+    free = _free(folder.path) if keep > 1 and more > 1 else None
+    if free is not None and free < more * one:
+        raise OSError(
+            errno.ENOSPC,
+            f"not enough free space for run folder {str(folder.path)!r}: {key}={keep} keeps {keep} checkpoints "
+            f"of about {one / 2**20:.1f} MB, {more} more than are there now ({more * one / 2**20:.1f} MB); "
+            f"{free / 2**20:.1f} MB are free. Lower {key}, free some space or choose another --out; "
+            "nothing was changed",
+        )
+
+
+def save(folder, state: dict, *, need: int, keep: int) -> None:
+    """``state`` to ``checkpoint.pt`` (``folder.save_checkpoint``: atomic, synced); then, with
+    ``keep > 1``, kept as ``checkpoints/step-<step>.pt`` and the kept ones beyond the newest
+    ``keep`` deleted (with ``keep <= 1``, all of them): never before the new one is on disk. The
+    link is safe because ``save_checkpoint`` renames a new file over ``checkpoint.pt`` (a write
+    into the old file would change the kept one with it)."""
+    folder.save_checkpoint(state, need)
+    run_dir, step = Path(folder.path), state["step"]
+    if keep > 1:
+        target = run_dir / KEPT_DIR / f"step-{step}.pt"
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            target.parent.mkdir(exist_ok=True)
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(folder.checkpoint, tmp)
+            except OSError:  # a filesystem without hard links
+                shutil.copyfile(folder.checkpoint, tmp)
+            os.replace(tmp, target)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise OSError(
+                e.errno,
+                f"cannot keep the checkpoint of step {step} as {str(target)!r}: {e.strerror or e}; "
+                f"{space_note(run_dir, need)}. {str(folder.checkpoint)!r} (step {step}) is intact",
+            ) from None
+    old = list(kept(run_dir).values())
+    for path in old[: max(len(old) - keep, 0)] if keep > 1 else old:
+        path.unlink(missing_ok=True)

@@ -133,6 +133,7 @@ class TrainConfig:
     epochs: int = 1
     seed: int = 0
     checkpoint_every: int = 50  # steps; 0 disables periodic checkpoints (the last one is always saved)
+    keep_checkpoints: int = 1  # the last N checkpoints kept in checkpoints/ (gapo export --step); 0, 1: only the latest
     progress: bool = True
 
 

@@ -114,6 +114,7 @@ DOMAINS = {
     "log.samples": _num(0, 4096, integer=True),
     "train.seed": _num(0, 2**63 - 1, integer=True),
     "train.checkpoint_every": _num(0, _INT_MAX, integer=True),
+    "train.keep_checkpoints": _num(0, 10_000, integer=True),
     "eval.every": _num(0, _INT_MAX, integer=True),
     "eval.problems": _num(0, 100_000, integer=True),
     "eval.samples": _num(1, 4096, integer=True),

@@ -1,21 +1,23 @@
 """A model out of any run: ``gapo export RUN [--step N] [--out DIR] [--dtype keep|float32|bfloat16] [--merge-lora]``.
 
-A run folder holds at most two models (docs/real-models.md):
+A run folder holds these models (docs/real-models.md):
 
 - ``policy/``: the final policy, written when the run reached ``train.steps`` (its step is in
   ``policy/gapo_policy.json``);
 - ``checkpoint.pt``: the last checkpoint (periodic ones overwrite it; a run stopped by Ctrl-C or
   SIGTERM writes it before exiting). It holds float32 master weights whatever ``model.dtype`` was
   (``model.dtype`` is the autocast compute dtype; the optimiser steps float32 weights), or, with
-  LoRA, only the adapters, the base model staying where ``model.path`` points.
+  LoRA, only the adapters, the base model staying where ``model.path`` points;
+- with ``train.keep_checkpoints=N > 1``, ``checkpoints/step-<s>.pt``: the last ``N`` checkpoints
+  (``gapo.rl.checkpoint``).
 
 ``export`` writes a plain Hugging Face folder (``save_pretrained``: weights, ``config.json``,
-``generation_config.json``, the tokenizer with its chat template) from the latest of the two, or
-from the one at ``--step N`` (an error naming the steps there are: gapo keeps no other
-snapshots). ``--dtype keep`` (the default) saves in the base model's dtype (a bfloat16 checkpoint
-in, bfloat16 out, not the float32 of the master weights); ``float32`` / ``bfloat16`` / ``float16``
-as asked. A LoRA run exports its adapter (a peft folder whose ``base_model_name_or_path`` is the
-base model) unless ``--merge-lora`` asks for the merged model. The same loader gives
+``generation_config.json``, the tokenizer with its chat template) from the latest model, or
+from the one at ``--step N`` (an error naming the steps there are). ``--dtype keep`` (the
+default) saves in the base model's dtype (a bfloat16 checkpoint in, bfloat16 out, not the
+float32 of the master weights); ``float32`` / ``bfloat16`` / ``float16`` as asked. A LoRA run
+exports its adapter (a peft folder whose ``base_model_name_or_path`` is the base model) unless
+``--merge-lora`` asks for the merged model. The same loader gives
 ``gapo eval RUN`` its model (:func:`load_run_model`).
 """
 
@@ -30,6 +32,7 @@ import torch
 
 from gapo.policy import lora
 from gapo.policy.model import load_policy, read_marker, save_policy
+from gapo.rl.checkpoint import kept
 from gapo.rl.run_dir import require_run
 
 __all__ = ["RunModels", "load_run_model", "export", "EXPORT_DTYPES"]
@@ -55,13 +58,20 @@ class RunModels:
         self.ckpt_step = None
         if self.folder.checkpoint.is_file():
             self.ckpt_step = self.state()["step"]
+        self.kept = kept(p)  # step -> checkpoints/step-<step>.pt (train.keep_checkpoints)
         if not self.has_policy and self.ckpt_step is None:
             raise ValueError(
                 f"run {str(p)!r} has no model yet: neither policy/ nor checkpoint.pt (it stopped "
                 "before its first checkpoint)"
             )
 
-    def state(self) -> dict:
+    def state(self, step: int | None = None) -> dict:
+        """``checkpoint.pt``'s state, or that of the kept checkpoint of ``step``."""
+        if step is not None and step != self.ckpt_step and step in self.kept:
+            try:
+                return torch.load(self.kept[step], map_location="cpu", weights_only=False)
+            except Exception as e:  # zip/pickle errors of a truncated file
+                raise ValueError(f"cannot read the run's model: {str(self.kept[step])!r} is unreadable ({e})") from None
         if self._state is None:
             try:
                 self._state = self.folder.load_checkpoint("cpu")
@@ -70,7 +80,7 @@ class RunModels:
         return self._state
 
     def steps(self) -> list[int]:
-        return sorted({s for s in (self.policy_step, self.ckpt_step) if s is not None})
+        return sorted({s for s in (self.policy_step, self.ckpt_step, *self.kept) if s is not None})
 
     def pick(self, step: int | None) -> str:
         """``"policy"`` or ``"checkpoint"``: the latest (a tie goes to ``policy/``), or the one at ``step``."""
@@ -80,16 +90,21 @@ class RunModels:
             return "checkpoint"
         if self.has_policy and step == self.policy_step:
             return "policy"
-        if step == self.ckpt_step:
+        if step == self.ckpt_step or step in self.kept:
             return "checkpoint"
         have = ", ".join(
             ([f"the final policy (step {self.policy_step})"] if self.has_policy else [])
             + ([f"the last checkpoint (step {self.ckpt_step})"] if self.ckpt_step is not None else [])
+            + ([f"kept checkpoints (steps {', '.join(map(str, self.kept))})"] if self.kept else [])
         )
         raise ValueError(
-            f"run {str(self.folder.path)!r} has no model at step {step}: it holds {have}. gapo keeps "
-            "only the last checkpoint (periodic checkpoints overwrite it, train.checkpoint_every)"
+            f"run {str(self.folder.path)!r} has no model at step {step}: it holds {have}. A run keeps "
+            "its last train.keep_checkpoints checkpoints (default 1: periodic checkpoints overwrite it)"
         )
+
+    def checkpoint_step(self, step: int | None) -> int | None:
+        """The step of the checkpoint ``pick(step)`` chose."""
+        return self.ckpt_step if step is None else step
 
     @property
     def is_lora(self) -> bool:
@@ -130,7 +145,7 @@ def load_run_model(run: str | Path, step: int | None = None, device: str = "cpu"
         "base": base,
         "config": rm.config,
         "lora": rm.is_lora,
-        "step": rm.policy_step if source == "policy" else rm.ckpt_step,
+        "step": rm.policy_step if source == "policy" else rm.checkpoint_step(step),
     }
     if source == "policy":
         adapter = rm.policy / "adapter"
@@ -143,12 +158,12 @@ def load_run_model(run: str | Path, step: int | None = None, device: str = "cpu"
             return model.eval(), tok, info
         model, tok = load_policy(rm.policy, device, dtype=torch.float32)
         return model, tok, info
-    state = rm.state()
+    state = rm.state(step)
     try:
         model, tok = load_policy(base, device, dtype=torch.float32)
     except ValueError as e:
         raise ValueError(f"the checkpoint of {str(rm.folder.path)!r} needs its base model at {base!r}: {e}") from None
-    where = f"checkpoint {str(rm.folder.checkpoint)!r} (step {rm.ckpt_step})"
+    where = f"the checkpoint of step {info['step']} in {str(rm.folder.path)!r}"
     try:
         if rm.is_lora:
             model = lora.apply_lora(model, (rm.config.get("model") or {}).get("lora") or {})
@@ -186,7 +201,7 @@ def export(
             f"--merge-lora: run {str(rm.folder.path)!r} did not train LoRA adapters (model.lora is "
             "empty); its export is the full model already"
         )
-    chosen = rm.policy_step if rm.pick(step) == "policy" else rm.ckpt_step
+    chosen = rm.policy_step if rm.pick(step) == "policy" else rm.checkpoint_step(step)
     out = Path(out) if out is not None else rm.folder.path.with_name(f"{rm.folder.path.name}-step{chosen}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {str(out)!r} exists and is not empty; choose another folder or remove it")

@@ -191,7 +191,9 @@ class Trainer:
     def _open_folder(self, resume: bool, overwrite: bool, changes: dict) -> None:
         # room for one checkpoint before anything is written (an --overwrite keeps the old run until then)
         self._ckpt_bytes = checkpoint.size(self.model)
-        self.folder.check_space(self._ckpt_bytes)
+        # and for the checkpoints it keeps (train.keep_checkpoints), less a resumed run's own
+        key = self.cfg._where("train.keep_checkpoints")
+        checkpoint.check_room(self.folder, self._ckpt_bytes, self.cfg.train.keep_checkpoints, resume=resume, key=key)
         if not resume:
             self.folder.open(overwrite=overwrite)
             try:
@@ -410,8 +412,9 @@ class Trainer:
             "ratio_adv_window": list(self.ratio_adv_window),
         }
         # atomic: a crash or a full disk leaves the previous checkpoint intact and no temporary file;
-        # the first one settles an --overwrite (the run it replaces is deleted only now)
-        self.folder.save_checkpoint(state, self._ckpt_bytes)
+        # the first one settles an --overwrite (the run it replaces is deleted only now); then kept
+        # as checkpoints/step-<step>.pt with train.keep_checkpoints > 1
+        checkpoint.save(self.folder, state, need=self._ckpt_bytes, keep=self.cfg.train.keep_checkpoints)
 
     def _restore(self, state: dict, changes: dict) -> None:
         """Load a checkpoint's state; config keys changed on resume are applied on top of it."""
