@@ -103,3 +103,40 @@ def test_samples_every_zero_and_no_tracker_log_nothing(tmp_path):
 def test_markdown_keeps_text_verbatim():
     md = samples_markdown([{"group": 1, "reward": 0.5, "prompt": "a | *b*\nline2", "completion": "# not a title"}])
     assert "    a | *b*\n    line2" in md and "    # not a title" in md and "group 1, reward 0.5" in md
+
+
+def _fake_wandb(monkeypatch, ids):
+    """A wandb module whose init records its keywords and returns a run with the next id of ``ids``."""
+    inits, logged = [], []
+
+    def init(**kw):
+        inits.append(kw)
+        return types.SimpleNamespace(id=kw.get("id") or ids.pop(0))
+
+    fake = types.SimpleNamespace(
+        init=init, finish=lambda: None, Table=None, log=lambda d, step: logged.append((step, d))
+    )
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    return inits, logged
+
+
+def test_a_resumed_run_continues_the_same_wandb_run(instruct, tmp_path, monkeypatch):
+    inits, logged = _fake_wandb(monkeypatch, ["first", "second"])
+    run = tmp_path / "run"
+    cfg = lambda: _cfg(instruct, "log.wandb=true", "log.samples_every=0")  # noqa: E731
+    Trainer(cfg(), run).fit(stop_after=1)
+    assert "id" not in inits[0] and "resume" not in inits[0]  # the first start: W&B picks the id
+    assert (run / "wandb_id.txt").read_text() == "first\n"
+    Trainer(cfg(), run, resume=True).fit()
+    assert inits[1]["id"] == "first" and inits[1]["resume"] == "allow"
+    assert [s for s, _ in logged] == [1, 2, 3]  # one W&B run, every step once
+    assert (run / "wandb_id.txt").read_text() == "first\n"
+    # --overwrite starts a new run folder, so a new W&B run
+    Trainer(cfg(), run, overwrite=True).fit(stop_after=1)
+    assert "id" not in inits[2] and (run / "wandb_id.txt").read_text() == "second\n"
+
+
+def test_without_wandb_no_id_is_written(instruct, tmp_path):
+    run = tmp_path / "run"
+    Trainer(_cfg(instruct, "train.steps=1"), run).fit()
+    assert not (run / "wandb_id.txt").exists()

@@ -80,6 +80,7 @@ __all__ = [
 RESUME_FIXED = ("task.", "model.path", "model.base_preset", "train.seed")
 
 MARKER = ".gapo-run"
+WANDB_ID = "wandb_id.txt"  # the run's W&B id, so that a resumed run continues it (Trackers)
 ASIDE_TAG = ".replaced-"  # .<name>.replaced-<pid>-<ns>: a run that --overwrite moved aside
 NEW_TAG = ".new-"  # .<name>.new-<pid>-<ns>: the folder of an --overwrite's new run, before it is in place
 TRASH_TAG = ".discarded-"  # .<name>.discarded-<pid>-<ns>: a replaced run being deleted
@@ -730,7 +731,11 @@ def resume_changes(
 class Trackers:
     """TensorBoard / W&B mirrors of ``metrics.jsonl`` (``log.tensorboard``, ``log.wandb``).
 
-    The packages are optional (``gapo[tracking]``) and imported only when asked for."""
+    The packages are optional (``gapo[tracking]``) and imported only when asked for. The W&B run's
+    id is kept in the run folder (``WANDB_ID``) when it starts; a resumed run (``--resume``, or a
+    second ``fit()``) passes it back (``id=..., resume="allow"``), so that it continues the same
+    W&B run. Steps redone after the checkpoint that W&B has already seen are dropped by W&B (it
+    keeps a step's first values; on CPU they are the same, resume being exact)."""
 
     def __init__(self, cfg: Config, run_dir: Path):
         self.cfg, self.run_dir, self._open = cfg, run_dir, None
@@ -784,9 +789,18 @@ class Trackers:
         if self.cfg.log.wandb:
             import wandb
 
-            wandb.init(project=self.cfg.log.wandb_project, dir=str(self.run_dir), config=to_dict(self.cfg))
+            self._init_wandb(wandb)
             out["wandb"] = wandb
         return out
+
+    def _init_wandb(self, wandb) -> None:
+        id_file = self.run_dir / WANDB_ID
+        saved = id_file.read_text(encoding="utf-8").strip() if id_file.is_file() else ""
+        resume = {"id": saved, "resume": "allow"} if saved else {}
+        run = wandb.init(project=self.cfg.log.wandb_project, dir=str(self.run_dir), config=to_dict(self.cfg), **resume)
+        run_id = getattr(run, "id", None)
+        if isinstance(run_id, str) and run_id and run_id != saved:
+            atomic_write(id_file, lambda tmp: tmp.write_text(run_id + "\n", encoding="utf-8"))
 
     def close(self) -> None:
         for name, w in (self._open or {}).items():
