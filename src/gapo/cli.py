@@ -178,7 +178,7 @@ def cmd_train(args) -> int:
     base = None
     out = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
     # the run folder is resolved (a symlinked --out: where it points) and, if it exists, locked
-    # before anything of it is read; the lock is held until the run ends (run_dir.RunLock)
+    # before anything of it is read; the lock is held until the run ends (run_lock.RunLock)
     folder = RunFolder(out)
     try:
         if args.resume:  # a resumed run starts from its own saved config; changes must be asked for
@@ -282,6 +282,8 @@ def cmd_eval(args) -> int:
     import json
 
     run = _eval_run(args)
+    if args.allow_change and run is None:
+        raise ValueError("--allow-change only applies to a run folder (gapo eval RUN)")
     saved = None
     if run is not None:  # the run's own task, reward and prompt settings; --config/overrides change them
         from gapo.rl.run_dir import RunFolder
@@ -300,12 +302,14 @@ def cmd_eval(args) -> int:
     from gapo.tasks.custom import with_rewards
 
     torch.set_num_threads(args.threads)
-    if run is not None:
-        from gapo.rl.export import load_run_model
+    if run is not None:  # the config the run was trained with, unless config.yaml's edits are allowed
+        from gapo.rl.export import RunModels, load_run_model
 
-        model, tok, info = load_run_model(run, args.step, cfg.model.device)
+        rm = RunModels(run)
+        cfg = _load(args, rm.eval_config(allow_change=args.allow_change))
+        model, tok, info = load_run_model(rm, args.step, cfg.model.device)
         model_path = f"{run} ({info['source']}, step {info['step']})"
-        print(f"[gapo] evaluating {model_path}", file=sys.stderr)
+        print(f"[gapo] evaluating {model_path}; config: {rm.config_source}", file=sys.stderr)
     else:
         from gapo.rl.trainer import with_policy
 
@@ -362,9 +366,11 @@ def cmd_eval(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from gapo.rl.run_dir import require_run
+    from gapo.rl.run_dir import refuse_inside_run, require_run
 
     require_run(args.run)  # a wrong folder is named before torch loads
+    if args.out is not None:
+        refuse_inside_run(args.out, "--out")
     from gapo.rl.export import export
 
     out, info = export(args.run, args.out, step=args.step, dtype=args.dtype, merge_lora=args.merge_lora)
@@ -592,6 +598,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with a run folder (gapo eval RUN): the model at step N, its policy/ or its last checkpoint "
         "(default: the latest); the run's task, reward and prompt settings are reused, overrides change them",
     )
+    p.add_argument(
+        "--allow-change",
+        action="store_true",
+        help="with a run folder: evaluate with its config.yaml even where it was edited after the run started "
+        "(default: such an edit is an error; the config inside the checkpoint is the run's)",
+    )
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser(
@@ -609,8 +621,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--out",
-        help="the folder to write (default: RUN-step<N> beside the run folder, outside it, so that an "
-        "--overwrite of the run keeps it); must not exist or be empty",
+        help="the folder to write (default: RUN-step<N> beside the run folder; never inside a run folder, "
+        "which an --overwrite of the run would delete); must not exist or be empty",
     )
     p.add_argument(
         "--dtype",

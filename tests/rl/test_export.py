@@ -214,3 +214,112 @@ def test_eval_of_a_runs_policy_folder_is_the_run(instruct, tmp_path, capsys):
     assert "evaluating" in capsys.readouterr().err
     assert main(["eval", instruct, "--problems", "2"]) == 2  # a model folder given as RUN: says to use --model
     assert "a model folder, not a run folder" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ exports are never lost or mislabelled
+def _files(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_an_export_inside_a_run_folder_is_refused(instruct, tmp_path, capsys):
+    """`--overwrite` of the run would delete it with the run: refused at any depth, through a
+    symlink too, before anything is read or written."""
+    run = tmp_path / "run"
+    _stopped_run(instruct, run)
+    (tmp_path / "link").symlink_to(run)
+    before = _files(run)
+    for out in (run / "exported", run / "a" / "b" / "c", tmp_path / "link" / "x"):
+        assert main(["export", str(run), "--out", str(out)]) == 2, out
+        err = capsys.readouterr().err
+        assert f"is inside the gapo run folder {str(run)!r}" in err and "--overwrite" in err, err
+        with pytest.raises(ValueError, match="is inside the gapo run folder"):
+            export(run, out)
+    assert _files(run) == before and sorted(q.name for q in tmp_path.iterdir()) == ["link", "run", "run_rewards.py"]
+
+
+def test_an_export_names_its_folder_after_the_weights_it_wrote(instruct, tmp_path, monkeypatch):
+    """The run checkpoints (step 3) just after the export has read checkpoint.pt (step 2): the name
+    and the weights come from that one read (the old code read it twice: 'run-step2' held step 3)."""
+    from gapo.rl.run_dir import RunFolder
+
+    run = tmp_path / "run"
+    _stopped_run(instruct, run)
+    step2 = torch.load(run / "checkpoint.pt", weights_only=False)
+    step3 = torch.load(run / "checkpoint.pt", weights_only=False)
+    step3["step"] = 3
+    for v in step3["model"].values():
+        if v.is_floating_point():
+            v.add_(1.0)
+    real, reads = RunFolder.load_checkpoint, []
+
+    def checkpoint_after_the_read(self, map_location):
+        state = real(self, map_location)
+        if not reads:
+            torch.save(step3, tmp_path / "next.pt")
+            (tmp_path / "next.pt").rename(self.checkpoint)  # as the trainer writes it: a rename
+        reads.append(state["step"])
+        return state
+
+    monkeypatch.setattr(RunFolder, "load_checkpoint", checkpoint_after_the_read)
+    out, info = export(run, dtype="float32")
+    assert reads == [2] and out.name == "run-step2" and info["step"] == 2
+    assert json.loads((out / "gapo_policy.json").read_text())["extra"]["step"] == 2
+    got = transformers.AutoModelForCausalLM.from_pretrained(out).state_dict()
+    for k, v in got.items():
+        assert torch.equal(v, step2["model"][k]), k
+
+
+def test_a_finished_run_with_a_damaged_checkpoint_exports_and_evaluates_its_policy(instruct, tmp_path, capsys):
+    run = tmp_path / "run"
+    Trainer(_cfg(instruct, _varied_reward(run), "train.steps=1"), run).fit()
+    ck = run / "checkpoint.pt"
+    ck.write_bytes(ck.read_bytes()[: ck.stat().st_size // 2])  # truncated (a full disk, a copy cut short)
+    assert main(["export", str(run), "--out", str(tmp_path / "e")]) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is unreadable" in err and "using the final policy" in err and "(step 1)" in err
+    want = transformers.AutoModelForCausalLM.from_pretrained(run / "policy").state_dict()
+    for k, v in transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "e").state_dict().items():
+        assert torch.equal(v, want[k]), k
+    assert main(["eval", str(run), "--problems", "2", "--n", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "using the final policy" in err and "(policy, step 1); config: " in err and "unreadable" in err
+    assert main(["export", str(run), "--step", "0"]) == 2  # nothing else to fall back on: named
+    assert "no model at step 0" in capsys.readouterr().err
+
+
+def test_eval_checks_a_hand_edited_config_yaml_as_resume_does(instruct, tmp_path, capsys, monkeypatch):
+    """The checkpoint's config is the run's: an edited config.yaml is an error naming the key
+    (the old code evaluated with it silently), unless --allow-change; either way the output says
+    which config it used."""
+    import yaml
+
+    import gapo.policy.chat as chat
+
+    run = tmp_path / "run"
+    _stopped_run(instruct, run, "task.system_prompt=Answer tersely.")
+    seen, real = [], chat.PromptEncoder
+
+    def spy(*a, **kw):  # the system prompt gapo eval encodes its prompts with
+        seen.append(kw.get("system_prompt"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(chat, "PromptEncoder", spy)
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    saved["task"]["system_prompt"] = "Edited by hand."
+    (run / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    args = ["eval", str(run), "--problems", "2", "--n", "1"]
+    assert main(args) == 2 and seen == []
+    err = capsys.readouterr().err
+    assert "task.system_prompt (run: 'Answer tersely.', config.yaml: 'Edited by hand.')" in err, err
+    assert "edited after the run started" in err and "--allow-change" in err and err.count("error:") == 1
+    assert main([*args, "--allow-change"]) == 0
+    err = capsys.readouterr().err
+    assert "config: " in err and "edited after the run started" in err and "--allow-change" in err
+    assert seen == ["Edited by hand."]
+    assert main([*args, "task.system_prompt=Be brief."]) == 2  # an override does not hide the edit
+    capsys.readouterr()
+    saved["task"]["system_prompt"] = "Answer tersely."
+    (run / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    assert main(args) == 0
+    assert f"config: the one inside {str(run / 'checkpoint.pt')!r}" in capsys.readouterr().err
+    assert seen == ["Edited by hand.", "Answer tersely."]

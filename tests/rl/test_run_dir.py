@@ -148,6 +148,25 @@ def test_existing_run_without_flags_is_refused(run, easy_policy):
     assert snapshot(run) == before
 
 
+def test_a_run_inside_another_run_is_refused(run, easy_policy, tmp_path, capsys, monkeypatch):
+    """An --overwrite of the outer run would delete it (and a second run's files would mix with the
+    first's): refused at any depth, through a symlink too, before the model loads; so is a grid."""
+    import gapo.rl.trainer as trainer_mod
+    from gapo.experiments.grid import QUICK_GRID, load_grid, run_grid
+
+    monkeypatch.setattr(trainer_mod, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "link").symlink_to(run)
+    before = snapshot(run)
+    for out in (run / "sub", run / "policy" / "a" / "b", tmp_path / "link" / "x"):
+        for flags in ([], ["--overwrite"]):
+            assert train(out, easy_policy, "train.steps=1", flags=flags) == 2
+            err = capsys.readouterr().err
+            assert f"is inside the gapo run folder {str(run)!r}" in err and err.count("error:") == 1, err
+    with pytest.raises(ValueError, match="grid folder .* is inside the gapo run folder"):
+        run_grid(load_grid(QUICK_GRID), run / "grid", say=lambda s: None)
+    assert snapshot(run) == before
+
+
 @pytest.mark.parametrize("target", ["file", "under a file", "read-only"])
 def test_unusable_out_is_a_clear_error(tmp_path, easy_policy, capsys, target):
     f = tmp_path / "notes.txt"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -33,7 +34,7 @@ import torch
 from gapo.policy import lora
 from gapo.policy.model import load_policy, read_marker, save_policy
 from gapo.rl.checkpoint import kept
-from gapo.rl.run_dir import require_run
+from gapo.rl.run_dir import refuse_inside_run, require_run, trained_config
 
 __all__ = ["RunModels", "load_run_model", "export", "EXPORT_DTYPES"]
 
@@ -42,7 +43,11 @@ EXPORT_DTYPES = ("keep", "float32", "bfloat16", "float16")
 
 class RunModels:
     """What a run folder holds: ``policy_step`` (None: no ``policy/``), ``ckpt_step`` (None: no
-    checkpoint) and the run's saved config."""
+    checkpoint, or an unreadable one beside an intact ``policy/``, with a note) and ``config``, the
+    config the run was trained with (the checkpoint's; ``config.yaml`` without one). ``checkpoint.pt``
+    is read once: the step, the config and the weights a caller gets come from that one read (a
+    run that checkpoints meanwhile replaces the file by a rename), and ``policy/``'s step and
+    weights from one folder (:func:`load_run_model` checks that it was not swapped in between)."""
 
     def __init__(self, run: str | Path):
         self.folder = require_run(run)
@@ -52,12 +57,15 @@ class RunModels:
         self.policy_step = None
         self.has_policy = (self.policy / "config.json").is_file()
         if self.has_policy:
+            self.policy_ino = os.stat(self.policy).st_ino
             step = ((read_marker(self.policy) or {}).get("extra") or {}).get("step")
             self.policy_step = step if isinstance(step, int) else (self.config.get("train") or {}).get("steps")
         self._state = None
         self.ckpt_step = None
+        self.config_source = f"{str(self.folder.config)!r} (the run has no checkpoint)"
+        self.edits: dict[str, tuple] = {}  # config.yaml's hand edits: key -> (checkpoint's, config.yaml's)
         if self.folder.checkpoint.is_file():
-            self.ckpt_step = self.state()["step"]
+            self._read_checkpoint()
         self.kept = kept(p)  # step -> checkpoints/step-<step>.pt (train.keep_checkpoints)
         if not self.has_policy and self.ckpt_step is None:
             raise ValueError(
@@ -78,6 +86,28 @@ class RunModels:
             except ValueError as e:
                 raise ValueError(str(e).replace("cannot resume: ", "cannot read the run's model: ")) from None
         return self._state
+
+    def _read_checkpoint(self) -> None:
+        try:
+            self._state = self.folder.load_checkpoint("cpu")
+        except ValueError as e:
+            if not self.has_policy:
+                raise ValueError(str(e).replace("cannot resume: ", "cannot read the run's model: ")) from None
+            self.config_source = f"{str(self.folder.config)!r} (checkpoint.pt is unreadable)"
+            print(
+                f"[gapo] note: {str(self.folder.checkpoint)!r} is unreadable (it may be truncated); using the "
+                f"final policy in {str(self.policy)!r} (step {self.policy_step}) and {str(self.folder.config)!r}",
+                file=sys.stderr,
+            )
+            return
+        self.ckpt_step = self._state["step"]
+        try:
+            trained, self.edits = trained_config(self.folder, self._state)
+        except ValueError as e:
+            raise ValueError(str(e).replace("cannot resume: ", "cannot read the run's config: ")) from None
+        if trained is not None:
+            self.config = trained
+            self.config_source = f"the one inside {str(self.folder.checkpoint)!r}"
 
     def steps(self) -> list[int]:
         return sorted({s for s in (self.policy_step, self.ckpt_step, *self.kept) if s is not None})
@@ -106,6 +136,24 @@ class RunModels:
         """The step of the checkpoint ``pick(step)`` chose."""
         return self.ckpt_step if step is None else step
 
+    def eval_config(self, *, allow_change: bool) -> dict:
+        """The config ``gapo eval RUN`` starts from, checked as ``--resume`` checks it: the one the
+        run was trained with, which a hand edit of ``config.yaml`` contradicts. An edit is an error
+        naming the keys, unless ``allow_change``: then ``config.yaml``'s values are used (and
+        :attr:`config_source` says so)."""
+        if not self.edits:
+            return self.config
+        keys = ", ".join(f"{k} (run: {a!r}, config.yaml: {b!r})" for k, (a, b) in self.edits.items())
+        if not allow_change:
+            raise ValueError(
+                f"{str(self.folder.config)!r} differs from the config the run was trained with (inside "
+                f"{str(self.folder.checkpoint)!r}): {keys}; it was edited after the run started, and "
+                "--resume refuses it too. Put the run's values back to evaluate the run as it was trained, "
+                "or pass --allow-change to evaluate with config.yaml's (key=value overrides apply to either)"
+            )
+        self.config_source = f"{str(self.folder.config)!r}, edited after the run started ({keys}; --allow-change)"
+        return self.folder.saved_config()
+
     @property
     def is_lora(self) -> bool:
         return bool((self.config.get("model") or {}).get("lora"))
@@ -132,12 +180,15 @@ def _base_dtype(path: str) -> torch.dtype:
     return getattr(torch, str(name).replace("torch.", ""), torch.float32) if isinstance(name, str) else torch.float32
 
 
-def load_run_model(run: str | Path, step: int | None = None, device: str = "cpu", *, keep_lora: bool = False):
+def load_run_model(
+    run: str | Path | RunModels, step: int | None = None, device: str = "cpu", *, keep_lora: bool = False
+):
     """``(model, tokenizer, info)`` of a run's final policy or checkpoint (see the module docstring);
-    float32 weights. ``keep_lora``: a LoRA run's model stays a peft model (adapters unmerged);
-    otherwise it is the merged plain model. ``info``: ``source``, ``step``, ``base``, ``config``,
-    ``lora``."""
-    rm = RunModels(run)
+    float32 weights. ``run``: a run folder, or its :class:`RunModels` (whose one read of the
+    checkpoint the model then comes from). ``keep_lora``: a LoRA run's model stays a peft model
+    (adapters unmerged); otherwise it is the merged plain model. ``info``: ``source``, ``step``,
+    ``base``, ``config``, ``lora``."""
+    rm = run if isinstance(run, RunModels) else RunModels(run)
     source = rm.pick(step)
     base = rm.base_path()
     info = {
@@ -155,8 +206,10 @@ def load_run_model(run: str | Path, step: int | None = None, device: str = "cpu"
             model, tok = load_policy(base, device, dtype=torch.float32)
             model = PeftModel.from_pretrained(model, str(adapter))
             _, tok = load_policy(rm.policy, device, dtype=torch.float32)  # the tokenizer the run saved
+            _same_policy(rm)
             return model.eval(), tok, info
         model, tok = load_policy(rm.policy, device, dtype=torch.float32)
+        _same_policy(rm)
         return model, tok, info
     state = rm.state(step)
     try:
@@ -181,6 +234,19 @@ def load_run_model(run: str | Path, step: int | None = None, device: str = "cpu"
     return model.to(device).eval(), tok, info
 
 
+def _same_policy(rm: RunModels) -> None:
+    """``policy/`` is still the folder whose step was read (a run swaps a new one in by a rename)."""
+    try:
+        same = os.stat(rm.policy).st_ino == rm.policy_ino
+    except OSError:
+        same = False
+    if not same:
+        raise ValueError(
+            f"{str(rm.policy)!r} was replaced while it was read (its run wrote a new final policy); run the "
+            "command again"
+        )
+
+
 def export(
     run: str | Path,
     out: str | Path | None = None,
@@ -192,9 +258,12 @@ def export(
     """Write the run's model to ``out`` (default ``<RUN>-step<N>`` beside the run folder: outside it, so
     that ``--overwrite`` of the run does not take it along) as a plain Hugging Face
     folder; returns ``(out, info)``. Nothing is written when anything is wrong (an existing
-    non-empty ``out``, a step the run does not hold, an unknown dtype)."""
+    non-empty ``out``, an ``out`` inside a run folder, a step the run does not hold, an unknown
+    dtype). The folder's name and the weights come from one read of the run (:class:`RunModels`)."""
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"--dtype: must be one of {list(EXPORT_DTYPES)}, got {dtype!r}")
+    if out is not None:
+        refuse_inside_run(out, "--out")
     rm = RunModels(run)
     if merge_lora and not rm.is_lora:
         raise ValueError(
@@ -206,7 +275,7 @@ def export(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {str(out)!r} exists and is not empty; choose another folder or remove it")
     keep_lora = rm.is_lora and not merge_lora
-    model, tok, info = load_run_model(run, step, "cpu", keep_lora=keep_lora)
+    model, tok, info = load_run_model(rm, step, "cpu", keep_lora=keep_lora)
     target = _base_dtype(info["base"]) if dtype == "keep" else getattr(torch, dtype)
     model = model.to(target)
     info.update(dtype=str(target).replace("torch.", ""), adapter=keep_lora)

@@ -67,6 +67,7 @@ __all__ = [
     "refuse_inside_run",
     "atomic_write",
     "resume_changes",
+    "trained_config",
     "Trackers",
     "load_run",
     "RESUME_FIXED",
@@ -671,6 +672,23 @@ def _normalised(data: dict, where: str) -> dict:
         raise ValueError(f"cannot resume: {where}: {e}") from None
 
 
+def trained_config(folder: RunFolder, state: dict | None) -> tuple[dict | None, dict[str, tuple]]:
+    """The config the run was trained with, the one inside its checkpoint ``state`` (normalised:
+    keys added since compare at their defaults; None for a checkpoint made before checkpoints
+    carried it), and the keys in which the run's ``config.yaml`` differs from it (a hand edit),
+    ``key -> (checkpoint's, config.yaml's)``; none when config.yaml is missing or unreadable (the
+    checkpoint's config is the reference anyway)."""
+    ck = state.get("config") if isinstance(state, dict) else None
+    if not isinstance(ck, dict):
+        return None, {}
+    saved = _normalised(ck, f"the config inside {str(folder.checkpoint)!r}")
+    try:
+        on_disk = _normalised(folder.saved_config(fallback=False), repr(str(folder.config)))
+    except ValueError:
+        return saved, {}
+    return saved, diff(saved, on_disk)
+
+
 def resume_changes(
     folder: RunFolder, cfg: Config, *, allow_change: bool, state: dict | None = None
 ) -> dict[str, tuple]:
@@ -681,15 +699,9 @@ def resume_changes(
     checkpoint made before checkpoints carried their config falls back to ``config.yaml``, with a
     note. A key in ``RESUME_FIXED`` is always an error; any other difference is an error unless
     ``allow_change`` (the caller then applies and logs it)."""
-    ck = state.get("config") if isinstance(state, dict) else None
-    if isinstance(ck, dict):
-        saved = _normalised(ck, f"the config inside {str(folder.checkpoint)!r}")
-        try:
-            on_disk = _normalised(folder.saved_config(fallback=False), repr(str(folder.config)))
-        except ValueError:
-            on_disk = None  # unreadable: the checkpoint's config is the reference anyway
-        edited = set(diff(saved, on_disk)) if on_disk is not None else set()
-    else:
+    saved, edits = trained_config(folder, state)
+    edited = set(edits)
+    if saved is None:
         if state is not None:
             print(
                 f"[gapo] note: {str(folder.checkpoint)!r} does not carry its config (made by an older gapo); "
