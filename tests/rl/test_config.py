@@ -1,5 +1,8 @@
 """Config: YAML + key=value overrides, typed, validated before any work, with helpful errors."""
 
+import re
+from pathlib import Path
+
 import pytest
 
 from gapo.rl.config import Config, load_config
@@ -383,3 +386,88 @@ def test_keep_checkpoints_is_a_count():
     for bad in ("-1", "2.5", "true"):
         with pytest.raises(ValueError, match="train.keep_checkpoints"):
             load_config(None, [f"train.keep_checkpoints={bad}"])
+
+
+# ------------------------------------------------------------------ TRL's names (docs/from-trl.md)
+@pytest.mark.parametrize(
+    "trl, key",
+    [
+        ("beta", "algo.kl_coef"),
+        ("num_generations", "train.group_size"),
+        ("learning_rate", "optim.lr"),
+        ("epsilon", "algo.eps_low"),
+        ("epsilon_high", "algo.eps_high_max"),
+        ("max_completion_length", "sampling.max_new_tokens"),
+        ("num_iterations", "train.epochs"),
+        ("loss_type", "algo.agg"),
+        ("scale_rewards", "algo.advantage"),
+        ("lr_scheduler_type", "optim.schedule"),
+        ("save_total_limit", "train.keep_checkpoints"),
+        ("temperature", "sampling.temperature"),
+        ("top_p", "sampling.top_p"),
+        ("mask_truncated_completions", None),
+    ],
+)
+def test_a_trl_name_bare_or_under_any_section_names_the_gapo_key(trl, key, tmp_path):
+    want = f"Did you mean {key}? (TRL's {trl}" if key else f"TRL's {trl} has no gapo equivalent: "
+    for given in (trl, f"algo.{trl}", f"train.{trl}", f"grpo.{trl}"):
+        with pytest.raises(ValueError) as e:
+            load_config(None, [f"{given}=1"])
+        assert str(e.value).startswith(f"unknown config key {given!r}.{' ' + want}"), str(e.value)
+    f = tmp_path / "trl.yaml"  # a TRL-style file: the name at the top level
+    f.write_text(f"{trl}: 1\n")
+    with pytest.raises(ValueError, match=re.escape(want)):
+        load_config(f, [])
+
+
+def test_every_trl_name_is_answered_and_names_a_real_key():
+    from gapo.rl.config import _all_keys
+    from gapo.rl.names import TRL_NAMES
+
+    for name, (key, _) in TRL_NAMES.items():
+        assert key is None or key in _all_keys() or key in ("--out", "--resume"), (name, key)
+        with pytest.raises(ValueError) as e:
+            load_config(None, [f"{name}=1"])
+        assert (f"Did you mean {key}?" if key else "has no gapo equivalent") in str(e.value), name
+
+
+def test_the_trl_table_covers_grpo_config():
+    """Every field TRL's GRPOConfig declares has a row; every row is a field of GRPOConfig (its own
+    or a TrainingArguments one)."""
+    import dataclasses
+
+    trl = pytest.importorskip("trl")
+    from gapo.rl.names import TRL_NAMES
+
+    own = set(trl.GRPOConfig.__annotations__)
+    assert own - set(TRL_NAMES) == set()
+    assert set(TRL_NAMES) - {f.name for f in dataclasses.fields(trl.GRPOConfig)} == set()
+
+
+def _doc_rows(heading: str) -> list[list[str]]:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "from-trl.md").read_text(encoding="utf-8")
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [ln.strip("|").split("|") for ln in section.splitlines() if ln.startswith("| ")]
+    return [[c.strip() for c in r] for r in rows[1:]]  # without the header
+
+
+def test_from_trl_md_is_the_table_both_ways():
+    from gapo.rl.config import _all_keys
+    from gapo.rl.names import TRL_NAMES
+
+    def unquote(cell):
+        return None if cell == "—" else cell.strip("`")
+
+    rows = _doc_rows("TRL's names in gapo")
+    assert {r[0].strip("`"): (unquote(r[1]), r[2]) for r in rows} == TRL_NAMES
+    assert len(rows) == len(TRL_NAMES)  # no name twice
+    inverse: dict = {}
+    for name, (key, _) in TRL_NAMES.items():
+        if key in _all_keys():
+            inverse.setdefault(key, []).append(name)
+    back = {
+        r[0].strip("`"): [] if r[1] == "—" else [n.strip(" `") for n in r[1].split(",")]
+        for r in _doc_rows("gapo's keys in TRL")
+    }
+    assert list(back) == _all_keys()
+    assert back == {k: inverse.get(k, []) for k in _all_keys()}

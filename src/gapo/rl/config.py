@@ -37,7 +37,7 @@ from gapo.rl.domains import (
     check_task_param_types,
     task_params,
 )
-from gapo.rl.names import known
+from gapo.rl.names import known, trl_hint
 from gapo.tasks.custom import DEFAULT_RANGE, absolute_spec, check_reward_config, combined_range
 
 __all__ = ["Config", "load_config", "apply_overrides", "to_dict", "from_dict", "diff", "DOMAINS"]
@@ -305,7 +305,8 @@ def _section_types(cls) -> dict:
 
 def _unknown_key(key: str, known=None) -> ValueError:
     """An unknown ``section.key``: the close matches first (over every key, so a misspelt section
-    is caught too), then only the keys of that section, or the sections when it has none."""
+    is caught too; for a name of TRL's GRPOConfig, bare or under any section, the gapo key it is),
+    then only the keys of that section, or the sections when it has none."""
     known = sorted(known if known is not None else _all_keys())
     sec, _, rest = key.partition(".")
     close = difflib.get_close_matches(key, known, n=3)
@@ -318,7 +319,7 @@ def _unknown_key(key: str, known=None) -> ValueError:
                 or difflib.get_close_matches(f"{near[0]}.{rest}", inside, n=3)
                 or [f"section {near[0]!r}"]
             )
-    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    hint = trl_hint(key) or (f" Did you mean {' or '.join(close)}?" if close else "")
     own = [k.split(".", 1)[1] for k in known if k.split(".", 1)[0] == sec]
     if own:
         listing = f"the keys of section {sec!r} are: {', '.join(own)}"
@@ -341,7 +342,7 @@ def _bad_section(sec: str, body) -> ValueError:
             f"{{{example.split('.')[1]}: ...}}), got {type(body).__name__} {body!r}"
         )
     close = difflib.get_close_matches(sec, _section_names(), n=2)
-    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    hint = trl_hint(sec) or (f" Did you mean {' or '.join(close)}?" if close else "")
     return ValueError(f"unknown config section {sec!r}.{hint} The sections are: {', '.join(_section_names())}.")
 
 
