@@ -595,8 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--step",
         type=_int_at_least(0),
         metavar="N",
-        help="with a run folder (gapo eval RUN): the model at step N, its policy/ or its last checkpoint "
-        "(default: the latest); the run's task, reward and prompt settings are reused, overrides change them",
+        help="with a run folder (gapo eval RUN): the model at step N, its policy/, its last checkpoint or a "
+        "kept one (train.keep_checkpoints; default: the latest); the run's task, reward and prompt settings "
+        "are reused, overrides change them",
     )
     p.add_argument(
         "--allow-change",
@@ -617,7 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--step",
         type=_int_at_least(0),
         metavar="N",
-        help="the model at step N: the final policy's or the last checkpoint's step (default: the latest)",
+        help="the model at step N: the final policy's, the last checkpoint's or a kept checkpoint's step "
+        "(train.keep_checkpoints; default: the latest)",
     )
     p.add_argument(
         "--out",
