@@ -97,7 +97,7 @@ def _hold(folder, seconds: float) -> subprocess.Popen:
 
 def _invalid_cell(tmp_path):
     d = tmp_path / "easy" / "gapo" / "seed0"
-    d.parent.mkdir(parents=True)
+    d.mkdir(parents=True)  # made by the process that holds it (a folder's lock is a file in it)
     # fails its checks once it holds the lock (failed.json), before torch: what it does after the wait
     cell_file(d, "json").write_text(json.dumps({"config": {"train": {"steps": -1}}}))
     return d
