@@ -148,3 +148,42 @@ def _after(opt, sched, n: int) -> list[float]:
         sched.step()
         out.append(opt.param_groups[0]["lr"])
     return out
+
+
+def test_the_trainer_follows_the_schedule_over_train_steps_and_a_changed_length(tmp_path):
+    """Through a run: optim/lr (the rate after each step, as TRL's learning_rate) is lr · f(s) over
+    train.steps; a resume with --allow-change train.steps=6 follows the longer schedule at once."""
+    import json
+
+    from checkpoints import build_instruct_checkpoint  # tests/checkpoints.py (tests/ is on sys.path)
+    from gapo.rl.config import load_config
+    from gapo.rl.trainer import Trainer
+
+    model = build_instruct_checkpoint(tmp_path / "model")
+    base = [
+        f"model.path={model}",
+        "task.params.n_numbers=2",
+        "task.params.num_range=[1,10]",
+        "task.train_size=64",
+        "train.prompts=2",
+        "train.group_size=2",
+        "train.mini_batches=1",
+        "train.progress=false",
+        "eval.problems=0",
+        "sampling.max_new_tokens=4",
+        "optim.lr=1e-3",
+        "optim.warmup_steps=1",
+        "optim.schedule=linear",
+    ]
+    run = tmp_path / "run"
+    Trainer(load_config(None, [*base, "train.steps=4"]), run).fit(stop_after=2)
+    tr = Trainer(load_config(None, [*base, "train.steps=6"]), run, resume=True, allow_change=True)
+    # step 3 trains at the new schedule's rate, not the one the checkpoint's optimiser state holds
+    assert tr.opt.param_groups[0]["lr"] == 1e-3 * optimizer.lr_factor("linear", 2, warmup_steps=1, total_steps=6)
+    tr.fit()
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["optim/lr"] for r in recs if r["kind"] == "train"]
+    f = optimizer.lr_factor
+    want = [1e-3 * f("linear", s, warmup_steps=1, total_steps=4) for s in (1, 2)]
+    want += [1e-3 * f("linear", s, warmup_steps=1, total_steps=6) for s in (3, 4, 5, 6)]
+    assert lrs == want  # (4 - s) / 3 for steps 1-2, then (6 - s) / 5
