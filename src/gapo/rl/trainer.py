@@ -94,7 +94,7 @@ class Trainer:
     ):
         if resume and overwrite:
             raise ValueError("resume and overwrite exclude each other")
-        # the folder's lock (run_dir.RunLock) is held from the check to the end of fit(); a
+        # the folder's lock (run_lock.RunLock) is held from the check to the end of fit(); a
         # RunFolder passed in already locked stays the caller's to release
         self.folder = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
         self._own_lock = not self.folder.lock.held
