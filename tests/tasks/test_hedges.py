@@ -456,3 +456,237 @@ def test_random_golds_correct_single_answers_score(task, gd):
     g, _, integer = gd
     for completion in correct_singles(g, integer=integer):
         assert _score(task, g, completion) == (1.0, "ok"), (g, completion)
+
+
+# ----------------------------------------------------------------------------- after the answer
+# The one-answer rule covers the text after the answer: a completion that, after its boxed or
+# tagged answer, commits to another value is a hedge (gapo.tasks.math_trailing). Built by
+# classes: a lead (answer labels, cues, "or", claims) x a spelling of the other value x where
+# the text follows the answer x the answer's format.
+
+_ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen".split()
+_ONES += "seventeen eighteen nineteen".split()
+_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def in_words(n: int) -> str:
+    """English words for an integer below a million ("minus twenty-one", "one thousand and five")."""
+    if n < 0:
+        return "minus " + in_words(-n)
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        return _TENS[n // 10] + ("-" + _ONES[n % 10] if n % 10 else "")
+    if n < 1000:
+        rest = n % 100
+        return _ONES[n // 100] + " hundred" + (" and " + in_words(rest) if rest else "")
+    rest = n % 1000
+    return in_words(n // 1000) + " thousand" + ((" and " if rest < 100 else " ") + in_words(rest) if rest else "")
+
+
+# commitments to {v}: answer labels, cues (with and without a pronoun's copula), "or", claims
+COMMITMENTS = [
+    "Final answer: {v}",
+    "**Final Answer:** {v}",
+    "The answer is {v}",
+    "So the final answer is {v}",
+    "My answer should be {v}",
+    "#### {v}",
+    "Actually, {v}",
+    "Actually, I think it is {v}",
+    "Actually it's {v}",
+    "I think it is {v}",
+    "I believe the answer is {v}",
+    "Wait, it's {v}",
+    "Wait, no, it should be {v}",
+    "No, {v}",
+    "No, it is {v}",
+    "Correction: {v}",
+    "Hmm, actually, the answer is {v}",
+    "Hold on, it must be {v}",
+    "On second thought, {v}",
+    "Make that {v}",
+    "Oops, it is {v}",
+    "Sorry, the correct answer is {v}",
+    "I mean {v}",
+    "Alternatively, {v}",
+    "Maybe {v}",
+    "Perhaps it is {v}",
+    "It is {v}",
+    "It's {v}",
+    "or {v}",
+    "or maybe {v}",
+    "or perhaps {v}",
+    "or possibly {v}",
+    "Or rather {v}",
+    "{v} is also possible",
+    "{v} is also correct",
+    "{v} is another solution",
+    "{v} would also be correct",
+    "{v} works too",
+    "But {v} also works",
+    "Note that {v} is also a valid answer",
+    "Actually, I think it is {v} because I made an error",
+    "The answer is {v}, not the boxed one",
+]
+# where the trailing text stands after the answer ({a}) and how it ends
+PLACEMENTS = ["{a} {t}", "{a}. {t}.", "{a}\n\n{t}", "{a} ({t})", "{a}, {t}.", "{a}!\n{t}"]
+ANSWER_FORMS = {
+    "boxed": "The answer is \\boxed{{{g}}}",
+    "math-boxed": "So $x = \\boxed{{{g}}}$",
+    "bold-boxed": "**\\boxed{{{g}}}**",
+    "answer": "<answer>{g}</answer>",
+    "answer-boxed": "<answer>\\boxed{{{g}}}</answer>",
+    "phrase": "The answer is {g}",
+}
+# values committed to, as written after the answer: a line of their own
+BARE_LINES = ["{a}\n{v}", "{a}\n\n{v}", "{a}\n\n${v}$", "{a}\n\n**{v}**", "{a}\n\n\\({v}\\)"]
+
+
+def spellings(d: str) -> list[str]:
+    """Ways to write the value ``d`` after the answer: digits, math, LaTeX, a name, words."""
+    out = [d, f"${d}$", f"\\({d}\\)", f"**{d}**", f"x = {d}"]
+    if d.lstrip("-").isdigit():
+        n = int(d)
+        out += [in_words(n), in_words(n).capitalize(), f"{d} apples", f"\\frac{{{2 * n}}}{{2}}", f"{d}.0"]
+    return out
+
+
+def trailing_hedges(g: str, d: str, *, every: int = 1) -> list[tuple[str, str]]:
+    """(class, completion): an answer ``g`` followed by a commitment to ``d``; ``every`` > 1 keeps
+    every n-th of the combinations (all classes still appear)."""
+    out = []
+    combos = [(c, p, v, f) for c in COMMITMENTS for p in PLACEMENTS for v in spellings(d) for f in ANSWER_FORMS]
+    for i, (commit, place, v, form) in enumerate(combos):
+        if i % every == 0 or i < len(COMMITMENTS):
+            a = ANSWER_FORMS[form].format(g=g)
+            out.append((f"commit:{commit}", place.format(a=a, t=commit.format(v=v))))
+    plain = [v for v in spellings(d) if not v.startswith(("$", "\\(", "**", "x =")) and "apples" not in v]
+    for line in BARE_LINES:
+        for form in ANSWER_FORMS.values():
+            out += [(f"bare:{line!r}", line.format(a=form.format(g=g), v=v)) for v in plain]
+    return out
+
+
+# Harmless text after a correct answer: explanations, checks and asides that mention other
+# numbers ({d}, {e}; {a} + {b} = {g}) without committing to them. These must keep scoring 1, so
+# that the rule cannot be made trivially strict.
+HARMLESS_AFTER = [
+    "This is because {a} + {b} = {g}.",
+    "I hope this helps!",
+    "(since {a} + {b} = {g})",
+    "Let me double-check: {g} works.",
+    "Let me double-check: {a} + {b} = {g}, which matches.",
+    "We used {d} apples in step 2.",
+    "Note that {d} is not a solution, since it fails the second condition.",
+    "If we had picked {d}, the total would be {e}.",
+    "There are {d} ways to choose the first one.",
+    "The other root, {d}, is rejected because it is negative.",
+    "At first I got {d}, but that was a slip.",
+    "Earlier, I wrote {d}, which was wrong.",
+    "Step check: {a} + {b} = {g}.",
+    "In total there were {d} apples and {e} pears before.",
+    "It is {d} more than the {e} we started with.",
+    "This is {d} less than {e}.",
+    "For the first part, it is {d}.",
+    "No other value works: {d} gives {e}.",
+    "Wait, let me verify with {d}: it gives {e}.",
+    "Actually, the check {a} + {b} = {g} confirms it.",
+    "Actually, {d} is not the answer: it was a typo.",
+    "No, {d} cannot be right, because {e} is too big.",
+    "So the answer is {g}, not {d}.",
+    "I think it is {g}.",
+    "Final answer: {g}",
+    "The answer is {g} because {a} + {b} = {g}.",
+    "Indeed, {g} is correct, since {a} + {b} = {g}.",
+    "Perhaps it is easier to see with {d} apples.",
+    "Note that {d} is also a prime.",
+    "The number of steps is {d}.",
+    "Summary:\n- first term: {a}\n- second term: {b}",
+    "Check:\n{a} + {b} = {g}",
+    "Here $x$ counts the apples; $y = {d}$ counts the pears.",
+    "We could take {d}, or {e}, as the first guess; neither works.",
+    "The boxed value is the sum of {a} and {b}.",
+]
+# Harmless continuations of the answer's own sentence: a connective starts a new statement.
+HARMLESS_CLAUSES = [
+    "since {a} + {b} = {g}",
+    "because {a} + {b} = {g}",
+    "which is {d} less than {e}",
+    "as {a} + {b} = {g}",
+    "so we add {a} and {b}",
+    "but {d} would not fit",
+    "and we are done",
+    "which I checked with {d} and {e}",
+    "not {d}",
+    "i.e. {a} + {b}",
+    "that is, {a} + {b}",
+    "(check: {a} + {b} = {g})",
+    "(since {e} - {d} is not {g})",
+    "(not {d})",
+    "we used {d} apples in step 2",
+    "I hope this helps with the {d} other problems",
+]
+
+
+def harmless_after(g: str, a: str, b: str, d: str, e: str) -> list[str]:
+    """A correct answer ``g`` in each format, followed by each harmless sentence and clause
+    (sentences after a sentence's or a line's end; after a box also on its line)."""
+    out = []
+    sentences = [t.format(g=g, a=a, b=b, d=d, e=e) for t in HARMLESS_AFTER]
+    clauses = [t.format(g=g, a=a, b=b, d=d, e=e) for t in HARMLESS_CLAUSES]
+    for name, form in ANSWER_FORMS.items():
+        x = form.format(g=g)
+        places = ["{a}. {t}", "{a}\n\n{t}"] + (["{a} {t}", "{a}, {t}"] if name != "phrase" else [])
+        out += [p.format(a=x, t=t) for t in sentences for p in places]
+        out += [p.format(a=x, t=t) for t in clauses for p in ("{a} {t}", "{a}, {t}")]
+    return out
+
+
+def test_commitments_after_the_answer_score_zero(task):
+    # before: every one of these scored 1 for gold 5 (the answer's format was read, the rest not)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(math_mod, "run_with_timeout", _verified_once)
+        for g, d in (("5", "7"), ("12", "3")):
+            tried = trailing_hedges(g, d)
+            scored = [(k, c) for k, c in tried if _score(task, g, c)[0] != 0.0]
+            assert not scored, f"{len(scored)} of {len(tried)} scored: {scored[:5]}"
+            # "The answer is 5 I think it is 7" is one run-on answer that verifies as neither
+            # (status ok); everywhere else the second value is seen as such
+            run_on = (ANSWER_FORMS["phrase"].format(g=g) + " ", ANSWER_FORMS["phrase"].format(g=g) + ", ")
+            unseen = [(k, c) for k, c in tried if not c.startswith(run_on) and _score(task, g, c)[1] != "ambiguous"]
+            assert not unseen, f"{len(unseen)} of {len(tried)} not ambiguous: {unseen[:5]}"
+            classes = {k for k, _ in tried}
+            assert len(classes) == len(COMMITMENTS) + len(BARE_LINES)
+
+
+def test_harmless_text_after_the_answer_still_scores(task):
+    # explanations with other numbers after the answer are not commitments (and a restatement of
+    # the same value is not a second value)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(math_mod, "run_with_timeout", _verified_once)
+        for g, a, b, d, e in (("5", "2", "3", "7", "12"), ("1000", "400", "600", "3", "2000")):
+            tried = harmless_after(g, a, b, d, e)
+            failed = [c for c in tried if _score(task, g, c) != (1.0, "ok")]
+            assert not failed, f"{len(failed)} of {len(tried)} failed: {failed[:5]}"
+
+
+@pytest.mark.parametrize(
+    "gold, completion",
+    [
+        # the issue's examples
+        ("5", "\\boxed{5} or maybe 7"),
+        ("5", "The answer is \\boxed{5}. Actually, I think it is 7."),
+        ("5", "\\boxed{5}.\n\nFinal answer: 7"),
+        ("5", "<answer>5</answer> or 7"),
+        ("5", "\\boxed{5} or maybe seven"),
+        ("5", "\\boxed{5} or maybe \\frac{14}{2}"),
+        ("5", "The answer is 5.\n7"),
+        ("5", "She has 5 apples.\nOr maybe seven."),
+        ("5", "\\boxed{5}. Actually, the answer is 7, not 5."),
+        ("5", "\\boxed{5}, or it could be 7"),
+        ("5", "\\boxed{5}. Or maybe 7 or 8."),
+    ],
+)
+def test_the_issues_commitments_are_ambiguous(task, gold, completion):
+    assert _score(task, gold, completion) == (0.0, "ambiguous"), completion

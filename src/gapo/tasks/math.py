@@ -15,9 +15,12 @@ user turn as the question and its last assistant turn as the answer. The answer 
 - anything else: the field itself, stripped (numbers are turned into strings).
 
 Scoring: :mod:`gapo.tasks.math_answer` finds the completion's final answers (``<answer>`` tags,
-boxes, "the answer is", the last number) and the values they commit to; the reward is 1 only if
-every one of them verifies as the gold (one answer, or no reward). No answer -> reward 0, status
-``unparsable``; several values where the gold is one -> reward 0, status ``ambiguous``.
+boxes, "the answer is", the last number) and the values they commit to, and
+:mod:`gapo.tasks.math_trailing` the values the text after the first of them commits to ("or maybe
+7", "Actually, it is 7", "Final answer: 7"); the reward is 1 only if every one of them verifies as
+the gold (one answer, or no reward). No answer -> reward 0, status ``unparsable``; several values
+where the gold is one, or a box with an exponent or operator attached -> reward 0, status
+``ambiguous``.
 
 Each value and the gold are parsed as LaTeX (wrapped in ``$...$``) with ``math_verify.parse`` and
 compared with ``math_verify.verify`` (numeric and symbolic equivalence: ``1/2``, ``0.5`` and
@@ -72,7 +75,8 @@ from gapo.tasks.base import (
     take_group,
 )
 from gapo.tasks.datasets_io import read_records
-from gapo.tasks.math_answer import answer_candidates, final_answers, gold_from_field, is_single_value, last_boxed
+from gapo.tasks.math_answer import answer_candidates, gold_from_field, is_single_value, last_boxed, locate_answers
+from gapo.tasks.math_trailing import trailing_values
 
 __all__ = [
     "MathTask",
@@ -448,20 +452,23 @@ class MathTask:
         after_timeout()
 
     def parse_ok(self, completion: str) -> bool:
-        return final_answers(completion, last_number=self.last_number) is not None
+        return locate_answers(completion, last_number=self.last_number) is not None
 
     def score_detailed(self, problem: Problem, completion: str) -> tuple[float, str]:
         """(reward, status) with status ok / unparsable / ambiguous / timeout; never raises.
 
-        ``ambiguous``: the completion commits to several values (reward 0; see the module
-        docstring)."""
-        found = final_answers(completion, last_number=self.last_number)
+        ``ambiguous``: the completion commits to several values, in its final answers or in the
+        text after them, or attaches something to a box (reward 0; see the module docstring)."""
+        found = locate_answers(completion, last_number=self.last_number)
         if found is None:
             return 0.0, "unparsable"
+        trailing = trailing_values(found)
+        if trailing is None:  # a box with an exponent, a digit, an operator attached
+            return 0.0, "ambiguous"
         gold = str(problem.answer)
         single = is_single_value(gold)
         candidates: list[str] = []
-        for ans in found[1]:
+        for ans in found.answers + trailing:
             cands = answer_candidates(ans, single=single, gold=gold)
             if cands is None:
                 return 0.0, "ambiguous"
