@@ -323,3 +323,20 @@ def test_eval_checks_a_hand_edited_config_yaml_as_resume_does(instruct, tmp_path
     assert main(args) == 0
     assert f"config: the one inside {str(run / 'checkpoint.pt')!r}" in capsys.readouterr().err
     assert seen == ["Edited by hand.", "Answer tersely."]
+
+
+def test_a_policy_swapped_while_it_is_read_is_an_error(instruct, tmp_path):
+    """policy/'s step is read first, its weights after: a run that writes a new final policy in
+    between (a rename, as checkpoint.write_policy does) must not get the old step's name."""
+    from gapo.rl.export import RunModels
+
+    run = tmp_path / "run"
+    Trainer(_cfg(instruct, _varied_reward(run), "train.steps=1"), run).fit()
+    rm = RunModels(run)
+    assert rm.pick(None) == "policy" and rm.policy_step == 1
+    shutil.copytree(run / "policy", run / ".policy.new")
+    (run / "policy").rename(run / ".policy.old")
+    (run / ".policy.new").rename(run / "policy")  # the run swapped in another final policy
+    with pytest.raises(ValueError, match="was replaced while it was read"):
+        load_run_model(rm)
+    load_run_model(RunModels(run))  # read again: fine
