@@ -157,7 +157,7 @@ def test_eval_from_a_run_folder_reuses_its_prompt_settings(instruct, tmp_path, c
     real = ev.evaluate
 
     def spy(model, tok, task, problems, **kw):
-        seen.append([kw["encode"](p.prompt) for p in problems[:1]][0])
+        seen.append(kw["encode"](problems[0]))  # PromptEncoder.ids takes the problem
         return real(model, tok, task, problems, **kw)
 
     monkeypatch.setattr(ev, "evaluate", spy)
