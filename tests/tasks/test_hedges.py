@@ -10,6 +10,8 @@ still score 1.0.
 
 from __future__ import annotations
 
+import sys
+import unicodedata
 from fractions import Fraction
 from pathlib import Path
 
@@ -690,3 +692,157 @@ def test_harmless_text_after_the_answer_still_scores(task):
 )
 def test_the_issues_commitments_are_ambiguous(task, gold, completion):
     assert _score(task, gold, completion) == (0.0, "ambiguous"), completion
+
+
+# ----------------------------------------------------------------------------- other scripts
+
+
+def _punctuation(*words: str) -> list[str]:
+    """Every punctuation character (category P*) whose Unicode name holds one of ``words``."""
+    out = []
+    for cp in range(128, sys.maxunicode + 1):
+        ch = chr(cp)
+        if unicodedata.category(ch).startswith("P") and any(w in unicodedata.name(ch, "") for w in words):
+            out.append(ch)
+    return out
+
+
+# list separators of every script, by name: commas (，、﹐︐ ، ...), semicolons (；؛ ...), word,
+# paragraph and date separators, full stops other than the fullwidth and small forms (。 ።);
+# the Arabic decimal separator (٫) is a decimal point, its thousands separator (٬) a comma
+SEPARATORS = [
+    ch
+    for ch in _punctuation("COMMA", "SEMICOLON", "SEPARATOR", "FULL STOP")
+    if unicodedata.name(ch) not in ("ARABIC DECIMAL SEPARATOR", "ARABIC THOUSANDS SEPARATOR")
+    and unicodedata.normalize("NFKC", ch) != "."
+]
+SPACES = [chr(cp) for cp in range(sys.maxunicode + 1) if unicodedata.category(chr(cp)) == "Zs"]
+
+
+def test_every_scripts_separators_separate(task):
+    # before: \boxed{5，7} and \boxed{5、7} scored 1 for 5 (math-verify reads the first number)
+    assert len(SEPARATORS) >= 40 and {"，", "、", "；", "︐", "︑", "﹐", "﹑", "。", "،"} <= set(SEPARATORS)
+    tried = []
+    for sep in SEPARATORS:
+        for inner in ("{g}{s}{d}", "{g}{s} {d}", "{d}{s}{g}"):
+            x = inner.format(g="5", d="7", s=sep)
+            tried += [f"\\boxed{{{x}}}", f"<answer>{x}</answer>", f"The answer is {x}."]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(math_mod, "run_with_timeout", _verified_once)
+        passed = [c for c in tried if _score(task, "5", c)[0] != 0.0 or _score(task, "7", c)[0] != 0.0]
+    assert not passed, f"{len(passed)} of {len(tried)} scored: {passed[:5]}"
+
+
+def test_other_scripts_digits_spaces_and_decimal_separators(task):
+    assert len(SPACES) >= 17
+    for sp in SPACES:  # a space of any kind between two numbers keeps them apart, or groups thousands
+        assert _score(task, "5", f"\\boxed{{5{sp}7}}")[0] == 0.0, hex(ord(sp))
+        assert _score(task, "1000", f"\\boxed{{1{sp}000}}") == (1.0, "ok"), hex(ord(sp))
+    assert _score(task, "5", "\\boxed{５}") == (1.0, "ok")  # fullwidth digit (before: unparsable)
+    assert _score(task, "57", "\\boxed{٥٧}") == (1.0, "ok")  # Arabic-Indic digits
+    assert _score(task, "5.7", "\\boxed{5٫7}") == (1.0, "ok")  # Arabic decimal separator
+    assert _score(task, "5", "\\boxed{5٫7}")[0] == 0.0  # before: 1 (the first number)
+    assert _score(task, "1000", "\\boxed{1٬000}") == (1.0, "ok")  # Arabic thousands separator
+    assert _score(task, "5.5", "\\boxed{５．５}") == (1.0, "ok")  # the fullwidth full stop is a decimal point
+    assert _score(task, "5", "\\boxed{5。}") == (1.0, "ok")  # an ideographic full stop ends a sentence
+
+
+# spaced thousands: one number, in every format (before: \boxed{1 000} was two numbers)
+GROUP_SEPARATORS = [" ", "\\ ", "\\,", "{,}", ",", "~", "\u2009", "\u202f", "\u00a0", "\\;", "\\:"]
+
+
+@pytest.mark.parametrize("sep", GROUP_SEPARATORS)
+def test_spaced_thousands_are_one_number(task, sep):
+    n = f"1{sep}234{sep}567"
+    for c in (f"\\boxed{{{n}}}", f"<answer>{n}</answer>", f"The answer is {n}.", f"She has {n} apples."):
+        assert _score(task, "1234567", c) == (1.0, "ok"), c
+        assert _score(task, "1", c)[0] == 0.0, c
+    # groups are of three digits, with one separator throughout
+    for c in (f"\\boxed{{12{sep}34}}", f"\\boxed{{1{sep}234 567}}" if sep != " " else "\\boxed{1 234,567}"):
+        assert _score(task, "1234", c)[0] == 0.0 and _score(task, "12", c)[0] == 0.0, c
+
+
+# ----------------------------------------------------------------------------- attached to the box
+# anything right after a box that changes its value: the box is not a clean answer
+ATTACHED = [
+    "\\boxed{{{g}}}^{{{d}}}",
+    "\\boxed{{{g}}}^{d}",
+    "\\boxed{{{g}}} ^ {d}",
+    "\\boxed{{{g}}}_{{{d}}}",
+    "\\boxed{{{g}}}_{d}",
+    "\\boxed{{{g}}}{d}",
+    "\\boxed{{{g}}}{{{d}}}",
+    "\\boxed{{{g}}}.{d}",
+    "\\boxed{{{g}}}'{d}",
+    "\\boxed{{{g}}}({d})",
+    "\\boxed{{{g}}} \\cdot {d}",
+    "\\boxed{{{g}}}\\times {d}",
+    "\\boxed{{{g}}} \\div {d}",
+    "\\boxed{{{g}}}/{d}",
+    "\\boxed{{{g}}} / \\frac{{1}}{{{d}}}",
+    "\\boxed{{{g}}} + {d}",
+    "\\boxed{{{g}}}-{d}",
+    "\\boxed{{{g}}}*{d}",
+    "\\boxed{{{g}}}×{d}",
+    "$\\boxed{{{g}}}^{{{d}}}$",
+    "<answer>\\boxed{{{g}}}^{{{d}}}</answer>",
+    "<answer>{g}</answer>^{{{d}}}",
+]
+# and what does not change it: punctuation, units, markup
+NOT_ATTACHED = [
+    "\\boxed{{{g}}}!",
+    "\\boxed{{{g}}}.",
+    "\\boxed{{{g}}}^\\circ",
+    "\\boxed{{{g}}}^{{\\circ}}",
+    "\\boxed{{{g}}}\\%",
+    "\\boxed{{{g}}}\\text{{ cm}}",
+    "**\\boxed{{{g}}}**",
+    "$\\boxed{{{g}}}$.",
+    "\\boxed{{{g}}} - this is the total.",
+    "\\boxed{{{g}}} -- done",
+    "\\boxed{{{g}}}(\\text{{apples}})",
+]
+
+
+@pytest.mark.parametrize("g, d", [("5", "7"), ("12", "2"), ("3", "1")])
+def test_a_box_with_something_attached_is_ambiguous(task, g, d):
+    # before: \boxed{5}^{7} scored 1 for gold 5
+    for shape in ATTACHED:
+        c = shape.format(g=g, d=d)
+        assert _score(task, g, c) == (0.0, "ambiguous"), c
+    for shape in NOT_ATTACHED:
+        c = shape.format(g=g)
+        assert _score(task, g, c) == (1.0, "ok"), c
+
+
+# ----------------------------------------------------------------------------- random golds, after the answer
+
+
+@st.composite
+def integer_gold_and_others(draw):
+    g, d, e = (draw(st.integers(-3000, 3000)) for _ in range(3))
+    assume(g != d)
+    a = draw(st.integers(-3000, 3000))
+    return str(g), str(a), str(g - a), str(d), str(e)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@given(integer_gold_and_others())
+def test_random_golds_commitments_after_the_answer_score_zero(task, gabde):
+    g, _, _, d, _ = gabde
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(math_mod, "run_with_timeout", _verified_once)
+        for name, completion in trailing_hedges(g, d, every=7):
+            assert _score(task, g, completion)[0] == 0.0, (g, d, name, completion)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@given(integer_gold_and_others())
+def test_random_golds_harmless_text_after_the_answer_scores(task, gabde):
+    g = gabde[0]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(math_mod, "run_with_timeout", _verified_once)
+        for completion in harmless_after(*gabde):
+            assert _score(task, g, completion) == (1.0, "ok"), (gabde, completion)

@@ -325,7 +325,7 @@ def _kind(word: str) -> str:
 # which word may follow which inside one number ("twenty-one", "one hundred and five", "two
 # thousand"); any other pair starts a new number ("five seven" is two numbers)
 _NEXT = {
-    "start": {"unit", "teen", "tens"},
+    "start": {"unit", "teen", "tens", "hundred", "scale"},  # "a hundred", "million"
     "unit": {"hundred", "scale"},
     "teen": {"hundred", "scale"},
     "tens": {"unit", "hundred", "scale"},

@@ -88,8 +88,8 @@ def _as_value(clause: str) -> str | None:
     v = _FILLERS.sub(" ", v)
     v = re.sub(r"(?:[\s,;:.!?*—–]|(?<![\w\\])(?:and|or)(?!\w)|-(?!\s*[\d.\\(]))+$", "", v.strip())
     v = spell_numbers(v).strip().strip("*").strip()
-    if not _VALUE_START.match(v) or not _HAS_NUMBER.search(v) or _SPOIL.search(v):
-        return None
+    if not _VALUE_START.match(v) or not _HAS_NUMBER.search(v) or _SPOIL.search(v) or v.count("(") > v.count(")"):
+        return None  # (a parenthesis left open: a value of an inner clause, "5 (7 is also possible)")
     return v if len(_PLAIN_WORD.findall(re.sub(r"\\[A-Za-z]+", " ", v))) <= 3 else None
 
 
