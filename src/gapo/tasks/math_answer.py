@@ -1,28 +1,32 @@
 """Final answers of a math completion, the values they commit to, and gold answers of a dataset.
 
-Extraction from a completion: the first format that applies gives *every* final answer of it,
+Extraction from a completion, read with other scripts' separators, spaces and digits in ASCII
+(:func:`unify_unicode`): the first format that applies gives *every* final answer of it,
 
 1. every ``<answer>...</answer>`` span (inside one, its ``\\boxed{}`` stand for it),
 2. every ``\\boxed{...}`` / ``\\fbox{...}`` / bare ``boxed{...}`` (balanced braces, so
    ``\\boxed{\\frac{1}{2}}`` works; a truncated box is skipped),
-3. the rest of each "the answer is ...", "final answer: ..." or ``#### ...`` sentence,
-4. the numbers of the last sentence holding one (``-1,234.5``, ``3/4``, ``\\frac{3}{4}``), except
-   those of a calculation left of ``=``, unless ``last_number=False``.
+3. the rest of each "the answer is ...", "final answer: ..." or ``#### ...`` sentence, up to a
+   connective or pronoun that starts a new statement ("5, since ..." -> 5),
+4. the numbers of the last sentence holding one (``-1,234.5``, ``1 234``, ``3/4``, ``\\frac{3}{4}``),
+   except those of a calculation left of ``=``, unless ``last_number=False``.
 
 No answer -> reward 0, status ``unparsable``.
 
 One answer, or no reward. The answer is one final expression: the reward is 1 only if every
 final answer, and every value one of them commits to (:func:`answer_candidates`), verifies as the
 gold. When the gold is one value, an answer holding a list (``6, 5``), ``±``, a set, an interval,
-a relation (``\\ge 5``, ``\\in``), a range (``5 to 7``, ``5–7``) or several numbers in words is
-refused outright; ``or`` separates values, and so do the sides of an equation chain (``x = 5`` is
-the value 5; ``6 = 5``, ``x = 3 = 7`` are two values). So ``\\boxed{6 \\text{ apples}, 5
+a relation (``\\ge 5``, ``\\in``), a range (``5 to 7``, ``5–7``) or several numbers with words
+between them (number words count: :func:`spell_numbers`) is refused outright; ``or`` separates
+values, and so do the sides of an equation chain (``x = 5`` is the value 5; ``6 = 5``,
+``x = 3 = 7`` are two values). So ``\\boxed{6 \\text{ apples}, 5
 \\text{ pears}}``, ``\\boxed{5 \\text{ or } 7}``, ``\\boxed{\\pm 7}``, ``\\boxed{5}\\boxed{7}`` and
 "the values are 2, 5 and 8" score 0 (status ``ambiguous``) for gold 5 and for gold 7, while
 ``\\boxed{1,000}``, ``\\boxed{x = 5}``, ``\\boxed{\\text{5 apples}}`` and ``\\boxed{5} ... \\boxed{5}``
 score 1. A gold that is itself a set, tuple, interval, list, ``±`` or relation is matched as one
 structure (``\\boxed{(1, 2)}`` for gold ``(1, 2)``); only ``or`` and a ``±`` the gold lacks split
-or refuse it. docs/tasks.md has the full table.
+or refuse it. What the text after the answer commits to is :mod:`gapo.tasks.math_trailing`'s.
+docs/tasks.md has the full table.
 
 A gold answer is read from a dataset field by :func:`gold_from_field`: GSM8K's ``#### 1,234`` (commas
 dropped), a MATH-style solution's last ``\\boxed{}``, else the field itself, stripped.

@@ -23,17 +23,19 @@ verify as the gold like the final answers themselves; so a different one scores 
    (``\\boxed{5}, 7``, ``\\boxed{5} (7)``, ``\\boxed{5} = 7``).
 
 Clause starts: the trailing text's start, a sentence's start (after ``.``/``!``/``?`` and white
-space), a line's, a parenthesis's, and (for every lead but a bare ``or``) the place after ``,``
-``;`` ``:`` or a dash. A *value* is the clause's text up to a connective or a pronoun ("because",
-"since", "which", "so", "but", "if", "we", "it" ...), that starts like a value (a digit, a sign,
-``$``, a LaTeX command, ``(``, ``x =``, a number word) and holds a number (a digit, ``\\pi``,
-``\\sqrt``, ``\\frac``, ``\\infty`` or number words, which are read as digits: "seven" -> 7,
-"twenty-one" -> 21, "one hundred and five" -> 105), with at most three words after it (units) and
-none that makes it a different statement (a verb, a comparison, a preposition, a negation:
-"7 less than 12", "7 of them", "7 is not ..."). So explanations that mention other numbers do
-not commit: "\\boxed{5}. This is because 2+3=5.", "\\boxed{5} (since 7-2=5)", "We used 7 apples
-in step 2", "Let me double-check: 5 works." (5 is a restatement), "It is 7 more than -2".
-A pronoun's copula alone, without a cue ("For the first part, it is 3"), is an explanation too.
+space), a line's, a parenthesis's, a capitalised word's (a run-on: "The answer is 5 Make that
+7") and (for every lead but a bare ``or``) the place after ``,`` ``;`` ``:`` or a dash. A
+*value* is the clause's text up to a connective or a pronoun ("because", "since", "which", "so",
+"but", "if", "not", "we", "it" ...: :func:`gapo.tasks.math_answer.cut_at_connective`), that
+starts like a value (a digit, a sign, ``$``, a LaTeX command, ``(``, ``x =``, a number word) and
+holds a number (a digit, ``\\pi``, ``\\sqrt``, ``\\frac``, ``\\infty`` or number words, read as
+digits: "seven" -> 7, "twenty-one" -> 21, "one hundred and five" -> 105), with at most three
+words after it (units) and none that makes it a different statement (a verb, a comparison, a
+preposition, a negation: "7 less than 12", "7 of them", "7 cannot be right"). So explanations
+that mention other numbers do not commit: "\\boxed{5}. This is because 2+3=5.", "\\boxed{5}
+(since 7-2=5)", "We used 7 apples in step 2", "Let me double-check: 5 works." (5 is a
+restatement), "It is 7 more than -2". A pronoun's copula without a cue commits at a sentence's
+start ("It is 7.") and not inside a sentence ("For the first part, it is 3"), where it explains.
 
 A box with something attached that changes its value is not a clean answer (reward 0, status
 ``ambiguous``): an exponent or subscript (``\\boxed{5}^{7}``, ``\\boxed{101}_2``; ``^\\circ`` is a
