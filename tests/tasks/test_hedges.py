@@ -6,6 +6,12 @@ under RL a policy finds such answers by itself if they pay. Each one is tried wi
 and with the gold second, in every answer format (``\\boxed{}``, ``<answer>``, "The answer is",
 the last number), for fixed and for random golds. Correct single answers in each format must
 still score 1.0.
+
+The rule covers the text after the answer too (gapo.tasks.math_trailing): commitments to another
+value after it, by class (answer labels, cues, "or", claims, bare lines) x spelling of the value
+x placement x answer format; list separators of every script (from the Unicode database); boxes
+with something attached. And it must not be trivially strict: harmless text after a correct
+answer that mentions other numbers, spaced thousands and units keep scoring 1.
 """
 
 from __future__ import annotations
