@@ -95,9 +95,13 @@ def _as_value(clause: str) -> str | None:
     return v if len(_PLAIN_WORD.findall(re.sub(r"\\[A-Za-z]+", " ", v))) <= 3 else None
 
 
-def _clause(text: str) -> str:
-    """From here to the end of the sentence, the line or a ``;``."""
-    return re.split(r"\n|;|[.!?](?=\s|$)", text, maxsplit=1)[0]
+_CLAUSE_END = re.compile(r"\n|;|[.!?](?=\s|$)|$")
+
+
+def _clause(text: str, start: int) -> str:
+    """From ``start`` to the end of the sentence, the line or a ``;`` (searched, not split: a
+    long trailing text has many clause starts)."""
+    return text[start : _CLAUSE_END.search(text, start).start()]
 
 
 # -- leads and claims
@@ -145,12 +149,12 @@ def _led_value(text: str, start: int, open_start: bool) -> str | None:
         return None
     if m.group("pronoun") and not (open_start or m.group("cue")):
         return None  # "..., it is 3" inside a sentence explains
-    return _as_value(_clause(text[m.end() :]))
+    return _as_value(_clause(text, m.end()))
 
 
 def _claimed_value(text: str, start: int) -> str | None:
     """The value a claim after it commits to (rule 2: "7 is also possible"), if one does."""
-    clause = _clause(text[_LEAD_SKIP.match(text, start).end() :])
+    clause = _clause(text, _LEAD_SKIP.match(text, start).end())
     clause = re.sub(rf"^(?:{_FILLER}(?!\w){_SEP})*", "", clause, flags=re.IGNORECASE)
     m = _CLAIM.search(clause)
     return _as_value(clause[: m.start()]) if m else None
@@ -192,7 +196,7 @@ def trailing_values(found: Located) -> list[str] | None:
     text = re.sub(r"</?answer>", " ", "".join(tail), flags=re.IGNORECASE)
     after = first[1] - begin
     direct = _DIRECT.match(text, after)
-    out = [_as_value(_clause(text[direct.end() :]))]
+    out = [_as_value(_clause(text, direct.end()))]
     for start, open_start in _clause_starts(text) + [(_OPENING.match(text, after).end(), True)]:
         out += [_led_value(text, start, open_start), _claimed_value(text, start)]
     out += [_bare_line(line) for line in text.split("\n")[1:]]
