@@ -763,9 +763,11 @@ def test_spaced_thousands_are_one_number(task, sep):
     for c in (f"\\boxed{{{n}}}", f"<answer>{n}</answer>", f"The answer is {n}.", f"She has {n} apples."):
         assert _score(task, "1234567", c) == (1.0, "ok"), c
         assert _score(task, "1", c)[0] == 0.0, c
-    # groups are of three digits, with one separator throughout
+    # groups are of three digits, with one separator throughout, and no number starts with 0
     for c in (f"\\boxed{{12{sep}34}}", f"\\boxed{{1{sep}234 567}}" if sep != " " else "\\boxed{1 234,567}"):
         assert _score(task, "1234", c)[0] == 0.0 and _score(task, "12", c)[0] == 0.0, c
+    for c in (f"\\boxed{{0{sep}100}}", f"<answer>0{sep}100</answer>", f"So 0{sep}100."):
+        assert _score(task, "100", c)[0] == 0.0, c  # before: "0,100" read as 0100 = 100
 
 
 # ----------------------------------------------------------------------------- attached to the box

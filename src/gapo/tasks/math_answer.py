@@ -71,9 +71,10 @@ _BOX_SPACE = re.compile(r"\\boxed +([^\s$]+)")  # "\boxed 5"
 # what separates groups of three digits in one number: 1,000  1{,}000  1\,000  1\ 000  1~000  1 000
 # (any Unicode space is a plain space by then: :func:`unify_unicode`)
 _GROUP_SEP = r"(?:,|\{,\}|\\[,;: ]|~| )"
-# A number: optional sign, thousands groups (one separator throughout), decimals, optional "/denominator".
+# A number: optional sign, thousands groups (one separator throughout; no leading 0: "0 100" is two
+# numbers), decimals, optional "/denominator".
 _NUMBER = re.compile(
-    r"(?<![\w.])-?(?:\d{1,3}(?P<sep>" + _GROUP_SEP + r")\d{3}(?:(?P=sep)\d{3})*(?!\d)|\d+)"
+    r"(?<![\w.])-?(?:[1-9]\d{0,2}(?P<sep>" + _GROUP_SEP + r")\d{3}(?:(?P=sep)\d{3})*(?!\d)|\d+)"
     r"(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?"
 )
 # the last-number rule's numbers: a LaTeX fraction of two numbers is one
@@ -373,7 +374,7 @@ _TEXT_WRAP = re.compile(
 _SPACING = re.compile(
     r"(?<!\\)\\[,;:! ]|~|\\q?quad\b|\\(?:displaystyle|textstyle)\b|\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])"
 )
-_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?P<sep>" + _GROUP_SEP + r")\d{3}(?:(?P=sep)\d{3})*(?!\d)")
+_THOUSANDS = re.compile(r"(?<![\d.])[1-9]\d{0,2}(?P<sep>" + _GROUP_SEP + r")\d{3}(?:(?P=sep)\d{3})*(?!\d)")
 # several values inside one answer, when the gold is one value: lists, ±, sets, relations,
 # ranges, matrices, ellipses
 _MULTI = re.compile(
