@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as cf
+import contextlib
 import hashlib
 import math
 import pickle
@@ -67,7 +68,9 @@ import time
 from collections.abc import Callable
 
 from gapo.exec.scoring_pool import (
+    UserCodeError,
     VerifierTimeout,
+    WorkerLoadError,
     Workers,
     call_with_alarm,
     is_real_number,
@@ -78,12 +81,14 @@ from gapo.exec.scoring_pool import (
 
 __all__ = [
     "VerifierTimeout",
+    "UserCodeError",
     "ScoringPool",
     "score_batch",
     "submit_batch",
     "run_with_timeout",
     "score_one",
     "score_checked",
+    "score_samples",
     "check_reward",
     "STATUSES",
     "verifier_failure_warning",
@@ -162,9 +167,25 @@ def check_reward(task, problems, i, reward) -> float:
     return r
 
 
+def score_samples(task, problems, texts: list[list[str]], *, timeout_s: float | None = 10.0) -> list[list[float]]:
+    """The rewards of ``texts[j]``, samples of ``problems[j]``, for evaluation: each as
+    :func:`score_checked` (no timeout), except that a task that runs a user's code
+    (``runs_user_code``) is scored in one batch by :func:`score_batch`, in a worker, under
+    ``timeout_s`` per completion (a timeout: reward 0)."""
+    if not getattr(task, "runs_user_code", False):
+        return [[score_checked(task, problems, j, t) for t in ts] for j, ts in enumerate(texts)]
+    flat = [(p, t) for p, ts in zip(problems, texts) for t in ts]
+    rewards, _ = score_batch(task, [p for p, _ in flat], [t for _, t in flat], timeout_s=timeout_s)
+    it = iter(rewards)
+    return [[next(it) for _ in ts] for ts in texts]
+
+
 def score_checked(task, problems, i, completion) -> float:
     """``task.score(problems[i], completion)`` for evaluation: an exception or a bad reward
-    becomes the same ``ValueError`` as in :func:`score_batch`."""
+    becomes the same ``ValueError`` as in :func:`score_batch`. A user's code
+    (``runs_user_code``) goes to a worker, as in :func:`score_samples`."""
+    if getattr(task, "runs_user_code", False):
+        return score_samples(task, [problems[i]], [[completion]])[0][0]
     try:
         r = task.score(problems[i], completion)
     except Exception as e:  # noqa: BLE001
@@ -221,9 +242,37 @@ def verifier_failure_warning(stats: dict, rewards) -> str | None:
 
 
 def _raise_from_task(task, problems, i, exc):
+    if isinstance(exc, UserCodeError):  # it names the function and what it did already
+        raise UserCodeError(f"{_where(task, problems, i)}: {exc}") from exc
     raise ValueError(
         f"{_where(task, problems, i)}: the task's score function raised {type(exc).__name__}: {exc}"
     ) from exc
+
+
+def _name(task) -> str:
+    return getattr(task, "name", type(task).__name__)
+
+
+def _times(deadline: float | None, n: int) -> float | None:
+    return None if deadline is None else deadline * n
+
+
+def _prep(task) -> tuple[str, tuple]:
+    """The pool's load message for ``task``: pickled once per batch, keyed by its bytes."""
+    blob = pickle.dumps(task)
+    return "task:" + hashlib.sha1(blob).hexdigest(), ("task", blob)
+
+
+@contextlib.contextmanager
+def _naming_load(task):
+    """A worker that could not load ``task`` (an import that hangs, a crash while importing) is an
+    error naming the task and what it loads (``task.loads``: a custom reward's modules)."""
+    try:
+        yield
+    except WorkerLoadError as e:
+        cls = UserCodeError if getattr(task, "runs_user_code", False) else ValueError
+        what = getattr(task, "loads", None) or "it"
+        raise cls(f"task {_name(task)!r}: a scoring worker loading {what} {e}") from None
 
 
 def _deadlines(task, timeout_s: float | None) -> tuple[float | None, float | None]:
@@ -259,14 +308,20 @@ class ScoringPool:
         timeout_s = self.timeout_s if timeout_s == "default" else timeout_s
         _check_inputs(task, problems, completions)
         t0 = time.perf_counter()
-        blob = pickle.dumps(task)
-        key = hashlib.sha1(blob).hexdigest()
+        prep = _prep(task)
         # The worker's own soft alarm fires a little before the parent's hard kill, so an
         # interruptible verifier reports a clean timeout and the worker survives.
         soft, hard = _deadlines(task, timeout_s)
-        jobs = [("score", p, c, soft) for p, c in zip(problems, completions)]
-        with self._lock:
-            outs = self._workers.run(jobs, hard, ("task:" + key, ("task", blob)))
+        with self._lock, _naming_load(task):
+            outs, given = self._batch_terms(task, problems, completions, (soft, hard), prep)
+            todo = [i for i, out in enumerate(outs) if out is None]
+            if getattr(task, "batch_only", False):  # every term is done: what is left is arithmetic
+                for i in todo:
+                    outs[i] = ("ok", score_one(task, problems[i], completions[i], given[i]))
+            else:
+                jobs = [("score", problems[i], completions[i], soft, given[i]) for i in todo]
+                for i, out in zip(todo, self._workers.run(jobs, hard, prep)):
+                    outs[i] = out
         rewards, statuses, parts = [], [], []
         for i, (status, value) in enumerate(outs):
             if status == "ok":
@@ -279,6 +334,38 @@ class ScoringPool:
             statuses.append(s)
             parts.append(part[0] if part else None)
         return _finish(task, problems, rewards, statuses, t0, parts)
+
+    def _batch_terms(self, task, problems, completions, deadlines, prep) -> tuple[list, list]:
+        """The task's ``batch_terms`` (functions that take the whole batch, gapo.tasks.custom) in
+        one job, under the per-completion deadlines times the batch's size -> ``(outs, given)``:
+        ``outs[i]`` is None where completion i is still to be scored (``given[i]``: the batch
+        terms' values for it); a batch that ran out of time or lost its worker costs every
+        completion of it (``timeout`` / ``error``, reward 0)."""
+        n = len(completions)
+        if not getattr(task, "batch_terms", ()) or n == 0:
+            return [None] * n, [None] * n
+        soft, hard = (_times(d, n) for d in deadlines)
+        ((status, value),) = self._workers.run([("batch", list(problems), list(completions), soft)], hard, prep)
+        if status == "raised":
+            cls = UserCodeError if isinstance(value, UserCodeError) else ValueError
+            raise cls(f"task {_name(task)!r}, a batch of {n} completions: {value}") from value
+        if status != "ok":
+            return [(status, None)] * n, [None] * n
+        return [None] * n, [{k: v[i] for k, v in value.items()} for i in range(n)]
+
+    def ask(self, task, method: str, *args, timeout_s: float):
+        """``task.<method>(*args)`` in a worker that has loaded ``task``: a check of code that must
+        not run in this process (a user's reward functions, gapo.tasks.custom); what it raises is
+        raised here, and running past ``timeout_s`` (the worker is then killed) is an error."""
+        with self._lock, _naming_load(task):
+            ((status, value),) = self._workers.run([("apply", method, args)], timeout_s, _prep(task))
+        if status == "raised":
+            raise value
+        if status != "ok":
+            why = f"ran past {timeout_s:g}s" if status == "timeout" else "killed its worker (it died)"
+            cls = UserCodeError if getattr(task, "runs_user_code", False) else ValueError
+            raise cls(f"task {_name(task)!r}: {method} {why}")
+        return value
 
     def submit(self, task, problems, completions, *, timeout_s: float | None | str = "default") -> cf.Future:
         return self._executor.submit(self.score, task, list(problems), list(completions), timeout_s=timeout_s)
@@ -358,6 +445,8 @@ def score_batch(task, problems, completions, *, workers: int = 0, timeout_s: flo
     """
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
+    if workers == 0 and getattr(task, "runs_user_code", False):
+        workers = 1  # a user's code never runs in this process: in a worker the hard deadline can kill
     if workers > 0:
         return SHARED.pool(workers).score(task, problems, completions, timeout_s=timeout_s)
     _check_inputs(task, problems, completions)

@@ -8,7 +8,9 @@
 - ``Workers``: N spawn-started processes, one job each at a time, killed and replaced when a job
   runs past its hard deadline (the pool of :class:`gapo.exec.scoring.ScoringPool` and the helper
   process of :func:`gapo.exec.scoring.run_with_timeout`); each dies with the process that
-  started it, ``kill -9`` included (``_die_with_parent``), taking its sandboxes along.
+  started it, ``kill -9`` included (``_die_with_parent``), taking its sandboxes along. Each leads
+  a process group of its own, and whatever it started dies with it (``_lead_own_group``): on a
+  hard kill, a crash, the pool's close or the trainer's ``kill -9``.
 
 The policy (which deadlines, what a batch's statistics are, which errors stop a run) is in
 :mod:`gapo.exec.scoring`; the module docstring there says why processes and not threads.
@@ -36,10 +38,23 @@ class VerifierTimeout(Exception):
     """A verifier ran past its time limit."""
 
 
-class _Alarm(BaseException):
-    # BaseException so that verifiers' ``except Exception`` blocks (math-verify has many) do not
-    # swallow the interrupt and carry on; converted to VerifierTimeout at the guard.
-    pass
+class AlarmInterrupt(BaseException):
+    """The soft timeout's interrupt, raised in the guarded code when its time is up. A
+    BaseException so that verifiers' ``except Exception`` blocks (math-verify has many) do not
+    swallow it and carry on; converted to :class:`VerifierTimeout` at the guard. Code that turns a
+    user's exceptions into errors (``gapo.tasks.custom``) lets it through."""
+
+
+class UserCodeError(ValueError):
+    """Code of the user's (a reward function, its module's import) failed: it raised, exited
+    (``SystemExit``), raised ``KeyboardInterrupt`` or another ``BaseException``, or returned what a
+    reward cannot be. The message names the function. The trainer checkpoints before it stops on one
+    (docs/design.md §6); the CLI prints it as one ``error:`` line, exit 2."""
+
+
+class WorkerLoadError(RuntimeError):
+    """A worker did not load what a batch needs (the task, a module): it ran past
+    ``_LOAD_TIMEOUT_S`` or died meanwhile. The worker is gone; the caller names what was loading."""
 
 
 # ----------------------------------------------------------------------------- timeouts
@@ -65,6 +80,7 @@ _RETRY_S = 0.01
 _MAX_IMPORT_DEFER_S = 60.0
 _defer_depth = 0  # > 0 inside alarm_deferred()
 _deferred = False  # an alarm came inside alarm_deferred()
+_alarms_raised = 0  # AlarmInterrupts raised so far: a guard sees whether its code swallowed one
 
 
 def _importing(frame) -> bool:
@@ -93,7 +109,13 @@ def alarm_deferred():
     if _defer_depth == 0 and _deferred:
         _deferred = False
         if _alarm_deadline is not None:  # the guard's time ran out inside: a timeout of the call
-            raise _Alarm()
+            _interrupt()
+
+
+def _interrupt():
+    global _alarms_raised
+    _alarms_raised += 1
+    raise AlarmInterrupt()
 
 
 def _raise_alarm(signum, frame):
@@ -109,26 +131,34 @@ def _raise_alarm(signum, frame):
     if _importing(frame) and (_alarm_deadline is None or time.monotonic() < _alarm_deadline + _MAX_IMPORT_DEFER_S):
         signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
         return
-    raise _Alarm()
+    _interrupt()
 
 
 def call_with_alarm(fn: Callable, args: tuple, timeout_s: float):
-    """SIGALRM guard; nests: an inner guard arms min(inner, outer) and re-arms the outer after."""
-    global _alarm_deadline
+    """SIGALRM guard; nests: an inner guard arms min(inner, outer) and re-arms the outer after.
+    Code that catches the interrupt (a bare ``except:`` around a retried call) and returns anyway
+    has still run out of time: :class:`VerifierTimeout` all the same. Code that catches it and
+    carries on is not stopped here: only a worker's hard kill stops that (gapo.exec.scoring)."""
+    global _alarm_deadline, _alarms_raised
     outer = _alarm_deadline
     start = time.monotonic()
     mine = start + timeout_s
     old_handler = signal.signal(signal.SIGALRM, _raise_alarm) if outer is None else None
     _alarm_deadline = mine if outer is None else min(mine, outer)
+    raised = _alarms_raised
     try:
         try:
             signal.setitimer(signal.ITIMER_REAL, max(_alarm_deadline - start, 1e-6))
-            return fn(*args)
+            out = fn(*args)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0.0)
-    except _Alarm:
+        if _alarms_raised != raised:  # the interrupt was swallowed: the call's time ran out all the same
+            raise AlarmInterrupt()
+        return out
+    except AlarmInterrupt:
         if outer is not None and time.monotonic() >= outer:
             raise  # the outer guard's time is up: let it handle this
+        _alarms_raised = raised  # accounted for (here, a timeout): an outer guard must not count it again
         raise VerifierTimeout(f"{getattr(fn, '__name__', fn)} ran past {timeout_s:g}s") from None
     finally:
         _alarm_deadline = outer
@@ -158,12 +188,14 @@ def _as_reward(x):
     return float(x) if is_real_number(x) else x
 
 
-def score_one(task, problem, completion: str) -> tuple:
+def score_one(task, problem, completion: str, given: dict | None = None) -> tuple:
     """(reward, status) for one completion, using ``score_detailed`` where the task has it;
-    (reward, status, {term: value}) for a task scored by several rewards (``gapo.tasks.custom``)."""
+    (reward, status, {term: value}) for a task scored by several rewards (``gapo.tasks.custom``).
+    ``given``: the values of the task's ``batch_terms`` for this completion, already computed over
+    the whole batch by ``task.score_terms`` (passed on to ``score_detailed``)."""
     detailed = getattr(task, "score_detailed", None)
     if detailed is not None:
-        out = detailed(problem, completion)
+        out = detailed(problem, completion) if given is None else detailed(problem, completion, given)
         if len(out) == 3:  # several rewards (gapo.tasks.custom): each term's value rides along
             return _as_reward(out[0]), out[1], out[2]
         reward, status = out
@@ -174,18 +206,27 @@ def score_one(task, problem, completion: str) -> tuple:
     return reward, status
 
 
-def score_guarded(task, problem, completion, timeout_s):
+def score_guarded(task, problem, completion, timeout_s, given: dict | None = None):
+    out = _guarded(task, score_one, (task, problem, completion, given), timeout_s)
+    return (0.0, "timeout") if out is _TIMED_OUT else out
+
+
+_TIMED_OUT = object()
+
+
+def _guarded(task, fn: Callable, args: tuple, timeout_s: float | None):
+    """``fn(*args)`` under the soft timeout (where a SIGALRM guard is usable), or ``_TIMED_OUT``."""
     try:
         if timeout_s is not None and signal_guard_usable():
-            return call_with_alarm(score_one, (task, problem, completion), timeout_s)
-        return score_one(task, problem, completion)
+            return call_with_alarm(fn, args, timeout_s)
+        return fn(*args)
     except VerifierTimeout:
         # An interrupt may have cut the verifier's own state short: the task checks and repairs
         # it now, so that this timeout changes no later result (MathTask.after_timeout).
         recover = getattr(task, "after_timeout", None)
         if callable(recover):
             recover()
-        return 0.0, "timeout"
+        return _TIMED_OUT
 
 
 # ----------------------------------------------------------------------------- worker processes
@@ -244,7 +285,72 @@ def _die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def _lead_own_group() -> None:
+    """Make this worker the leader of a session of its own (so of a process group), and fork a
+    sentinel into the group that SIGKILLs the whole group once the worker is gone, however it
+    went: a hard kill, a crash, ``kill -9`` of the trainer (the worker then dies by
+    ``_die_with_parent``), or a normal stop. So what a user's reward starts (``subprocess.Popen(
+    ["sleep", "1000"])``) dies with the worker; the trainer's own kill (``_Worker.kill``) takes the
+    group at once. Not covered: a child that starts a session of its own (``setsid``,
+    ``start_new_session=True``) leaves the group (docs/design.md §6)."""
+    if os.name != "posix":
+        return
+    os.setsid()
+    me = os.getpid()
+    try:
+        pidfd = os.pidfd_open(me) if hasattr(os, "pidfd_open") else None
+    except OSError:
+        pidfd = None
+    global _sentinel
+    _sentinel = os.fork()  # (before any thread is started: _die_with_parent comes next)
+    if _sentinel != 0:
+        if pidfd is not None:
+            os.close(pidfd)
+        return
+    try:  # the sentinel holds no descriptor of the worker's: the trainer must see the worker's pipe close
+        os.closerange(0, pidfd if pidfd is not None else 0)
+        os.closerange((pidfd if pidfd is not None else 0) + 1, os.sysconf("SC_OPEN_MAX"))
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if pidfd is not None:
+            import select
+
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            while not poller.poll():
+                pass
+        else:
+            while os.getppid() == me:
+                time.sleep(0.2)
+        os.killpg(0, signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+_sentinel = 0  # in a worker: the pid of its group's sentinel (_lead_own_group)
+
+
+def _kill_strays() -> None:
+    """Kill what this worker's code started and left running (every other process of its group
+    but the sentinel), after a user's code ran out of time and was interrupted, not killed: a
+    soft timeout must not leave its children behind either. Linux (``/proc``); elsewhere they
+    die with the worker."""
+    me, group = os.getpid(), os.getpgrp()
+    if group != me or not os.path.isdir("/proc"):
+        return
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in (me, _sentinel):
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
+            if int(fields[2]) == group:
+                os.kill(int(name), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):
+            pass  # gone meanwhile
+
+
 def _worker_main(conn, parent_pid: int | None = None, pdeathsig: bool = False) -> None:
+    _lead_own_group()
     if parent_pid is not None:
         _die_with_parent(parent_pid, pdeathsig)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
@@ -254,34 +360,53 @@ def _worker_main(conn, parent_pid: int | None = None, pdeathsig: bool = False) -
             msg = conn.recv()
         except (EOFError, OSError):
             return
-        kind = msg[0]
-        if kind == "stop":
+        if msg[0] == "stop":
             return
         try:
-            if kind in ("task", "import"):
-                # Loading is acknowledged before any job is timed, so that spawn start-up and
-                # heavy imports (sympy) never count against a verifier's time limit.
-                if kind == "task":
-                    task = pickle.loads(msg[1])
-                    warm = getattr(task, "warmup", None)
-                else:
-                    warm = getattr(importlib.import_module(msg[1]), "warmup", None)
-                if callable(warm):
-                    warm()
-                out = ("ok", None)
-            elif kind == "score":
-                _, problem, completion, soft_timeout = msg
-                out = ("ok", score_guarded(task, problem, completion, soft_timeout))
-            else:  # "call"
-                _, fn, args = msg
-                out = ("ok", fn(*args))
+            if msg[0] == "task":
+                task = pickle.loads(msg[1])
+            out = _job(task, msg)
         except BaseException as e:  # noqa: BLE001 - reported to the parent, which re-raises
             try:
                 pickle.dumps(e)
-                out = ("raised", e)
+                ok = isinstance(e, Exception)  # never a SystemExit or KeyboardInterrupt in the parent
             except Exception:
-                out = ("raised", RuntimeError(f"{type(e).__name__}: {e}"))
+                ok = False
+            out = ("raised", e if ok else RuntimeError(f"{type(e).__name__}: {e}"))
         conn.send(out)
+
+
+def _job(task, msg: tuple) -> tuple:
+    """What a worker answers to ``msg`` -> ``(status, value)``; the messages:
+
+    - ``("task", blob)`` / ``("import", module)``: load (the task is unpickled by the caller) and
+      warm up; acknowledged before any job is timed, so that spawn start-up and heavy imports
+      (sympy, a user's reward module) never count against a verifier's time limit;
+    - ``("score", problem, completion, soft_timeout[, given])``: one completion (as :func:`score_guarded`);
+    - ``("batch", problems, completions, soft_timeout)``: ``task.score_terms`` over the whole batch
+      (the terms that take lists, ``gapo.tasks.custom``), or ``("timeout", None)``;
+    - ``("apply", method, args)``: ``getattr(task, method)(*args)`` (checks of the loaded task);
+    - ``("call", fn, args)``: ``fn(*args)``.
+    """
+    kind = msg[0]
+    if kind in ("task", "import"):
+        warm = getattr(task if kind == "task" else importlib.import_module(msg[1]), "warmup", None)
+        if callable(warm):
+            warm()
+        return ("ok", None)
+    if kind in ("score", "batch"):
+        if kind == "score":
+            out = _guarded(task, score_one, (task, *msg[1:3], *msg[4:]), msg[3])
+        else:
+            out = _guarded(task, task.score_terms, msg[1:3], msg[3])
+        if out is not _TIMED_OUT:
+            return ("ok", out)
+        if getattr(task, "runs_user_code", False):
+            _kill_strays()
+        return ("ok", (0.0, "timeout")) if kind == "score" else ("timeout", None)
+    if kind == "apply":
+        return ("ok", getattr(task, msg[1])(*msg[2]))
+    return ("ok", msg[1](*msg[2]))  # "call"
 
 
 _LOAD_TIMEOUT_S = 300.0
@@ -297,9 +422,16 @@ class _Worker:
         child.close()
         self.loaded: str | None = None  # key of the task or module this worker has loaded
 
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
+    def kill(self, wait_s: float = 0.0) -> int | None:
+        """Kill the worker with its whole process group (``_lead_own_group``), after waiting up to
+        ``wait_s`` for it to end by itself; its exit code (negative: the signal that ended it)."""
+        if wait_s > 0:
+            mpc.wait([self.proc.sentinel], wait_s)  # ended, not yet reaped: its pid is still its own
+        popen = self.proc._popen
+        if popen is not None and popen.returncode is None:  # unreaped: the group's id is surely its
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.kill()  # (not yet a group leader, if it was killed that early)
         self.proc.join(timeout=5)
         self.conn.close()
         # Its sandboxes died with it (PR_SET_PDEATHSIG); remove what is left (cgroups, dirs).
@@ -309,6 +441,7 @@ class _Worker:
                 sb.reap_orphans()
             except Exception:  # noqa: BLE001 - cleanup must not break the pool
                 pass
+        return self.proc.exitcode
 
 
 class Workers:
@@ -329,16 +462,27 @@ class Workers:
         self.n_replaced += 1
 
     def _load(self, ids: list[int], prep: tuple[str, tuple]) -> None:
-        """Send the load message to workers ``ids`` (in parallel) and wait for their acks."""
+        """Send the load message to workers ``ids`` (in parallel) and wait for their acks. What
+        the load raised is raised here; a worker that runs past ``_LOAD_TIMEOUT_S`` (an import that
+        hangs) or dies meanwhile is replaced, and that is a :class:`WorkerLoadError`."""
         key, msg = prep
         todo = [w for w in ids if self._workers[w].loaded != key]
         for w in todo:
-            self._workers[w].conn.send(msg)
+            with contextlib.suppress(OSError):  # a worker already dead: its recv below says so
+                self._workers[w].conn.send(msg)
+        deadline = time.monotonic() + _LOAD_TIMEOUT_S
         for w in todo:
             worker = self._workers[w]
-            if not worker.conn.poll(_LOAD_TIMEOUT_S):
-                raise RuntimeError(f"scoring worker did not load {key} within {_LOAD_TIMEOUT_S:g}s")
-            status, value = worker.conn.recv()
+            try:
+                if not worker.conn.poll(max(0.0, deadline - time.monotonic())):
+                    self._replace(w)
+                    raise WorkerLoadError(f"did not finish loading within {_LOAD_TIMEOUT_S:g}s")
+                status, value = worker.conn.recv()
+            except (EOFError, OSError):
+                code = worker.kill(wait_s=1.0)
+                self._workers[w] = _Worker(self._ctx)
+                self.n_replaced += 1
+                raise WorkerLoadError(f"died while loading (exit code {code})") from None
             if status == "raised":
                 raise value
             worker.loaded = key
@@ -404,6 +548,6 @@ class Workers:
                 w.conn.send(("stop",))
             except (BrokenPipeError, OSError):
                 pass
-        for w in self._workers:
-            w.proc.join(timeout=1)
-            w.kill()
+        deadline = time.monotonic() + 1.0
+        for w in self._workers:  # each ends by itself, then its group (what the worker started) is killed
+            w.kill(wait_s=max(0.0, deadline - time.monotonic()))

@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gapo.core.metrics import first_move_entropy, pass_at_k_curve
-from gapo.exec.scoring import score_checked
+from gapo.exec.scoring import score_samples
 from gapo.policy.model import eos_token_ids
 from gapo.policy.sampling import SamplingParams, params_from_keywords, sample
 
@@ -147,10 +147,8 @@ def _score_and_summarise(task, problems: list, texts: list[list[str]], n: int) -
     # correct: reward > 0 (the built-in verifiers' 0/1), or, for rewards of your own
     # (gapo.tasks.custom), a reward reaching the task's success_reward (R_max of algo.reward_range)
     top = getattr(task, "success_reward", None)
-    ok = [
-        [(r >= top) if top is not None else r > 0 for r in (score_checked(task, problems, j, t) for t in ts)]
-        for j, ts in enumerate(texts)
-    ]
+    # (a user's reward functions are scored in one batch, in a worker: gapo.exec.scoring.score_samples)
+    ok = [[(r >= top) if top is not None else r > 0 for r in rs] for rs in score_samples(task, problems, texts)]
     correct = [sum(o) for o in ok]
     out: dict = {f"eval/pass@{k}": v for k, v in pass_at_k_curve(n, correct).items()}
     moves = [[task.first_move(t) for t in ts] for ts in texts]

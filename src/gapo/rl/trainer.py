@@ -33,7 +33,7 @@ from gapo.core.advantages import compute as compute_advantages
 from gapo.core.advantages import success_count
 from gapo.core.clipping import eps_high_for
 from gapo.core.metrics import RATIO_ADV_WINDOW, merge_counts, ratio_adv_corr, ratio_adv_pairs
-from gapo.exec.scoring import verifier_failure_warning
+from gapo.exec.scoring import UserCodeError, verifier_failure_warning
 from gapo.machine.allocator import tune_malloc
 from gapo.machine.threads import default_threads
 from gapo.policy import lora
@@ -268,6 +268,25 @@ class Trainer:
         self.ratio_adv_window.append(ratio_adv_pairs(metrics))  # the paper's diagnostic (§2.11)
         return {**metrics, **ratio_adv_corr(self.ratio_adv_window)}
 
+    def _checkpointed(self, work, **kw):
+        """``work(**kw)`` (a step or an evaluation: both score with the user's reward functions); a
+        :class:`UserCodeError` in it (a reward that raised, exited or returned what is not a reward)
+        first checkpoints the run as it was before ``work`` (the model and optimiser change only
+        after scoring; the random streams are put back), so that it resumes once the reward is
+        fixed, then goes on, naming the step and how to resume (the CLI: one error line, exit 2)."""
+        streams = self.gen.get_state(), torch.get_rng_state(), self.order.state_dict()
+        try:
+            return work(**kw)
+        except UserCodeError as e:
+            self.gen.set_state(streams[0])
+            torch.set_rng_state(streams[1])
+            self.order.load_state_dict(streams[2])
+            self.save_checkpoint()
+            raise UserCodeError(
+                f"{e}; the run stopped at step {self.step} and is checkpointed: once the reward is fixed, "
+                f"gapo train --out {shlex.quote(str(self.run_dir))} --resume"
+            ) from e
+
     def _rollout(self) -> rollout.Batch:
         t, a = self.cfg.train, self.cfg.algo
         make = lambda problems: rollout.sample_and_score(  # noqa: E731
@@ -448,7 +467,7 @@ class Trainer:
         try:
             with stop_on_signals(lambda: setattr(self, "_stop", True)):  # finish the step, checkpoint, return
                 if self.step == 0 and self.eval_problems:
-                    last_eval = self.evaluate(progress=t.progress)
+                    last_eval = self._checkpointed(self.evaluate, progress=t.progress)
                     self.log(last_eval)
                 bar = tqdm(
                     total=t.steps,
@@ -461,7 +480,7 @@ class Trainer:
                 say = bar.write if t.progress else (lambda _: None)
                 start = self.step
                 while self.step < t.steps:
-                    rec = self.train_step()
+                    rec = self._checkpointed(self.train_step)
                     self.log(rec)
                     self.folder.append_samples(self.last_samples)
                     bar.update(1)
@@ -474,7 +493,7 @@ class Trainer:
                     )
                     done = self.step >= t.steps
                     if self.eval_problems and (done or (e_every and self.step % e_every == 0)):
-                        last_eval = self.evaluate()
+                        last_eval = self._checkpointed(self.evaluate)
                         self.log(last_eval)
                         say(
                             f"step {self.step}: "

@@ -1,6 +1,7 @@
 """Rewards of your own: ``--reward module.path:function`` or ``--reward my_rewards.py:function``.
 
-A reward function is called once per completion::
+A reward function has one of two forms (:mod:`gapo.tasks.reward_fn` has the details), told apart
+by its parameter names. Per completion::
 
     def my_reward(prompt: str, completion: str, **fields) -> float | None: ...
 
@@ -11,10 +12,23 @@ A reward function is called once per completion::
   reference answer, e.g. the gold of ``math:PATH``) and the problem's details (``math``:
   ``question``, ``solution``; ``countdown``: ``numbers``, ``target``, ...). A function may take
   ``**fields`` or name only the fields it uses (``def f(prompt, completion, answer)``); naming a
-  field the task does not have is an error before the run.
+  field the task does not have is an error before the run. ``prompt`` and ``completion`` are
+  passed positionally, and a field named like either parameter is not passed as a keyword: the
+  positional value wins, so a column called ``prompt`` (TRL's name) or ``completion`` collides
+  with nothing.
 
-It returns a number (``int``/``float``, numpy or 0-d tensor scalars; not a ``bool`` and not a
-string such as ``"1"``), or ``None`` when it does not apply to this completion ("skip").
+Per batch, TRL's form (a parameter named ``prompts`` or ``completions``), called once per scored
+batch with keywords, every field a list aligned with the completions::
+
+    def my_reward(prompts, completions, **columns) -> list[float | None]: ...
+
+with TRL's conversational shapes for a conversational prompt (``prompts[i]`` the messages,
+``completions[i]`` ``[{"role": "assistant", "content": text}]``); gapo does not pass TRL's
+``completion_ids``, ``trainer_state``, ``log_extra``, ``log_metric``.
+
+A value is a number (``int``/``float``, numpy or 0-d tensor scalars; not a ``bool`` and not a
+string such as ``"1"``), or ``None`` when the term does not apply to this completion ("skip"); a
+batched function returns one per completion.
 
 Several rewards (``--reward a:f --reward b:g reward.weights=[1, 0.5]``; default weight 1 each)
 combine, per completion, with ``S`` the terms that did not return ``None`` and ``W = Σ_k w_k``::
@@ -39,28 +53,29 @@ The name ``task`` (``--reward task``) is the task's own verifier as one term; wi
 the completions it scored, ``reward/n_<name>`` of them); ``<name>`` is the function's name, and
 may not collide with the scoring statistics under ``reward/`` (``mean``, ``n``, a status).
 
-
-The functions run where the built-in verifiers run (in the scoring pool's workers with
-``task.scoring_workers > 0``), under the same timeouts: what travels to a worker is the spec
-(module path or the file's absolute path, and the function's name), never the function object,
-so each worker imports it itself. A module path is looked up on ``sys.path`` and then in the
-directory the run started in; :func:`absolute_spec` records a module found only there by its
-file's path, so a saved run finds it from any folder.
+The functions never run in the trainer's process: their import, the check of their parameters,
+the probe and every call run in a scoring worker that the trainer can kill (the pool of
+``task.scoring_workers``, or with 0 a pool of one, kept for the run so the import is paid once),
+under the verifiers' timeouts with the hard deadline behind the soft alarm (a batched function:
+the per-completion deadline times the batch's size); the worker's whole process group dies with
+it (:mod:`gapo.exec.scoring`). Whatever a function raises or returns wrongly, ``SystemExit`` and
+``KeyboardInterrupt`` included, is a :class:`~gapo.exec.scoring_pool.UserCodeError` naming it.
+What travels to a worker is the spec (module path or the file's absolute path, and the
+function's name), never the function object, so each worker imports it itself. A module path is
+looked up on ``sys.path`` and then in the directory the run started in; :func:`absolute_spec`
+records a module found only there by its file's path, so a saved run finds it from any folder.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
-import inspect
 import math
-import numbers
 import os
-import sys
 
-from gapo.exec.scoring import STATUSES
+from gapo.exec.scoring import SHARED, STATUSES
+from gapo.tasks.reward_fn import BUILTIN, RewardTerm, parse_spec, problem_fields
 
 __all__ = [
     "RewardTerm",
@@ -75,35 +90,13 @@ __all__ = [
     "problem_fields",
 ]
 
-BUILTIN = "task"  # --reward task: the task's own verifier as one term
+CHECK_TIMEOUT_S = 60.0  # checking the functions' parameters, once imported (the import has the pool's limit)
 DEFAULT_RANGE = (0.0, 1.0)  # a term's range unless reward.ranges says otherwise: the built-in verifiers'
 # what gapo.exec.scoring writes under reward/ for every batch (reward/n, reward/mean and, per status,
 # reward/n_<s> and reward/<s>_frac, "ok" not counted); a term writes reward/<name> and
 # reward/n_<name>, neither of which may be one of these
 _COUNTED = [s for s in STATUSES if s != "ok"]
 _RESERVED = frozenset({"mean", "n", *(f"n_{s}" for s in _COUNTED), *(f"{s}_frac" for s in _COUNTED)})
-
-_DETAIL_KEYS = ("source", "line", "split")  # where a problem came from: not a field of the problem
-
-
-def parse_spec(spec: str) -> tuple[str, str | None, bool]:
-    """``(target, function, is_file)`` of ``module.path:function`` / ``path/to/file.py:function``;
-    ``("task", None, False)`` for the built-in verifier. A malformed spec is a ``ValueError``."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"reward {spec!r}: expected module.path:function or path/to/file.py:function")
-    spec = spec.strip()
-    if spec == BUILTIN:
-        return BUILTIN, None, False
-    target, sep, fn = spec.rpartition(":")
-    if not sep or not target or not fn.isidentifier():
-        raise ValueError(
-            f"reward {spec!r}: expected module.path:function or path/to/file.py:function "
-            f"(or {BUILTIN!r} for the task's own verifier)"
-        )
-    is_file = target.endswith(".py") or "/" in target or os.sep in target
-    if not is_file and not all(part.isidentifier() for part in target.split(".")):
-        raise ValueError(f"reward {spec!r}: {target!r} is neither a module path (a.b.c) nor a .py file")
-    return target, fn, is_file
 
 
 def absolute_spec(spec: str, start_dir: str | None = None) -> str:
@@ -138,177 +131,6 @@ def absolute_spec(spec: str, start_dir: str | None = None) -> str:
     return f"{here.origin}:{fn}"
 
 
-def _load_file(path: str):
-    name = "gapo_reward_" + hashlib.sha1(path.encode()).hexdigest()[:12]
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path!r} as a Python file")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    try:
-        spec.loader.exec_module(mod)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return mod
-
-
-class RewardTerm:
-    """One reward function, by spec; the function itself is imported on first use in each process
-    (it is not pickled)."""
-
-    def __init__(self, spec: str, weight: float = 1.0, *, start_dir: str | None = None):
-        self.target, self.fn_name, self.is_file = parse_spec(spec)
-        if self.is_file:
-            self.target = os.path.abspath(os.path.expanduser(self.target))
-        self.spec = f"{self.target}:{self.fn_name}" if self.fn_name else BUILTIN
-        self.name = BUILTIN if self.fn_name is None else self.fn_name
-        self.weight = float(weight)
-        self.start_dir = start_dir or os.getcwd()
-        self._fn = None
-        self._kwargs: tuple[bool, frozenset] | None = None
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_fn"] = None
-        return state
-
-    @property
-    def builtin(self) -> bool:
-        return self.fn_name is None
-
-    def resolve(self):
-        """The function, imported now; every failure is a ``ValueError`` naming the file or module
-        and the function."""
-        if self._fn is not None or self.builtin:
-            return self._fn
-        what = f"reward {self.spec!r}"
-        try:
-            if self.is_file:
-                if not os.path.isfile(self.target):
-                    raise ValueError(f"{what}: no such file {self.target!r}")
-                mod = _load_file(self.target)
-            else:
-                try:
-                    mod = importlib.import_module(self.target)
-                except ModuleNotFoundError as e:
-                    if e.name != self.target.split(".")[0] or self.start_dir in sys.path:
-                        raise
-                    sys.path.append(self.start_dir)  # `gapo` (a console script) does not put the cwd on sys.path
-                    mod = importlib.import_module(self.target)
-        except ValueError:
-            raise
-        except ModuleNotFoundError as e:
-            if not self.is_file and e.name is not None and self.target.startswith(e.name):
-                raise ValueError(
-                    f"{what}: cannot import module {self.target!r} ({e}; looked on sys.path and in {self.start_dir!r})"
-                ) from None
-            where = "file" if self.is_file else "module"
-            raise ValueError(f"{what}: importing {where} {self.target!r} raised ModuleNotFoundError: {e}") from None
-        except BaseException as e:  # noqa: BLE001 - the user's module failed while importing
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            where = "file" if self.is_file else "module"
-            raise ValueError(f"{what}: importing {where} {self.target!r} raised {type(e).__name__}: {e}") from None
-        fn = getattr(mod, self.fn_name, None)
-        if fn is None:
-            public = sorted(n for n, v in vars(mod).items() if callable(v) and not n.startswith("_"))
-            raise ValueError(
-                f"{what}: {'file' if self.is_file else 'module'} {self.target!r} has no function "
-                f"{self.fn_name!r} (callables there: {public[:20]})"
-            )
-        if not callable(fn):
-            raise ValueError(f"{what}: {self.fn_name!r} in {self.target!r} is a {type(fn).__name__}, not a function")
-        self._fn = fn
-        return fn
-
-    def _signature(self, fn) -> tuple[bool, frozenset, list[str]]:
-        """(takes **fields, the field names it takes, the required ones besides prompt/completion)."""
-        try:
-            params = list(inspect.signature(fn).parameters.values())
-        except (TypeError, ValueError):  # a builtin or C callable: pass everything
-            return True, frozenset(), []
-        var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
-        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in params):
-            raise ValueError(
-                f"reward {self.spec!r}: the function must take (prompt, completion, **fields); "
-                f"its signature is {inspect.signature(fn)}"
-            )
-        rest = [p for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        required = [p.name for p in rest if p.default is p.empty]
-        return var_kw, frozenset(p.name for p in rest), required
-
-    def check_fields(self, fields: dict) -> None:
-        """The function's named parameters are fields of the problem (a ``ValueError`` otherwise)."""
-        if self.builtin:
-            return
-        var_kw, names, required = self._signature(self.resolve())
-        missing = [n for n in required if n not in fields]
-        if missing:
-            raise ValueError(
-                f"reward {self.spec!r}: the function needs field(s) {missing} but the problems have "
-                f"{sorted(fields)}; name only these, or take **fields"
-            )
-
-    def __call__(self, task, problem, completion: str):
-        """``(value or None, status)``: the built-in verifier's (reward, status), or the function's value."""
-        if self.builtin:
-            from gapo.exec.scoring_pool import score_one
-
-            out = score_one(task, problem, completion)
-            return check_value(self.spec, out[0]), out[1]  # the task's reward: a real number too
-        fn = self.resolve()
-        if self._kwargs is None:
-            var_kw, names, _ = self._signature(fn)
-            self._kwargs = (var_kw, names)
-        var_kw, names = self._kwargs
-        fields = problem_fields(problem)
-        if not var_kw:
-            fields = {k: v for k, v in fields.items() if k in names}
-        try:
-            value = fn(problem.prompt, completion, **fields)
-        except Exception as e:  # noqa: BLE001 - named here; gapo.exec.scoring stops the run with it
-            raise ValueError(f"reward {self.spec!r} raised {type(e).__name__}: {e}") from e
-        return check_value(self.spec, value), "ok"
-
-
-def check_value(spec: str, value) -> float | None:
-    """A reward function's return value as a float (or None: skip); anything else is a ``ValueError``
-    naming the function: a bool, a string (even ``"1"``), NaN, ±inf, a list."""
-    if value is None:
-        return None
-    kind = type(value).__name__
-    if isinstance(value, bool) or kind in ("bool_", "bool"):
-        raise ValueError(f"reward {spec!r} returned {value!r} (a bool); return a number such as 1.0 or 0.0")
-    if isinstance(value, (str, bytes)):
-        raise ValueError(f"reward {spec!r} returned {value!r} (a {kind}, not a number); return a float or None")
-    if isinstance(value, numbers.Real):
-        out = float(value)
-    elif hasattr(type(value), "__float__") and getattr(value, "ndim", 0) == 0:  # numpy / torch 0-d scalars
-        try:
-            out = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"reward {spec!r} returned {value!r} (a {kind}); return a float or None") from None
-    else:
-        raise ValueError(f"reward {spec!r} returned {value!r} (a {kind}, not a number); return a float or None")
-    if not math.isfinite(out):
-        raise ValueError(f"reward {spec!r} returned {out}; rewards must be finite")
-    return out
-
-
-def problem_fields(problem) -> dict:
-    """The fields a reward function sees for ``problem`` (see the module docstring)."""
-    meta = getattr(problem, "meta", None) or {}
-    if isinstance(meta.get("fields"), dict):  # data:PATH keeps the row's columns
-        return dict(meta["fields"])
-    out = {k: v for k, v in meta.items() if k not in _DETAIL_KEYS}
-    out.setdefault("answer", problem.answer)
-    return out
-
-
 class RewardTask:
     """A task whose reward is the combination of ``terms`` (see the module docstring); everything
     else (problems, splits, first moves, lengths) is the wrapped task's."""
@@ -341,6 +163,24 @@ class RewardTask:
     def reward_names(self) -> list[str]:
         return [t.name for t in self.terms]
 
+    # What gapo.exec.scoring reads to score this task: a user's function runs in a worker, never in
+    # the calling process; the batched ones once per batch (score_terms), before the rest.
+    @property
+    def runs_user_code(self) -> bool:
+        return any(not t.builtin for t in self.terms)
+
+    @property
+    def batch_terms(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.terms if t.batched)
+
+    @property
+    def batch_only(self) -> bool:
+        return all(t.batched for t in self.terms)
+
+    @property
+    def loads(self) -> str:
+        return f"the reward modules {[t.target for t in self.terms if not t.builtin]}"
+
     def warmup(self) -> None:
         """In a scoring worker, before any timed job: import the functions, warm the task up."""
         for t in self.terms:
@@ -349,14 +189,34 @@ class RewardTask:
         if warm is not None:
             warm()
 
-    def score_detailed(self, problem, completion: str):
+    def check(self, probe=None) -> None:
+        """Import the functions and check their parameters against ``probe``'s fields, in a
+        scoring worker (a pool of one, kept for the run): an import that hangs, exits or raises
+        fails here, before the run, as an error naming it. Records each term's form."""
+        if not self.runs_user_code:
+            return
+        fields = None if probe is None else problem_fields(probe)
+        forms = SHARED.pool(1).ask(self, "check_terms", fields, timeout_s=CHECK_TIMEOUT_S)
+        for t in self.terms:
+            t.batched = forms.get(t.name, False)
+
+    def check_terms(self, fields: dict | None) -> dict[str, bool]:
+        """(In the worker.) ``{name: batched}`` of the functions, each checked against ``fields``."""
+        return {t.name: t.check(fields) for t in self.terms if not t.builtin}
+
+    def score_terms(self, problems: list, completions: list[str]) -> dict[str, list]:
+        """(In the worker.) The batched functions' values, ``{name: one value or None per completion}``."""
+        return {t.name: t.call_batch(problems, completions) for t in self.terms if t.batched}
+
+    def score_detailed(self, problem, completion: str, given: dict | None = None):
         """``(R, status, {name: value or None})``; status is the task term's, else ``ok``
-        (``unparsable`` when every term skipped)."""
+        (``unparsable`` when every term skipped). ``given``: terms' values already computed for
+        this completion (:meth:`score_terms`)."""
         parts: dict[str, float | None] = {}
         status = "ok"
         num = den = 0.0
         for k, t in enumerate(self.terms):
-            value, st = t(self.task, problem, completion)
+            value, st = (given[t.name], "ok") if given and t.name in given else t(self.task, problem, completion)
             if value is not None and self.ranges is not None:
                 self._check_range(k, value)
             parts[t.name] = value
@@ -534,15 +394,12 @@ def with_rewards(task, funcs, weights=None, ranges=None, *, probe=None, reward_r
     for t in terms:
         if t.builtin and getattr(task, "needs_reward", False):
             raise ValueError(f"reward {BUILTIN!r}: task {task.name!r} has no verifier of its own to include")
-        t.resolve()
-        if probe is not None:
-            t.check_fields(problem_fields(probe))
     fixed = None if reward_range is None or isinstance(reward_range, str) else tuple(map(float, reward_range))
     if ranges is not None:
         per_term = [(float(lo), float(hi)) for lo, hi in ranges]
     else:
         per_term = [DEFAULT_RANGE] * len(funcs) if fixed is not None else None
-    return RewardTask(
+    out = RewardTask(
         task,
         terms,
         success_reward=None if fixed is None else fixed[1],
@@ -550,3 +407,5 @@ def with_rewards(task, funcs, weights=None, ranges=None, *, probe=None, reward_r
         declared=ranges is not None,
         bounds=fixed,
     )
+    out.check(probe)  # imported and checked in a worker (never in this process)
+    return out
