@@ -37,6 +37,22 @@ alive between batches; the task is pickled once per batch and sent to each worke
 With ``workers == 0`` scoring runs in the calling process. On the main thread the timeout is a
 ``SIGALRM`` timer (soft: it interrupts Python code, which is where sympy spends its time);
 off the main thread the task's own guard applies (``MathTask`` then uses a helper process).
+Code that swallows the interrupt (a bare ``except:``) and returns has still timed out.
+
+A task that runs a user's code (``runs_user_code``: the reward functions of
+:mod:`gapo.tasks.custom`) is never scored in the calling process: with ``workers == 0`` it goes
+to the shared pool of one worker, so the hard deadline can stop it whatever it does (swallow the
+alarm, ignore ``SIGALRM``, spin in C), and whatever it raises, ``SystemExit`` included, comes
+back as an error (:class:`UserCodeError` names the function) instead of ending this process.
+Each worker leads a process group of its own with a sentinel in it, so what the code starts
+(``subprocess.Popen(["sleep", "1000"])``) dies with the worker: at a hard kill, a crash, the
+pool's close, a ``kill -9`` of this process; after a soft timeout the worker kills it itself. A
+task's ``batch_terms`` are computed once per batch (``task.score_terms``, TRL's batched reward
+form) in one job whose deadlines are the per-completion ones times the batch's size; a batch
+that runs past it or loses its worker costs each of its completions (``timeout``/``error``).
+Loading the task in a worker (a user's module imported) does not count against any deadline but
+is bounded by ``scoring_pool._LOAD_TIMEOUT_S``; running past it, or dying meanwhile, is an error
+naming what was loading (``task.loads``).
 
 Scoring errors are the task's bugs, never the completion's (tasks turn bad completions into
 reward 0 themselves), and stop the run with a ``ValueError`` (the CLI prints it as ``gapo train:
