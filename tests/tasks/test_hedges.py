@@ -615,6 +615,8 @@ HARMLESS_AFTER = [
     "Here $x$ counts the apples; $y = {d}$ counts the pears.",
     "We could take {d}, or {e}, as the first guess; neither works.",
     "The boxed value is the sum of {a} and {b}.",
+    "Maybe one day I will find a shorter way.",
+    "No, one of the {d} cases was counted twice; it does not change the total.",
 ]
 # Harmless continuations of the answer's own sentence: a connective starts a new statement.
 HARMLESS_CLAUSES = [

@@ -30,6 +30,8 @@ from gapo.tasks.math_trailing import attached_to_box, trailing_values
         ("or maybe seven.", "or maybe 7."),
         ("someone, none, tone, often", "someone, none, tone, often"),  # words inside words stay
         ("\\seven", "\\seven"),
+        ("Maybe one day. Or one.", "Maybe one day. Or 1."),  # a lone "one" before a word: a pronoun
+        ("twenty-one apples", "21 apples"),
     ],
 )
 def test_spell_numbers(text, digits):

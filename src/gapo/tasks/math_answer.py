@@ -360,10 +360,16 @@ def _spell_run(run: str) -> str:
     return sign + " ".join(str(n) for n in numbers)
 
 
+def _spelled(m: re.Match) -> str:
+    if m.group(0).lower() == "one" and re.match(r"\s+[A-Za-z]", m.string[m.end() :]):
+        return m.group(0)  # the pronoun or article: "one day", "one could", "one of them"
+    return _spell_run(m.group(0))
+
+
 def spell_numbers(text: str) -> str:
     """``text`` with every run of English number words written in digits ("or maybe seven" ->
-    "or maybe 7", "minus twenty-one" -> "-21")."""
-    return _NUM_WORDS.sub(lambda m: _spell_run(m.group(0)), text)
+    "or maybe 7", "minus twenty-one" -> "-21"); a lone "one" before a word stays ("one day")."""
+    return _NUM_WORDS.sub(_spelled, text)
 
 
 # -- one answer: the values a final answer commits to
