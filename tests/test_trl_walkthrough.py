@@ -4,7 +4,8 @@ last, beside standard string rows, and an ``answer`` column), with a Qwen2-style
 checkpoint (tests/checkpoints.py, no hub) whose template puts a default system turn before a
 conversation without one and reads Qwen3's ``enable_thinking``. The model reads each
 conversation whole, in training (``samples.jsonl``), in the run's evaluation and in
-``gapo eval RUN``."""
+``gapo eval RUN``; and TRL's walk-through reward, ``reward(prompts, completions, **kwargs)``,
+trains and evaluates on it unchanged."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ QWEN_TEMPLATE = (
 )
 SYSTEM = "Answer with a number only."
 REWARDS = """
-def exact(*texts, answer, **fields):  # (prompt, completion); the row's `prompt` column is in fields
-    return 1.0 if texts[1].strip() == answer else 0.0
+def exact(prompt, completion, answer, **fields):  # the row's `prompt` column: the first argument wins
+    return 1.0 if completion.strip() == answer else 0.0
 """
 
 
@@ -116,3 +117,52 @@ def test_conversational_dataset_trains_and_evaluates_whole(qwen, tmp_path, capsy
     assert len(evals) == 4 and all(e in texts for e in evals), evals  # 2 problems, before and after
     assert main(["eval", str(run), "--problems", "2", "--n", "1", "sampling.max_new_tokens=4"]) == 0
     assert [tok.decode(p) for p in seen[4:]] == evals[:2]  # gapo eval RUN: the same prompts, rendered alike
+
+
+# TRL's walk-through reward, used unchanged: batched, conversational completions
+TRL_REWARDS = """
+def reward(prompts, completions, answer, **kwargs):
+    for p in prompts:  # TRL's conversational prompts: the row's messages, whole
+        assert isinstance(p, list) and p[0]["role"] == "system" and p[-1]["role"] == "user", p
+    return [1.0 if c[0]["content"].strip() == a else 0.0 for c, a in zip(completions, answer)]
+"""
+
+
+def test_trl_walkthrough_batched_reward(qwen, tmp_path, capsys):
+    """TRL's GRPO walk-through as a gapo run: a conversational dataset with a ``prompt`` column and
+    a TRL reward function ``reward(prompts, completions, **kwargs) -> list[float]``, unchanged;
+    it trains and evaluates (the run's evaluation, then ``gapo eval RUN``)."""
+    data = tmp_path / "trl.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows() if isinstance(r["prompt"], list)))
+    (tmp_path / "trl_rewards.py").write_text(TRL_REWARDS)
+    run = tmp_path / "run"
+    argv = [
+        "train",
+        "--out",
+        str(run),
+        "--task",
+        f"data:{data}",
+        "--reward",
+        f"{tmp_path / 'trl_rewards.py'}:reward",
+        f"model.path={qwen}",
+        "task.params.eval_fraction=0.3",
+        "train.steps=1",
+        "train.prompts=2",
+        "train.group_size=2",
+        "train.mini_batches=1",
+        "train.progress=false",
+        "train.checkpoint_every=0",
+        "eval.problems=2",
+        "eval.samples=2",
+        "sampling.max_new_tokens=4",
+    ]
+    assert main(argv) == 0, capsys.readouterr().err
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in metrics] == ["eval", "train", "eval"]
+    assert all(r["eval/problems"] == 2 for r in metrics if r["kind"] == "eval")
+    assert metrics[1]["reward/n_reward"] == 4  # the function scored the step's 2 × 2 completions
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["prompt"].startswith(f"<|im_start|>system\n{SYSTEM}") for s in samples)
+    capsys.readouterr()
+    assert main(["eval", str(run), "--problems", "2", "--n", "2", "sampling.max_new_tokens=4"]) == 0
+    assert json.loads(capsys.readouterr().out)["eval/problems"] == 2
