@@ -41,6 +41,10 @@ REWARDS = textwrap.dedent("""
         while True:
             pass
 
+    def slow(prompt, completion, **f):
+        time.sleep(2)
+        return 0.75
+
     def exits(prompt, completion, **f):
         raise SystemExit(0)
 
@@ -200,6 +204,27 @@ def test_an_import_that_hangs_is_bounded_and_named(tmp_path, arith, monkeypatch)
     with pytest.raises(UserCodeError, match=r"loading the reward modules \[.*hangs\.py'\] did not finish .*2s"):
         with_rewards(arith[0], [f"{tmp_path}/hangs.py:f"])
     timing.assert_within(time.monotonic() - t0, 20, quiet_s=3, what="a 2 s load timeout")
+
+
+class _Interrupted(BaseException):
+    pass
+
+
+def test_a_batch_interrupted_in_the_parent_leaves_no_stale_answer(rw, arith):
+    """Interrupted while a worker is on a job (Ctrl-C in the parent): that worker is replaced,
+    so the next batch gets its own answers, not the abandoned job's."""
+    import threading
+
+    base, p = arith
+    slow, crash = with_rewards(base, [f"{rw}:slow"]), with_rewards(base, [f"{rw}:crash"])
+    old = signal.signal(signal.SIGUSR1, lambda *a: (_ for _ in ()).throw(_Interrupted()))
+    try:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        with pytest.raises(_Interrupted):
+            score_batch(slow, [p], ["x"], timeout_s=30.0)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert score_batch(crash, [p], ["fine"], timeout_s=30.0)[0] == [0.5]
 
 
 def test_a_worker_crash_is_counted_as_an_error(rw, arith):

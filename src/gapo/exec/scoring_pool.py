@@ -500,8 +500,17 @@ class Workers:
         if prep is not None:
             self._load(list(range(min(self.n, len(jobs)))), prep)
         results: list[Any] = [None] * len(jobs)
-        pending = list(range(len(jobs)))[::-1]
         busy: dict[int, tuple[int, float]] = {}  # worker -> (job, deadline)
+        try:
+            self._drive(jobs, timeout_s, prep, results, busy)
+        except BaseException:  # Ctrl-C, a reload that failed: a worker still on a job would answer
+            for w in busy:  # the next batch's first job with this one's result
+                self._replace(w)
+            raise
+        return results
+
+    def _drive(self, jobs, timeout_s, prep, results: list, busy: dict) -> None:
+        pending = list(range(len(jobs)))[::-1]
         while pending or busy:
             for w in range(self.n):
                 if w in busy or not pending:
@@ -537,7 +546,6 @@ class Workers:
                     results[j] = ("timeout", None)
                     self._replace(w)
                     del busy[w]
-        return results
 
     def close(self) -> None:
         if self.closed:
