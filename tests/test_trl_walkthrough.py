@@ -166,3 +166,20 @@ def test_trl_walkthrough_batched_reward(qwen, tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", str(run), "--problems", "2", "--n", "2", "sampling.max_new_tokens=4"]) == 0
     assert json.loads(capsys.readouterr().out)["eval/problems"] == 2
+
+
+def test_evaluate_without_an_encoder_refuses_a_conversation(qwen, tmp_path):
+    """``evaluate``'s default input is the raw prompt: for a conversational row that would be its
+    last turn alone, so it is an error naming the row, before anything is sampled."""
+    from gapo.policy.model import load_policy
+    from gapo.policy.sampling import SamplingParams
+    from gapo.rl.evaluate import evaluate
+    from gapo.tasks.data import DataTask
+
+    data = tmp_path / "trl.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows()[-4:] + rows()[:1]))  # 4 standard rows, then one
+    task = DataTask(data, eval_fraction=0.0)
+    model, tok = load_policy(str(qwen))
+    problems = sorted(task.generate("train", 5, 0), key=lambda p: p.meta["line"])
+    with pytest.raises(ValueError, match=r"trl\.jsonl:5: a conversational prompt .* needs a chat template"):
+        evaluate(model, tok, task, problems, SamplingParams(2))

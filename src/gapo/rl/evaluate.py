@@ -22,8 +22,10 @@ from tqdm.auto import tqdm
 
 from gapo.core.metrics import first_move_entropy, pass_at_k_curve
 from gapo.exec.scoring import score_samples
+from gapo.policy.chat import PromptEncoder
 from gapo.policy.model import eos_token_ids
 from gapo.policy.sampling import SamplingParams, params_from_keywords, sample
+from gapo.rl.rollout import problem_name
 
 __all__ = ["evaluate", "EvalPlan", "eval_params"]
 
@@ -86,7 +88,8 @@ def evaluate(
     ``gapo.policy.model.eos_token_ids``) and at the stop strings ``params.stop``; the text scored
     is cut there. ``plan`` (``EvalPlan``, default ``EvalPlan()``) is how many samples, with which
     seed. ``encode(problem) -> ids`` builds the model's input (default: the tokenizer on the raw
-    ``problem.prompt``; the trainer and ``gapo eval`` pass their chat-template encoder's ``ids``)."""
+    ``problem.prompt``, and a conversational problem is an error naming it rather than its last
+    turn alone; the trainer and ``gapo eval`` pass their chat-template encoder's ``ids``)."""
     got = params_from_keywords(
         "evaluate",
         keywords,
@@ -99,6 +102,10 @@ def evaluate(
             "evaluate() needs params=SamplingParams(max_new_tokens=...), got "
             + ("none" if params is None else type(params).__name__)
         )
+    if encode is None:
+        raw = PromptEncoder(tok, chat=False)
+        raw.check(problems, problem_name)
+        encode = raw.ids
     n = plan.n
     t0 = time.perf_counter()
     was_training = model.training
@@ -107,7 +114,7 @@ def evaluate(
     gen = torch.Generator(device=device).manual_seed(plan.seed)
     if params.eos_token_id is None:
         params = replace(params, eos_token_id=eos_token_ids(model, tok))
-    prompts = [encode(p) if encode is not None else tok(p.prompt).input_ids for p in problems]
+    prompts = [encode(p) for p in problems]
     flat = [j for j in range(len(problems)) for _ in range(n)]
     texts: list[list[str]] = [[] for _ in problems]
     tok_sum, logp_sum = 0.0, 0.0
