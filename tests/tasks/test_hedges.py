@@ -657,17 +657,16 @@ def test_commitments_after_the_answer_score_zero(task):
     # before: every one of these scored 1 for gold 5 (the answer's format was read, the rest not)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(math_mod, "run_with_timeout", _verified_once)
-        for g, d in (("5", "7"), ("12", "3")):
-            tried = trailing_hedges(g, d)
-            scored = [(k, c) for k, c in tried if _score(task, g, c)[0] != 0.0]
+        for g, d, every in (("5", "7", 1), ("12", "3", 3)):
+            tried = [(k, c, _score(task, g, c)) for k, c in trailing_hedges(g, d, every=every)]
+            scored = [(k, c) for k, c, r in tried if r[0] != 0.0]
             assert not scored, f"{len(scored)} of {len(tried)} scored: {scored[:5]}"
             # "The answer is 5 I think it is 7" is one run-on answer that verifies as neither
             # (status ok); everywhere else the second value is seen as such
             run_on = (ANSWER_FORMS["phrase"].format(g=g) + " ", ANSWER_FORMS["phrase"].format(g=g) + ", ")
-            unseen = [(k, c) for k, c in tried if not c.startswith(run_on) and _score(task, g, c)[1] != "ambiguous"]
+            unseen = [(k, c) for k, c, r in tried if not c.startswith(run_on) and r[1] != "ambiguous"]
             assert not unseen, f"{len(unseen)} of {len(tried)} not ambiguous: {unseen[:5]}"
-            classes = {k for k, _ in tried}
-            assert len(classes) == len(COMMITMENTS) + len(BARE_LINES)
+            assert len({k for k, _, _ in tried}) == len(COMMITMENTS) + len(BARE_LINES)
 
 
 def test_harmless_text_after_the_answer_still_scores(task):
@@ -843,7 +842,7 @@ def test_random_golds_commitments_after_the_answer_score_zero(task, gabde):
     g, _, _, d, _ = gabde
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(math_mod, "run_with_timeout", _verified_once)
-        for name, completion in trailing_hedges(g, d, every=7):
+        for name, completion in trailing_hedges(g, d, every=13):
             assert _score(task, g, completion)[0] == 0.0, (g, d, name, completion)
 
 
