@@ -112,7 +112,7 @@ def test_old_ones_go_only_after_the_new_one_is_on_disk(tmp_path):
 
 
 def test_the_space_check_counts_the_kept_checkpoints(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoint, "_free", lambda path: 2500)
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda path: 2500)
     folder = _Folder(tmp_path)
     checkpoint.check_room(folder, 1000, 2, resume=False)  # room for 2 of 1000 bytes
     with pytest.raises(OSError, match=r"train.keep_checkpoints \(run.yaml:3\)=3 keeps 3 checkpoints") as e:

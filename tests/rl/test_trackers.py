@@ -9,7 +9,7 @@ import pytest
 
 from checkpoints import build_instruct_checkpoint  # tests/checkpoints.py (tests/ is on sys.path)
 from gapo.rl.config import load_config
-from gapo.rl.run_dir import Trackers, samples_markdown
+from gapo.rl.trackers import Trackers, samples_markdown
 from gapo.rl.trainer import Trainer
 
 

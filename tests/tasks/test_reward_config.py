@@ -10,8 +10,9 @@ import torch
 from gapo import tasks
 from gapo.exec.scoring import STATUSES, score_batch
 from gapo.rl.config import from_dict, load_config, to_dict
+from gapo.rl.resume import resume_changes
 from gapo.rl.rollout import check_rewards
-from gapo.rl.run_dir import RunFolder, resume_changes
+from gapo.rl.run_dir import RunFolder
 from gapo.tasks.custom import check_reward_config, combined_range, with_rewards
 
 TERMS = textwrap.dedent("""

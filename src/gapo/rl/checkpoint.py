@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gapo.policy import lora
 from gapo.policy.model import read_marker, save_policy
-from gapo.rl.run_dir import checkpoint_bytes, space_note
+from gapo.rl.disk_space import free_bytes, space_note
 
 __all__ = [
     "trainable_state",
@@ -44,13 +44,24 @@ KEPT_DIR = "checkpoints"
 _KEPT = re.compile(r"step-(\d+)\.pt")
 
 
+def checkpoint_bytes(model_state: dict, trainable: list) -> int:
+    """The size of a checkpoint, estimated: the saved weights at their dtype, plus AdamW's two
+    moments (float32, like the trained weights) per trainable parameter, plus 5% and 1 MB for
+    the RNG states, the data order and pickling."""
+    import torch
+
+    weights = sum(t.numel() * t.element_size() for t in model_state.values() if isinstance(t, torch.Tensor))
+    moments = sum(2 * p.numel() * 4 for p in trainable)
+    return int((weights + moments) * 1.05) + 2**20
+
+
 def trainable_state(model) -> dict:
     """What a checkpoint keeps of ``model``: LoRA's adapters, or the whole state dict."""
     return lora.adapter_state(model) if lora.is_lora(model) else model.state_dict()
 
 
 def size(model) -> int:
-    """The estimated bytes of one checkpoint of ``model`` (``run_dir.checkpoint_bytes``)."""
+    """The estimated bytes of one checkpoint of ``model`` (:func:`checkpoint_bytes`)."""
     return checkpoint_bytes(trainable_state(model), [p for p in model.parameters() if p.requires_grad])
 
 
@@ -133,14 +144,6 @@ def _on_disk(run_dir: Path) -> int:
     return len({(st.st_dev, st.st_ino) for p in files if p.is_file() and (st := p.stat())})
 
 
-def _free(path: Path) -> int | None:
-    for a in (path, *path.parents):  # the folder of a new run does not exist yet
-        if a.exists():
-            du = shutil.disk_usage(a)
-            return du.free if du.total else None
-    return None
-
-
 def check_room(folder, one: int, keep: int, *, resume: bool, key: str = "train.keep_checkpoints") -> None:
     """Before anything is written: room for one checkpoint of ``one`` bytes (``folder.check_space``),
     and with ``keep > 1`` for the ``keep`` checkpoints the run will hold, less those a resumed run
@@ -148,7 +151,7 @@ def check_room(folder, one: int, keep: int, *, resume: bool, key: str = "train.k
     ``OSError`` (ENOSPC) naming ``key`` otherwise."""
     folder.check_space(one)
     more = keep - (_on_disk(folder.path) if resume else 0)
-    free = _free(folder.path) if keep > 1 and more > 1 else None
+    free = free_bytes(folder.path) if keep > 1 and more > 1 else None
     if free is not None and free < more * one:
         raise OSError(
             errno.ENOSPC,

@@ -34,7 +34,8 @@ import torch
 from gapo.policy import lora
 from gapo.policy.model import load_policy, read_marker, save_policy
 from gapo.rl.checkpoint import kept
-from gapo.rl.run_dir import refuse_inside_run, require_run, trained_config
+from gapo.rl.resume import trained_config
+from gapo.rl.run_dir import refuse_inside_run, require_run
 
 __all__ = ["RunModels", "load_run_model", "export", "EXPORT_DTYPES"]
 

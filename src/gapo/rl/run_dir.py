@@ -1,39 +1,13 @@
 """Run folders: what gapo writes, and the rules that keep a user's run from being lost.
 
-A run folder holds ``.gapo-run`` (the marker), ``config.yaml`` (the run's configuration, kept
-current), ``metrics.jsonl`` (one JSON record a line), ``checkpoint.pt`` (which also carries the
-configuration it was trained with), ``policy/`` (the final policy) and ``events.jsonl``
-(configuration changes made on resume). The rules:
-
-- **One writer.** A run folder is written by one process at a time: an exclusive ``flock`` on
-  ``<folder>/.gapo-lock`` (:mod:`gapo.rl.run_lock`), held for the run's whole life. It is the lock
-  of the folder itself, so every path to the folder meets it. An existing folder is locked when it
-  is checked, before anything of it is read; a folder that does not exist yet is made when the run
-  opens it, after validation (``mkdir``: of two creators one makes it), then locked and checked
-  again under the lock.
-- **Nothing inside another run.** A run folder (or an export, or a grid folder) inside a gapo run,
-  at any depth, is refused: ``--overwrite`` of the outer run would take it along.
-- Nothing is written before the whole run has validated (config, model, data, task, device,
-  reward function, free space for a checkpoint): :meth:`RunFolder.check` only reads (the lock
-  file and the restore of an interrupted ``--overwrite``, below, aside).
-- ``--overwrite`` only replaces a folder that is a gapo run (marker, or the ``config.yaml`` +
-  ``metrics.jsonl`` of runs made before the marker existed). The new run's folder is made and
-  locked beside it (``.<name>.new-<pid>-<ns>``) first; then the old run is moved aside to
-  ``.<name>.replaced-<pid>-<ns>`` (the name is printed), still locked by this process, and the new
-  folder renamed into place. The old run is deleted only once the new run's first
-  checkpoint is on disk (with ``train.checkpoint_every=0`` that is the checkpoint at the end, or
-  at a stop by signal); if the new run fails before that, the old run is put back. If the process
-  is killed in between, the next command that checks this folder (``gapo train`` in any mode, a
-  grid cell) puts the old run back, or, if the new run had checkpointed, deletes the leftover.
-- A symlinked ``--out`` is resolved: the run goes where the link points, and the link stays. A
-  symlink (at ``--out`` or above it) whose target does not exist is an error before any work.
-- Every file gapo replaces is written to a temporary file and renamed into place, and a failed
-  write (full disk, read-only folder) removes the temporary file and raises one clear error; a
-  checkpoint's error names the folder, the space a checkpoint needs and the space that is free.
-- On resume, the requested config is compared with the one in the checkpoint (not with
-  ``config.yaml``, which a user may have edited: an edit is a change like an override), a partial
-  last line of ``metrics.jsonl`` (a run killed while writing) is dropped, and records after the
-  checkpoint are dropped too: those steps are redone.
+A run folder holds ``.gapo-run`` (the marker), ``config.yaml``, ``metrics.jsonl``,
+``samples.jsonl``, ``checkpoint.pt`` (which also carries the configuration it was trained with),
+``policy/`` (the final policy) and ``events.jsonl``. :class:`RunFolder` enforces docs/design.md
+§5.2's rules: one writer (the folder's own lock, :mod:`gapo.rl.run_lock`), nothing inside another
+run, nothing written before the run has validated, ``--overwrite`` that never loses the run it
+replaces (made and locked beside it, the old run moved aside and still locked until the new run's
+first checkpoint, put back on failure or by the next check after a kill), symlinks resolved,
+atomic writes, and an exact resume (records after the checkpoint and a cut last line dropped).
 """
 
 from __future__ import annotations
@@ -44,20 +18,16 @@ import json
 import math
 import os
 import shutil
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 # torch is imported where a checkpoint is read or written, not here: a resumed run's config is
 # read and checked before torch loads (a config error costs well under a second of CPU)
-from gapo.rl.config import Config, diff, from_dict, to_dict
+from gapo.rl.disk_space import free_bytes, mb, space_note
 from gapo.rl.run_lock import LOCK_NAME, RunLock, RunLocked
-from gapo.tasks.custom import absolute_spec
 
 __all__ = [
     "RunFolder",
@@ -66,22 +36,10 @@ __all__ = [
     "MARKER",
     "refuse_inside_run",
     "atomic_write",
-    "resume_changes",
-    "trained_config",
-    "Trackers",
     "load_run",
-    "RESUME_FIXED",
-    "stop_on_signals",
-    "checkpoint_bytes",
-    "space_note",
 ]
 
-# Keys a resumed run cannot take a new value for: they define its data, its model and its random
-# streams (restored from the checkpoint), so a new value would be silently ignored.
-RESUME_FIXED = ("task.", "model.path", "model.base_preset", "train.seed")
-
 MARKER = ".gapo-run"
-WANDB_ID = "wandb_id.txt"  # the run's W&B id, so that a resumed run continues it (Trackers)
 ASIDE_TAG = ".replaced-"  # .<name>.replaced-<pid>-<ns>: a run that --overwrite moved aside
 NEW_TAG = ".new-"  # .<name>.new-<pid>-<ns>: the folder of an --overwrite's new run, before it is in place
 TRASH_TAG = ".discarded-"  # .<name>.discarded-<pid>-<ns>: a replaced run being deleted
@@ -89,42 +47,6 @@ TRASH_TAG = ".discarded-"  # .<name>.discarded-<pid>-<ns>: a replaced run being 
 
 class RunExists(ValueError):
     """The run folder exists and neither ``--resume`` nor ``--overwrite`` was given."""
-
-
-def _mb(n: float) -> str:
-    return f"{n / 2**20:.1f} MB" if n < 2**30 else f"{n / 2**30:.2f} GB"
-
-
-def _free_bytes(path: Path) -> int | None:
-    """Free bytes on the filesystem of ``path`` (or of its nearest existing ancestor)."""
-    for a in (path, *path.parents):
-        if a.exists():
-            try:
-                du = shutil.disk_usage(a)
-            except OSError:
-                return None
-            return du.free if du.total else None  # a pseudo filesystem (/proc): unknown
-    return None
-
-
-def space_note(folder: Path, need: int) -> str:
-    """'a checkpoint needs about N MB; M MB free in FOLDER' (for the errors of a full disk)."""
-    free = _free_bytes(Path(folder))
-    return (
-        f"a checkpoint needs about {_mb(need)}; {_mb(free) if free is not None else 'an unknown amount'} "
-        f"free in {str(folder)!r}"
-    )
-
-
-def checkpoint_bytes(model_state: dict, trainable: list) -> int:
-    """The size of a checkpoint, estimated: the saved weights at their dtype, plus AdamW's two
-    moments (float32, like the trained weights) per trainable parameter, plus 5% and 1 MB for
-    the RNG states, the data order and pickling."""
-    import torch
-
-    weights = sum(t.numel() * t.element_size() for t in model_state.values() if isinstance(t, torch.Tensor))
-    moments = sum(2 * p.numel() * 4 for p in trainable)
-    return int((weights + moments) * 1.05) + 2**20
 
 
 def _resolve_out(given: Path) -> Path:
@@ -472,12 +394,12 @@ class RunFolder:
         """An ``OSError`` (ENOSPC) before anything is written if the folder's filesystem has less
         free space than one checkpoint of ``need`` bytes (an ``--overwrite`` keeps the old run
         until then, and a checkpoint is written beside the previous one, then renamed)."""
-        free = _free_bytes(self.path)
+        free = free_bytes(self.path)
         if free is not None and free < need:
             raise OSError(
                 errno.ENOSPC,
                 f"not enough free space for run folder {str(self.path)!r}: a checkpoint needs "
-                f"about {_mb(need)}, {_mb(free)} are free there. Free some space or choose "
+                f"about {mb(need)}, {mb(free)} are free there. Free some space or choose "
                 "another --out; nothing was changed",
             )
 
@@ -569,7 +491,7 @@ class RunFolder:
             atomic_write(self.checkpoint, write)
         except (OSError, RuntimeError) as e:
             cause = e.__cause__ if isinstance(e, OSError) and e.__cause__ is not None else e
-            free = _free_bytes(self.path)
+            free = free_bytes(self.path)
             full = getattr(cause, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or (
                 free is not None and free < need
             )
@@ -662,180 +584,6 @@ def _jsonable(v):
     return v
 
 
-def _normalised(data: dict, where: str) -> dict:
-    try:  # keys added since the run was made compare at their defaults
-        cfg = from_dict(data, migrate=True)
-        # reward specs as Config.validate records them (a run made before it did keeps my_rewards:fn)
-        cfg.reward.funcs = [absolute_spec(s) for s in cfg.reward.funcs]
-        return to_dict(cfg)
-    except ValueError as e:
-        raise ValueError(f"cannot resume: {where}: {e}") from None
-
-
-def trained_config(folder: RunFolder, state: dict | None) -> tuple[dict | None, dict[str, tuple]]:
-    """The config the run was trained with, the one inside its checkpoint ``state`` (normalised:
-    keys added since compare at their defaults; None for a checkpoint made before checkpoints
-    carried it), and the keys in which the run's ``config.yaml`` differs from it (a hand edit),
-    ``key -> (checkpoint's, config.yaml's)``; none when config.yaml is missing or unreadable (the
-    checkpoint's config is the reference anyway)."""
-    ck = state.get("config") if isinstance(state, dict) else None
-    if not isinstance(ck, dict):
-        return None, {}
-    saved = _normalised(ck, f"the config inside {str(folder.checkpoint)!r}")
-    try:
-        on_disk = _normalised(folder.saved_config(fallback=False), repr(str(folder.config)))
-    except ValueError:
-        return saved, {}
-    return saved, diff(saved, on_disk)
-
-
-def resume_changes(
-    folder: RunFolder, cfg: Config, *, allow_change: bool, state: dict | None = None
-) -> dict[str, tuple]:
-    """The keys in which ``cfg`` differs from the config the run was trained with, ``key -> (old, new)``.
-
-    That config is the one inside the checkpoint (``state["config"]``), so a hand-edited
-    ``config.yaml`` (the base of a resumed run's config) shows up here like an override; a
-    checkpoint made before checkpoints carried their config falls back to ``config.yaml``, with a
-    note. A key in ``RESUME_FIXED`` is always an error; any other difference is an error unless
-    ``allow_change`` (the caller then applies and logs it)."""
-    saved, edits = trained_config(folder, state)
-    edited = set(edits)
-    if saved is None:
-        if state is not None:
-            print(
-                f"[gapo] note: {str(folder.checkpoint)!r} does not carry its config (made by an older gapo); "
-                f"comparing with {str(folder.config)!r} instead",
-                file=sys.stderr,
-            )
-        saved, edited = _normalised(folder.saved_config(), repr(str(folder.config))), set()
-    changes = diff(saved, to_dict(cfg))
-    by_hand = [k for k in changes if k in edited]
-    hand_note = (
-        (
-            f" ({', '.join(by_hand)}: {str(folder.config)!r} says so, but the checkpoint was trained with the "
-            "'run' value; config.yaml was edited after the run started)"
-        )
-        if by_hand
-        else ""
-    )
-    fixed = [k for k in changes if k.startswith(RESUME_FIXED)]
-    if fixed:
-        raise ValueError(
-            f"cannot resume {str(folder.path)!r} with a different "
-            + ", ".join(f"{k} (run: {changes[k][0]!r}, now: {changes[k][1]!r})" for k in fixed)
-            + hand_note
-            + ": these define the run's data, model and random streams. Start a new run instead"
-            + (", or put the run's values back in config.yaml" if any(k in edited for k in fixed) else "")
-        )
-    if changes and not allow_change:
-        raise ValueError(
-            f"the config differs from the one the run in {str(folder.path)!r} was trained with: "
-            + ", ".join(f"{k} (run: {a!r}, now: {b!r})" for k, (a, b) in changes.items())
-            + hand_note
-            + ". Resume without --config/overrides (and with config.yaml as the run wrote it) to continue "
-            "as it was, or pass --allow-change to apply these changes (they are written to config.yaml "
-            "and events.jsonl)"
-        )
-    return changes
-
-
-class Trackers:
-    """TensorBoard / W&B mirrors of ``metrics.jsonl`` (``log.tensorboard``, ``log.wandb``).
-
-    The packages are optional (``gapo[tracking]``) and imported only when asked for. The W&B run's
-    id is kept in the run folder (``WANDB_ID``) when it starts; a resumed run (``--resume``, or a
-    second ``fit()``) passes it back (``id=..., resume="allow"``), so that it continues the same
-    W&B run. Steps redone after the checkpoint that W&B has already seen are dropped by W&B (it
-    keeps a step's first values; on CPU they are the same, resume being exact)."""
-
-    def __init__(self, cfg: Config, run_dir: Path):
-        self.cfg, self.run_dir, self._open = cfg, run_dir, None
-
-    def check(self) -> None:
-        """A missing package is an error before any work."""
-        try:
-            if self.cfg.log.tensorboard:
-                from torch.utils.tensorboard import SummaryWriter  # noqa: F401
-            if self.cfg.log.wandb:
-                import wandb  # noqa: F401
-        except ImportError as e:
-            raise ValueError(
-                f"log.tensorboard/log.wandb need their packages: pip install 'gapo[tracking]' ({e})"
-            ) from e
-
-    def log(self, record: dict) -> None:
-        if self._open is None:
-            self._open = self._start()
-        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
-        if "tb" in self._open:
-            for k, v in scalars.items():
-                self._open["tb"].add_scalar(k, v, record["step"])
-        if "wandb" in self._open:
-            self._open["wandb"].log(scalars, step=record["step"])
-
-    def log_samples(self, step: int, records: list[dict]) -> None:
-        """The completions of ``samples.jsonl``'s rows of this step (``log.samples`` of them) as
-        TensorBoard text (tag ``samples``, markdown) and a W&B table (key ``samples``: step, group,
-        reward, prompt, completion), every ``log.samples_every`` steps (TRL's ``log_completions``)."""
-        every = self.cfg.log.samples_every
-        if not records or not every or step % every or not (self.cfg.log.tensorboard or self.cfg.log.wandb):
-            return
-        if self._open is None:
-            self._open = self._start()
-        if "tb" in self._open:
-            self._open["tb"].add_text("samples", samples_markdown(records), step)
-        if "wandb" in self._open:
-            wandb = self._open["wandb"]
-            cols = ["step", "group", "reward", "prompt", "completion"]
-            table = wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in records])
-            wandb.log({"samples": table}, step=step)
-
-    def _start(self) -> dict:
-        self.check()
-        out = {}
-        if self.cfg.log.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            out["tb"] = SummaryWriter(str(self.run_dir / "tb"))
-        if self.cfg.log.wandb:
-            import wandb
-
-            self._init_wandb(wandb)
-            out["wandb"] = wandb
-        return out
-
-    def _init_wandb(self, wandb) -> None:
-        id_file = self.run_dir / WANDB_ID
-        saved = id_file.read_text(encoding="utf-8").strip() if id_file.is_file() else ""
-        resume = {"id": saved, "resume": "allow"} if saved else {}
-        run = wandb.init(project=self.cfg.log.wandb_project, dir=str(self.run_dir), config=to_dict(self.cfg), **resume)
-        run_id = getattr(run, "id", None)
-        if isinstance(run_id, str) and run_id and run_id != saved:
-            atomic_write(id_file, lambda tmp: tmp.write_text(run_id + "\n", encoding="utf-8"))
-
-    def close(self) -> None:
-        for name, w in (self._open or {}).items():
-            w.close() if name == "tb" else w.finish()
-        self._open = None
-
-
-def samples_markdown(records: list[dict]) -> str:
-    """Rows of ``samples.jsonl`` as markdown for TensorBoard's text tab: a heading per row (group,
-    reward) and the prompt and completion as indented code blocks (their text verbatim: no
-    markdown inside them is rendered)."""
-
-    def block(text: str) -> str:
-        return "\n".join("    " + ln for ln in str(text).split("\n"))
-
-    parts = [
-        f"**group {r.get('group')}, reward {r.get('reward')}**\n\nprompt:\n\n{block(r.get('prompt', ''))}"
-        f"\n\ncompletion:\n\n{block(r.get('completion', ''))}"
-        for r in records
-    ]
-    return "\n\n---\n\n".join(parts)
-
-
 def load_run(run_dir: str | Path) -> dict:
     """``{"name", "dir", "train": [records], "eval": [records], "samples": [records]}`` of one
     run folder (``samples``: ``samples.jsonl``, what the model was trained on; may be empty)."""
@@ -868,30 +616,3 @@ def load_run(run_dir: str | Path) -> dict:
             except json.JSONDecodeError:  # a run killed mid-write: the last line may be cut
                 continue
     return {"name": run_dir.name, "dir": run_dir, "train": train, "eval": evals, "samples": samples}
-
-
-@contextlib.contextmanager
-def stop_on_signals(request_stop: Callable[[], None]):
-    """SIGINT/SIGTERM call ``request_stop`` (the training loop then finishes its step, saves a
-    checkpoint and returns); a second signal gives up at once. Only the main thread can install
-    handlers; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    seen = []
-
-    def on_signal(signum, frame):
-        if seen:
-            signal.signal(signum, old[signum])
-            raise KeyboardInterrupt
-        seen.append(signum)
-        request_stop()
-
-    for s in old:
-        signal.signal(s, on_signal)
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)

@@ -45,8 +45,11 @@ from gapo.policy.sampling import SamplingParams, logprobs, sample
 from gapo.rl import checkpoint, optimizer, problems, rollout, update
 from gapo.rl.config import Config, to_dict
 from gapo.rl.evaluate import EvalPlan, eval_params, evaluate
-from gapo.rl.run_dir import RunExists, RunFolder, Trackers, resume_changes, stop_on_signals
+from gapo.rl.resume import resume_changes
+from gapo.rl.run_dir import RunExists, RunFolder
+from gapo.rl.signals import stop_on_signals
 from gapo.rl.step_metrics import gpu_memory, step_metrics
+from gapo.rl.trackers import Trackers
 from gapo.tasks.custom import with_rewards
 
 __all__ = ["Trainer", "RunExists", "with_policy"]
