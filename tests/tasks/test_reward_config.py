@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gapo import tasks
-from gapo.exec.scoring import STATUSES, score_batch
+from gapo.exec.scoring import STATUSES, UserCodeError, score_batch
 from gapo.rl.config import from_dict, load_config, to_dict
 from gapo.rl.resume import resume_changes
 from gapo.rl.rollout import check_rewards
@@ -136,7 +136,8 @@ def test_a_term_outside_its_range_is_named(terms):
     base = tasks.get("arithmetic")
     p = base.generate("train", 1, 0)[0]
     t = with_rewards(base, ["task", terms("big")], [1, 1], reward_range=(0.0, 2.0))
-    with pytest.raises(ValueError, match=r"reward 'big' \(.*terms.py:big\) returned 1.5, outside \[0, 1\], a term's"):
+    # the user's error (UserCodeError: mid-run the trainer checkpoints, then stops with exit 2)
+    with pytest.raises(UserCodeError, match=r"reward 'big' \(.*terms.py:big\) returned 1.5, outside \[0, 1\], a term"):
         score_batch(t, [p], ["x"])
     declared = with_rewards(base, ["task", terms("big")], [1, 1], [[0, 1], [0, 2]], reward_range=(0.0, 3.0))
     assert score_batch(declared, [p], ["x"])[0] == [1.5]

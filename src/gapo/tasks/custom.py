@@ -74,7 +74,7 @@ import importlib.util
 import math
 import os
 
-from gapo.exec.scoring import SHARED, STATUSES
+from gapo.exec.scoring import SHARED, STATUSES, UserCodeError
 from gapo.tasks.reward_fn import BUILTIN, RewardTerm, parse_spec, problem_fields
 
 __all__ = [
@@ -239,7 +239,10 @@ class RewardTask:
             if self.declared
             else f"[{lo:g}, {hi:g}], a term's range when reward.ranges does not declare one (one [lo, hi] per reward)"
         )
-        raise ValueError(f"reward {t.name!r} ({t.spec}) returned {value!r}, outside {where}")
+        # a user's function out of its range is the user's error (mid-run: checkpoint, exit 2); the
+        # task's own verifier out of [0, 1] would be gapo's bug
+        cls = ValueError if t.builtin else UserCodeError
+        raise cls(f"reward {t.name!r} ({t.spec}) returned {value!r}, outside {where}")
 
     def _snap(self, r: float) -> float:
         """R at an end of the fixed range up to rounding (the terms summed in another order than
