@@ -174,6 +174,39 @@ def test_bad_files_name_file_line_and_field(tmp_path):
         MathTask(_write(tmp_path, '{"question": "", "answer": "1"}\n', "eq.jsonl"))
 
 
+def test_a_conversational_question_is_its_last_user_turn_with_the_turns_before(tmp_path):
+    """TRL's conversational prompt column (system turn, a worked exchange, the real question last):
+    the question is the last user turn, wrapped by the template, and the turns before it are kept
+    for the chat template (not cut to the first user turn, the few-shot one). NuminaMath's
+    ``messages`` (the question, then its answer) gives its one question with nothing before it."""
+    import json
+
+    few_shot = [
+        {"role": "system", "content": "Answer with a number only."},
+        {"role": "user", "content": "What is 1 + 1?"},
+        {"role": "assistant", "content": "2"},
+        {"role": "user", "content": "What is 3 + 4?"},
+    ]
+    numina = [{"role": "user", "content": "What is 5 + 5?"}, {"role": "assistant", "content": "\\boxed{10}"}]
+    rows = [{"prompt": few_shot, "answer": "7"}, {"prompt": numina, "answer": "10"}]
+    path = _write(tmp_path, "".join(json.dumps(r) + "\n" for r in rows))
+    task = MathTask(path, eval_fraction=0.0, template="Q: {question}")
+    by_line = {p.meta["line"]: p for p in task.generate("train", 2, 0)}
+    first, second = by_line[1], by_line[2]
+    assert first.prompt == "Q: What is 3 + 4?" and first.meta["question"] == "What is 3 + 4?"
+    assert first.meta["messages"] == (*few_shot[:3], {"role": "user", "content": "Q: What is 3 + 4?"})
+    assert task.score(first, "\\boxed{7}") == 1.0
+    assert second.prompt == "Q: What is 5 + 5?" and "messages" not in second.meta
+    no_user = _write(
+        tmp_path, json.dumps({"prompt": [{"role": "system", "content": "x"}], "answer": "1"}) + "\n", "nu.jsonl"
+    )
+    with pytest.raises(ValueError, match=r"nu\.jsonl:1: field 'prompt': the conversation has no user turn"):
+        MathTask(no_user)
+    bad = [{"role": "user", "content": 3}]
+    with pytest.raises(ValueError, match=r"bm\.jsonl:1: field 'prompt': message 1 is not"):
+        MathTask(_write(tmp_path, json.dumps({"prompt": bad, "answer": "1"}) + "\n", "bm.jsonl"))
+
+
 def test_splits_disjoint_deterministic(tmp_path):
     rows = [f'{{"question": "What is {i} plus {i}?", "answer": "#### {2 * i}"}}' for i in range(200)]
     path = _write(tmp_path, "\n".join(rows) + "\n")

@@ -41,27 +41,11 @@ from gapo.tasks.base import (
     split_of,
     take_group,
 )
-from gapo.tasks.datasets_io import read_records
+from gapo.tasks.datasets_io import conversation, read_records
 
 __all__ = ["DataTask"]
 
 _PROMPT_FIELDS = ("prompt", "question", "problem", "instruction")
-
-
-def _conversation(value, where: str) -> tuple[dict, ...]:
-    """A message list checked: non-empty, ``{role: str, content: str}`` messages, the user's last."""
-    if not value:
-        raise ValueError(f"{where}: the conversation is empty (a prompt needs a user turn)")
-    for i, m in enumerate(value, 1):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise ValueError(f"{where}: message {i} is not {{role: str, content: str}} (got {m!r:.120})")
-    if value[-1]["role"] != "user":
-        raise ValueError(
-            f"{where}: the conversation's last turn is {value[-1]['role']!r}, not 'user'; a prompt ends "
-            "with the question the model answers (a conversation with its answers is training text, "
-            "not a prompt: drop the turns after the last user turn)"
-        )
-    return tuple(value)
 
 
 def _qkey(prompt: str) -> str:
@@ -154,7 +138,7 @@ class DataTask:
                     raise ValueError(f"{recs.where(pos)}: missing field {fld!r} (fields present: {sorted(rec)})")
             value, conv = rec[pf], None
             if isinstance(value, (list, tuple)):
-                conv = _conversation(value, f"{recs.where(pos)}: {recs.noun} {pf!r}")
+                conv = conversation(value, f"{recs.where(pos)}: {recs.noun} {pf!r}")
                 value = conv[-1]["content"]
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(

@@ -349,3 +349,19 @@ def _materialise(part, columns) -> tuple[list[tuple[int, dict]], list[str]]:
         for j in range(n):
             rows.append((len(rows) + 1, {k: batch[k][j] for k in names}))
     return rows, cols
+
+
+def conversation(value, where: str) -> tuple[dict, ...]:
+    """A message list checked: non-empty, ``{role: str, content: str}`` messages, the user's last."""
+    if not value:
+        raise ValueError(f"{where}: the conversation is empty (a prompt needs a user turn)")
+    for i, m in enumerate(value, 1):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise ValueError(f"{where}: message {i} is not {{role: str, content: str}} (got {m!r:.120})")
+    if value[-1]["role"] != "user":
+        raise ValueError(
+            f"{where}: the conversation's last turn is {value[-1]['role']!r}, not 'user'; a prompt ends "
+            "with the question the model answers (a conversation with its answers is training text, "
+            "not a prompt: drop the turns after the last user turn)"
+        )
+    return tuple(value)

@@ -7,8 +7,10 @@ the first of ``question``, ``problem``, ``prompt``, ``messages`` among the colum
 line 1 of JSONL), the reference answer from ``answer_field`` (default: the first of ``answer``,
 ``solution``, ``messages``): GSM8K (question/answer), MATH and MATH-500 (problem/solution or
 answer), DeepScaleR (problem/answer/solution) and NuminaMath (problem/solution/messages) are
-recognised as they ship. A chat-format field (a list of ``{"role", "content"}``) gives its first
-user turn as the question and its last assistant turn as the answer. The answer field may be
+recognised as they ship. A chat-format field (a list of ``{"role", "content"}``) gives its last
+user turn as the question (the template wraps it) and its last assistant turn as the answer; the
+turns before that question (a system turn, few-shot exchanges: TRL's conversational prompts) are
+kept and rendered whole through the chat template, as ``data:PATH`` does. The answer field may be
 
 - GSM8K style: worked solution ending in ``#### 1,234`` -> gold ``1234`` (commas dropped),
 - MATH style: a solution containing ``\\boxed{...}`` -> the last box's content (nested braces ok),
@@ -74,7 +76,7 @@ from gapo.tasks.base import (
     split_of,
     take_group,
 )
-from gapo.tasks.datasets_io import read_records
+from gapo.tasks.datasets_io import conversation, read_records
 from gapo.tasks.math_answer import answer_candidates, gold_from_field, is_single_value, last_boxed, locate_answers
 from gapo.tasks.math_trailing import trailing_values
 
@@ -250,6 +252,21 @@ def _turn(value: Any, role: str, last: bool) -> Any:
     return value
 
 
+def _question(value: Any, where: str) -> tuple[Any, tuple | None]:
+    """``(question, conversation or None)`` of a question field. A chat-format field (a list of
+    ``{"role", "content"}``) is a prompt through its last user turn: TRL's conversational prompt
+    (a system turn, few-shot exchanges, the question last) or an exchange that carries its answer
+    after it (NuminaMath's ``messages``). The question is that last user turn; the turns before it
+    are kept, to be rendered whole (``meta["messages"]``), unless there are none."""
+    if not (isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value)):
+        return value, None
+    users = [i for i, m in enumerate(value) if m.get("role") == "user"]
+    if not users:
+        raise ValueError(f"{where}: the conversation has no user turn (its roles: {[m.get('role') for m in value]})")
+    conv = conversation(value[: users[-1] + 1], where)
+    return conv[-1]["content"], (conv if len(conv) > 1 else None)
+
+
 def _load(path: Path, split: str | None, prompt_field: str | None, answer_field: str | None):
     """``(source, split, [(position, question, gold, raw answer)])`` of one split of a dataset
     (any format of :func:`gapo.tasks.datasets_io.read_records`)."""
@@ -289,14 +306,14 @@ def _load(path: Path, split: str | None, prompt_field: str | None, answer_field:
         for fld in (prompt_field, answer_field):
             if fld not in rec:
                 raise ValueError(f"{recs.where(pos)}: missing field {fld!r} (fields present: {sorted(rec)})")
-        question = _turn(rec[prompt_field], "user", last=False)
+        question, conv = _question(rec[prompt_field], f"{recs.where(pos)}: {noun} {prompt_field!r}")
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"{recs.where(pos)}: {noun} {prompt_field!r} must be a non-empty string")
         raw = _turn(rec[answer_field], "assistant", last=True)
         gold = gold_from_field(raw)
         if gold is None:
             raise ValueError(f"{recs.where(pos)}: {noun} {answer_field!r} holds no usable answer ({str(raw)[:80]!r})")
-        records.append((pos, question, gold, raw))
+        records.append((pos, question, gold, raw, conv))
     return recs.source, recs.split, records
 
 
@@ -391,7 +408,7 @@ class MathTask:
                     "name another split of the dataset (e.g. test)"
                 )
             ev_src, self.eval_split, ev = _load(ev_src_path, eval_split, prompt_field, answer_field)
-            seen = {_qkey(q) for _, q, _, _ in ev}
+            seen = {_qkey(r[1]) for r in ev}
             kept = [r for r in train if _qkey(r[1]) not in seen]
             self.n_dropped_overlap = len(train) - len(kept)
             pools = {"train": (src, kept), "eval": (ev_src, ev)}
@@ -408,10 +425,12 @@ class MathTask:
             }
         self._pools = {split: [self._problem(src, split, *rec) for rec in recs] for split, (src, recs) in pools.items()}
 
-    def _problem(self, src: str, split: str, lineno: int, question: str, gold: str, raw: Any) -> Problem:
+    def _problem(self, src: str, split: str, lineno: int, question: str, gold: str, raw: Any, conv) -> Problem:
         prompt = self.template.replace("{question}", question)
         # line: the JSONL line number, or the 1-based record/row number of other formats
         meta = {"source": str(src), "line": lineno, "split": split, "question": question, "solution": raw}
+        if conv is not None:  # the conversation whole, its last user turn the templated question
+            meta["messages"] = (*conv[:-1], {**conv[-1], "content": prompt})
         return Problem(prompt=prompt, answer=gold, meta=meta)
 
     def __getstate__(self):  # the pool pickles the task once per batch: leave the data behind

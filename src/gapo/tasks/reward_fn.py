@@ -69,7 +69,7 @@ BUILTIN = "task"  # --reward task: the task's own verifier as one term
 BATCH_NAMES = ("prompts", "completions")  # a parameter named so: TRL's batched form
 # what TRL's GRPOTrainer passes a reward function besides prompts, completions and the columns
 TRL_ONLY = ("completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
-_DETAIL_KEYS = ("source", "line", "split")  # where a problem came from: not a field of the problem
+_DETAIL_KEYS = ("source", "line", "split", "messages")  # where a problem came from, how it is rendered: not fields
 
 
 def parse_spec(spec: str) -> tuple[str, str | None, bool]:
