@@ -183,3 +183,24 @@ def test_a_started_cell_pins_the_base_as_a_finished_one_does(tmp_path, rebuild):
         G._prepare_regimes(g, out, 0.0, lambda *a: None)
     assert rebuild["built"] == ["r"]
     assert json.loads((out / "r" / "base_eval.json").read_text()) == old
+
+
+def test_the_base_is_evaluated_with_the_cells_eval_top_p_and_stop_strings():
+    """eval.top_p and sampling.stop reach the regime's shared step-0 evaluation as they reach the
+    cells' own (were dropped: step 0 sampled at top_p 1 without stop strings); a grid that sets
+    neither records what it recorded before, so its earlier base evaluations are still reused."""
+    from gapo.experiments.cell import base_eval_params
+    from gapo.rl.config import load_config
+    from gapo.rl.evaluate import eval_params
+    from gapo.tasks import get
+
+    plain = base_eval_cfg(_grid(), "r")
+    assert "top_p" not in plain and "stop" not in plain
+    common = {"eval.problems": 4, "eval.samples": 2, "eval.top_p": 0.5, "sampling.stop": ["END"]}
+    spec = {"name": "i", "regimes": ["r"], "regime_defs": {"r": {"base": BASE}}, "methods": ["drgrpo"], "seeds": [0]}
+    ev = base_eval_cfg(load_grid({**spec, "common": common}), "r")
+    assert ev["top_p"] == 0.5 and ev["stop"] == ["END"]
+    task = get("countdown", **TASK)
+    cfg = load_config(None, ["eval.top_p=0.5", "sampling.stop=[END]"])
+    assert base_eval_params(ev, task) == eval_params(cfg, task.max_completion_len + 1)
+    assert base_eval_params(plain, task) == eval_params(load_config(None, []), task.max_completion_len + 1)

@@ -78,7 +78,6 @@ def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> i
     from gapo.experiments.grid import pretrain_config, regime_task, weights_sha256
     from gapo.policy.base_policy import get_base_policy
     from gapo.policy.model import load_policy
-    from gapo.policy.sampling import SamplingParams
     from gapo.rl.evaluate import EvalPlan, evaluate
 
     torch.set_num_threads(1)
@@ -97,13 +96,23 @@ def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> i
             tok,
             task,
             problems,
-            params=SamplingParams(ev["max_new_tokens"] or task.max_completion_len + 1, ev["temperature"]),
+            params=base_eval_params(ev, task),
             plan=EvalPlan(n=ev["samples"], seed=ev["seed"]),
         )
         res.update(kind="eval", step=0)
     rec = {"policy": str(path), "weights_sha256": weights_sha256(path), "eval_cfg": ev, "eval": res}
     write_json(rdir / "base_eval.json", rec)
     return 0
+
+
+def base_eval_params(ev: dict, task):
+    """How the regime's base is evaluated (``ev``: grid.base_eval_cfg's record), a
+    ``SamplingParams``: as its cells' own evaluations sample (rl.evaluate.eval_params), so that
+    step 0 and later steps compare."""
+    from gapo.policy.sampling import SamplingParams  # torch: in the child that evaluates
+
+    max_new = ev["max_new_tokens"] or task.max_completion_len + 1
+    return SamplingParams(max_new, ev["temperature"], ev.get("top_p", 1.0), None, tuple(ev.get("stop", ())))
 
 
 def _cell_trainer(*args, base_eval: dict | None = None, **kwargs):

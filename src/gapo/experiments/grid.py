@@ -344,13 +344,20 @@ Job = tuple[str, list[str], Path, Callable[[int, float], str]]
 
 def _eval_cfg(grid: dict, regime: str) -> dict:
     cfg = cell_config(grid, regime, methods_of(grid, regime)[0], grid["seeds"][0], base_path="x")
-    return {
+    ev = {
         "problems": cfg.eval.problems,
         "samples": cfg.eval.samples,
         "temperature": cfg.eval.temperature,
         "seed": cfg.eval.seed,
         "max_new_tokens": cfg.sampling.max_new_tokens,
     }
+    # what else the cells' own evaluations sample with (rl.evaluate.eval_params), recorded only when
+    # set: a base evaluation recorded before these keys existed (at their defaults) still matches
+    if cfg.eval.top_p != 1.0:
+        ev["top_p"] = cfg.eval.top_p
+    if cfg.sampling.stop:
+        ev["stop"] = list(cfg.sampling.stop)
+    return ev
 
 
 def base_eval_cfg(grid: dict, regime: str) -> dict:
