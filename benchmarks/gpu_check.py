@@ -7,7 +7,10 @@ The model is built from Qwen2.5-0.5B's config values alone (no download) and sav
 byte-level BPE tokenizer trained here on Countdown text with a ChatML chat template. Then 3 RL
 steps of Countdown run in bf16 with gradient checkpointing, once with full fine-tuning and once
 with LoRA, and the script prints, per run: median step time, completion tokens/s of sampling,
-and peak GPU memory. A random model earns no reward, so these are cost figures, not learning.
+and peak GPU memory. A random model earns no reward, so these are cost figures, not learning. A
+third run (``trl_data``) is a TRL user's data and reward as they have them: ``--task data:PATH``
+on conversational prompt-only rows (a system turn, a worked exchange, the question last) with a
+TRL-style batched reward ``reward(prompts, completions, answer, **kwargs)`` (docs/from-trl.md).
 """
 
 from __future__ import annotations
@@ -102,7 +105,38 @@ def build(path: Path, shape: str, *, seed: int = 0) -> None:
     print(f"built {shape}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters at {path}", flush=True)
 
 
-def run(model: Path, out: Path, device: str, steps: int, extra: list[str], max_new_tokens: int = 64) -> dict:
+COUNTDOWN = ["task.params.n_numbers=3", "task.params.num_range=[1,10]"]
+TRL_REWARD = """
+def reward(prompts, completions, answer, **kwargs):  # TRL's form: batched, conversational
+    assert all(p[0]["role"] == "system" and p[-1]["role"] == "user" for p in prompts), prompts[0]
+    return [1.0 if c[0]["content"].strip() == a else 0.0 for c, a in zip(completions, answer)]
+"""
+
+
+def trl_data(folder: Path) -> list[str]:
+    """The ``trl_data`` run's task: TRL's conversational rows in a JSONL file and the reward above."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {
+            "prompt": [
+                {"role": "system", "content": "Answer with a number only."},
+                {"role": "user", "content": "1 + 1?"},
+                {"role": "assistant", "content": "2"},
+                {"role": "user", "content": f"{a} + {b}?"},
+            ],
+            "answer": str(a + b),
+        }
+        for a in range(1, 11)
+        for b in range(1, 11)
+    ]
+    (folder / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "trl_reward.py").write_text(TRL_REWARD)
+    return ["--task", f"data:{folder / 'data.jsonl'}", "--reward", f"{folder / 'trl_reward.py'}:reward"]
+
+
+def run(
+    model: Path, out: Path, device: str, steps: int, extra: list[str], max_new_tokens: int = 64, task=COUNTDOWN
+) -> dict:
     cmd = [
         sys.executable,
         "-m",
@@ -112,8 +146,7 @@ def run(model: Path, out: Path, device: str, steps: int, extra: list[str], max_n
         str(out),
         "--model",
         str(model),
-        "task.params.n_numbers=3",
-        "task.params.num_range=[1,10]",
+        *task,
         f"train.steps={steps}",
         "train.prompts=16",
         "train.group_size=8",
@@ -156,8 +189,13 @@ def main() -> int:
         model = Path(d) / "model"
         build(model, a.shape)
         results = {}
-        for name, extra in (("full", []), ("lora", ["model.lora={r: 16, alpha: 32, target_modules: all-linear}"])):
-            results[name] = run(model, Path(d) / name, a.device, a.steps, extra, a.max_new_tokens)
+        lora = ["model.lora={r: 16, alpha: 32, target_modules: all-linear}"]
+        for name, extra, task in (
+            ("full", [], COUNTDOWN),
+            ("lora", lora, COUNTDOWN),
+            ("trl_data", [], trl_data(Path(d) / "trl")),
+        ):
+            results[name] = run(model, Path(d) / name, a.device, a.steps, extra, a.max_new_tokens, task)
             print(name, json.dumps(results[name]), flush=True)
     print("gpu_check " + " ".join(f"{n}_{k}={v}" for n, r in results.items() for k, v in r.items()))
     return 0

@@ -253,8 +253,8 @@ def test_gpu_check_script_runs_on_cpu_at_a_tiny_shape(monkeypatch, capsys):
     model from config values, bf16 + gradient checkpointing, with and without LoRA) must work
     before a GPU session spends device time on it. At the script's smallest shape (``test``: the
     tests' own ~0.1M checkpoint, vocabulary from the tokenizer) with 16 completion tokens instead
-    of 64 (the same path). The script's ``main`` runs here and so do its two ``gapo train``
-    children (``gapo.cli.main`` with the command line the script built): a fresh interpreter
+    of 64 (the same path). The script's ``main`` runs here and so do its three ``gapo train``
+    children (full, LoRA, and a TRL user's conversational data with a batched reward) (``gapo.cli.main`` with the command line the script built): a fresh interpreter
     costs ~11 s of CPU in imports alone (the script's own and each child's used to: 33 s of CPU
     in all). The script starting from its command line is checked with ``--help``, and
     ``python -m gapo.cli train`` in a fresh interpreter by tests/rl/test_run_lock.py and others."""
@@ -297,13 +297,16 @@ def test_gpu_check_script_runs_on_cpu_at_a_tiny_shape(monkeypatch, capsys):
             assert gpu_check.main() == 0
     finally:
         torch.set_num_threads(threads)
-    assert len(runs) == 2 and any(a.startswith("model.lora=") for a in runs[1]), runs
+    assert len(runs) == 3 and any(a.startswith("model.lora=") for a in runs[1]), runs
+    assert any(a.startswith("data:") for a in runs[2]) and any(a.endswith("trl_reward.py:reward") for a in runs[2])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     fields = dict(re.findall(r"(\w+)=(\S+)", last))
     assert last.startswith("gpu_check ") and set(fields) == {
-        f"{run}_{k}" for run in ("full", "lora") for k in ("wall_s", "step_s", "sample_tok_s", "peak_gpu_gb")
+        f"{run}_{k}"
+        for run in ("full", "lora", "trl_data")
+        for k in ("wall_s", "step_s", "sample_tok_s", "peak_gpu_gb")
     }, last
-    for run in ("full", "lora"):
+    for run in ("full", "lora", "trl_data"):
         assert all(math.isfinite(float(fields[f"{run}_{k}"])) for k in ("step_s", "sample_tok_s")), last
         assert float(fields[f"{run}_step_s"]) > 0 and float(fields[f"{run}_peak_gpu_gb"]) == 0.0, last  # CPU
 
