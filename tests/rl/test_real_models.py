@@ -254,7 +254,8 @@ def test_gpu_check_script_runs_on_cpu_at_a_tiny_shape(monkeypatch, capsys):
     before a GPU session spends device time on it. At the script's smallest shape (``test``: the
     tests' own ~0.1M checkpoint, vocabulary from the tokenizer) with 16 completion tokens instead
     of 64 (the same path). The script's ``main`` runs here and so do its three ``gapo train``
-    children (full, LoRA, and a TRL user's conversational data with a batched reward) (``gapo.cli.main`` with the command line the script built): a fresh interpreter
+    children (full, LoRA, a TRL user's data with a batched reward; ``gapo.cli.main`` with the
+    command line the script built): a fresh interpreter
     costs ~11 s of CPU in imports alone (the script's own and each child's used to: 33 s of CPU
     in all). The script starting from its command line is checked with ``--help``, and
     ``python -m gapo.cli train`` in a fresh interpreter by tests/rl/test_run_lock.py and others."""

@@ -400,6 +400,24 @@ def test_a_reward_that_exits_mid_run_checkpoints_and_exits_2(easy_policy, tmp_pa
     assert "--resume" in errors[0] and (run / "checkpoint.pt").is_file()
 
 
+def test_a_reward_that_fails_before_any_step_of_an_overwrite_keeps_the_old_run(easy_policy, tmp_path, capfd):
+    """--overwrite deletes the old run at the new run's first checkpoint: a reward that fails in the
+    step-0 evaluation (nothing trained) must not write that checkpoint, so the old run is put back."""
+    from checkpoints import train_run
+
+    run = tmp_path / "run"
+    assert train_run(run, easy_policy, "train.steps=1", "eval.problems=0") == 0
+    before = (run / "metrics.jsonl").read_text()
+    (tmp_path / "midrun.py").write_text(  # passes the probe (an empty completion), fails in the evaluation
+        "def leave(prompt, completion, **f):\n    if completion:\n        raise KeyboardInterrupt\n    return 0.0\n"
+    )
+    code = train_run(run, easy_policy, f"reward.funcs=[{tmp_path}/midrun.py:leave]", flags=["--overwrite"])
+    err = capfd.readouterr().err
+    assert code == 2 and "nothing was trained" in err, err[-2000:]
+    assert (run / "metrics.jsonl").read_text() == before and (run / "policy").is_dir()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.")]  # nothing left aside
+
+
 def test_a_reward_module_that_exits_stops_the_cli_before_the_run(easy_policy, tmp_path, capfd):
     from checkpoints import train_run
 

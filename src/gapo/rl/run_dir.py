@@ -467,6 +467,12 @@ class RunFolder:
             flush=True,
         )
 
+    @property
+    def replacing(self) -> bool:
+        """An ``--overwrite``'s old run is aside, to be deleted at the first checkpoint (:meth:`settle`)
+        or put back if the new run fails before it (:meth:`abort`)."""
+        return self._aside is not None
+
     def settle(self) -> None:
         """The new run's first checkpoint is on disk: delete the run it replaces (:meth:`_discard`)."""
         if self._aside is not None:

@@ -284,6 +284,10 @@ class Trainer:
             self.gen.set_state(streams[0])
             torch.set_rng_state(streams[1])
             self.order.load_state_dict(streams[2])
+            if self.step == 0 and self.folder.replacing:  # nothing trained: fit() puts the replaced run back
+                raise UserCodeError(
+                    f"{e}; nothing was trained, and the run --overwrite was replacing is put back"
+                ) from e
             self.save_checkpoint()
             raise UserCodeError(
                 f"{e}; the run stopped at step {self.step} and is checkpointed: once the reward is fixed, "
@@ -412,10 +416,6 @@ class Trainer:
         res.update(kind="eval", step=self.step)
         return res
 
-    def log(self, record: dict) -> None:
-        self.folder.append_metrics(record)
-        self.trackers.log(record)
-
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> None:
         state = {
@@ -466,12 +466,17 @@ class Trainer:
         """Train to ``train.steps`` (or ``stop_after`` more steps, then checkpoint and return)."""
         t, e_every = self.cfg.train, self.cfg.eval.every
         bar, last_eval = None, None
+
+        def log(record: dict) -> None:  # metrics.jsonl, and its TensorBoard / W&B mirrors
+            self.folder.append_metrics(record)
+            self.trackers.log(record)
+
         self.folder.reacquire()  # a second fit() of this trainer: the lock again, if the run is as it left it
         try:
             with stop_on_signals(lambda: setattr(self, "_stop", True)):  # finish the step, checkpoint, return
                 if self.step == 0 and self.eval_problems:
                     last_eval = self._checkpointed(self.evaluate, progress=t.progress)
-                    self.log(last_eval)
+                    log(last_eval)
                 bar = tqdm(
                     total=t.steps,
                     initial=self.step,
@@ -484,7 +489,7 @@ class Trainer:
                 start = self.step
                 while self.step < t.steps:
                     rec = self._checkpointed(self.train_step)
-                    self.log(rec)
+                    log(rec)
                     self.folder.append_samples(self.last_samples)
                     bar.update(1)
                     self.trackers.log_samples(self.step, self.last_samples)  # TB text / W&B table
@@ -497,7 +502,7 @@ class Trainer:
                     done = self.step >= t.steps
                     if self.eval_problems and (done or (e_every and self.step % e_every == 0)):
                         last_eval = self._checkpointed(self.evaluate)
-                        self.log(last_eval)
+                        log(last_eval)
                         say(
                             f"step {self.step}: "
                             + "  ".join(f"{k[5:]}={v:.3f}" for k, v in last_eval.items() if k.startswith("eval/pass@"))
