@@ -315,6 +315,10 @@ def cmd_eval(args) -> int:
 
         cfg, model_path = with_policy(cfg)
         model, tok = load_policy(model_path, cfg.model.device)
+    # a run is evaluated as it evaluated itself unless told otherwise
+    n, n_problems = args.n or cfg.eval.samples, args.problems or cfg.eval.problems
+    if n_problems == 0:
+        raise ValueError("eval.problems is 0 (the run evaluated nothing while training); pass --problems N")
     task = tasks.build(cfg.task.name, cfg.task.params)
     max_new_tokens = cfg.sampling.max_new_tokens or task.max_completion_len + 1
     encoder = PromptEncoder(
@@ -323,9 +327,7 @@ def cmd_eval(args) -> int:
         system_prompt=cfg.task.system_prompt,
         chat_template_kwargs=cfg.task.chat_template_kwargs,
     )
-    problems, dropped = draw_problems(
-        task, encoder, args.split, args.problems, cfg.eval.seed, cfg.task.max_prompt_tokens
-    )
+    problems, dropped = draw_problems(task, encoder, args.split, n_problems, cfg.eval.seed, cfg.task.max_prompt_tokens)
     if dropped is not None:
         print(
             f"[gapo] task.max_prompt_tokens={cfg.task.max_prompt_tokens}: dropped {dropped[args.split + '_dropped']} "
@@ -356,7 +358,7 @@ def cmd_eval(args) -> int:
             task,
             problems,
             params=eval_params(cfg, max_new_tokens),
-            plan=EvalPlan(n=args.n, seed=cfg.eval.seed),
+            plan=EvalPlan(n=n, seed=cfg.eval.seed),
             progress=True,
             encode=encoder.ids,
         )  # stop tokens: the tokenizer's EOS + generation_config's
@@ -587,8 +589,14 @@ def build_parser() -> argparse.ArgumentParser:
         **sub_kw,
     )
     _common_train_args(p, "eval")
-    p.add_argument("--n", type=_int_at_least(1), default=16, help="samples per problem (pass@k for k up to n)")
-    p.add_argument("--problems", type=_int_at_least(1), default=64, help="problems to evaluate on")
+    p.add_argument(
+        "--n",
+        type=_int_at_least(1),
+        help="samples per problem, pass@k for k up to n (default: eval.samples: the run's)",
+    )
+    p.add_argument(
+        "--problems", type=_int_at_least(1), help="problems to evaluate on (default: eval.problems: the run's)"
+    )
     p.add_argument("--split", default="eval", choices=["train", "eval"], help="the task's split the problems come from")
     p.add_argument("--threads", type=_int_at_least(1), default=1, help="torch CPU threads")
     p.add_argument(

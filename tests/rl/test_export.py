@@ -150,7 +150,7 @@ def test_a_missing_base_model_is_named(instruct, tmp_path):
 
 def test_eval_from_a_run_folder_reuses_its_prompt_settings(instruct, tmp_path, capsys, monkeypatch):
     system = "Answer tersely."
-    _stopped_run(instruct, tmp_path / "run", f"task.system_prompt={system}")
+    _stopped_run(instruct, tmp_path / "run", f"task.system_prompt={system}", "eval.problems=3", "eval.samples=2")
     seen = []
     import gapo.rl.evaluate as ev
 
@@ -177,6 +177,10 @@ def test_eval_from_a_run_folder_reuses_its_prompt_settings(instruct, tmp_path, c
     )
     assert main(["eval", str(tmp_path / "run"), "--step", "4", "--problems", "2"]) == 2
     assert "no model at step 4" in capsys.readouterr().err
+    # without --problems/--n: the run's own eval.problems and eval.samples (were 64 and 16 always)
+    assert main(["eval", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+    res = json.loads(capsys.readouterr().out)
+    assert res["eval/problems"] == 3 and "eval/pass@2" in res and "eval/pass@4" not in res
 
 
 def test_eval_names_what_it_expects(instruct, tmp_path, capsys):
