@@ -341,6 +341,7 @@ def cmd_eval(args) -> int:
         cfg.reward.ranges,
         probe=problems[0] if problems else None,
         reward_range=cfg.algo.reward_range,
+        timeout_s=cfg.reward.timeout_s,
     )
     lengths = [len(encoder.ids(p)) for p in problems]
     check_context(

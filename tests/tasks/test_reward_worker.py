@@ -165,6 +165,23 @@ def test_a_swallowed_alarm_is_a_timeout_even_in_process():
     assert rewards == [0.0] and stats["reward/n_timeout"] == 1
 
 
+def test_reward_timeout_s_is_the_deadline_wherever_the_task_is_scored(rw, arith):
+    """reward.timeout_s (with_rewards' timeout_s) replaces the scoring call's own deadline: `slow`
+    (2 s) is cut at 1 s although the call gives it 30, and finishes at 5 s although the call gives
+    it 1 (before: a fixed 10 s for every user reward, in every step and evaluation)."""
+    base, p = arith
+    tight = with_rewards(base, [f"{rw}:slow"], timeout_s=1.0)
+    rewards, stats = score_batch(tight, [p], ["a"], timeout_s=30.0)
+    assert rewards == [0.0] and stats["reward/n_timeout"] == 1
+    roomy = with_rewards(base, [f"{rw}:slow"], timeout_s=5.0)
+    rewards, stats = score_batch(roomy, [p], ["a"], timeout_s=1.0)
+    assert rewards == [0.75] and stats["reward/n_timeout"] == 0
+    with pytest.raises(ValueError, match=r"reward.timeout_s .*must be a finite number > 0"):
+        from gapo.rl.config import load_config
+
+        load_config(None, ["reward.timeout_s=0"])
+
+
 def test_a_spinner_that_ignores_sigalrm_is_killed(rw, arith):
     base, p = arith
     t = with_rewards(base, [f"{rw}:spin"])

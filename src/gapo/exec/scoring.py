@@ -253,7 +253,8 @@ def verifier_failure_warning(stats: dict, rewards) -> str | None:
         f"every reward is 0 and the verifier failed on {failed} of {n} completions ({n_timeout} timed out, "
         f"{n_error} lost to a dead worker; {n_unparsable} had no answer, {max(judged, 0)} were judged, "
         f"{n_ambiguous} of them ambiguous): these zeros are the verifier's, not the policy's. Raise the "
-        "verifier's time limit (task.params.timeout_s for math) or use task.scoring_workers"
+        "verifier's time limit (reward.timeout_s for --reward functions, task.params.timeout_s for math) "
+        "or use task.scoring_workers"
     )
 
 
@@ -294,7 +295,10 @@ def _naming_load(task):
 def _deadlines(task, timeout_s: float | None) -> tuple[float | None, float | None]:
     """(soft alarm, hard kill) per completion. A task that times itself (``score_timeout_s``,
     e.g. the sandbox's wall clock) gets no soft alarm and a hard kill only after its own
-    deadline: killing the worker first would orphan the sandbox's processes."""
+    deadline: killing the worker first would orphan the sandbox's processes. A task that carries
+    its configured deadline (``deadline_s``: a user's reward, ``reward.timeout_s``) is scored under
+    that one, whoever scores it (a step, an evaluation, the probe)."""
+    timeout_s = getattr(task, "deadline_s", None) or timeout_s
     own = getattr(task, "score_timeout_s", None)
     if isinstance(own, (int, float)) and own > 0:
         return None, max(timeout_s or 0.0, float(own)) + SELF_TIMED_GRACE_S

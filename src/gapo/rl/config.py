@@ -63,6 +63,9 @@ class RewardConfig:
     weights: list[float] | None = None  # one per function (default 1 each); R = weighted sum
     # one [lo, hi] per function (default [0, 1] each): checked on every value; they give R's range
     ranges: list[tuple[float, float]] | None = None
+    # seconds per completion before the worker running the functions is killed (reward 0, counted
+    # in reward/n_timeout); a batched function gets this times its batch's size
+    timeout_s: float = 10.0
 
 
 @dataclass

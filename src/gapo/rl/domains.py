@@ -86,6 +86,7 @@ _INT_MAX = 2**31 - 1  # anything larger is a typo, and would overflow torch's in
 DOMAINS = {
     "task.train_size": _num(1, _INT_MAX, integer=True),
     "task.scoring_workers": _num(0, 256, integer=True),
+    "reward.timeout_s": _num(0, 86400, lo_open=True),
     "task.max_prompt_tokens": _num(1, 2**20, integer=True, optional=True),
     "log.samples_every": _num(0, 2**31 - 1, integer=True),
     "model.threads": _num(1, 1024, integer=True, optional=True),

@@ -169,7 +169,13 @@ class Trainer:
         # --reward: the task scored by the user's functions (imported and checked here, probed below)
         r = cfg.reward
         self.task = with_rewards(
-            self.task, r.funcs, r.weights, r.ranges, probe=self.pool[0], reward_range=cfg.algo.reward_range
+            self.task,
+            r.funcs,
+            r.weights,
+            r.ranges,
+            probe=self.pool[0],
+            reward_range=cfg.algo.reward_range,
+            timeout_s=r.timeout_s,
         )
         derived = getattr(cfg, "_sources", {}).get("algo.reward_range", "")
         if derived.startswith("derived"):  # R's range, from the rewards (config.yaml records it)

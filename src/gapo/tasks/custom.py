@@ -148,6 +148,7 @@ class RewardTask:
         self.task = task
         self.terms = terms
         self.success_reward = success_reward  # evaluation counts a sample correct at R >= this (None: R > 0)
+        self.deadline_s: float | None = None  # per completion, set: reward.timeout_s (see with_rewards)
         self.name = task.name
         self.total_weight = sum(t.weight for t in terms)
         self.ranges = ranges  # each term's [lo, hi], checked on every value (None: unchecked)
@@ -376,14 +377,16 @@ def _extreme_mean(must, may, value) -> float:
     return best
 
 
-def with_rewards(task, funcs, weights=None, ranges=None, *, probe=None, reward_range=None):
+def with_rewards(task, funcs, weights=None, ranges=None, *, probe=None, reward_range=None, timeout_s=None):
     """``task`` scored by ``funcs`` (``reward.funcs``) with ``weights`` and ``ranges``; ``task``
     itself when ``funcs`` is empty. Every function is imported now and its parameters checked
     against the fields of ``probe`` (a problem of the task), so a bad spec fails before the run.
     Each term's values are checked against its range: ``ranges`` when given, else ``[0, 1]`` when
     ``reward_range`` is fixed (under ``None``, ``group``, ``batch`` an undeclared range is not
     checked). With a fixed ``reward_range`` (R_min, R_max), evaluation counts a sample correct when
-    R >= R_max (the rule of ``rollout/pass_rate``); otherwise when R > 0."""
+    R >= R_max (the rule of ``rollout/pass_rate``); otherwise when R > 0. ``timeout_s``
+    (``reward.timeout_s``), when given, is the deadline per completion wherever the task is scored
+    (``RewardTask.deadline_s``, which replaces the scoring call's own ``timeout_s``)."""
     if not funcs:
         if getattr(task, "needs_reward", False):
             raise ValueError(
@@ -410,5 +413,6 @@ def with_rewards(task, funcs, weights=None, ranges=None, *, probe=None, reward_r
         declared=ranges is not None,
         bounds=fixed,
     )
+    out.deadline_s = None if timeout_s is None else float(timeout_s)
     out.check(probe)  # imported and checked in a worker (never in this process)
     return out
