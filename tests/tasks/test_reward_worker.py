@@ -68,6 +68,17 @@ REWARDS = textwrap.dedent("""
             time.sleep(600)
         return 1.0
 
+    def daemon(prompt, completion, **f):  # a double fork into a session of its own: out of the group
+        path, then = completion.split("|")
+        code = (
+            "import os, subprocess, sys; os.setsid(); "
+            "open(sys.argv[1], 'w').write(str(subprocess.Popen(['sleep', '987.75']).pid))"
+        )
+        subprocess.run([sys.executable, "-c", code, path], check=True)
+        if then == "hang":
+            time.sleep(600)
+        return 1.0
+
     def pid(prompt, completion, **f):
         return float(os.getpid())
 
@@ -282,6 +293,23 @@ def test_no_child_outlives_a_timeout_or_the_pool(rw, arith, tmp_path):
     assert _alive(second)  # left running by a reward that returned: it lives as long as the worker
     SHARED.close()  # the run's end
     timing.wait_for(lambda: not _alive(second), timeout=10, quiet_s=0.1, what="the child to die with the pool")
+
+
+def test_no_child_in_a_session_of_its_own_outlives_a_timeout_or_the_pool(rw, arith, tmp_path):
+    """A daemon's double fork (setsid, then its parent exits) leaves the worker's process group; it
+    stays in the worker's tree (a child subreaper), which the hard kill and the pool's close sweep
+    (before: it ran on, re-parented to init)."""
+    base, p = arith
+    t = with_rewards(base, [f"{rw}:daemon"])
+    _, stats = score_batch(t, [p], [f"{tmp_path}/a|hang"], timeout_s=2.0)
+    assert stats["reward/n_timeout"] == 1
+    first = _child_pid(tmp_path / "a")
+    timing.wait_for(lambda: not _alive(first), timeout=10, quiet_s=0.1, what="the daemon of a timed-out reward to die")
+    assert score_batch(t, [p], [f"{tmp_path}/b|return"], timeout_s=10.0)[0] == [1.0]
+    second = _child_pid(tmp_path / "b")
+    assert _alive(second)
+    SHARED.close()
+    timing.wait_for(lambda: not _alive(second), timeout=10, quiet_s=0.1, what="the daemon to die with the pool")
 
 
 def test_no_child_outlives_a_kill_9_of_the_trainer(rw, tmp_path):

@@ -8,7 +8,7 @@
 - ``Workers``: N spawn-started processes, one job each at a time, killed and replaced when a job
   runs past its hard deadline (the pool of :class:`gapo.exec.scoring.ScoringPool` and the helper
   process of :func:`gapo.exec.scoring.run_with_timeout`); each dies with the process that
-  started it, ``kill -9`` included (``_die_with_parent``), taking its sandboxes along. Each leads
+  started it, ``kill -9`` included (``proc_tree.die_with_parent``), taking its sandboxes along. Each leads
   a process group of its own, and whatever it started dies with it (``_lead_own_group``): on a
   hard kill, a crash, the pool's close or the trainer's ``kill -9``.
 
@@ -32,6 +32,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from gapo.exec.proc_tree import become_subreaper, die_with_parent, kill_tree
 
 
 class VerifierTimeout(Exception):
@@ -232,77 +234,28 @@ def _guarded(task, fn: Callable, args: tuple, timeout_s: float | None):
 # ----------------------------------------------------------------------------- worker processes
 
 
-def _die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
-    """End this worker at once when the process that started it ends, even mid-job: a trainer
-    killed with ``kill -9`` must not leave workers (and their sandboxes, which die with this
-    process by their own ``PR_SET_PDEATHSIG``) running on until their deadlines.
-
-    ``PR_SET_PDEATHSIG`` (Linux) fires when the parent *thread* that forked us exits, not the
-    process: it is set only when the parent started this worker from its main thread (a
-    replacement started from the pool's scoring thread, or the helper of ``run_with_timeout``
-    started from any thread, must not die with that thread). Always, a watchdog thread waits on
-    a pidfd of the parent process (readable once the whole process has exited; children of an
-    exiting thread are re-parented within the process), or polls ``getppid()`` where there is
-    no ``pidfd_open``."""
-    if pdeathsig and sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent_pid:  # gone already (before the signal or the watchdog was set)
-        os._exit(1)
-    pidfd = None
-    if hasattr(os, "pidfd_open"):
-        try:
-            pidfd = os.pidfd_open(parent_pid)
-        except OSError:
-            pidfd = None
-        if pidfd is not None and os.getppid() != parent_pid:  # the pid may have been reused
-            os._exit(1)
-
-    def watch():
-        if pidfd is not None:
-            import select
-
-            poller = select.poll()
-            poller.register(pidfd, select.POLLIN)
-            while not poller.poll():
-                pass
-        else:
-            while os.getppid() == parent_pid:
-                time.sleep(0.2)
-        os._exit(1)
-
-    if os.name == "posix":
-        # Born with every signal blocked: the kernel must keep delivering SIGALRM (the soft
-        # timeout) to the main thread, never to this one.
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-        try:
-            threading.Thread(target=watch, name="gapo-parent-watch", daemon=True).start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def _lead_own_group() -> None:
     """Make this worker the leader of a session of its own (so of a process group), and fork a
     sentinel into the group that SIGKILLs the whole group once the worker is gone, however it
     went: a hard kill, a crash, ``kill -9`` of the trainer (the worker then dies by
-    ``_die_with_parent``), or a normal stop. So what a user's reward starts (``subprocess.Popen(
+    ``proc_tree.die_with_parent``), or a normal stop. So what a user's reward starts (``subprocess.Popen(
     ["sleep", "1000"])``) dies with the worker; the trainer's own kill (``_Worker.kill``) takes the
-    group at once. Not covered: a child that starts a session of its own (``setsid``,
-    ``start_new_session=True``) leaves the group (docs/design.md §6)."""
+    group at once. A child that starts a session of its own (``setsid``, ``start_new_session=True``,
+    a daemon's double fork) leaves the group but not the worker's tree: the worker is a child
+    subreaper (Linux), so its orphans stay its descendants, and every kill but the sentinel's
+    sweeps the tree too (:func:`kill_tree`). Not covered: such a child of a worker that crashed,
+    or that died with a ``kill -9``-ed trainer (docs/design.md §6)."""
     if os.name != "posix":
         return
     os.setsid()
+    become_subreaper()
     me = os.getpid()
     try:
         pidfd = os.pidfd_open(me) if hasattr(os, "pidfd_open") else None
     except OSError:
         pidfd = None
     global _sentinel
-    _sentinel = os.fork()  # (before any thread is started: _die_with_parent comes next)
+    _sentinel = os.fork()  # (before any thread is started: die_with_parent comes next)
     if _sentinel != 0:
         if pidfd is not None:
             os.close(pidfd)
@@ -330,29 +283,18 @@ _sentinel = 0  # in a worker: the pid of its group's sentinel (_lead_own_group)
 
 
 def _kill_strays() -> None:
-    """Kill what this worker's code started and left running (every other process of its group
-    but the sentinel), after a user's code ran out of time and was interrupted, not killed: a
-    soft timeout must not leave its children behind either. Linux (``/proc``); elsewhere they
-    die with the worker."""
-    me, group = os.getpid(), os.getpgrp()
-    if group != me or not os.path.isdir("/proc"):
-        return
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in (me, _sentinel):
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
-            if int(fields[2]) == group:
-                os.kill(int(name), signal.SIGKILL)
-        except (OSError, IndexError, ValueError):
-            pass  # gone meanwhile
+    """Kill what this worker's code started and left running (its descendants and its group, but
+    the sentinel), after a user's code ran out of time and was interrupted, not killed (a soft
+    timeout must not leave its children behind either), and when the worker stops. Linux
+    (``/proc``); elsewhere they die with the worker's group."""
+    if os.getpgrp() == os.getpid() and os.path.isdir("/proc"):
+        kill_tree(os.getpid(), spare=(_sentinel,))
 
 
 def _worker_main(conn, parent_pid: int | None = None, pdeathsig: bool = False) -> None:
     _lead_own_group()
     if parent_pid is not None:
-        _die_with_parent(parent_pid, pdeathsig)
+        die_with_parent(parent_pid, pdeathsig)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
     task = None
     while True:
@@ -361,6 +303,8 @@ def _worker_main(conn, parent_pid: int | None = None, pdeathsig: bool = False) -
         except (EOFError, OSError):
             return
         if msg[0] == "stop":
+            if getattr(task, "runs_user_code", False):  # what its code left running ends with it
+                _kill_strays()
             return
         try:
             if msg[0] == "task":
@@ -415,7 +359,7 @@ _LOAD_TIMEOUT_S = 300.0
 class _Worker:
     def __init__(self, ctx):
         self.conn, child = ctx.Pipe()
-        # die with this process (see _die_with_parent); PR_SET_PDEATHSIG only from the main thread
+        # die with this process (see proc_tree.die_with_parent); PR_SET_PDEATHSIG only from the main thread
         main = threading.current_thread() is threading.main_thread()
         self.proc = ctx.Process(target=_worker_main, args=(child, os.getpid(), main), daemon=True)
         self.proc.start()
@@ -428,7 +372,10 @@ class _Worker:
         if wait_s > 0:
             mpc.wait([self.proc.sentinel], wait_s)  # ended, not yet reaped: its pid is still its own
         popen = self.proc._popen
-        if popen is not None and popen.returncode is None:  # unreaped: the group's id is surely its
+        if popen is not None and popen.returncode is None:  # unreaped: its pid and group id are surely its
+            with contextlib.suppress(OSError):
+                os.kill(self.proc.pid, signal.SIGSTOP)  # no fork past the sweep; its orphans stay below it
+            kill_tree(self.proc.pid)  # what its code started, in its group or in a session of its own
             with contextlib.suppress(OSError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.kill()  # (not yet a group leader, if it was killed that early)
