@@ -202,7 +202,7 @@ def run_gapo(
         t_start = time.perf_counter()
         for _ in range(warmup + n_steps):
             rec = tr.train_step()
-            tr.log(rec)
+            tr.folder.append_metrics(rec)  # as fit() logs a step (no tracker is on here)
             recs.append(rec)
             ends.append(time.perf_counter())
             cpus.append(time.process_time())
