@@ -191,3 +191,15 @@ def test_bench_memory_paths_compute_the_same_update():
     # token-mean entropy = entropy sum / response tokens; each row has T/2..T of them (B·T/2..B·T)
     gap = base["loss"] - r["chunked+ent"]["loss"]
     assert 0.01 * base["entropy"] / 32 - 1e-6 <= gap <= 0.01 * base["entropy"] / 16 + 1e-6, gap
+
+
+def test_bench_reward_worker_last_line(monkeypatch, capsys):
+    """benchmarks/bench_reward_worker.py at its smallest: the three paths agree on every reward
+    (the script asserts it) and the last line has its four finite, positive ratios."""
+    bench = _script("bench_reward_worker")
+    monkeypatch.setattr(sys, "argv", ["bench_reward_worker.py", "--n", "4", "--reps", "1"])
+    bench.main()
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    fields = dict(re.findall(r"(\w+)=(\S+)", last))
+    assert last.startswith("ratio ") and set(fields) == {"light", "light_batched", "heavy", "heavy_batched"}, last
+    assert all(math.isfinite(float(v)) and float(v) > 0 for v in fields.values()), last
