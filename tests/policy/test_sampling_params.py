@@ -1,5 +1,5 @@
 """``SamplingParams``, ``DecodeOptions``, ``HeadMemory``: validation that names the field, and
-the older keyword form of ``sample`` / ``logprobs`` (the same rollout, with a DeprecationWarning)."""
+``sample`` / ``logprobs`` taking them as objects only (0.3 dropped the keyword form)."""
 
 import dataclasses
 import warnings
@@ -86,38 +86,15 @@ def test_bad_decode_options_and_head_memory_name_the_field(cls, kwargs, field):
         cls(**kwargs)
 
 
-def _same(a, b):
-    for f in ("prompt_ids", "prompt_mask", "completion_ids", "response_mask", "logp"):
-        assert torch.equal(getattr(a, f), getattr(b, f)), f
-    assert a.eos_ids == b.eos_ids and a.stop == b.stop
-
-
-def test_keyword_form_of_sample_is_the_same_rollout_with_a_warning(model, prompts):
-    new = sample(
-        model,
-        prompts * 2,
-        params=SamplingParams(12, temperature=0.9, top_p=0.95, eos_token_id=EOS),
-        pad_token_id=PAD,
-        generator=torch.Generator().manual_seed(3),
-        options=DecodeOptions(compact=False, fast=False, check_every=2),
-    )
-    assert new.completion_ids.shape[1] <= 12 and int(new.response_mask.sum(1).min()) >= 1
-    with pytest.warns(DeprecationWarning, match=r"SamplingParams\(\.\.\.\).*DecodeOptions\(\.\.\.\)") as rec:
-        old = sample(
-            model,
-            prompts * 2,
-            max_new_tokens=12,
-            temperature=0.9,
-            top_p=0.95,
-            eos_token_id=EOS,
-            pad_token_id=PAD,
-            generator=torch.Generator().manual_seed(3),
-            compact=False,
-            fast=False,
-            _check_every=2,
-        )
-    assert rec[0].filename == __file__  # the warning points at the caller, past torch.no_grad
-    _same(old, new)
+def test_the_keyword_form_is_gone(model, prompts):
+    """0.1's keywords (``max_new_tokens=``, ``fast=``, ``chunk_size=``) are Python's own TypeError."""
+    p = SamplingParams(4)
+    for kw in (dict(max_new_tokens=4), dict(params=p, fast=False), dict(params=p, _check_every=2)):
+        with pytest.raises(TypeError, match="unexpected keyword argument"):
+            sample(model, prompts, **kw)
+    ids = torch.ones(1, 4, dtype=torch.long)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk_size'"):
+        logprobs(model, ids, ids, 2, chunk_size=3)
 
 
 def test_new_form_warns_nothing(model, prompts):
@@ -129,36 +106,27 @@ def test_new_form_warns_nothing(model, prompts):
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(params=SamplingParams(4), max_new_tokens=5), TypeError, "pass them once"),
-        (dict(options=DecodeOptions(), fast=False, params=SamplingParams(4)), TypeError, "pass them once"),
-        (dict(max_new_token=4), TypeError, "max_new_token"),
         (dict(), TypeError, r"needs params=SamplingParams"),
         (dict(params=dict(max_new_tokens=4)), TypeError, "got dict"),
         (dict(params=SamplingParams(4, stop=["="])), ValueError, "tokenizer"),
-        (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),  # the older message, still
     ],
 )
 def test_a_wrong_call_of_sample_names_the_problem(model, prompts, kwargs, error, match):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        with pytest.raises(error, match=match):
-            sample(model, prompts, **kwargs)
+    with pytest.raises(error, match=match):
+        sample(model, prompts, **kwargs)
 
 
-def test_keyword_form_of_logprobs_is_the_same_with_a_warning(model, prompts):
+def test_chunked_logprobs_are_the_samplers(model, prompts):
+    """The sampler's log-probs are the ones recomputed (module docstring), chunked or not."""
     r = sample(model, prompts, params=SamplingParams(10, eos_token_id=EOS), generator=torch.Generator().manual_seed(1))
     T = r.completion_ids.shape[1]
     with torch.no_grad():
-        new = logprobs(model, r.input_ids, r.attention_mask, T, memory=HeadMemory(chunk_size=3, max_saved_bytes=0))
-        with pytest.warns(DeprecationWarning, match=r"memory=HeadMemory") as rec:
-            old = logprobs(model, r.input_ids, r.attention_mask, T, chunk_size=3, max_saved_bytes=0)
-    assert rec[0].filename == __file__
-    assert torch.equal(old[0], new[0]) and torch.equal(old[1], new[1])
-    # the sampler's log-probs are the ones recomputed (module docstring), chunked or not
+        chunked = logprobs(model, r.input_ids, r.attention_mask, T, memory=HeadMemory(chunk_size=3, max_saved_bytes=0))
+        whole = logprobs(model, r.input_ids, r.attention_mask, T)
     m = r.response_mask.bool()
-    assert torch.allclose(new[0][m], r.logp[m], atol=1e-5)
-    with pytest.raises(TypeError, match="chunksize"):
-        logprobs(model, r.input_ids, r.attention_mask, T, chunksize=3)
+    assert torch.allclose(chunked[0][m], r.logp[m], atol=1e-5)
+    assert torch.allclose(chunked[0][m], whole[0][m], atol=1e-6)
+    assert torch.allclose(chunked[1][m], whole[1][m], atol=1e-5)
 
 
 def test_numpy_scalars_are_numbers_and_kept_as_python_ints():

@@ -1,5 +1,5 @@
 """``evaluate(model, tok, task, problems, SamplingParams, EvalPlan)``: the plan's validation, and
-the older keyword form (the same result, with a DeprecationWarning)."""
+the arguments taken as objects only (0.3 dropped the keyword form)."""
 
 import dataclasses
 
@@ -51,15 +51,14 @@ def test_plan_defaults_and_frozen():
         EvalPlan().n = 4
 
 
-def test_keyword_form_gives_the_same_result_with_a_warning(setup):
+def test_the_plan_shapes_the_result(setup):
     model, tok, task, problems = setup
-    new = _run(model, tok, task, problems, SamplingParams(6, temperature=0.8), EvalPlan(n=4, seed=1, batch_size=5))
-    assert new["eval/n"] == 4 and new["eval/problems"] == 3 and len(new["eval/correct"]) == 3
-    assert 0 < new["eval/response_len"] <= 6
-    with pytest.warns(DeprecationWarning, match=r"params=SamplingParams\(\.\.\.\), plan=EvalPlan\(\.\.\.\)") as rec:
-        old = _run(model, tok, task, problems, n=4, seed=1, batch_size=5, temperature=0.8, max_new_tokens=6)
-    assert rec[0].filename == __file__  # the warning points at the caller, past torch.no_grad
-    assert old == new
+    params, plan = SamplingParams(6, temperature=0.8), EvalPlan(n=4, seed=1, batch_size=5)
+    res = _run(model, tok, task, problems, params, plan)
+    assert res["eval/n"] == 4 and res["eval/problems"] == 3 and len(res["eval/correct"]) == 3
+    assert 0 < res["eval/response_len"] <= 6
+    # the same plan (seed), the same samples
+    assert res == _run(model, tok, task, problems, params, plan)
 
 
 def test_plan_and_params_reach_the_sampler(setup):
@@ -85,7 +84,8 @@ def test_a_wrong_call_names_the_problem(setup):
     model, tok, task, problems = setup
     with pytest.raises(TypeError, match="needs params=SamplingParams"):
         evaluate(model, tok, task, problems)
-    with pytest.raises(TypeError, match="pass them once"):
-        evaluate(model, tok, task, problems, SamplingParams(4), temperature=0.5)
-    with pytest.raises(TypeError, match="samples"):
-        evaluate(model, tok, task, problems, SamplingParams(4), samples=2)
+    with pytest.raises(TypeError, match="plan must be an EvalPlan, got dict"):
+        evaluate(model, tok, task, problems, SamplingParams(4), {"n": 2})
+    for kw in (dict(temperature=0.5), dict(n=2, max_new_tokens=4)):  # 0.1's keyword form is gone
+        with pytest.raises(TypeError, match="unexpected keyword argument"):
+            evaluate(model, tok, task, problems, SamplingParams(4), **kw)

@@ -39,8 +39,6 @@ of a few tokens per unfinished row, never a whole completion.
 
 Arguments come grouped: ``SamplingParams`` (what is drawn and where it stops), ``DecodeOptions``
 (how ``sample`` runs it: never the distribution), ``HeadMemory`` (``logprobs``' memory bounds).
-The older keywords (``sample(..., max_new_tokens=16, temperature=0.7)``) still work, with a
-DeprecationWarning (``params_from_keywords``).
 """
 
 from __future__ import annotations
@@ -48,9 +46,8 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -256,38 +253,6 @@ def _is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
-def params_from_keywords(fn: str, kwargs: dict, slots: dict, *, renames=None, stacklevel: int = 3) -> dict:
-    """The older keyword form of ``fn`` (``sample``, ``logprobs``, ``gapo.rl.evaluate``).
-
-    ``slots`` maps each grouped argument's name to ``(dataclass, the object passed or None)``;
-    every keyword of ``kwargs`` (after ``renames``, old -> field) must be a field of one of them.
-    Returns name -> object: the one passed, or one built from its keywords (a DeprecationWarning
-    names the new form). A keyword beside its whole object, or one no dataclass has, is a TypeError.
-    """
-    if not kwargs:
-        return {name: obj for name, (_, obj) in slots.items()}
-    renames = renames or {}
-    out, used, built = {}, set(), []
-    for name, (cls, obj) in slots.items():
-        names = {f.name for f in fields(cls)}
-        mine = {k: v for k, v in kwargs.items() if renames.get(k, k) in names}
-        used |= set(mine)
-        if mine and obj is not None:
-            raise TypeError(f"{fn}() got {name}= and the keyword(s) {sorted(mine)}: pass them once, in {name}=")
-        out[name] = cls(**{renames.get(k, k): v for k, v in mine.items()}) if mine else obj
-        if mine:
-            built.append(f"{name}={cls.__name__}(...)")
-    extra = sorted(set(kwargs) - used)
-    if extra:
-        raise TypeError(f"{fn}() got unexpected keyword argument(s) {extra}")
-    warnings.warn(
-        f"{fn}() with the keywords {sorted(kwargs)} is deprecated; pass {', '.join(built)}",
-        DeprecationWarning,
-        stacklevel=stacklevel,
-    )
-    return out
-
-
 def left_pad(prompt_ids, prompt_mask=None, *, pad_token_id: int = 0, device=None):
     """``(ids (B, P), mask (B, P))`` from a list of token-id lists or a tensor (+ mask)."""
     if isinstance(prompt_ids, torch.Tensor):
@@ -344,7 +309,6 @@ def sample(
     tokenizer=None,
     generator: torch.Generator | None = None,
     options: DecodeOptions | None = None,
-    **keywords,  # the older form: SamplingParams' and DecodeOptions' fields (deprecated)
 ) -> Rollout:
     """Sample one completion per prompt with a KV cache; see the module docstring for ``logp``
     and for stopping.
@@ -359,14 +323,7 @@ def sample(
     model's device) makes sampling reproducible. ``options`` (``DecodeOptions``) is how the
     decoding runs (dropping finished rows from the cache, ``FastLM``), never the distribution.
     """
-    got = params_from_keywords(
-        "sample",
-        keywords,
-        {"params": (SamplingParams, params), "options": (DecodeOptions, options)},
-        renames={"_check_every": "check_every"},
-        stacklevel=4,  # past torch.no_grad's wrapper
-    )
-    params, options = got["params"], got["options"] or DecodeOptions()
+    options = DecodeOptions() if options is None else options
     if not isinstance(params, SamplingParams):
         raise TypeError(
             "sample() needs params=SamplingParams(max_new_tokens=...), got "
@@ -677,7 +634,6 @@ def logprobs(
     memory: HeadMemory | None = None,
     fast: bool = True,
     entropy_grad: bool = True,
-    **keywords,  # the older form: HeadMemory's fields (deprecated)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token ``logp (B, T)`` and ``entropy (B, T)`` of the response under
     ``softmax(logits / temperature)`` (``temperature <= 0`` is treated as 1).
@@ -699,7 +655,7 @@ def logprobs(
     ``entropy_grad=False`` returns the entropy detached (pass it when the loss has no entropy
     term: it keeps the memory of a checkpointed backward bounded, see ``_chunk_stats``).
     """
-    memory = params_from_keywords("logprobs", keywords, {"memory": (HeadMemory, memory)})["memory"] or HeadMemory()
+    memory = HeadMemory() if memory is None else memory
     if not isinstance(memory, HeadMemory):
         raise TypeError(f"logprobs(): memory must be a HeadMemory, got {type(memory).__name__}")
     B, L = input_ids.shape

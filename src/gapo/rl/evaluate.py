@@ -24,7 +24,7 @@ from gapo.core.metrics import first_move_entropy, pass_at_k_curve
 from gapo.exec.scoring import score_samples
 from gapo.policy.chat import PromptEncoder
 from gapo.policy.model import eos_token_ids
-from gapo.policy.sampling import SamplingParams, params_from_keywords, sample
+from gapo.policy.sampling import SamplingParams, sample
 from gapo.rl.rollout import problem_name
 
 __all__ = ["evaluate", "EvalPlan", "eval_params"]
@@ -78,7 +78,6 @@ def evaluate(
     *,
     progress: bool = False,
     encode=None,
-    **keywords,  # the older form: SamplingParams' and EvalPlan's fields (deprecated)
 ) -> dict:
     """Evaluate ``model`` on ``problems`` with ``plan.n`` samples each; see the module docstring.
 
@@ -90,18 +89,14 @@ def evaluate(
     seed. ``encode(problem) -> ids`` builds the model's input (default: the tokenizer on the raw
     ``problem.prompt``, and a conversational problem is an error naming it rather than its last
     turn alone; the trainer and ``gapo eval`` pass their chat-template encoder's ``ids``)."""
-    got = params_from_keywords(
-        "evaluate",
-        keywords,
-        {"params": (SamplingParams, params), "plan": (EvalPlan, plan)},
-        stacklevel=4,  # past torch.no_grad's wrapper
-    )
-    params, plan = got["params"], got["plan"] or EvalPlan()
+    plan = EvalPlan() if plan is None else plan
     if not isinstance(params, SamplingParams):
         raise TypeError(
             "evaluate() needs params=SamplingParams(max_new_tokens=...), got "
             + ("none" if params is None else type(params).__name__)
         )
+    if not isinstance(plan, EvalPlan):
+        raise TypeError(f"evaluate(): plan must be an EvalPlan, got {type(plan).__name__}")
     if encode is None:
         raw = PromptEncoder(tok, chat=False)
         raw.check(problems, problem_name)
