@@ -17,7 +17,7 @@ import torch
 
 from gapo.core.advantages import compute
 from gapo.core.clipping import gapo_eps_high
-from gapo.core.losses import policy_loss
+from gapo.core.losses import ClipBounds, policy_loss
 
 
 def main() -> None:
@@ -41,14 +41,14 @@ def main() -> None:
 
     def fixed():
         logp = logp0.clone().requires_grad_(True)
-        loss, m = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.28, clip_ratio_c=args.clip_ratio_c)
+        loss, m = policy_loss(logp, old, adv, mask, bounds=ClipBounds(0.2, 0.28, clip_ratio_c=args.clip_ratio_c))
         loss.backward()
         return loss
 
     def gapo():
         logp = logp0.clone().requires_grad_(True)
         eps = gapo_eps_high(rewards, args.G, eps_low=0.2, eps_high_max=0.28)
-        loss, m = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=eps, clip_ratio_c=args.clip_ratio_c)
+        loss, m = policy_loss(logp, old, adv, mask, bounds=ClipBounds(0.2, eps, clip_ratio_c=args.clip_ratio_c))
         loss.backward()
         return loss
 

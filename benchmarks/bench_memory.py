@@ -48,7 +48,7 @@ def one(path: str, V: int, B: int, T: int, threads: int, prompt: int = 32) -> di
     import torch
 
     from gapo.core.clipping import gapo_eps_high
-    from gapo.core.losses import policy_loss
+    from gapo.core.losses import ClipBounds, policy_loss
     from gapo.policy.model import build_model
     from gapo.policy.sampling import HeadMemory, logprobs
 
@@ -78,7 +78,7 @@ def one(path: str, V: int, B: int, T: int, threads: int, prompt: int = 32) -> di
         lsm = torch.log_softmax(logits, -1)
         logp = lsm.gather(-1, ids[:, -T:, None])[..., 0]
         ent = -(lsm.exp() * lsm).sum(-1)
-    loss, _ = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=eps)
+    loss, _ = policy_loss(logp, old, adv, mask, bounds=ClipBounds(0.2, eps))
     if path == "chunked+ent":
         loss = loss - 0.01 * (ent * mask).sum() / mask.sum()
     loss.backward()

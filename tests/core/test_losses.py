@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from gapo.core.advantages import compute
 from gapo.core.clipping import gapo_eps_high
-from gapo.core.losses import LOSSES, cispo_loss, log_ratio, policy_loss
+from gapo.core.losses import LOSSES, ClipBounds, cispo_loss, log_ratio, policy_loss
 
 
 def _batch(B=8, T=6, seed=0, scale=0.3):
@@ -31,7 +31,7 @@ def _hand_batch():
 
 def test_token_loss_hand_computed():
     logp, old, adv, mask = _hand_batch()
-    loss, m = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.28)
+    loss, m = policy_loss(logp, old, adv, mask, bounds=ClipBounds(0.2, 0.28))
     # row 0: A=+1, rho=1.5 > 1.28 -> max(-1.5, -1.28) = -1.28, clipped, no gradient
     # row 1: A=+1, rho=1.1 inside  -> -1.1, gradient -A*rho = -1.1
     # row 2: A=-1, rho=0.5 < 0.8   -> max(0.5, 0.8) = 0.8, clipped, no gradient
@@ -51,7 +51,7 @@ def test_per_rollout_eps_high_unclips_only_that_rollout():
     logp, old, adv, mask = _hand_batch()
     # row 0 (rho = 1.5) gets eps_high 0.6: now inside the trust region, gradient -1.5/4
     eps = torch.tensor([0.6, 0.28, 0.28, 0.28])
-    loss, m = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=eps)
+    loss, m = policy_loss(logp, old, adv, mask, bounds=ClipBounds(0.2, eps))
     loss.backward()
     assert logp.grad.flatten().tolist() == pytest.approx([-1.5 / 4, -1.1 / 4, 0.0, 2.0 / 4], abs=1e-6)
     assert m["loss/clipfrac_high"].item() == 0.0
@@ -62,7 +62,9 @@ def test_dual_clip_hand_computed():
     # A = -1, rho = 4: max(4, -(-1)*1.28) = 4 > c = 3 -> loss 3, no gradient
     logp = torch.log(torch.tensor([[4.0], [2.0]])).requires_grad_(True)
     adv = torch.tensor([-1.0, -1.0])
-    loss, m = policy_loss(logp, torch.zeros(2, 1), adv, torch.ones(2, 1), eps_low=0.2, eps_high=0.28, clip_ratio_c=3.0)
+    loss, m = policy_loss(
+        logp, torch.zeros(2, 1), adv, torch.ones(2, 1), bounds=ClipBounds(0.2, 0.28, clip_ratio_c=3.0)
+    )
     assert loss.item() == pytest.approx((3.0 + 2.0) / 2)
     loss.backward()
     assert logp.grad.flatten().tolist() == pytest.approx([0.0, 2.0 / 2])
@@ -76,9 +78,9 @@ def test_gapo_with_equal_endpoints_equals_fixed_exactly(level, agg):
     eps_low = 0.2 if level == "token" else 3e-3
     adv = compute("drgrpo", rewards, 4)
     eps = gapo_eps_high(rewards, 4, eps_low=eps_low, eps_high_max=eps_low)
-    l_fixed, m_fixed = policy_loss(logp, old, adv, mask, eps_low=eps_low, eps_high=eps_low, level=level, agg=agg)
+    l_fixed, m_fixed = policy_loss(logp, old, adv, mask, bounds=ClipBounds(eps_low, eps_low), level=level, agg=agg)
     (g_fixed,) = torch.autograd.grad(l_fixed, logp)
-    l_gapo, m_gapo = policy_loss(logp, old, adv, mask, eps_low=eps_low, eps_high=eps, level=level, agg=agg)
+    l_gapo, m_gapo = policy_loss(logp, old, adv, mask, bounds=ClipBounds(eps_low, eps), level=level, agg=agg)
     (g_gapo,) = torch.autograd.grad(l_gapo, logp)
     assert torch.equal(l_fixed, l_gapo)
     assert torch.equal(g_fixed, g_gapo)
@@ -91,7 +93,7 @@ def test_gapo_with_equal_endpoints_equals_fixed_exactly(level, agg):
 def test_masked_tokens_change_neither_loss_nor_gradient(name):
     logp, old, mask, rewards = _batch()
     adv = compute("drgrpo", rewards, 4)
-    kw = dict(eps_low=0.2, eps_high=gapo_eps_high(rewards, 4, eps_low=0.2, eps_high_max=0.28))
+    kw = dict(bounds=ClipBounds(0.2, gapo_eps_high(rewards, 4, eps_low=0.2, eps_high_max=0.28)))
     loss, _ = LOSSES[name](logp, old, adv, mask, **kw)
     (g,) = torch.autograd.grad(loss, logp)
     # scramble everything under the mask (including huge values)
@@ -108,7 +110,7 @@ def test_masked_tokens_change_neither_loss_nor_gradient(name):
 def test_gradient_vanishes_exactly_where_clip_binds():
     logp, old, mask, rewards = _batch(B=16, T=8, scale=0.5)
     adv = torch.randn(16)
-    loss, _ = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.28)
+    loss, _ = policy_loss(logp, old, adv, mask, bounds=ClipBounds(0.2, 0.28))
     (g,) = torch.autograd.grad(loss, logp)
     ratio = torch.exp(logp.detach() - old)
     binds = ((adv[:, None] > 0) & (ratio > 1.28)) | ((adv[:, None] < 0) & (ratio < 0.8))
@@ -125,7 +127,7 @@ def test_gradient_vanishes_exactly_where_clip_binds():
 def test_extreme_log_ratios_are_finite(name):
     logp = torch.tensor([[1e4, -1e4, 0.0], [-1e4, 1e4, 5.0]], requires_grad=True)
     old = torch.zeros(2, 3)
-    loss, metrics = LOSSES[name](logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 3), eps_low=0.2, eps_high=0.28)
+    loss, metrics = LOSSES[name](logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 3), bounds=ClipBounds(0.2, 0.28))
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert all(torch.isfinite(torch.as_tensor(v)).all() for v in metrics.values())
@@ -146,7 +148,7 @@ def test_gspo_gradient_matches_closed_form():
     # unclipped GSPO-token with token-mean: dL/dlogp[i,t] = -A_i * s_i / N
     logp, old, mask, _ = _batch(scale=1e-3)
     adv = torch.randn(logp.shape[0])
-    loss, m = policy_loss(logp, old, adv, mask, eps_low=0.5, eps_high=0.5, level="sequence")
+    loss, m = policy_loss(logp, old, adv, mask, bounds=ClipBounds(0.5, 0.5), level="sequence")
     (g,) = torch.autograd.grad(loss, logp)
     s = torch.exp(((logp.detach() - old) * mask).sum(-1) / mask.sum(-1))
     expected = (-adv * s)[:, None] * mask / mask.sum()
@@ -156,7 +158,7 @@ def test_gspo_gradient_matches_closed_form():
 
 def test_cispo_keeps_gradient_of_clipped_tokens():
     logp, old, adv, mask = _hand_batch()
-    loss, _ = cispo_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.28)
+    loss, _ = cispo_loss(logp, old, adv, mask, bounds=ClipBounds(0.2, 0.28))
     loss.backward()
     # dL/dlogp = -A * sg(clip(rho)) / N: clip(1.5)=1.28, 1.1, clip(0.5)=0.8, clip(2.0)=1.28
     assert logp.grad.flatten().tolist() == pytest.approx([-1.28 / 4, -1.1 / 4, 0.8 / 4, 1.28 / 4], abs=1e-6)
@@ -166,7 +168,14 @@ def test_cispo_keeps_gradient_of_clipped_tokens():
 def test_every_loss_has_one_signature(name):
     logp, old, mask, rewards = _batch()
     adv = compute("drgrpo", rewards, 4)
-    loss, metrics = LOSSES[name](logp, old, adv, mask, eps_low=0.2, eps_high=0.28, agg="token-mean", clip_ratio_c=None)
+    loss, metrics = LOSSES[name](
+        logp,
+        old,
+        adv,
+        mask,
+        bounds=ClipBounds(0.2, 0.28, clip_ratio_c=None),
+        agg="token-mean",
+    )
     assert loss.ndim == 0 and loss.requires_grad
     for key, value in metrics.items():
         assert "/" in key
@@ -180,8 +189,8 @@ def test_every_loss_has_one_signature(name):
 def test_token_level_advantages_accepted():
     logp, old, mask, rewards = _batch()
     adv = compute("drgrpo", rewards, 4)
-    l1, _ = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.28)
-    l2, _ = policy_loss(logp, old, adv[:, None].expand_as(logp), mask, eps_low=0.2, eps_high=0.28)
+    l1, _ = policy_loss(logp, old, adv, mask, bounds=ClipBounds(0.2, 0.28))
+    l2, _ = policy_loss(logp, old, adv[:, None].expand_as(logp), mask, bounds=ClipBounds(0.2, 0.28))
     assert torch.allclose(l1, l2)
 
 
@@ -203,7 +212,10 @@ def test_bad_input_is_a_clear_error(mutate, match):
     args = dict(logp=logp, old_logp=old, advantages=torch.zeros(8), response_mask=mask, eps_low=0.2, eps_high=0.28)
     args = mutate(args)
     with pytest.raises(ValueError, match=match):
-        policy_loss(args.pop("logp"), args.pop("old_logp"), args.pop("advantages"), args.pop("response_mask"), **args)
+        bounds = ClipBounds(args.pop("eps_low"), args.pop("eps_high"), args.pop("clip_ratio_c", None))
+        policy_loss(
+            args.pop("logp"), args.pop("old_logp"), args.pop("advantages"), args.pop("response_mask"), bounds, **args
+        )
 
 
 @settings(max_examples=60, deadline=None)
@@ -217,6 +229,6 @@ def test_property_wider_upper_bound_never_lowers_positive_token_objective(seed, 
     # for A > 0 the surrogate -L = min(A rho, A clip(rho)) is non-decreasing in eps_high
     logp, old, mask, _ = _batch(seed=seed, scale=0.5)
     adv = torch.rand(logp.shape[0]) + 0.1
-    l_narrow, _ = policy_loss(logp, old, adv, mask, eps_low=eps_low, eps_high=eps_low, level=level)
-    l_wide, _ = policy_loss(logp, old, adv, mask, eps_low=eps_low, eps_high=eps_low + extra, level=level)
+    l_narrow, _ = policy_loss(logp, old, adv, mask, bounds=ClipBounds(eps_low, eps_low), level=level)
+    l_wide, _ = policy_loss(logp, old, adv, mask, bounds=ClipBounds(eps_low, eps_low + extra), level=level)
     assert l_wide.item() <= l_narrow.item() + 1e-6

@@ -1,4 +1,4 @@
-"""``ClipBounds``: the loss's clip bounds as one object, and the older keyword form beside it.
+"""``ClipBounds``: the loss's clip bounds as one object, its only form (0.3 dropped the keywords).
 
 Expected values are computed by hand from the surrogate's definition (one token per rollout, the
 ratios chosen so that every branch is taken), never by calling the loss a second time only.
@@ -30,17 +30,13 @@ CISPO = (-1.28 * math.log(1.5) - 1.1 * math.log(1.1) + 0.8 * math.log(0.5) + 1.2
 
 
 @pytest.mark.parametrize(
-    "bounds, keywords, expected",
-    [
-        (ClipBounds(0.2, 0.28), dict(eps_low=0.2, eps_high=0.28), PPO),
-        (ClipBounds(0.2, 0.28, clip_ratio_c=1.5), dict(eps_low=0.2, eps_high=0.28, clip_ratio_c=1.5), PPO_DUAL),
-    ],
+    "bounds, expected",
+    [(ClipBounds(0.2, 0.28), PPO), (ClipBounds(0.2, 0.28, clip_ratio_c=1.5), PPO_DUAL)],
 )
-def test_bounds_object_and_keywords_give_the_hand_computed_loss(bounds, keywords, expected):
+def test_bounds_give_the_hand_computed_loss(bounds, expected):
     for call in (
         lambda lp, o, a, m: policy_loss(lp, o, a, m, bounds),
         lambda lp, o, a, m: policy_loss(lp, o, a, m, bounds=bounds),
-        lambda lp, o, a, m: policy_loss(lp, o, a, m, **keywords),
         lambda lp, o, a, m: LOSSES["ppo"](lp, o, a, m, bounds, agg="token-mean"),
     ):
         logp, old, adv, mask = _hand_batch()
@@ -59,14 +55,11 @@ def test_per_rollout_eps_high_in_the_bounds_unclips_that_rollout():
     loss, m = policy_loss(logp, old, adv, mask, ClipBounds(0.2, eps))
     assert loss.item() == pytest.approx((-1.5 - 1.1 + 0.8 + 2.0) / 4, abs=1e-6)
     assert m["clip/eps_high_mean"].item() == pytest.approx((0.6 + 3 * 0.28) / 4)
-    legacy, _ = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=eps)
-    assert legacy.item() == loss.item()
 
 
-def test_cispo_takes_the_same_bounds_forms():
+def test_cispo_takes_the_same_bounds():
     for call in (
         lambda lp, o, a, m: cispo_loss(lp, o, a, m, ClipBounds(0.2, 0.28)),
-        lambda lp, o, a, m: cispo_loss(lp, o, a, m, eps_low=0.2, eps_high=0.28),
         lambda lp, o, a, m: LOSSES["cispo"](lp, o, a, m, ClipBounds(0.2, 0.28), agg="token-mean"),
     ):
         loss, _ = call(*_hand_batch())
@@ -79,8 +72,6 @@ def test_aggregation_normalisers_pass_beside_the_bounds():
     # token-mean normalised by a whole mini-batch of 8 tokens (micro-batching): the sum over 4 / 8
     loss, _ = policy_loss(*_hand_batch(), ClipBounds(0.2, 0.28), num_tokens=8.0)
     assert loss.item() == pytest.approx(PPO * 4 / 8, abs=1e-6)
-    legacy, _ = policy_loss(*_hand_batch(), eps_low=0.2, eps_high=0.28, num_tokens=8.0)
-    assert legacy.item() == pytest.approx(PPO * 4 / 8, abs=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -99,8 +90,6 @@ def test_aggregation_normalisers_pass_beside_the_bounds():
 def test_bad_bounds_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         ClipBounds(**kwargs)
-    with pytest.raises(ValueError, match=field):  # the keyword form validates the same way
-        policy_loss(*_hand_batch(), **kwargs)
 
 
 def test_bounds_are_frozen():
@@ -112,12 +101,15 @@ def test_bounds_are_frozen():
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda *a: policy_loss(*a, ClipBounds(0.2, 0.28), eps_high=0.3), "once"),
-        (lambda *a: policy_loss(*a), "eps_low, eps_high"),
-        (lambda *a: policy_loss(*a, eps_low=0.2), "missing: eps_high"),
+        (lambda *a: policy_loss(*a), "bounds"),
+        (lambda *a: policy_loss(*a, None), "ClipBounds.*got none"),
+        (lambda *a: policy_loss(*a, (0.2, 0.28)), "ClipBounds.*got tuple"),
+        (lambda *a: cispo_loss(*a, (0.2, 0.28)), "ClipBounds.*got tuple"),
         (lambda *a: policy_loss(*a, ClipBounds(0.2, 0.28), num_token=4), "num_token"),
-        (lambda *a: policy_loss(*a, (0.2, 0.28)), "ClipBounds, got tuple"),
-        (lambda *a: cispo_loss(*a, eps_hihg=0.28, eps_low=0.2), "eps_hihg"),
+        # 0.2's keyword form is gone: the keywords are errors, never a second spelling of bounds=
+        (lambda *a: policy_loss(*a, eps_low=0.2, eps_high=0.28), "bounds"),
+        (lambda *a: cispo_loss(*a, eps_low=0.2, eps_high=0.28), "bounds"),
+        (lambda *a: policy_loss(*a, ClipBounds(0.2, 0.28), eps_high=0.3), "eps_high"),
     ],
 )
 def test_a_wrong_call_form_is_a_type_error_naming_it(call, match):

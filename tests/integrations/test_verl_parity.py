@@ -17,7 +17,7 @@ from verl.trainer.ppo.core_algos import get_policy_loss_fn  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 
 from gapo.core.aggregation import AGG_MODES, agg_loss  # noqa: E402
-from gapo.core.losses import policy_loss  # noqa: E402
+from gapo.core.losses import ClipBounds, policy_loss  # noqa: E402
 
 TOL = 1e-6
 
@@ -85,10 +85,8 @@ def test_token_level_equals_verl_vanilla(agg, eps, seed):
         adv,
         mask,
         _actor(*eps, agg=agg),
-        eps_low=eps[0],
-        eps_high=eps[1],
+        bounds=ClipBounds(eps[0], eps[1], clip_ratio_c=3.0),
         level="token",
-        clip_ratio_c=3.0,
     )
     _assert_close(v, g)
     assert v[2]["actor/pg_clipfrac"] > 0.05  # the comparison covers clipped tokens ...
@@ -107,10 +105,8 @@ def test_token_level_per_token_advantages_and_per_rollout_eps_tensor():
         adv,
         mask,
         _actor(0.2, 0.28),
-        eps_low=0.2,
-        eps_high=eps_high,
+        bounds=ClipBounds(0.2, eps_high, clip_ratio_c=3.0),
         level="token",
-        clip_ratio_c=3.0,
     )
     _assert_close(v, g)
 
@@ -128,10 +124,8 @@ def test_token_level_extreme_log_ratios_match():
         adv,
         mask,
         _actor(0.2, 0.28),
-        eps_low=0.2,
-        eps_high=0.28,
+        bounds=ClipBounds(0.2, 0.28, clip_ratio_c=3.0),
         level="token",
-        clip_ratio_c=3.0,
     )
     _assert_close(v, g)
 
@@ -150,10 +144,8 @@ def test_sequence_level_equals_verl_gspo(agg, eps, seed):
         adv,
         mask,
         _actor(*eps, agg=agg),
-        eps_low=eps[0],
-        eps_high=eps[1],
+        bounds=ClipBounds(eps[0], eps[1], clip_ratio_c=None),
         level="sequence",
-        clip_ratio_c=None,
     )
     _assert_close(v, g)
     assert 0.1 < v[2]["actor/pg_clipfrac"] < 0.9
@@ -179,10 +171,8 @@ def test_sequence_level_large_log_ratios_match_verl_gspo(case):
         adv,
         mask,
         _actor(3e-3, 4e-3),
-        eps_low=3e-3,
-        eps_high=4e-3,
+        bounds=ClipBounds(3e-3, 4e-3, clip_ratio_c=None),
         level="sequence",
-        clip_ratio_c=None,
     )
     _assert_close(v, g)
 

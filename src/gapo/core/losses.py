@@ -6,13 +6,13 @@ All losses share one signature (``LOSSES`` registry)::
        bounds: ClipBounds, *, agg, **agg_norms) -> (loss (), metrics)
 
 ``ClipBounds(eps_low, eps_high, clip_ratio_c)`` holds the clip bounds (``eps_high`` a float or
-one width per rollout, GAPO's ``ε_high(i)``); the keywords ``eps_low=, eps_high=, clip_ratio_c=``
-in place of ``bounds`` (the older call form, still supported) build the same object.
+one width per rollout, GAPO's ``ε_high(i)``); ``agg_norms`` are ``agg_loss``'s whole-mini-batch
+normalisers (``num_tokens``, ``num_seqs``, ``horizon``), passed on unchanged.
 
 The surrogate (PPO, arXiv 1707.06347; unchanged by GAPO, arXiv 2609.00444)::
 
     L[i,t] = max(−A_i·ρ, −A_i·clip(ρ, 1 − ε_low, 1 + ε_high(i)))
-    dual clip (arXiv 1912.09729), for A < 0 only:  L = min(L, −A·c)
+    dual clip (arXiv 1912.09729), for A < 0 only:  L = min(L, −A·clip_ratio_c)
 
 with ``ρ`` the token ratio ``exp(logp − old_logp)`` (``level="token"``) or the GSPO sequence
 ratio (``level="sequence"``, arXiv 2507.18071)::
@@ -56,8 +56,6 @@ __all__ = ["ClipBounds", "policy_loss", "cispo_loss", "LOSSES", "LOG_RATIO_CLAMP
 LOG_RATIO_CLAMP = 20.0  # token level, ±
 SEQ_LOG_RATIO_MAX = 10.0  # sequence level, upper cap only (verl's gspo)
 LEVELS = ("token", "sequence")
-AGG_NORMS = ("num_tokens", "num_seqs", "horizon")  # agg_loss's whole-mini-batch normalisers
-BOUND_KEYWORDS = ("eps_low", "eps_high", "clip_ratio_c")  # ClipBounds' fields, as keywords (older form)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: eps_high may be a tensor (no elementwise ==)
@@ -68,8 +66,8 @@ class ClipBounds:
     - ``eps_high``: ``ε_high``, a float >= 0, or a finite ``(B,)`` tensor >= 0 with one upper
       width per rollout (GAPO's ``ε_high(i)``, ``gapo.core.clipping``); a constant is exactly
       fixed clipping;
-    - ``clip_ratio_c``: ``None`` (no dual clip), or the dual-clip constant ``c > 1`` (arXiv
-      1912.09729): for ``A < 0`` the token loss is capped at ``−A·c``. CISPO takes none.
+    - ``clip_ratio_c``: ``None`` (no dual clip), or the dual-clip constant ``> 1`` (arXiv
+      1912.09729): for ``A < 0`` the token loss is capped at ``−A·clip_ratio_c``. CISPO takes none.
 
     An invalid value is a ``ValueError`` naming the field, raised when the bounds are built.
     """
@@ -80,35 +78,18 @@ class ClipBounds:
 
     def __post_init__(self):
         check_eps(self.eps_low, self.eps_high)
-        c = self.clip_ratio_c
-        if c is not None and not c > 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1 for dual clipping, got {c!r} (None: no dual clip)")
-
-
-def _bounds_and_norms(fn: str, bounds: ClipBounds | None, kwargs: dict) -> tuple[ClipBounds, dict]:
-    """``(bounds, agg_norms)`` of a loss call: ``bounds``, or the ``ClipBounds`` that the keywords
-    ``eps_low``/``eps_high``/``clip_ratio_c`` (the older call form) give; every other keyword must be
-    one of ``agg_loss``'s normalisers (``AGG_NORMS``)."""
-    given = {k: kwargs.pop(k) for k in BOUND_KEYWORDS if k in kwargs}
-    extra = sorted(set(kwargs) - set(AGG_NORMS))
-    if extra:
-        raise TypeError(
-            f"{fn}() got unexpected keyword argument(s) {extra}; the clip bounds are bounds= (or "
-            f"{list(BOUND_KEYWORDS)}), the aggregation normalisers {list(AGG_NORMS)}"
-        )
-    if bounds is None:
-        missing = [k for k in ("eps_low", "eps_high") if k not in given]
-        if missing:
-            raise TypeError(
-                f"{fn}() needs the clip bounds: bounds=ClipBounds(eps_low, eps_high[, clip_ratio_c]), "
-                f"or the keywords eps_low= and eps_high= (missing: {', '.join(missing)})"
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1.0:
+            raise ValueError(
+                f"clip_ratio_c must be > 1 for dual clipping, got {self.clip_ratio_c!r} (None: no dual clip)"
             )
-        return ClipBounds(**given), kwargs
-    if given:
-        raise TypeError(f"{fn}() got bounds= and the keyword(s) {sorted(given)}: pass the clip bounds once")
+
+
+def _checked_bounds(fn: str, bounds: ClipBounds) -> ClipBounds:
+    """``bounds`` when it is a ``ClipBounds`` (its values were checked when it was built)."""
     if not isinstance(bounds, ClipBounds):
-        raise TypeError(f"{fn}(): bounds must be a gapo.core.losses.ClipBounds, got {type(bounds).__name__}")
-    return bounds, kwargs
+        got = "none" if bounds is None else type(bounds).__name__
+        raise TypeError(f"{fn}(): bounds must be a gapo.core.losses.ClipBounds(eps_low, eps_high), got {got}")
+    return bounds
 
 
 def _as_rows(x: float | torch.Tensor, like: torch.Tensor, name: str) -> float | torch.Tensor:
@@ -211,27 +192,25 @@ def policy_loss(
     old_logp: torch.Tensor,  # (B, T) behaviour policy
     advantages: torch.Tensor,  # (B,) or (B, T)
     response_mask: torch.Tensor,  # (B, T)
-    bounds: ClipBounds | None = None,  # ε_low, ε_high (float or (B,) per rollout: GAPO), dual-clip c
+    bounds: ClipBounds,  # ε_low, ε_high (float or (B,) per rollout: GAPO), clip_ratio_c
     *,
     level: str = "token",
     agg: str = "token-mean",
     weights: torch.Tensor | None = None,  # (B, T) per-token loss weights, e.g. rollout IS correction
-    **kwargs,  # eps_low=, eps_high=, clip_ratio_c= in place of bounds; agg_loss's normalisers
+    **agg_norms,  # agg_loss's keyword-only normalisers, forwarded as they are: it rejects any other
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate ``max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high))`` (arXiv 1707.06347, 2507.18071).
 
     ``bounds`` (:class:`ClipBounds`) holds ``ε_low``, ``ε_high`` and the dual-clip constant
-    ``clip_ratio_c`` (> 1: dual clipping for ``A < 0``). The keywords ``eps_low=, eps_high=,
-    clip_ratio_c=`` in place of ``bounds`` are the same call (the older form, kept)::
+    ``clip_ratio_c`` (> 1: dual clipping for ``A < 0``)::
 
         policy_loss(logp, old_logp, adv, mask, ClipBounds(0.2, eps_high))
-        policy_loss(logp, old_logp, adv, mask, eps_low=0.2, eps_high=eps_high)   # the same loss
 
     ``level="token"`` uses the token ratio, ``"sequence"`` GSPO's sequence ratio with the
     GSPO-token gradient. The keywords ``num_tokens``, ``num_seqs``, ``horizon`` pass mini-batch
     normalisers to ``agg_loss``. Returns ``(loss, metrics)``; see the module docstring for the metrics.
     """
-    bounds, agg_kwargs = _bounds_and_norms("policy_loss", bounds, kwargs)
+    bounds = _checked_bounds("policy_loss", bounds)
     advantages = _checked_advantages(logp, old_logp, advantages, response_mask)
     eps_low, clip_ratio_c = bounds.eps_low, bounds.clip_ratio_c
     eps_high = _as_rows(bounds.eps_high, logp, "eps_high")
@@ -250,7 +229,7 @@ def policy_loss(
     if weights is not None:
         check_same_shape(weights=weights, logp=logp)
         loss_mat = loss_mat * weights
-    loss = agg_loss(loss_mat, response_mask, agg, **agg_kwargs)
+    loss = agg_loss(loss_mat, response_mask, agg, **agg_norms)
 
     with torch.no_grad():
         n_tokens = response_mask.sum().clamp(min=1)
@@ -267,17 +246,17 @@ def cispo_loss(
     old_logp: torch.Tensor,  # (B, T)
     advantages: torch.Tensor,  # (B,) or (B, T)
     response_mask: torch.Tensor,  # (B, T)
-    bounds: ClipBounds | None = None,  # ε_low, ε_high; clip_ratio_c must be None
+    bounds: ClipBounds,  # ε_low, ε_high; clip_ratio_c must be None
     *,
     agg: str = "token-mean",
-    **kwargs,  # eps_low=, eps_high=, clip_ratio_c= in place of bounds; agg_loss's normalisers
+    **agg_norms,  # agg_loss's keyword-only normalisers, forwarded as they are: it rejects any other
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585): clip the IS *weight*, never drop a token's gradient.
 
     ``L[i,t] = −sg(clip(ρ, 1−ε_low, 1+ε_high)) · A_i · logp[i,t]``. The bounds are passed as in
     :func:`policy_loss`; their ``clip_ratio_c`` must be None (CISPO has no dual clip).
     """
-    bounds, agg_kwargs = _bounds_and_norms("cispo_loss", bounds, kwargs)
+    bounds = _checked_bounds("cispo_loss", bounds)
     advantages = _checked_advantages(logp, old_logp, advantages, response_mask)
     if bounds.clip_ratio_c is not None:
         raise ValueError("clip_ratio_c (dual clip) is not defined for CISPO; pass None")
@@ -288,7 +267,7 @@ def cispo_loss(
     ratio = torch.exp(log_r.detach())
     weight = _clip(ratio, eps_low, eps_high)
     loss_mat = -adv * weight * logp
-    loss = agg_loss(loss_mat, response_mask, agg, **agg_kwargs)
+    loss = agg_loss(loss_mat, response_mask, agg, **agg_norms)
     with torch.no_grad():
         n_tokens = response_mask.sum().clamp(min=1)
         sign, signed_bound = _bounds(adv, eps_low, eps_high)
