@@ -699,7 +699,7 @@ def test_cispo_caps_the_is_weight_per_rollout_like_gapo_cispo_loss(policy, tmp_p
     # TRL's cispo: L = −sg(min(ρ, cap))·A·logp; GAPO's cap of completion i is 1 + ε_high(i). gapo's own
     # cispo_loss clips at 1 − ε_low below too; with ε_low → 1 that bound is out of reach (ρ > 1e-6 here),
     # so the two must give the same loss and gradients for per-row ε_high.
-    from gapo.core.losses import cispo_loss
+    from gapo.core.losses import ClipBounds, cispo_loss
 
     trainer = _trainer(policy, tmp_path, loss_type="cispo", eps_high_max=0.5)
     inputs = _inputs_with_stale_policy(trainer, seed=3)
@@ -717,8 +717,7 @@ def test_cispo_caps_the_is_weight_per_rollout_like_gapo_cispo_loss(policy, tmp_p
             x["old_per_token_logps"],
             x["advantages"],
             mask,
-            eps_low=1 - 1e-6,
-            eps_high=x["gapo_eps_high"],
+            bounds=ClipBounds(1 - 1e-6, x["gapo_eps_high"]),
             agg="token-mean",
         )
         # TRL's cispo normaliser: num_items_in_batch / processes · grad-accum / steps_per_generation (1 · 1 / 2)
