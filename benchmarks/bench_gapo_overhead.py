@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gapo.experiments.grid import cell_config, load_grid, pretrain_config  # noqa: E402
+from gapo.experiments.grid_spec import cell_config, load_grid, pretrain_config  # noqa: E402
 from gapo.policy.base_policy import get_base_policy  # noqa: E402
 from gapo.rl.trainer import Trainer  # noqa: E402
 

@@ -510,7 +510,8 @@ def demo_estimate(steps: int, eval_every: int, problems: int, samples: int) -> s
 def cmd_compare(args) -> int:
     if args.config and not Path(args.config).is_file():  # named before torch loads (the grid module needs it)
         raise ValueError(f"--config: grid file {args.config!r} does not exist")
-    from gapo.experiments.grid import QUICK_GRID, load_grid, run_grid
+    from gapo.experiments.grid import run_grid
+    from gapo.experiments.grid_spec import QUICK_GRID, load_grid
     from gapo.experiments.report import grid_report
 
     if args.quick and args.config:

@@ -1,5 +1,5 @@
 """A resumed ``gapo compare`` must not mix base policies: a regime's base, rebuilt on a machine that
-lacks it, is checked against the one its finished cells trained from (grid._prepare_regimes).
+lacks it, is checked against the one its finished cells trained from (grid_bases.prepare_regimes).
 The build itself is replaced by a stand-in that writes what ``cell --prepare`` writes."""
 
 import hashlib
@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from gapo.experiments import grid as G
-from gapo.experiments.grid import base_eval_cfg, load_grid, weights_sha256
+from gapo.experiments import grid_bases as B
+from gapo.experiments.grid_bases import base_eval_cfg, weights_sha256
+from gapo.experiments.grid_spec import cell_config, load_grid, write_json
 
 TASK = {"n_numbers": 2, "num_range": [1, 10]}
 BASE = {"name": "test-identity", "task": "countdown", "sft_mix": [[TASK, 1.0]], "rl_task": TASK}
@@ -52,10 +54,10 @@ def rebuild(tmp_path, monkeypatch):
         for r, argv, _log, _ in jobs:
             out, ev = Path(argv[1]), json.loads(argv[4])
             p = _policy(tmp_path / "cache" / r, state["weights"])
-            G.write_json(out / r / "base_eval.json", _record(p, ev, state["pass1"], state["digest"]))
+            write_json(out / r / "base_eval.json", _record(p, ev, state["pass1"], state["digest"]))
             state["built"].append(r)
 
-    monkeypatch.setattr(G, "_pool", pool)
+    monkeypatch.setattr(B, "run_jobs", pool)
     monkeypatch.setenv("GAPO_CACHE", str(tmp_path / "gapo-cache"))
     return state
 
@@ -87,13 +89,13 @@ def test_a_rebuilt_base_that_differs_stops_the_resume_and_leaves_the_record(tmp_
     ev = base_eval_cfg(g, "r")
     gone = _policy(tmp_path / "elsewhere", b"B" * 64)  # the machine the finished cells ran on
     old = _record(gone, ev, 0.2)
-    G.write_json(out / "r" / "base_eval.json", old)
+    write_json(out / "r" / "base_eval.json", old)
     for f in gone.iterdir():
         f.unlink()
     gone.rmdir()
     _finished_cell(out)
     with pytest.raises(RuntimeError, match=r"regime r: the base policy rebuilt at .* is not the one .*mix two base"):
-        G._prepare_regimes(g, out, 0.0, lambda *a: None)
+        B.prepare_regimes(g, out, 0.0, lambda *a: None)
     assert rebuild["built"] == ["r"]
     assert json.loads((out / "r" / "base_eval.json").read_text()) == old  # put back as it was
 
@@ -102,10 +104,10 @@ def test_a_rebuilt_base_with_the_same_weights_resumes(tmp_path, rebuild):
     g, out = _grid(), tmp_path / "out"
     ev = base_eval_cfg(g, "r")
     gone = _policy(tmp_path / "elsewhere", rebuild["weights"])
-    G.write_json(out / "r" / "base_eval.json", _record(gone, ev, 0.3))  # eval differs: the digest decides
+    write_json(out / "r" / "base_eval.json", _record(gone, ev, 0.3))  # eval differs: the digest decides
     (gone / "config.json").unlink()
     _finished_cell(out)
-    bases = G._prepare_regimes(g, out, 0.0, lambda *a: None)
+    bases = B.prepare_regimes(g, out, 0.0, lambda *a: None)
     assert rebuild["built"] == ["r"] and bases["r"]["policy"] == str(tmp_path / "cache" / "r")
 
 
@@ -114,36 +116,36 @@ def test_without_a_digest_the_base_evaluation_decides(tmp_path, rebuild):
     g, out = _grid(), tmp_path / "out"
     ev = base_eval_cfg(g, "r")
     old = {"policy": str(tmp_path / "gone"), "eval_cfg": ev, "eval": {"eval/pass@1": 0.1, "time/eval_s": 9.0}}
-    G.write_json(out / "r" / "base_eval.json", old)
+    write_json(out / "r" / "base_eval.json", old)
     _finished_cell(out)
     rebuild["digest"] = False
-    G._prepare_regimes(g, out, 0.0, lambda *a: None)  # same values, other timing: the same base
-    G.write_json(out / "r" / "base_eval.json", old)
+    B.prepare_regimes(g, out, 0.0, lambda *a: None)  # same values, other timing: the same base
+    write_json(out / "r" / "base_eval.json", old)
     rebuild["pass1"] = 0.12
     with pytest.raises(RuntimeError, match="base pass@1 0.12, recorded 0.1"):
-        G._prepare_regimes(g, out, 0.0, lambda *a: None)
+        B.prepare_regimes(g, out, 0.0, lambda *a: None)
 
 
 def test_a_base_still_in_place_is_reused_and_changed_weights_are_rebuilt(tmp_path, rebuild):
     g, out = _grid(), tmp_path / "out"
     ev = base_eval_cfg(g, "r")
     here = _policy(tmp_path / "here", b"C" * 64)
-    G.write_json(out / "r" / "base_eval.json", _record(here, ev, 0.1))
+    write_json(out / "r" / "base_eval.json", _record(here, ev, 0.1))
     _finished_cell(out)
-    assert G._prepare_regimes(g, out, 0.0, lambda *a: None)["r"]["policy"] == str(here)
+    assert B.prepare_regimes(g, out, 0.0, lambda *a: None)["r"]["policy"] == str(here)
     assert rebuild["built"] == []
     (here / "model.safetensors").write_bytes(b"D" * 64)  # the cached weights changed under the folder
     with pytest.raises(RuntimeError, match="mix two base policies"):
-        G._prepare_regimes(g, out, 0.0, lambda *a: None)
+        B.prepare_regimes(g, out, 0.0, lambda *a: None)
     assert rebuild["built"] == ["r"]
 
 
 def test_without_finished_cells_a_rebuilt_base_is_simply_used(tmp_path, rebuild):
     g, out = _grid(), tmp_path / "out"
     ev = base_eval_cfg(g, "r")
-    G.write_json(out / "r" / "base_eval.json", _record(_policy(tmp_path / "x", b"E"), ev, 0.5))
+    write_json(out / "r" / "base_eval.json", _record(_policy(tmp_path / "x", b"E"), ev, 0.5))
     (tmp_path / "x" / "config.json").unlink()
-    bases = G._prepare_regimes(g, out, 0.0, lambda *a: None)
+    bases = B.prepare_regimes(g, out, 0.0, lambda *a: None)
     assert rebuild["built"] == ["r"] and bases["r"]["weights_sha256"] == weights_sha256(tmp_path / "cache" / "r")
 
 
@@ -156,9 +158,9 @@ def test_a_resume_on_a_machine_without_the_base_gets_to_the_rebuild(tmp_path, re
     g, out = _grid(), tmp_path / "out"
     ev = base_eval_cfg(g, "r")
     gone = _policy(tmp_path / "elsewhere", rebuild["weights"])
-    G.write_json(out / "r" / "base_eval.json", _record(gone, ev, 0.1))
-    spec = {"config": to_dict(G.cell_config(g, "r", "drgrpo", 0, base_path=str(gone)))}
-    G.write_json(out / "r" / "drgrpo" / "seed0.json", spec)
+    write_json(out / "r" / "base_eval.json", _record(gone, ev, 0.1))
+    spec = {"config": to_dict(cell_config(g, "r", "drgrpo", 0, base_path=str(gone)))}
+    write_json(out / "r" / "drgrpo" / "seed0.json", spec)
     for f in gone.iterdir():
         f.unlink()
     gone.rmdir()
@@ -166,7 +168,7 @@ def test_a_resume_on_a_machine_without_the_base_gets_to_the_rebuild(tmp_path, re
     stats = G.run_grid(g, out, say=lambda *a: None)
     assert rebuild["built"] == ["r"] and stats["skipped"] == 1
     spec["config"]["algo"]["eps_low"] = 0.1
-    G.write_json(out / "r" / "drgrpo" / "seed0.json", spec)
+    write_json(out / "r" / "drgrpo" / "seed0.json", spec)
     with pytest.raises(ValueError, match=r"r/drgrpo/seed0 \(algo.eps_low"):
         G.run_grid(g, out, say=lambda *a: None)
 
@@ -177,10 +179,10 @@ def test_a_started_cell_pins_the_base_as_a_finished_one_does(tmp_path, rebuild):
     g, out = _grid(), tmp_path / "out"
     ev = base_eval_cfg(g, "r")
     old = {"policy": str(tmp_path / "gone"), "eval_cfg": ev, "eval": {"eval/pass@1": 0.1}, "weights_sha256": "0" * 64}
-    G.write_json(out / "r" / "base_eval.json", old)
+    write_json(out / "r" / "base_eval.json", old)
     _started_cell(out)
     with pytest.raises(RuntimeError, match="finished or started cells .* mix two base policies"):
-        G._prepare_regimes(g, out, 0.0, lambda *a: None)
+        B.prepare_regimes(g, out, 0.0, lambda *a: None)
     assert rebuild["built"] == ["r"]
     assert json.loads((out / "r" / "base_eval.json").read_text()) == old
 

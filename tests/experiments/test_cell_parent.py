@@ -16,7 +16,7 @@ import time
 import pytest
 
 from gapo.experiments import cell
-from gapo.experiments.grid import cell_file
+from gapo.experiments.grid_spec import cell_file
 
 # the child: follows its parent as a cell does, records the SIGTERM it gets, else sleeps on
 CHILD = r"""
@@ -132,7 +132,7 @@ def test_a_cell_still_held_after_the_wait_is_busy(tmp_path, monkeypatch, capsys)
 
 
 def test_spawn_tells_the_cell_whose_it_is(tmp_path, monkeypatch):
-    from gapo.experiments import grid
+    from gapo.experiments import pool
 
     seen = {}
 
@@ -140,8 +140,8 @@ def test_spawn_tells_the_cell_whose_it_is(tmp_path, monkeypatch):
         def __init__(self, argv, env, **kw):
             seen.update(env=env, argv=argv)
 
-    monkeypatch.setattr(grid.subprocess, "Popen", FakePopen)
-    p = grid._spawn(["--cell", "x"], tmp_path / "x.log")
+    monkeypatch.setattr(pool.subprocess, "Popen", FakePopen)
+    p = pool.spawn(["--cell", "x"], tmp_path / "x.log")
     p._log.close()
     assert seen["env"][cell.PARENT_ENV] == str(os.getpid())
     assert seen["argv"][1:3] == ["-m", "gapo.experiments.cell"]

@@ -13,13 +13,12 @@ from gapo.experiments.dose import (
     analyse,
     dose_markdown,
     dose_report,
-    dose_spec,
     pack,
     trend_line,
     unpack,
     verdict_words,
 )
-from gapo.experiments.grid import grid_cells, load_grid
+from gapo.experiments.grid_spec import dose_spec, grid_cells, load_grid
 from gapo.experiments.stats import mean_ci, t_pvalue
 
 COMMON = {
@@ -329,26 +328,26 @@ def test_a_rerun_reuses_every_regimes_base_evaluation(tmp_path, monkeypatch):
     """A rerun of a grid (resuming it) must not re-evaluate the base of every regime: the recorded
     eval_cfg is compared as JSON (the task's num_range tuple comes back from the file as a list).
     Before the fix every invocation re-ran one 64 x 64-sample evaluation per regime."""
-    from gapo.experiments import grid as gridmod
+    from gapo.experiments import grid_bases, grid_spec
 
     g = _grid()
     for r in g["regimes"]:
         spec = g["_regimes"][r]
         ev = {
-            **gridmod._eval_cfg(g, r),
-            "base_key": gridmod.pretrain_config(spec).cache_key(),
-            "task": gridmod.regime_task(spec),
+            **grid_bases._eval_cfg(g, r),
+            "base_key": grid_spec.pretrain_config(spec).cache_key(),
+            "task": grid_spec.regime_task(spec),
         }
         assert isinstance(ev["task"]["params"]["num_range"], tuple)  # what made the old comparison fail
         policy = tmp_path / "policy"  # the base is still on this machine (else phase 1 rebuilds it)
         policy.mkdir(exist_ok=True)
         (policy / "config.json").write_text("{}")
-        gridmod.write_json(
+        grid_spec.write_json(
             tmp_path / r / "base_eval.json", {"policy": str(policy), "eval_cfg": ev, "eval": {"eval/pass@1": 0.1}}
         )
     jobs = []
-    monkeypatch.setattr(gridmod, "_pool", lambda prep, workers, say, *a, **kw: jobs.extend(prep))
-    bases = gridmod._prepare_regimes(g, tmp_path, 0.0, lambda s: None)
+    monkeypatch.setattr(grid_bases, "run_jobs", lambda prep, workers, say, *a, **kw: jobs.extend(prep))
+    bases = grid_bases.prepare_regimes(g, tmp_path, 0.0, lambda s: None)
     assert jobs == [] and set(bases) == set(g["regimes"])
 
 

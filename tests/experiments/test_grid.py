@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gapo.experiments.grid import load_grid, run_grid
+from gapo.experiments.grid import run_grid
+from gapo.experiments.grid_spec import load_grid
 from gapo.experiments.report import grid_report
 
 TASK = {"n_numbers": 2, "num_range": [1, 10]}
@@ -91,7 +92,7 @@ def test_unknown_names_are_listed():
 
 
 def test_regime_method_subsets():
-    from gapo.experiments.grid import grid_cells
+    from gapo.experiments.grid_spec import grid_cells
 
     g = load_grid(
         _grid(
@@ -112,7 +113,7 @@ def test_quick_grid_file_is_valid():
     assert len(full["seeds"]) >= 5
     assert set(full["regimes"]) == {"low", "three", "high"} and len(full["methods"]) == 10
     # the learning rates the calibration's rule picked (configs/calibrate-regimes.yaml)
-    from gapo.experiments.grid import cell_config
+    from gapo.experiments.grid_spec import cell_config
 
     lrs = {r: cell_config(full, r, "gapo", 0, base_path="x").optim.lr for r in full["regimes"]}
     assert lrs == {"low": 2e-5, "three": 1e-5, "high": 5e-5}
@@ -135,14 +136,14 @@ def test_every_committed_grid_file_loads():
 
 @pytest.mark.slow
 def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path, easy_cache, monkeypatch):
-    from gapo.experiments.grid import cell_config, cell_dir
+    from gapo.experiments.grid_spec import cell_config, cell_dir
     from gapo.rl.trainer import Trainer
 
     g = load_grid(_grid(method_defs={"boom": {}}, methods=["drgrpo", "gapo", "boom"]))
     out = tmp_path / "grid"
     _occupy(out)
     # an interrupted cell: one of two steps done and checkpointed before the grid starts
-    from gapo.experiments.grid import pretrain_config
+    from gapo.experiments.grid_spec import pretrain_config
     from gapo.policy.base_policy import get_base_policy
 
     base = str(get_base_policy(pretrain_config(g["_regimes"]["easy"]), progress=False))
@@ -160,7 +161,7 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path, easy_cache, mon
     assert any(s.startswith("regime easy: base policy") and "is cached" in s for s in said), said
     assert any(s.startswith("estimate: no cell time known yet") for s in said), said
     # the base evaluation records which weights it evaluated (what a resume elsewhere checks against)
-    from gapo.experiments.grid import weights_sha256
+    from gapo.experiments.grid_bases import weights_sha256
 
     rec = json.loads((out / "easy" / "base_eval.json").read_text())
     assert rec["policy"] == base and rec["weights_sha256"] == weights_sha256(base) is not None
@@ -247,7 +248,8 @@ def test_cli_retry_failed_reruns_failed_cells(tmp_path, capsys, easy_policy):
     import yaml
 
     from gapo.cli import main as cli_main
-    from gapo.experiments.grid import base_eval_cfg, write_json
+    from gapo.experiments.grid_bases import base_eval_cfg
+    from gapo.experiments.grid_spec import write_json
 
     grid = _grid(method_defs={"boom": {}}, methods=["boom"])
     p = tmp_path / "g.yaml"
@@ -280,7 +282,7 @@ def test_a_cell_that_fails_its_checks_ends_without_importing_torch(tmp_path):
     import subprocess
     import sys
 
-    from gapo.experiments.grid import cell_config, cell_file, write_json
+    from gapo.experiments.grid_spec import cell_config, cell_file, write_json
     from gapo.rl.config import to_dict
 
     g = load_grid(_grid(method_defs={"boom": {}}, methods=["boom"]))
@@ -298,7 +300,8 @@ def test_a_cell_that_fails_its_checks_ends_without_importing_torch(tmp_path):
 
 
 def test_estimate_from_finished_cells_then_from_cell_s(tmp_path):
-    from gapo.experiments.grid import _cell_seconds, cell_dir, estimate_line
+    from gapo.experiments.grid import _cell_seconds, estimate_line
+    from gapo.experiments.grid_spec import cell_dir
 
     g = load_grid(_grid(methods=["drgrpo", "gapo"], cell_s=50))
     assert _cell_seconds(g, tmp_path) == (50.0, "the grid's cell_s")
@@ -315,7 +318,7 @@ def test_estimate_from_finished_cells_then_from_cell_s(tmp_path):
 
 
 def test_prepare_bar_follows_the_logs(tmp_path):
-    from gapo.experiments.grid import _PrepareBar
+    from gapo.experiments.grid_bases import _PrepareBar
 
     a, b = tmp_path / "a.log", tmp_path / "b.log"
     a.write_text("pretrain base (x): step 50, 20% done, loss 1.0\npretrain base (x): step 100, 45% done, loss 0.9\n")

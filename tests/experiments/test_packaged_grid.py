@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gapo.experiments.grid import QUICK_GRID, load_grid
+from gapo.experiments.grid_spec import QUICK_GRID, load_grid
 
 ROOT = Path(__file__).resolve().parents[2]
 

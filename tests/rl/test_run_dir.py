@@ -152,7 +152,8 @@ def test_a_run_inside_another_run_is_refused(run, easy_policy, tmp_path, capsys,
     """An --overwrite of the outer run would delete it (and a second run's files would mix with the
     first's): refused at any depth, through a symlink too, before the model loads; so is a grid."""
     import gapo.rl.trainer as trainer_mod
-    from gapo.experiments.grid import QUICK_GRID, load_grid, run_grid
+    from gapo.experiments.grid import run_grid
+    from gapo.experiments.grid_spec import QUICK_GRID, load_grid
 
     monkeypatch.setattr(trainer_mod, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
     (tmp_path / "link").symlink_to(run)

@@ -250,7 +250,8 @@ def test_a_busy_compare_cell_writes_nothing(tmp_path):
 
 
 def test_a_second_compare_on_one_grid_folder_is_refused(tmp_path):
-    from gapo.experiments.grid import QUICK_GRID, load_grid, run_grid
+    from gapo.experiments.grid import run_grid
+    from gapo.experiments.grid_spec import QUICK_GRID, load_grid
 
     out = tmp_path / "grid"
     out.mkdir()

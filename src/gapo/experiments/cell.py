@@ -28,13 +28,14 @@ import time
 import traceback
 from pathlib import Path
 
-from gapo.experiments.grid import cell_file, write_json
+from gapo.experiments.grid_bases import weights_sha256
+from gapo.experiments.grid_spec import cell_file, pretrain_config, regime_task, write_json
 from gapo.rl.config import from_dict
 from gapo.rl.run_dir import RunFolder
 from gapo.rl.run_lock import RunLocked
 
 BUSY = 75  # EX_TEMPFAIL: the cell's folder is locked by another process; nothing was written
-PARENT_ENV = "GAPO_GRID_PID"  # set by grid._spawn: the pid of the `gapo compare` that started this job
+PARENT_ENV = "GAPO_GRID_PID"  # set by pool.spawn: the pid of the `gapo compare` that started this job
 BUSY_WAIT_S = 60.0  # how long a cell waits for its folder's lock before it answers BUSY
 
 
@@ -75,7 +76,6 @@ def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> i
     import torch
 
     from gapo import tasks
-    from gapo.experiments.grid import pretrain_config, regime_task, weights_sha256
     from gapo.policy.base_policy import get_base_policy
     from gapo.policy.model import load_policy
     from gapo.rl.evaluate import EvalPlan, evaluate
@@ -106,7 +106,7 @@ def _prepare_regime(out: Path, regime: str, spec_json: str, eval_json: str) -> i
 
 
 def base_eval_params(ev: dict, task):
-    """How the regime's base is evaluated (``ev``: grid.base_eval_cfg's record), a
+    """How the regime's base is evaluated (``ev``: grid_bases.base_eval_cfg's record), a
     ``SamplingParams``: as its cells' own evaluations sample (rl.evaluate.eval_params), so that
     step 0 and later steps compare."""
     from gapo.policy.sampling import SamplingParams  # torch: in the child that evaluates

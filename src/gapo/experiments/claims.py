@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from gapo.experiments.grid import BASELINE_OF
+from gapo.experiments.grid_spec import BASELINE_OF
 from gapo.experiments.stats import by_c_entries, mean_ci, paired_diffs, paired_problem_diffs, seed_problem_bootstrap
 
 # the per-c summary keys the mechanism and premise claims read (stats.BY_C_SUMMARY)

@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import tarfile
 from pathlib import Path
 
-from gapo.experiments.grid import cell_config, methods_of, write_json
+from gapo.experiments.grid_spec import cell_config, dose_spec, methods_of, write_json
 from gapo.experiments.stats import (
     holm,
     mean_ci,
@@ -48,7 +49,6 @@ from gapo.experiments.stats import (
 )
 
 __all__ = [
-    "dose_spec",
     "dose_levels",
     "analyse",
     "verdict_words",
@@ -60,48 +60,11 @@ __all__ = [
     "unpack",
 ]
 
-_DEFAULTS = {
-    "reference": "drgrpo",
-    "comparisons": [["gapo", "drgrpo"], ["gapo", "dapo"]],
-    "keys": ["after/pass@1", "after/pass@8", "after/pass@64"],
-    "width": None,
-    "bootstrap": 2000,
-    "alpha": 0.05,
-}
 _CLIP = "train/clip/frac_high_pos"
 _CLIP_BY_C = "clip/frac_high_by_c"  # the summary's per-c key (stats.BY_C_SUMMARY)
 
 
 # --------------------------------------------------------------------------------- the spec
-def dose_spec(grid: dict) -> dict:
-    """The grid's ``dose`` block with defaults, checked against the grid (methods, regimes, keys)."""
-    raw = grid.get("dose") or {}
-    if not isinstance(raw, dict):
-        raise ValueError("grid key 'dose' must be a mapping")
-    bad = set(raw) - set(_DEFAULTS)
-    if bad:
-        raise ValueError(f"unknown key(s) {sorted(bad)} under 'dose'; accepted: {sorted(_DEFAULTS)}")
-    spec = {**_DEFAULTS, **raw}
-    ms = set(grid["methods"])
-    for pair in spec["comparisons"]:
-        if not (isinstance(pair, (list, tuple)) and len(pair) == 2) or not set(pair) <= ms:
-            raise ValueError(f"dose.comparisons: {pair!r} is not a pair of the grid's methods {sorted(ms)}")
-    if spec["reference"] not in ms:
-        raise ValueError(f"dose.reference {spec['reference']!r} is not one of the grid's methods {sorted(ms)}")
-    for k in spec["keys"]:
-        if not isinstance(k, str) or not k.startswith(("after/", "before/", "train/")):
-            raise ValueError(f"dose.keys: {k!r} is not a summary key (after/<metric>, train/<key>)")
-    w = spec["width"]
-    if w is not None:
-        for k in ("regime", "at"):
-            if w.get(k) not in grid["regimes"]:
-                raise ValueError(f"dose.width.{k}: {w.get(k)!r} is not one of the grid's regimes")
-        for p in w.get("pairs") or []:
-            if len(p) != 3 or not set(p[:2]) <= ms:
-                raise ValueError(f"dose.width.pairs: {p!r} is not [method, against, width] of the grid's methods")
-    return spec
-
-
 def dose_levels(grid: dict) -> list[str]:
     """The dose cells: every regime but the width block's."""
     w = dose_spec(grid)["width"]
@@ -484,8 +447,6 @@ def write_per_problem(cells: dict, path: Path) -> None:
 def dose_report(grid: dict, cells: dict, rdir: Path, fdir: Path) -> str:
     """Write ``dose.json``, ``dose.md`` (in ``rdir``) and the figure (in ``fdir``); returns a
     markdown paragraph linking them (for the grid's ``tables.md``)."""
-    import os
-
     res = analyse(grid, cells)
     write_json(Path(rdir) / "dose.json", res)
     fig = dose_figure(res, fdir)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from gapo.experiments.grid import BASELINE_OF
+from gapo.experiments.grid_spec import BASELINE_OF
 from gapo.experiments.stats import by_c, by_c_entries, mean_ci, paired_diffs
 
 __all__ = ["run_figures", "grid_figures"]

@@ -28,8 +28,9 @@ import re
 from pathlib import Path
 
 from gapo.experiments.claims import claim_rows, independent_between, verdict
+from gapo.experiments.dose import dose_report, write_per_problem
 from gapo.experiments.figures import GRID_CAPTIONS, RUN_CAPTIONS, grid_figures, run_figures
-from gapo.experiments.grid import BASELINE_OF, cell_dir, grid_cells, write_json
+from gapo.experiments.grid_spec import BASELINE_OF, cell_dir, grid_cells, write_json
 from gapo.experiments.stats import by_c_entries, load_cell, mean_ci, paired_diffs, run_summary
 
 __all__ = [
@@ -228,8 +229,6 @@ def grid_report(
         f"![{f}]({rel}/{f})" + (f"\n\n*{f}: {GRID_CAPTIONS[f]}*\n" if f in GRID_CAPTIONS else "") for f in figs
     ]
     md += "\n## Figures\n\n" + "\n".join(captioned) + "\n"
-    from gapo.experiments.dose import dose_report, write_per_problem
-
     write_per_problem(cells, rdir / "per_problem.json")  # per-problem success counts of every cell
     if grid.get("dose"):  # a dose-response grid (configs/dose-response.yaml): dose.md, dose.json, its figure
         md += dose_report(grid, cells, rdir, fdir)
