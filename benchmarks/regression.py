@@ -377,9 +377,9 @@ if have_verl:
     old = -torch.rand(B, T, generator=g) * 3.0
     logp = old + torch.randn(B, T, generator=g) * 0.3
     logp_seq = old + torch.randn(B, T, generator=g) * 0.02  # sequence ratios near GSPO's narrow band
-    cases = [("gapo", 0.2, 0.2, dict(eps_high_max=0.28, schedule="linear")),
-             ("gapo", 0.2, 0.2, dict(eps_high_max=0.28, schedule="log")),
-             ("gapo_seq", 3e-3, 3e-3, dict(eps_high_max=5e-3, schedule="linear"))]
+    cases = [("gapo", 0.2, 0.2, dict(eps_high_max=0.28, eps_schedule="linear")),
+             ("gapo", 0.2, 0.2, dict(eps_high_max=0.28, eps_schedule="log")),
+             ("gapo_seq", 3e-3, 3e-3, dict(eps_high_max=5e-3, eps_schedule="linear"))]
     for name, lo, hi, pl in cases:
         for agg in ("token-mean", "seq-mean-token-sum-norm"):
             cfg = ActorConfig(strategy="fsdp", rollout_n=G, ppo_micro_batch_size_per_gpu=1, clip_ratio=lo,
@@ -389,8 +389,9 @@ if have_verl:
             loss, m = get_policy_loss_fn(name)(old_log_prob=old, log_prob=x, advantages=adv, response_mask=mask,
                                                loss_agg_mode=agg, config=cfg)
             loss.backward()
-            emit({"_src": f"verl/{name}/{pl['schedule']}/{agg}", "loss": loss.item(), "grad_sum": x.grad.sum().item(),
-                  "grad_abs_sum": x.grad.abs().sum().item(), **{k: num(v) for k, v in sorted(m.items())}})
+            emit({"_src": f"verl/{name}/{pl['eps_schedule']}/{agg}", "loss": loss.item(),
+                  "grad_sum": x.grad.sum().item(), "grad_abs_sum": x.grad.abs().sum().item(),
+                  **{k: num(v) for k, v in sorted(m.items())}})
 
 try:
     import trl  # noqa: F401

@@ -31,7 +31,7 @@ def test_correct_rollout_weight_is_g_minus_c_over_g_minus_1():
 def test_log_schedule_hand_computed():
     # w = 2/3: log(1.2) + 2/3 (log 1.28 - log 1.2) -> 1.2 * (1.28/1.2)^(2/3) - 1
     r = torch.tensor([1.0, 1, 0, 0])
-    eps = gapo_eps_high(r, 4, eps_low=0.2, eps_high_max=0.28, schedule="log")
+    eps = gapo_eps_high(r, 4, eps_low=0.2, eps_high_max=0.28, eps_schedule="log")
     assert eps[0].item() == pytest.approx(1.2 * (1.28 / 1.2) ** (2 / 3) - 1, rel=1e-6)
 
 
@@ -56,7 +56,7 @@ def test_schedules_agree_at_endpoints_and_log_below_linear(G, data, eps_low, ext
     c = data.draw(st.integers(1, G - 1), label="c")
     r = torch.tensor([1.0] * c + [0.0] * (G - c))
     lin = gapo_eps_high(r, G, eps_low=eps_low, eps_high_max=eps_low + extra)
-    log = gapo_eps_high(r, G, eps_low=eps_low, eps_high_max=eps_low + extra, schedule="log")
+    log = gapo_eps_high(r, G, eps_low=eps_low, eps_high_max=eps_low + extra, eps_schedule="log")
     w = success_weight(r, G)
     ends = (w < 1e-6) | (w > 1 - 1e-6)  # w = 1 may come out as 1 - 2^-24 in float32
     assert torch.allclose(lin[ends], log[ends], atol=1e-6)
@@ -85,7 +85,7 @@ def test_weight_monotone_in_group_success(G):
 def test_equal_endpoints_is_fixed():
     r = torch.tensor([1.0, 0, 1, 1])
     for schedule in ("linear", "log"):
-        eps = gapo_eps_high(r, 2, eps_low=0.2, eps_high_max=0.2, schedule=schedule)
+        eps = gapo_eps_high(r, 2, eps_low=0.2, eps_high_max=0.2, eps_schedule=schedule)
         assert torch.allclose(eps, torch.full((4,), 0.2), atol=1e-7)
 
 
@@ -109,7 +109,7 @@ def test_every_schedule_has_one_signature(name):
         (dict(rewards=torch.tensor([1.0, 0.0]), group_size=2, eps_low=-0.1), "eps_low must be finite and >= 0"),
         (dict(rewards=torch.tensor([1.0, 0.0]), group_size=2, eps_low=float("nan")), "eps_low must be finite"),
         (dict(rewards=torch.tensor([1.0, 0.0]), group_size=2, eps_high_max=float("nan")), "eps_high_max"),
-        (dict(rewards=torch.tensor([1.0, 0.0]), group_size=2, schedule="cubic"), "schedule 'cubic'"),
+        (dict(rewards=torch.tensor([1.0, 0.0]), group_size=2, eps_schedule="cubic"), "eps_schedule .cubic."),
         (dict(rewards=torch.tensor([1.0, 0.0]), group_size=2, reward_range=(1, 1)), "reward_range"),
     ],
 )
@@ -122,7 +122,7 @@ def test_bad_input_names_the_argument(kwargs, match):
 @pytest.mark.parametrize("schedule", ["linear", "log"])
 def test_schedule_takes_widths_of_one_or_more_as_caps(schedule):
     # TRL's cispo uses 1 + ε only as an IS-weight cap (no 1 − ε_low bound): ε_low = 4 is its cap 5
-    eps = gapo_eps_high(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, eps_low=4.0, eps_high_max=6.0, schedule=schedule)
+    eps = gapo_eps_high(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, eps_low=4.0, eps_high_max=6.0, eps_schedule=schedule)
     assert eps.tolist() == pytest.approx([6.0, 4.0, 4.0, 4.0])
 
 

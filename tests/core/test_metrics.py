@@ -24,45 +24,62 @@ from gapo.core.metrics import (
 )
 
 
-def _brute(n, c, k):
-    samples = [1] * c + [0] * (n - c)
+def _brute(n, n_correct, k):
+    samples = [1] * n_correct + [0] * (n - n_correct)
     subsets = list(itertools.combinations(samples, k))
     return sum(max(s) for s in subsets) / len(subsets)
 
 
 def test_pass_at_k_equals_brute_force_for_small_n():
     for n in range(1, 9):
-        for c in range(n + 1):
+        for n_correct in range(n + 1):
             for k in range(1, n + 1):
-                assert pass_at_k(n, c, k) == pytest.approx(_brute(n, c, k), abs=1e-12), (n, c, k)
+                assert pass_at_k(n, n_correct, k) == pytest.approx(_brute(n, n_correct, k), abs=1e-12), (
+                    n,
+                    n_correct,
+                    k,
+                )
 
 
 def test_pass_at_k_hand_and_stable():
     assert pass_at_k(4, 1, 1) == 0.25
     assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
     # large n: no overflow, matches the closed form via lgamma
-    n, c, k = 10_000, 7, 256
+    n, n_correct, k = 10_000, 7, 256
     exact = 1 - math.exp(
-        math.lgamma(n - c + 1) - math.lgamma(n - c - k + 1) - math.lgamma(n + 1) + math.lgamma(n - k + 1)
+        math.lgamma(n - n_correct + 1)
+        - math.lgamma(n - n_correct - k + 1)
+        - math.lgamma(n + 1)
+        + math.lgamma(n - k + 1)
     )
-    assert pass_at_k(n, c, k) == pytest.approx(exact, rel=1e-9)
+    assert pass_at_k(n, n_correct, k) == pytest.approx(exact, rel=1e-9)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 64).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
 def test_pass_at_k_is_a_monotone_probability(args):
-    n, c, k = args
-    p = pass_at_k(n, c, k)
+    n, n_correct, k = args
+    p = pass_at_k(n, n_correct, k)
     assert 0.0 <= p <= 1.0
     if k < n:
-        assert pass_at_k(n, c, k + 1) >= p - 1e-12
-    assert (p == 0.0) == (c == 0)
+        assert pass_at_k(n, n_correct, k + 1) >= p - 1e-12
+    assert (p == 0.0) == (n_correct == 0)
 
 
-@pytest.mark.parametrize("n, c, k", [(4, 5, 1), (4, 1, 0), (4, 1, 5), (0, 0, 1), (4.5, 1, 1)])
-def test_pass_at_k_bad_input(n, c, k):
+@pytest.mark.parametrize("n, n_correct, k", [(4, 5, 1), (4, 1, 0), (4, 1, 5), (0, 0, 1), (4.5, 1, 1)])
+def test_pass_at_k_bad_input(n, n_correct, k):
     with pytest.raises(ValueError):
-        pass_at_k(n, c, k)
+        pass_at_k(n, n_correct, k)
+
+
+def test_counts_are_named_apart():
+    # a problem's correct samples are n_correct; c is only the group success count
+    assert pass_at_k(n=4, n_correct=1, k=2) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="n_correct <= n, got n=4, n_correct=5"):
+        pass_at_k(4, 5, 1)
+    ratio, adv = torch.tensor([[1.5], [1.0]]), torch.tensor([1.0, -1.0])
+    counts = clip_counts_by_c(ratio, adv, torch.ones(2, 1), c=torch.tensor([1, 1]), eps_low=0.2, eps_high=0.28)
+    assert list(counts) == [1] and counts[1]["pos_clipped"] == 1.0  # 1.5 > 1.28
 
 
 def test_pass_at_k_curve():

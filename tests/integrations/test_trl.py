@@ -207,11 +207,11 @@ def test_hand_computed_eps_for_binary_groups(policy, tmp_path):
     torch.testing.assert_close(eps, torch.tensor([0.2 + 0.08 * 8 / 9, 0.2, 0.2, 0.2]), rtol=0, atol=1e-6)
 
     # "log" schedule: log(1+ε) interpolated, (1.2)·(1.28/1.2)^w − 1; same endpoints, w=1/3 → 0.226095 (linear: 0.226667)
-    trainer.args.gapo_schedule = "log"
+    trainer.args.eps_schedule = "log"
     eps = trainer.compute_eps_high(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0]), 4)
     mid = 1.2 * (1.28 / 1.2) ** (1 / 3) - 1
     torch.testing.assert_close(eps, torch.tensor([0.28, 0.2, 0.2, 0.2, mid, mid, mid, 0.2]), rtol=0, atol=1e-6)
-    trainer.args.gapo_schedule = "linear"
+    trainer.args.eps_schedule = "linear"
 
     # the same widths under a fixed [0, 1] range (0/1 rewards: a mixed group spans [0, 1] anyway) ...
     trainer.args.reward_range = [0.0, 1.0]
@@ -493,8 +493,8 @@ def test_rejects_bad_config(tmp_path):
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="epsilon must be finite and >= 0"):
             GAPOConfig(loss_type="cispo", epsilon=bad, eps_high_max=6.0, **common)
-    with pytest.raises(ValueError, match="gapo_schedule"):
-        GAPOConfig(gapo_schedule="cosine", **common)
+    with pytest.raises(ValueError, match="eps_schedule"):
+        GAPOConfig(eps_schedule="cosine", **common)
     with pytest.raises(ValueError, match="Did you mean 'group'"):
         GAPOConfig(reward_range="grup", **common)
     with pytest.raises(ValueError, match="R_max > R_min"):
@@ -536,7 +536,7 @@ def test_eval_with_one_generation_per_prompt_runs(policy, tmp_path):
         processing_class=tok,
     )
     assert trainer.compute_eps_high(torch.tensor([1.0, 0.0, 0.5]), 1).tolist() == pytest.approx([0.2] * 3)
-    assert trainer.compute_success_count(torch.tensor([1.0, 0.0, 0.5]), 1).tolist() == [0, 0, 0]
+    assert trainer.success_count(torch.tensor([1.0, 0.0, 0.5]), 1).tolist() == [0, 0, 0]
     trainer.train()
     evals = [h for h in trainer.state.log_history if "eval_loss" in h]
     assert evals, trainer.state.log_history
@@ -655,7 +655,7 @@ def test_default_group_range_takes_rewards_of_any_scale(policy, tmp_path):
     # it counts as a failure (its group's lowest reward, 3): c = 1
     eps = trainer.compute_eps_high(torch.tensor([5.0, float("nan"), 3.0, 3.0]), 4)
     torch.testing.assert_close(eps, torch.tensor([0.2 + 0.08 * 8 / 9, 0.2, 0.2, 0.2]), rtol=0, atol=1e-6)
-    assert trainer.compute_success_count(torch.tensor([5.0, float("nan"), 3.0, 3.0]), 4).tolist() == [1] * 4
+    assert trainer.success_count(torch.tensor([5.0, float("nan"), 3.0, 3.0]), 4).tolist() == [1] * 4
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 2 and all(0.2 - 1e-6 <= h["gapo/eps_high_mean"] <= 0.28 + 1e-6 for h in logs)
@@ -676,7 +676,7 @@ def test_batch_range_hand_computed(policy, tmp_path):
     )
     # c = round(Σ (R − min_B)/(max_B − min_B)): 1 + 0 + 0 + 0 = 1; .5 + .5 + .25 + .25 = 1.5 → 2;
     # the unscorable group counts as failures at the batch's lowest reward: 0
-    assert trainer.compute_success_count(rewards, 4).tolist() == [1] * 4 + [2] * 4 + [0] * 4
+    assert trainer.success_count(rewards, 4).tolist() == [1] * 4 + [2] * 4 + [0] * 4
 
 
 def test_reward_range_from_the_command_line(tmp_path):

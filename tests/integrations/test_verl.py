@@ -156,7 +156,7 @@ def test_failed_load_registers_loud_stubs(monkeypatch, caplog):
 def test_gapo_with_eps_high_max_eq_eps_low_equals_vanilla(agg, schedule):
     old, logp, adv, mask, _ = group_batch(1)
     logp[:6, :3] += 1.5  # dual clip (ratio > 3, A < 0) gets exercised too
-    pl = GAPOPolicyLossConfig(loss_mode="gapo", eps_high_max=0.2, schedule=schedule)
+    pl = GAPOPolicyLossConfig(loss_mode="gapo", eps_high_max=0.2, eps_schedule=schedule)
     ours = call("gapo", old, logp, adv, mask, actor(agg=agg, policy_loss=pl))
     ref = call("vanilla", old, logp, adv, mask, actor(agg=agg))
     assert_same(ours, ref)
@@ -253,9 +253,9 @@ def test_success_weight_recovered_from_verl_advantages_in_any_row_order(estimato
     # ε of a row equals the core's gapo_eps_high on the full group, for both schedules
     for schedule in ("linear", "log"):
         pl = GAPOPolicyLossConfig(
-            loss_mode="gapo", eps_high_max=0.28, schedule=schedule, adv_estimator=est, norm_adv_by_std_in_grpo=norm
+            loss_mode="gapo", eps_high_max=0.28, eps_schedule=schedule, adv_estimator=est, norm_adv_by_std_in_grpo=norm
         )
-        ref = gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28, schedule=schedule)[perm]
+        ref = gapo_eps_high(rewards, G, eps_low=0.2, eps_high_max=0.28, eps_schedule=schedule)[perm]
         for mb in range(0, 12, 3):  # micro-batches of three shuffled rows
             rows = slice(mb, mb + 3)
             _, _, m = call(
@@ -564,7 +564,7 @@ def test_rollout_correction_weights_match_verl(name, ref):
     "fields,match",
     [
         ({"loss_mode": "vanilla"}, "loss_mode must be one of"),
-        ({"schedule": "cubic"}, "schedule must be one of"),
+        ({"eps_schedule": "cubic"}, "eps_schedule must be one of"),
         ({"reward_min": 1.0, "reward_max": 1.0}, "reward_max"),
         ({"adv_estimator": "gae"}, "adv_estimator='gae'"),
         ({"norm_adv_by_std_in_grpo": True, "binary_rewards": False}, "only for binary rewards"),

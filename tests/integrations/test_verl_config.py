@@ -211,7 +211,7 @@ _CAPTURE = textwrap.dedent("""
         print("GAPO_CAPTURE " + json.dumps({
             "trainer": trainer.__name__,
             "policy_loss_type": type(pl).__module__ + "." + type(pl).__qualname__,
-            "policy_loss": {k: pl[k] for k in ("loss_mode", "eps_high_max", "schedule", "reward_min",
+            "policy_loss": {k: pl[k] for k in ("loss_mode", "eps_high_max", "eps_schedule", "reward_min",
                                                "reward_max", "adv_estimator", "norm_adv_by_std_in_grpo")},
             "clip": [actor.clip_ratio_low, actor.clip_ratio_high],
             "config": OmegaConf.to_container(config),
@@ -394,7 +394,7 @@ def test_docs_scripts_start_main_ppo(fresh_processes):
         assert out["policy_loss"] == {
             "loss_mode": mode,
             "eps_high_max": hi,
-            "schedule": "linear",
+            "eps_schedule": "linear",
             "reward_min": 0.0,
             "reward_max": 1.0,
             "adv_estimator": "grpo",
@@ -424,7 +424,7 @@ def test_gapo_keys_work_without_target_override(mode):
         + [
             f"{PL}.loss_mode={mode}",
             f"+{PL}.eps_high_max=0.28",
-            f"+{PL}.schedule=log",
+            f"+{PL}.eps_schedule=log",
             f"+{PL}.reward_min=-1",
             f"+{PL}.binary_rewards=false",
         ]
@@ -433,7 +433,7 @@ def test_gapo_keys_work_without_target_override(mode):
     validate_config(cfg, use_reference_policy=False, use_critic=False)
     pl = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss
     assert type(pl) is GAPOPolicyLossConfig
-    assert (pl.loss_mode, pl.eps_high_max, pl.schedule, pl.reward_min, pl.binary_rewards) == (
+    assert (pl.loss_mode, pl.eps_high_max, pl.eps_schedule, pl.reward_min, pl.binary_rewards) == (
         mode,
         0.28,
         "log",
@@ -449,7 +449,7 @@ def test_gapo_loss_mode_alone_gets_gapo_config_with_defaults():
     assert type(pl) is GAPOPolicyLossConfig
     assert (
         pl.eps_high_max,
-        pl.schedule,
+        pl.eps_schedule,
         pl.reward_min,
         pl.reward_max,
         pl.adv_estimator,
@@ -481,7 +481,7 @@ def test_other_loss_modes_are_untouched():
 
 
 def test_copies_and_pickles_keep_type_and_fields():
-    pl = PolicyLossConfig(loss_mode="gapo_seq", eps_high_max=5e-3, schedule="log")
+    pl = PolicyLossConfig(loss_mode="gapo_seq", eps_high_max=5e-3, eps_schedule="log")
     assert type(pl) is GAPOPolicyLossConfig
     for clone in (copy.deepcopy(pl), pickle.loads(pickle.dumps(pl)), copy.copy(pl)):
         assert type(clone) is GAPOPolicyLossConfig and clone == pl
@@ -546,10 +546,16 @@ def test_misspelt_gapo_key_lists_gapo_keys():
         assert repr(name) in msg
 
 
+def test_renamed_gapo_key_names_the_new_one():
+    # gapo 0.3 spells the ε schedule eps_schedule everywhere (algo.eps_schedule, TRL's GAPOConfig)
+    msg = _startup_error([f"{PL}.loss_mode=gapo", f"+{PL}.schedule=log"])
+    assert "policy_loss.schedule is now policy_loss.eps_schedule" in msg
+
+
 @pytest.mark.parametrize(
     "extra, match",
     [
-        ([f"+{PL}.schedule=cosine"], "policy_loss.schedule must be one of"),
+        ([f"+{PL}.eps_schedule=cosine"], "policy_loss.eps_schedule must be one of"),
         ([f"+{PL}.reward_min=1", f"+{PL}.reward_max=0"], r"policy_loss.reward_max \(0.0\) must be > reward_min"),
         ([f"+{PL}.adv_estimator=gae"], "policy_loss.adv_estimator='gae'"),
     ],

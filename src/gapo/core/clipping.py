@@ -97,10 +97,10 @@ def gapo_eps_high(
     *,
     eps_low: float,
     eps_high_max: float,
-    schedule: str = "linear",
+    eps_schedule: str = "linear",
     reward_range: tuple[float, float] | str = (0.0, 1.0),
 ) -> torch.Tensor:  # (B,)
-    """Per-rollout upper clip width of GAPO (arXiv 2609.00444, Eq. 11 for ``schedule="linear"``).
+    """Per-rollout upper clip width of GAPO (arXiv 2609.00444, Eq. 11 for ``eps_schedule="linear"``).
 
     ``linear``: ``ε_low + (ε_high_max − ε_low)·w``; ``log``: ``(1+ε_low)·((1+ε_high_max)/(1+ε_low))^w − 1``.
     """
@@ -108,7 +108,7 @@ def gapo_eps_high(
         success_weight(rewards, group_size, reward_range=reward_range),
         eps_low=eps_low,
         eps_high_max=eps_high_max,
-        schedule=schedule,
+        eps_schedule=eps_schedule,
     )
 
 
@@ -117,7 +117,7 @@ def eps_high_from_weight(
     *,
     eps_low: float,
     eps_high_max: float,
-    schedule: str = "linear",
+    eps_schedule: str = "linear",
 ) -> torch.Tensor:  # (B,)
     """GAPO's schedule applied to given success weights ``w`` (for adapters that recover ``w``
     from advantages rather than rewards, e.g. verl's).
@@ -130,12 +130,12 @@ def eps_high_from_weight(
     if not (math.isfinite(eps_high_max) and eps_high_max >= eps_low):
         raise ValueError(f"eps_high_max ({eps_high_max!r}) must be >= eps_low ({eps_low!r})")
     w = w.float().clone()
-    if schedule == "linear":
+    if eps_schedule == "linear":
         return w.mul_(eps_high_max - eps_low).add_(eps_low)
-    if schedule == "log":
+    if eps_schedule == "log":
         log_lo, log_hi = math.log1p(eps_low), math.log1p(eps_high_max)
         return w.mul_(log_hi - log_lo).add_(log_lo).expm1_()
-    raise unknown("GAPO schedule", schedule, ("linear", "log"))
+    raise unknown("GAPO eps_schedule", eps_schedule, ("linear", "log"))
 
 
 def _fixed(rewards, group_size, *, eps_low, eps_high_max, reward_range=(0.0, 1.0)):
@@ -148,13 +148,18 @@ def _fixed(rewards, group_size, *, eps_low, eps_high_max, reward_range=(0.0, 1.0
 
 def _gapo_linear(rewards, group_size, *, eps_low, eps_high_max, reward_range=(0.0, 1.0)):
     return gapo_eps_high(
-        rewards, group_size, eps_low=eps_low, eps_high_max=eps_high_max, schedule="linear", reward_range=reward_range
+        rewards,
+        group_size,
+        eps_low=eps_low,
+        eps_high_max=eps_high_max,
+        eps_schedule="linear",
+        reward_range=reward_range,
     )
 
 
 def _gapo_log(rewards, group_size, *, eps_low, eps_high_max, reward_range=(0.0, 1.0)):
     return gapo_eps_high(
-        rewards, group_size, eps_low=eps_low, eps_high_max=eps_high_max, schedule="log", reward_range=reward_range
+        rewards, group_size, eps_low=eps_low, eps_high_max=eps_high_max, eps_schedule="log", reward_range=reward_range
     )
 
 
@@ -162,7 +167,7 @@ EPS_SCHEDULES = {"fixed": _fixed, "linear": _gapo_linear, "log": _gapo_log}
 
 
 def eps_high_for(
-    schedule: str,
+    eps_schedule: str,
     rewards: torch.Tensor,
     group_size: int,
     *,
@@ -170,10 +175,10 @@ def eps_high_for(
     eps_high_max: float,
     reward_range: tuple[float, float] | str = (0.0, 1.0),
 ) -> torch.Tensor:  # (B,)
-    """Dispatch to ``EPS_SCHEDULES[schedule]``; unknown names raise ``ValueError``.
+    """Dispatch to ``EPS_SCHEDULES[eps_schedule]``; unknown names raise ``ValueError``.
     ``reward_range`` is ``(lo, hi)``, ``"group"`` or ``"batch"`` (module docstring)."""
-    if schedule not in EPS_SCHEDULES:
-        raise unknown("eps schedule", schedule, EPS_SCHEDULES)
-    return EPS_SCHEDULES[schedule](
+    if eps_schedule not in EPS_SCHEDULES:
+        raise unknown("eps_schedule", eps_schedule, EPS_SCHEDULES)
+    return EPS_SCHEDULES[eps_schedule](
         rewards, group_size, eps_low=eps_low, eps_high_max=eps_high_max, reward_range=reward_range
     )

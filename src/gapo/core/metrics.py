@@ -1,7 +1,8 @@
 """Diagnostics: unbiased pass@k, token entropy, clip statistics per group-success count.
 
-``pass_at_k(n, c, k) = 1 − C(n−c, k)/C(n, k)`` (Chen et al., arXiv 2107.03374), computed as
-``1 − Π_{i=n−c+1}^{n} (1 − k/i)`` so it never forms huge binomials.
+``pass_at_k(n, n_correct, k) = 1 − C(n − n_correct, k)/C(n, k)`` (Chen et al., arXiv 2107.03374),
+computed as ``1 − Π_{i=n−n_correct+1}^{n} (1 − k/i)`` so it never forms huge binomials
+(``n_correct`` is a problem's correct samples; ``c`` is kept for the group success count).
 
 Clip statistics per ``c`` (arXiv 2609.00444 reports them to explain GAPO): for the response
 tokens of rollouts whose group had ``c`` successes, the fraction of positive-advantage tokens
@@ -40,20 +41,20 @@ __all__ = [
 ]
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from ``n`` samples with ``c`` correct (arXiv 2107.03374)."""
-    for name, v in (("n", n), ("c", c), ("k", k)):
+def pass_at_k(n: int, n_correct: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples with ``n_correct`` correct (arXiv 2107.03374)."""
+    for name, v in (("n", n), ("n_correct", n_correct), ("k", k)):
         if isinstance(v, bool) or not hasattr(v, "__index__"):  # ints, numpy ints, 0-d int tensors
             raise ValueError(f"{name} must be an int, got {v!r}")
-    n, c, k = operator.index(n), operator.index(c), operator.index(k)
-    if n < 1 or not 0 <= c <= n:
-        raise ValueError(f"need n >= 1 and 0 <= c <= n, got n={n}, c={c}")
+    n, n_correct, k = operator.index(n), operator.index(n_correct), operator.index(k)
+    if n < 1 or not 0 <= n_correct <= n:
+        raise ValueError(f"need n >= 1 and 0 <= n_correct <= n, got n={n}, n_correct={n_correct}")
     if not 1 <= k <= n:
         raise ValueError(f"need 1 <= k <= n={n}, got k={k}")
-    if n - c < k:
+    if n - n_correct < k:
         return 1.0
     prod = 1.0
-    for i in range(n - c + 1, n + 1):
+    for i in range(n - n_correct + 1, n + 1):
         prod *= 1.0 - k / i
     return 1.0 - prod
 
@@ -62,7 +63,7 @@ def pass_at_k_curve(n: int, correct: list[int], ks: list[int] | None = None) -> 
     """Mean unbiased pass@k over problems, ``correct[j]`` successes out of ``n`` for problem j;
     ``ks`` defaults to powers of two up to ``n``."""
     ks = ks or [2**i for i in range(int(math.log2(n)) + 1)]
-    return {k: sum(pass_at_k(n, c, k) for c in correct) / max(len(correct), 1) for k in ks}
+    return {k: sum(pass_at_k(n, n_correct, k) for n_correct in correct) / max(len(correct), 1) for k in ks}
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:  # (..., V) -> (...)
@@ -94,7 +95,7 @@ def clip_counts_by_c(
     ratio: torch.Tensor,  # (B, T) importance ratio (token or sequence level)
     advantages: torch.Tensor,  # (B,)
     response_mask: torch.Tensor,  # (B, T)
-    success_count: torch.Tensor,  # (B,) c of each rollout's group
+    c: torch.Tensor,  # (B,) the success count of each rollout's group
     *,
     eps_low: float,
     eps_high: float | torch.Tensor,  # float or (B,)
@@ -117,11 +118,11 @@ def clip_counts_by_c(
     ).double()  # (B, 6)
     pos_dev = (dev.sum(-1) * pos).double()
     out: dict[int, dict[str, float]] = {}
-    for c in torch.unique(success_count).tolist():
-        rows = success_count == c
+    for bucket in torch.unique(c).tolist():
+        rows = c == bucket
         sums = per_row[rows].sum(0).tolist()
         prow = rows & pos
-        out[int(c)] = dict(
+        out[int(bucket)] = dict(
             zip(
                 _COUNT_FIELDS,
                 sums
@@ -193,10 +194,10 @@ def clip_stats_from_counts(counts: dict) -> dict[str, float]:
     return out
 
 
-def clip_stats_by_c(ratio, advantages, response_mask, success_count, *, eps_low, eps_high) -> dict[str, float]:
+def clip_stats_by_c(ratio, advantages, response_mask, c, *, eps_low, eps_high) -> dict[str, float]:
     """Clip statistics per group-success count ``c`` for one batch (see ``clip_stats_from_counts``)."""
     return clip_stats_from_counts(
-        clip_counts_by_c(ratio, advantages, response_mask, success_count, eps_low=eps_low, eps_high=eps_high)
+        clip_counts_by_c(ratio, advantages, response_mask, c, eps_low=eps_low, eps_high=eps_high)
     )
 
 

@@ -394,7 +394,7 @@ def holm(pvalues: list[float]) -> list[float]:
 
 def per_problem_pass_at_k(n: int, correct: list[int], k: int) -> list[float]:
     """Unbiased pass@k of every problem from its success count (``mean`` of it is ``eval/pass@k``)."""
-    return [pass_at_k(n, int(c), k) for c in correct]
+    return [pass_at_k(n, int(n_correct), k) for n_correct in correct]
 
 
 def paired_problem_diffs(

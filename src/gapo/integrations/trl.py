@@ -21,11 +21,12 @@ How (three small overrides; no TRL code is copied):
    does (weighted sum over reward functions, NaN if every function returned ``None``), compute
    ε_high for the whole gathered generation batch, and keep this process's slice.
    It also keeps each completion's group success count ``c`` (rewards rescaled to [0, 1] by
-   ``reward_range``, summed over the group, rounded: :func:`gapo.core.advantages.success_count`;
+   ``reward_range``, summed over the group, rounded: :meth:`GAPOTrainer.success_count`;
    an unscorable completion counts as a failure), for metrics. An eval group of one completion
    (``num_generations_eval=1``) has no group: ε_low, ``c = 0``, and no per-``c`` metrics.
 2. ``_generate_and_score_completions``: puts that slice in the output dict as
-   ``"gapo_eps_high"`` and ``"gapo_success_count"`` (B,), per-completion tensors like
+   ``"gapo_eps_high"`` and ``"gapo_success_count"`` (B,; ``c``: the columns carry a ``gapo_``
+   prefix so as not to collide with TRL's own or a dataset's), per-completion tensors like
    ``"advantages"``, so TRL's shuffle and split into ``steps_per_generation`` micro-batches (and
    reuse over ``num_iterations``) carry them along row by row.
 3. ``_compute_loss``: runs TRL's ``_compute_loss`` with ``self.epsilon_high`` set, for the duration
@@ -98,7 +99,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("gapo.integrations.trl needs TRL: pip install 'gapo[trl]' (trl>=1.16,<1.17)") from exc
 
-from gapo.core.advantages import success_count
+from gapo.core import advantages
 from gapo.core.checks import check_reward_range
 from gapo.core.clipping import gapo_eps_high
 from gapo.core.metrics import (
@@ -149,7 +150,7 @@ class GAPOConfig(GRPOConfig):
             "TRL's epsilon_high=5.0 (every row) is epsilon=4.0, eps_high_max=4.0."
         },
     )
-    gapo_schedule: str = field(
+    eps_schedule: str = field(
         default="linear",
         metadata={"help": "GAPO: 'linear' (the paper's Eq. 11) or 'log' (interpolates log(1+ε))."},
     )
@@ -220,8 +221,8 @@ def _validate(args) -> None:
             f"GAPO adapts the upper clip bound of the importance ratio, so loss_type must be one of "
             f"{SUPPORTED_LOSS_TYPES}; got {args.loss_type!r} ({why.get(args.loss_type, 'unknown to GAPO')})."
         )
-    if args.gapo_schedule not in SCHEDULES:
-        raise ValueError(f"gapo_schedule must be one of {SCHEDULES}, got {args.gapo_schedule!r}")
+    if args.eps_schedule not in SCHEDULES:
+        raise ValueError(f"eps_schedule must be one of {SCHEDULES}, got {args.eps_schedule!r}")
     if args.loss_type == "cispo":  # only caps 1 + ε: no lower bound 1 − ε that must stay > 0
         if not (math.isfinite(args.epsilon) and args.epsilon >= 0.0):
             raise ValueError(f"epsilon must be finite and >= 0 (the cap 1 + epsilon), got {args.epsilon!r}")
@@ -341,11 +342,11 @@ class GAPOTrainer(GRPOTrainer):
             group_size,
             eps_low=args.epsilon,
             eps_high_max=args.eps_high_max,
-            schedule=args.gapo_schedule,
+            eps_schedule=args.eps_schedule,
             reward_range=rr,
         ).float()
 
-    def compute_success_count(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # (N,) long
+    def success_count(self, rewards: torch.Tensor, group_size: int) -> torch.Tensor:  # (N,) long
         """``c`` per completion (:func:`gapo.core.advantages.success_count` under ``args.reward_range``);
         an unscorable (NaN) completion counts as a failure: R_min under a fixed range, its group's lowest
         reward under "group"/"batch" (the batch's lowest for an all-unscorable group). 0 for groups of one."""
@@ -353,13 +354,13 @@ class GAPOTrainer(GRPOTrainer):
         if group_size < 2:
             return torch.zeros(rewards.shape, dtype=torch.long, device=rewards.device)
         if isinstance(rr, tuple):
-            return success_count(rewards.nan_to_num(rr[0]), group_size, reward_range=rr)
+            return advantages.success_count(rewards.nan_to_num(rr[0]), group_size, reward_range=rr)
         grouped = rewards.double().view(-1, group_size)
         nan = torch.isnan(grouped)
         low = torch.where(nan, torch.inf, grouped).amin(1, keepdim=True)  # the group's lowest finite reward
         batch_low = low[torch.isfinite(low)].min().item() if torch.isfinite(low).any() else 0.0
         low = torch.where(torch.isfinite(low), low, torch.full_like(low, batch_low))
-        return success_count(torch.where(nan, low, grouped).reshape(-1), group_size, reward_range=rr)
+        return advantages.success_count(torch.where(nan, low, grouped).reshape(-1), group_size, reward_range=rr)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -370,10 +371,10 @@ class GAPOTrainer(GRPOTrainer):
         rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # TRL's per-completion reward
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
         eps_high = self.compute_eps_high(rewards, group_size)  # also checks the rewards against reward_range
-        success_count = self.compute_success_count(rewards, group_size)
+        c = self.success_count(rewards, group_size)
         start = self.accelerator.process_index * len(prompts)  # the slice TRL takes for advantages
         local = slice(start, start + len(prompts))
-        self._gapo_pending = (eps_high[local], success_count[local])
+        self._gapo_pending = (eps_high[local], c[local])
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):

@@ -28,7 +28,7 @@ upper width runs from ``ε_low`` (no headroom) to ``ε_high_max`` (the lone succ
 group), docs/design.md §2.5 / the paper's Eq. 11::
 
     w_i = clamp((R_i − mean_group R) / ((G−1)/G · (R_max − R_min)), 0, 1)
-    ε_high(i) = ε_low + (ε_high_max − ε_low)·w_i          (schedule "linear"; "log" also offered)
+    ε_high(i) = ε_low + (ε_high_max − ε_low)·w_i          (eps_schedule "linear"; "log" also offered)
 
 ``ε_high_max`` is ``policy_loss.eps_high_max`` or, when unset, verl's ``clip_ratio_high``.
 Setting both to different values with ``clip_ratio_high`` not equal to ``clip_ratio_low`` is
@@ -204,7 +204,7 @@ class GAPOPolicyLossConfig(PolicyLossConfig):
         loss_mode: ``"gapo"`` (token ratio) or ``"gapo_seq"`` (GSPO sequence ratio).
         eps_high_max: upper width of the lone success of a hard group; ``None`` uses verl's
             ``clip_ratio_high``.
-        schedule: ``"linear"`` (the paper's Eq. 11) or ``"log"``.
+        eps_schedule: ``"linear"`` (the paper's Eq. 11) or ``"log"``.
         reward_min, reward_max: the range of the scalar (summed) reward.
         reward_range: ``None`` (use ``reward_min``/``reward_max``), ``[lo, hi]`` (the same thing
             in the core's spelling), or ``"group"`` / ``"batch"``: the core's range from each
@@ -219,7 +219,7 @@ class GAPOPolicyLossConfig(PolicyLossConfig):
 
     loss_mode: str = "gapo"
     eps_high_max: float | None = None
-    schedule: str = "linear"
+    eps_schedule: str = "linear"
     reward_min: float = 0.0
     reward_max: float = 1.0
     reward_range: Any = None
@@ -243,6 +243,7 @@ class GAPOPolicyLossConfig(PolicyLossConfig):
 # ``loss_mode=gapo`` with verl's own ``_target_``: instantiate GAPOPolicyLossConfig
 
 _VERL_FIELDS = frozenset(f.name for f in fields(PolicyLossConfig))
+RENAMED = {"schedule": "eps_schedule"}  # gapo 0.3: one spelling of the ε schedule, as algo.eps_schedule
 GAPO_FIELDS = tuple(f.name for f in fields(GAPOPolicyLossConfig) if f.name not in _VERL_FIELDS)
 
 
@@ -270,6 +271,9 @@ def _policy_loss_config_new(cls, *args, **kwargs):
     if issubclass(cls, GAPOPolicyLossConfig):
         known = {f.name for f in fields(cls)}
         unknown = sorted(k for k in kwargs if k not in known)
+        renamed = [f"policy_loss.{k} is now policy_loss.{RENAMED[k]}" for k in unknown if k in RENAMED]
+        if renamed:
+            raise TypeError(f"actor_rollout_ref.actor.{'; '.join(renamed)} (docs/scale-out.md, verl section)")
         if unknown:
             raise TypeError(
                 f"actor_rollout_ref.actor.policy_loss: unknown key(s) {unknown} for loss_mode="
@@ -396,37 +400,38 @@ def success_from_advantages(
             f"can be at most (G−1)/G·(R_max − R_min). Check that policy_loss.adv_estimator/"
             "norm_adv_by_std_in_grpo match algorithm.*, reward_min/max the reward, rollout_n the group size"
         )
-    count = None
+    c = None
     if binary_rewards:
-        c = torch.where(x > 0, G * (1.0 - x), -G * x)
-        count = _check_counts(c, x != 0, G, f"{adv_estimator} (norm_adv_by_std_in_grpo={norm_adv_by_std_in_grpo})", a)
-    return (x * (G / (G - 1))).clamp(0.0, 1.0).to(torch.float32), count
+        implied = torch.where(x > 0, G * (1.0 - x), -G * x)
+        c = _check_counts(implied, x != 0, G, f"{adv_estimator} (norm_adv_by_std_in_grpo={norm_adv_by_std_in_grpo})", a)
+    return (x * (G / (G - 1))).clamp(0.0, 1.0).to(torch.float32), c
 
 
 def _success_from_std_advantages(a: torch.Tensor, G: int) -> tuple[torch.Tensor, torch.Tensor]:  # (B,), (B,)
     """``(w, c)`` from std-normalised GRPO advantages ``a`` (float64) of binary rewards."""
     q = a.square() * (G / (G - 1))
     # correct rows: q = (1−p)/p; incorrect rows: q = p/(1−p); p = c/G
-    c = torch.where(a > 0, G / (1.0 + q), G * q / (1.0 + q))
-    count = _check_counts(c, a != 0, G, "grpo with norm_adv_by_std_in_grpo=True", a)
-    w = torch.where(a > 0, (G - c) / (G - 1), torch.zeros_like(a))
-    return w.clamp(0.0, 1.0).to(torch.float32), count
+    implied = torch.where(a > 0, G / (1.0 + q), G * q / (1.0 + q))  # c, before the whole-number check
+    c = _check_counts(implied, a != 0, G, "grpo with norm_adv_by_std_in_grpo=True", a)
+    w = torch.where(a > 0, (G - implied) / (G - 1), torch.zeros_like(a))
+    return w.clamp(0.0, 1.0).to(torch.float32), c
 
 
-def _check_counts(c: torch.Tensor, rows: torch.Tensor, G: int, what: str, a: torch.Tensor) -> torch.Tensor:
-    """Check that ``c`` is a whole count in [1, G−1] on ``rows``; return it rounded (long), −1 elsewhere."""
-    off = (c - c.round()).abs() > _COUNT_TOL
-    out = (c < 1 - _COUNT_TOL) | (c > G - 1 + _COUNT_TOL)
+def _check_counts(implied: torch.Tensor, rows: torch.Tensor, G: int, what: str, a: torch.Tensor) -> torch.Tensor:
+    """Check that the ``implied`` success count is a whole number in [1, G−1] on ``rows``; return it
+    rounded (long: ``c``), −1 elsewhere."""
+    off = (implied - implied.round()).abs() > _COUNT_TOL
+    out = (implied < 1 - _COUNT_TOL) | (implied > G - 1 + _COUNT_TOL)
     bad = rows & (off | out)
     if bad.any():
         i = int(torch.nonzero(bad)[0])
         raise ValueError(
             f"advantage {a[i].item():.6g} does not come from binary rewards with {what} and G={G} "
-            f"(it implies {c[i].item():.4f} correct rollouts, not an integer in [1, {G - 1}]). Check that "
+            f"(it implies {implied[i].item():.4f} correct rollouts, not an integer in [1, {G - 1}]). Check that "
             "policy_loss.adv_estimator/norm_adv_by_std_in_grpo match algorithm.*, reward_min/max the "
             "reward values and rollout_n the group size; for non-binary rewards set binary_rewards=False"
         )
-    return torch.where(rows, c.round(), torch.full_like(c, -1.0)).long()
+    return torch.where(rows, implied.round(), torch.full_like(implied, -1.0)).long()
 
 
 def _row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # (B,)
@@ -452,7 +457,7 @@ def _row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
 def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
     p = gapo_params(config)
     a_row = _row_advantages(advantages, response_mask)
-    w, count = success_from_advantages(
+    w, c = success_from_advantages(
         a_row,
         p.group_size,
         adv_estimator=p.adv_estimator,
@@ -460,7 +465,7 @@ def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_ag
         reward_range=p.reward_range,
         binary_rewards=p.binary,
     )
-    eps_high = eps_high_from_weight(w, eps_low=p.eps_low, eps_high_max=p.eps_high_max, schedule=p.schedule).to(
+    eps_high = eps_high_from_weight(w, eps_low=p.eps_low, eps_high_max=p.eps_high_max, eps_schedule=p.eps_schedule).to(
         log_prob.device
     )
     mode, agg_kwargs = verl_agg_kwargs(loss_agg_mode, config.get("global_batch_info", None))
@@ -485,8 +490,8 @@ def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_ag
         "actor/gapo_clipfrac_high": m["loss/clipfrac_high"].item(),
         "actor/gapo_clipfrac_low": m["loss/clipfrac_low"].item(),
     }
-    if count is not None:
-        metrics.update(_metrics_by_c(level, old_log_prob, log_prob, a_row, response_mask, count, eps_high, p))
+    if c is not None:
+        metrics.update(_metrics_by_c(level, old_log_prob, log_prob, a_row, response_mask, c, eps_high, p))
     return loss, metrics
 
 
@@ -529,7 +534,7 @@ def clip_stats_from_verl(metrics: dict) -> dict[str, float]:
 
 
 @torch.no_grad()
-def _metrics_by_c(level, old_log_prob, log_prob, a_row, response_mask, count, eps_high, p: GapoParams) -> dict:
+def _metrics_by_c(level, old_log_prob, log_prob, a_row, response_mask, c, eps_high, p: GapoParams) -> dict:
     """Per-``c`` sums for ``c = 1 .. G−1``, every key on every call (module docstring, "Metrics").
 
     verl (``Metric.aggregate_dp``) fails when a key has a different number of values on two
@@ -537,19 +542,19 @@ def _metrics_by_c(level, old_log_prob, log_prob, a_row, response_mask, count, ep
     rates, so that verl's plain mean over micro-batches and ranks keeps their ratios exact.
     """
     G = p.group_size
-    known = count >= 0  # zero-advantage rows: all-equal group, c is 0 or G
+    known = c >= 0  # zero-advantage rows: all-equal group, c is 0 or G
     ratio = torch.exp(log_ratio(log_prob.detach(), old_log_prob, response_mask, level))
     counts = clip_counts_by_c(
-        ratio[known], a_row[known], response_mask[known], count[known], eps_low=p.eps_low, eps_high=eps_high[known]
+        ratio[known], a_row[known], response_mask[known], c[known], eps_low=p.eps_low, eps_high=eps_high[known]
     )
     w_pos = (G - torch.arange(1, G, dtype=torch.float64)) / (G - 1)  # correct rollout of a group with c
-    eps_pos = eps_high_from_weight(w_pos, eps_low=p.eps_low, eps_high_max=p.eps_high_max, schedule=p.schedule)
+    eps_pos = eps_high_from_weight(w_pos, eps_low=p.eps_low, eps_high_max=p.eps_high_max, eps_schedule=p.eps_schedule)
     out: dict[str, float] = {}
-    for c in range(1, G):
-        fields = counts.get(c)
+    for bucket in range(1, G):
+        fields = counts.get(bucket)
         for key, field in _BY_C_SUMS:
-            out[f"{key}/{c}"] = float(fields[field]) if fields else 0.0
-        out[f"actor/gapo_eps_high_pos_by_c/{c}"] = eps_pos[c - 1].item()
+            out[f"{key}/{bucket}"] = float(fields[field]) if fields else 0.0
+        out[f"actor/gapo_eps_high_pos_by_c/{bucket}"] = eps_pos[bucket - 1].item()
     return out
 
 

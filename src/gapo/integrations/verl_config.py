@@ -25,9 +25,9 @@ def check_gapo_fields(pl) -> None:
     eps_high_max = pl.get("eps_high_max", None)
     if eps_high_max is not None and not float(eps_high_max) >= 0.0:
         raise ValueError(f"policy_loss.eps_high_max must be >= 0, got {eps_high_max!r}")
-    schedule = pl.get("schedule", "linear")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"policy_loss.schedule must be one of {SCHEDULES}, got {schedule!r}")
+    eps_schedule = pl.get("eps_schedule", "linear")
+    if eps_schedule not in SCHEDULES:
+        raise ValueError(f"policy_loss.eps_schedule must be one of {SCHEDULES}, got {eps_schedule!r}")
     lo, hi = float(pl.get("reward_min", 0.0)), float(pl.get("reward_max", 1.0))
     if not hi > lo:
         raise ValueError(f"policy_loss.reward_max ({hi}) must be > reward_min ({lo})")
@@ -91,7 +91,7 @@ def reward_range_of(pl) -> tuple[float, float] | str:
 class GapoParams:
     eps_low: float
     eps_high_max: float
-    schedule: str
+    eps_schedule: str
     reward_range: tuple[float, float] | str
     adv_estimator: str
     norm_by_std: bool
@@ -138,7 +138,7 @@ def gapo_params(config) -> GapoParams:
     return GapoParams(
         eps_low=eps_low,
         eps_high_max=eps_high_max,
-        schedule=pl.get("schedule", "linear"),
+        eps_schedule=pl.get("eps_schedule", "linear"),
         reward_range=reward_range_of(pl),
         adv_estimator=est,
         norm_by_std=bool(pl.get("norm_adv_by_std_in_grpo", False)) and est.startswith("grpo"),

@@ -133,8 +133,8 @@ def sample_and_score(
         return Batch(problems, ro, rewards, stats, time.perf_counter() - ts, texts=decoded)
     size = -(-len(problems) // min(4, len(problems)))
     pending = []
-    for c in range(0, len(problems), size):
-        chunk = problems[c : c + size]
+    for start in range(0, len(problems), size):
+        chunk = problems[start : start + size]
         ro = sample(chunk)
         flat = [p for p in chunk for _ in range(group_size)]
         decoded = texts(ro)
