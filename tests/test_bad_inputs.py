@@ -326,14 +326,15 @@ def test_every_option_has_a_help_line_with_its_default(cmd, capsys):
 
 
 def test_examples_fit_their_command():
-    from gapo.cli import EXAMPLES, OVERRIDE_EXAMPLES
+    from gapo.cli import command_modules
 
+    commands = command_modules()
     # eval reads the task, model, sampling and eval sections, not the training algorithm's keys
-    assert OVERRIDE_EXAMPLES["eval"].split(".")[0] in ("eval", "sampling", "task", "model")
-    for line in EXAMPLES["eval"].splitlines()[1:]:
+    assert commands["eval"].OVERRIDE_EXAMPLE.split(".")[0] in ("eval", "sampling", "task", "model")
+    for line in commands["eval"].EXAMPLES.splitlines()[1:]:
         assert not re.search(r"\b(algo|optim|train)\.", line), line
-    for cmd, text in EXAMPLES.items():
-        assert all(line.strip().startswith(f"gapo {cmd}") for line in text.splitlines()[1:]), cmd
+    for cmd, mod in commands.items():
+        assert all(line.strip().startswith(f"gapo {cmd}") for line in mod.EXAMPLES.splitlines()[1:]), cmd
 
 
 def test_every_base_policy_preset_is_listed_in_help_and_readme(capsys):

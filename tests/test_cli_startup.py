@@ -17,7 +17,7 @@ import pytest
 from gapo.cli import build_parser
 
 HEAVY = ("torch", "transformers", "trl", "datasets", "numpy", "matplotlib", "verl", "peft")
-CMDS = [[], ["train"], ["eval"], ["export"], ["demo"], ["compare"], ["report"], ["pretrain"]]
+CMDS = [[], ["train"], ["eval"], ["export"], ["demo"], ["compare"], ["report"], ["pretrain"], ["config"]]
 
 # runs gapo.cli.main in a fresh interpreter; its last stdout line: the exit code and which heavy
 # modules are loaded at that moment (nothing imports after the error is printed)
@@ -110,7 +110,7 @@ def test_modules_that_validate_a_config_do_not_import_torch():
 
 def test_a_task_path_is_saved_absolute(tmp_path, monkeypatch):
     # config.yaml keeps the dataset's absolute path, so `gapo eval RUN` / `--resume` work from another folder
-    from gapo.cli import parse_task
+    from gapo.cli.common import parse_task
 
     (tmp_path / "data.jsonl").write_text("{}\n")
     monkeypatch.chdir(tmp_path)

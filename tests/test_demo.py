@@ -44,7 +44,7 @@ def test_demo_smoke(tmp_path):
 
 
 def test_demo_estimate_scales_the_measured_default():
-    from gapo.cli import DEMO_MEASURED_S, demo_estimate
+    from gapo.cli.demo import DEMO_MEASURED_S, demo_estimate
 
     assert demo_estimate(60, 20, 64, 16).startswith(f"estimate: about {DEMO_MEASURED_S / 60:.0f} min on 2 quiet")
     assert "4 evaluations of 64 x 16" in demo_estimate(60, 20, 64, 16)

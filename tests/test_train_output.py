@@ -4,7 +4,7 @@ the result), and the exact resume command with --out."""
 
 import json
 
-from gapo.cli import _last_eval_record, _say_train_result
+from gapo.cli.train import last_eval_record, say_train_result
 
 
 def _run(tmp_path, records, partial=""):
@@ -20,7 +20,7 @@ EVAL6 = {"kind": "eval", "step": 6, "eval/pass@1": 0.25, "eval/pass@16": 0.5}
 
 def test_stopped_run_names_step_last_eval_and_resume_command(tmp_path, capsys):
     d = _run(tmp_path, [EVAL0] + [{"kind": "train", "step": i} for i in range(1, 10)])
-    _say_train_result(d, {"step": 9, "stopped": True, "eval": EVAL0}, 200)
+    say_train_result(d, {"step": 9, "stopped": True, "eval": EVAL0}, 200)
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"stopped at step 9 of 200; checkpoint saved in {d}"
     assert out[1] == "last evaluation at step 0 (before training): pass@1=0.034  pass@16=0.406"
@@ -30,19 +30,19 @@ def test_stopped_run_names_step_last_eval_and_resume_command(tmp_path, capsys):
 def test_resumed_then_stopped_run_reads_the_last_eval_from_the_run(tmp_path, capsys):
     # this session evaluated nothing; the figures come from the run's own metrics.jsonl, with their step
     d = _run(tmp_path, [EVAL0, {"kind": "train", "step": 6}, EVAL6], partial='{"kind": "ev')
-    assert _last_eval_record(d)["step"] == 6
-    _say_train_result(d, {"step": 8, "stopped": True, "eval": None}, 20)
+    assert last_eval_record(d)["step"] == 6
+    say_train_result(d, {"step": 8, "stopped": True, "eval": None}, 20)
     out = capsys.readouterr().out
     assert "last evaluation at step 6: pass@1=0.250" in out and "before training" not in out
 
 
 def test_finished_run_and_a_run_without_evaluation(tmp_path, capsys):
     d = _run(tmp_path, [EVAL0, EVAL6])
-    _say_train_result(d, {"step": 6, "stopped": False, "eval": EVAL6}, 6)
+    say_train_result(d, {"step": 6, "stopped": False, "eval": EVAL6}, 6)
     out = capsys.readouterr().out
     assert "finished: step 6 of 6" in out and "evaluation at step 6: pass@1=0.250" in out
     assert "resume" not in out
     e = _run(tmp_path / "x" if (tmp_path / "x").mkdir() is None else tmp_path, [])
-    _say_train_result(e, {"step": 3, "stopped": True, "eval": None}, 10)
+    say_train_result(e, {"step": 3, "stopped": True, "eval": None}, 10)
     out = capsys.readouterr().out
     assert "no evaluation yet" in out and "pass@" not in out and "resume with:" in out

@@ -12,6 +12,7 @@ file, the file and line: ``optim.lr (run.yaml:4): must be a finite number > 0, g
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import typing
@@ -43,49 +44,74 @@ from gapo.tasks.custom import DEFAULT_RANGE, absolute_spec, check_reward_config,
 __all__ = ["Config", "load_config", "apply_overrides", "to_dict", "from_dict", "diff", "DOMAINS"]
 
 
+def option(default, help: str):
+    """A config key: its default and its one-line help, the one source of ``gapo config`` and
+    docs/config.md (a dict or list default is copied for each instance)."""
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class TaskConfig:
-    name: str = "countdown"  # a gapo.tasks name: countdown, arithmetic, math, data, rg, humaneval, mbpp
-    params: dict = field(default_factory=dict)  # passed to gapo.tasks.get(name, **params)
-    train_size: int = 20000  # at most this many distinct training problems (pool = min(this, prompts × steps))
-    scoring_workers: int = 0  # >0: score in a process pool (slow verifiers)
-    chat: bool | str = "auto"  # prompts through the tokenizer's chat template: auto (if it has one) | true | false
-    system_prompt: str | None = None  # a system turn before the task's prompt (chat templates only)
-    chat_template_kwargs: dict = field(default_factory=dict)  # template variables, e.g. {enable_thinking: false}
-    max_prompt_tokens: int | None = None  # drop prompts longer than this (tokens, after the chat template)
+    """The task: where prompts come from, how they are rendered and scored."""
+
+    name: str = option("countdown", "a gapo.tasks name: countdown, arithmetic, math, data, rg, humaneval, mbpp")
+    params: dict = option({}, "the task's own parameters, passed to gapo.tasks.get(name, **params) (docs/tasks.md)")
+    train_size: int = option(20000, "at most this many distinct training problems (pool = min(this, prompts × steps))")
+    scoring_workers: int = option(0, ">0: score in a process pool of this many workers (slow verifiers)")
+    chat: bool | str = option(
+        "auto", "prompts through the tokenizer's chat template: auto (if it has one) | true | false"
+    )
+    system_prompt: str | None = option(None, "a system turn before the task's prompt (chat templates only)")
+    chat_template_kwargs: dict = option({}, "chat template variables, e.g. {enable_thinking: false}")
+    max_prompt_tokens: int | None = option(None, "drop prompts longer than this (tokens, after the chat template)")
 
 
 @dataclass
 class RewardConfig:
-    # rewards of your own (gapo.tasks.custom): module.path:function | path/to/file.py:function | task
-    # (the task's own verifier); empty: the task's verifier. --reward (repeatable) sets this list.
-    funcs: list[str] = field(default_factory=list)
-    weights: list[float] | None = None  # one per function (default 1 each); R = weighted sum
-    # one [lo, hi] per function (default [0, 1] each): checked on every value; they give R's range
-    ranges: list[tuple[float, float]] | None = None
-    # seconds per completion before the worker running the functions is killed (reward 0, counted
-    # in reward/n_timeout); a batched function gets this times its batch's size
-    timeout_s: float = 10.0
+    """Rewards of your own (gapo.tasks.custom) beside or instead of the task's verifier."""
+
+    funcs: list[str] = option(
+        [],
+        "module.path:function | path/to/file.py:function | task (the task's own verifier); empty: the "
+        "task's verifier; --reward (repeatable) sets this list",
+    )
+    weights: list[float] | None = option(None, "one per function (default 1 each); R = the weighted sum")
+    ranges: list[tuple[float, float]] | None = option(
+        None, "one [lo, hi] per function (default [0, 1] each): checked on every value; they give R's range"
+    )
+    timeout_s: float = option(
+        10.0,
+        "seconds per completion before the worker running the functions is killed (reward 0, counted in "
+        "reward/n_timeout); a batched function gets this times its batch's size",
+    )
 
 
 @dataclass
 class ModelConfig:
-    path: str | None = None  # local HF checkpoint or hub id; None: the embedded base policy
-    base_preset: str = "low"  # embedded base policy preset when path is None (low | high | three | medium)
-    device: str = "cpu"
-    threads: int | None = None  # torch threads; None on CPU: measured once per machine (machine/threads.py)
-    malloc_tuning: bool = True  # on CPU: keep per-step activations in glibc's heap (machine/allocator.py)
-    dtype: str = "float32"  # float32 | bfloat16 | float16: autocast compute dtype; weights and optimiser stay fp32
-    gradient_checkpointing: bool = False  # recompute activations in backward (less memory; BENCHMARKS.md 9.3)
-    lora: dict = field(default_factory=dict)  # {r, alpha, dropout, target_modules}: train LoRA adapters (peft)
+    """The policy: which weights, on which device, in which precision."""
+
+    path: str | None = option(None, "local Hugging Face checkpoint folder or hub id; none: the embedded base policy")
+    base_preset: str = option("low", "the embedded base policy's preset when path is none: low | high | three | medium")
+    device: str = option("cpu", "a torch device: cpu, cuda, cuda:1, mps, xpu")
+    threads: int | None = option(None, "torch threads; none on CPU: measured once per machine (gapo.machine.threads)")
+    malloc_tuning: bool = option(True, "on CPU: keep per-step activations in glibc's heap (gapo.machine.allocator)")
+    dtype: str = option(
+        "float32", "float32 | bfloat16 | float16: autocast compute dtype; weights and optimiser stay float32"
+    )
+    gradient_checkpointing: bool = option(False, "recompute activations in backward (less memory, more time)")
+    lora: dict = option({}, "{r, alpha, dropout, target_modules}: train LoRA adapters only (peft)")
 
 
 @dataclass
 class SamplingConfig:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int | None = None  # None: the task's max_completion_len + 1 (EOS)
-    stop: list[str] = field(default_factory=list)  # stop strings: a completion ends at the first (cut before it)
+    """How training's rollouts are sampled (evaluation has its own temperature and top_p)."""
+
+    temperature: float = option(1.0, "sampling temperature of the rollouts")
+    top_p: float = option(1.0, "nucleus sampling: the smallest set of tokens with this much probability")
+    max_new_tokens: int | None = option(None, "completion length cap; none: the task's max_completion_len + 1 (EOS)")
+    stop: list[str] = option([], "stop strings: a completion ends at the first (cut before it)")
 
 
 @dataclass
@@ -98,65 +124,95 @@ class AlgoConfig:
     changes only ``eps_schedule`` (docs/design.md §2.1, §2.5). gapo 0.1's ``algo.eps_high`` is
     refused with a message naming ``algo.eps_high_max`` (and migrated in saved runs' config.yaml)."""
 
-    advantage: str = "drgrpo"  # drgrpo | grpo | rloo | passk | focal
-    advantage_params: dict = field(default_factory=dict)  # e.g. {eps: 1e-6}, {k: 4}, {gamma: 1, base: drgrpo}
-    loss: str = "ppo"  # ppo (token ratio) | gspo (sequence ratio) | cispo
-    eps_schedule: str = "fixed"  # fixed | linear (GAPO Eq. 11) | log (GAPO exact form)
-    eps_low: float = 0.2
-    eps_high_max: float = 0.2  # the upper width: the constant (fixed), GAPO's maximum (linear/log)
-    # (R_min, R_max) | group | batch; unset: derived by validate, R's range (docs/design.md §2.7)
-    reward_range: tuple[float, float] | str | None = None
-    clip_ratio_c: float | None = None  # dual clip for A < 0 (verl default 3.0)
-    agg: str = "token-mean"
-    kl_coef: float = 0.0  # reference-policy KL penalty in the loss
-    kl_estimator: str = "k3"  # k1 | k3
-    entropy_coef: float = 0.0  # entropy bonus
-    dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and refill
-    max_refill_rounds: int = 3
-    old_logp: str = "recompute"  # recompute (full forward before updates) | sampler (reuse sampling log-probs)
+    advantage: str = option("drgrpo", "the advantage estimator: drgrpo | grpo | rloo | passk | focal")
+    advantage_params: dict = option(
+        {}, "the estimator's own parameters, e.g. {eps: 1e-6}, {k: 4}, {gamma: 1, base: drgrpo}"
+    )
+    loss: str = option("ppo", "ppo (token ratio) | gspo (sequence ratio) | cispo")
+    eps_schedule: str = option(
+        "fixed", "the upper clip width: fixed | linear (GAPO's Eq. 11) | log (GAPO's exact form)"
+    )
+    eps_low: float = option(0.2, "the lower clip width: the ratio is clipped at 1 − eps_low")
+    eps_high_max: float = option(0.2, "the upper width: the constant (fixed), GAPO's maximum (linear, log)")
+    reward_range: tuple[float, float] | str | None = option(
+        None, "[R_min, R_max] | group | batch; none: derived from the rewards' ranges (docs/design.md §2.7)"
+    )
+    clip_ratio_c: float | None = option(None, "the dual clip's constant for A < 0 (verl's default 3.0); none: off")
+    agg: str = option(
+        "token-mean",
+        "loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm",
+    )
+    kl_coef: float = option(0.0, "coefficient of the reference-policy KL penalty in the loss")
+    kl_estimator: str = option("k3", "the KL estimator: k1 | k3")
+    entropy_coef: float = option(0.0, "coefficient of the entropy bonus")
+    dynamic_sampling: bool = option(False, "DAPO: drop groups whose rewards are all equal and sample more to refill")
+    max_refill_rounds: int = option(3, "with dynamic_sampling: at most this many extra sampling rounds per step")
+    old_logp: str = option(
+        "recompute", "recompute (a full forward before the updates) | sampler (reuse the sampling log-probs)"
+    )
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 5e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 0  # linear warm-up over the first steps (rl/optimizer.py)
-    schedule: str = "constant"  # constant | linear | cosine: the decay after the warm-up (transformers' semantics)
-    grad_clip: float = 1.0
+    """AdamW and its learning-rate schedule."""
+
+    lr: float = option(5e-5, "AdamW's learning rate (after the warm-up)")
+    weight_decay: float = option(0.0, "AdamW's decoupled weight decay")
+    betas: tuple[float, float] = option((0.9, 0.999), "AdamW's (beta1, beta2)")
+    warmup_steps: int = option(0, "linear warm-up over the first RL steps (the schedule steps once per RL step)")
+    schedule: str = option(
+        "constant", "the decay after the warm-up: constant | linear | cosine (transformers' semantics)"
+    )
+    grad_clip: float = option(1.0, "the gradients' global norm is clipped to this")
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 100  # rollout batches
-    prompts: int = 16  # P prompts per rollout batch
-    group_size: int = 8  # G rollouts per prompt
-    mini_batches: int = 4  # optimiser steps per epoch over the rollout batch
-    micro_batch_size: int | None = None  # rows per forward/backward inside a mini-batch (same gradient); None: all
-    epochs: int = 1
-    seed: int = 0
-    checkpoint_every: int = 50  # steps; 0 disables periodic checkpoints (the last one is always saved)
-    keep_checkpoints: int = 1  # the last N checkpoints kept in checkpoints/ (gapo export --step); 0, 1: only the latest
-    progress: bool = True
+    """The loop: how many steps, how big a rollout batch, how it is split into updates."""
+
+    steps: int = option(100, "rollout batches")
+    prompts: int = option(16, "P, prompts per rollout batch")
+    group_size: int = option(8, "G, rollouts per prompt")
+    mini_batches: int = option(4, "optimiser steps per epoch over the rollout batch")
+    micro_batch_size: int | None = option(
+        None, "rows per forward/backward inside a mini-batch (the same gradient); none: all"
+    )
+    epochs: int = option(1, "passes over each rollout batch")
+    seed: int = option(0, "the run's random seed (the training pool and its order, sampling)")
+    checkpoint_every: int = option(50, "steps; 0 disables periodic checkpoints (the last one is always saved)")
+    keep_checkpoints: int = option(
+        1, "the last N checkpoints kept in checkpoints/ (gapo export --step); 0, 1: only the latest"
+    )
+    progress: bool = option(True, "progress bars on the terminal")
 
 
 @dataclass
 class EvalConfig:
-    every: int = 25  # steps; 0: only before and after training
-    problems: int = 64
-    samples: int = 16  # n samples per problem (unbiased pass@k for k = 1, 2, 4, …, n)
-    temperature: float = 1.0
-    top_p: float = 1.0  # evaluation's own, like temperature; sampling.max_new_tokens and sampling.stop apply too
-    seed: int = 1234
+    """Held-out evaluation: before training, every few steps and after."""
+
+    every: int = option(25, "steps; 0: only before and after training")
+    problems: int = option(64, "held-out problems per evaluation; 0: no evaluation")
+    samples: int = option(16, "n samples per problem (unbiased pass@k for k = 1, 2, 4, …, n)")
+    temperature: float = option(1.0, "evaluation's sampling temperature (its own, not sampling.temperature)")
+    top_p: float = option(
+        1.0, "evaluation's own, like temperature; sampling.max_new_tokens and sampling.stop apply too"
+    )
+    seed: int = option(
+        1234, "the evaluation's seed: the same held-out problems and sampling stream at every evaluation"
+    )
 
 
 @dataclass
 class LogConfig:
-    tensorboard: bool = False
-    wandb: bool = False
-    wandb_project: str = "gapo"
-    samples: int = 4  # rows of each rollout batch kept in samples.jsonl (prompt text, completion, reward); 0: none
-    samples_every: int = 10  # steps; those rows also go to TensorBoard (text) / W&B (a table); 0: never
+    """What a run records besides metrics.jsonl (docs/run-folders.md)."""
+
+    tensorboard: bool = option(False, "TensorBoard event files in RUN/tb/")
+    wandb: bool = option(False, "log to Weights & Biases (its local files in RUN/wandb/)")
+    wandb_project: str = option("gapo", "the W&B project")
+    samples: int = option(
+        4, "rows of each rollout batch kept in samples.jsonl (prompt text, completion, reward); 0: none"
+    )
+    samples_every: int = option(10, "steps; those rows also go to TensorBoard (text) / W&B (a table); 0: never")
 
 
 @dataclass
