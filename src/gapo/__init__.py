@@ -10,7 +10,7 @@ Layers (docs/design.md §3), imports pointing down only:
     rl/            config, rollout, trainer (the only state), run folders, evaluation
     experiments/   the methods × regimes × seeds grid, statistics, claims, report
     integrations/  verl and TRL adapters over core/
-    cli.py
+    cli/           the command line, one module per command
 
 The public API is re-exported here lazily (``gapo.gapo_eps_high``, ``gapo.policy_loss``, …), so
 ``import gapo`` and ``gapo --help`` import no heavy library. The flat module paths of gapo 0.1
