@@ -19,7 +19,6 @@ import importlib.metadata
 import importlib.util
 import itertools
 import re
-import warnings
 from pathlib import Path
 
 import pytest
@@ -109,10 +108,8 @@ def _resolve_module_path(dotted: str) -> str | None:
     for n in range(len(parts), 0, -1):
         name = ".".join(parts[:n])
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                found = importlib.util.find_spec(name) is not None
-                obj = importlib.import_module(name) if found else None
+            found = importlib.util.find_spec(name) is not None
+            obj = importlib.import_module(name) if found else None
         except ImportError:
             found = False
         if not found:
@@ -125,18 +122,6 @@ def _resolve_module_path(dotted: str) -> str | None:
     return f"no module {parts[0]}"
 
 
-def _deprecated(dotted: str) -> str | None:
-    """The 0.1 flat path ``dotted`` starts with (``gapo.sandbox`` → ``gapo.exec.sandbox``), if any."""
-    import gapo
-
-    parts = dotted.split(".")
-    return next((".".join(parts[:n]) for n in range(len(parts), 1, -1) if ".".join(parts[:n]) in gapo._MOVED), None)
-
-
-# a line that names an old path as old: "`gapo.clipping` → `gapo.core.clipping`", "older commits", "0.1"
-OLD_PATH_CONTEXT = re.compile(r"→|\bold\b|older|deprecat|\b0\.1\b", re.I)
-
-
 def _module_refs(line: str) -> list[str]:
     refs = [m.rstrip(".") for m in MODULE.findall(line)]
     for mod, names in FROM_IMPORT.findall(line):  # from gapo.tasks import sandbox, code
@@ -145,16 +130,13 @@ def _module_refs(line: str) -> list[str]:
 
 
 def test_module_paths_resolve():
-    seen: dict[str, tuple[str, str]] = {}
+    seen: dict[str, str] = {}
     for f, i, line in _docs_text():
         for dotted in _module_refs(line):
-            seen.setdefault(dotted, (_where(f, i), line))
+            seen.setdefault(dotted, _where(f, i))
     bad = []
-    for dotted, (where, line) in sorted(seen.items()):
+    for dotted, where in sorted(seen.items()):
         why = _resolve_module_path(dotted)
-        old = _deprecated(dotted)
-        if why is None and old and not OLD_PATH_CONTEXT.search(line):
-            why = f"{old} is a deprecated path (now {__import__('gapo')._MOVED[old]})"
         if why:
             bad.append(f"{where}: {why}")
     assert not bad, "documentation names module paths that do not resolve:\n" + "\n".join(bad)
@@ -205,10 +187,10 @@ def test_version_has_one_source():
         assert installed == gapo.__version__, (
             f"installed metadata says {installed}, gapo.__version__ {gapo.__version__}: reinstall (pip install -e .)"
         )
-    # the README's latest "Changes in X.Y" heading is this version's
-    heads = re.findall(r"^#+ Changes in (\d+\.\d+)", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.M)
-    latest = max(heads, key=lambda v: tuple(map(int, v.split(".")))) if heads else None
-    assert latest is None or ".".join(gapo.__version__.split(".")[:2]) == latest
+    # CHANGELOG.md's newest "## X.Y.Z" heading (the first) is this version's
+    heads = re.findall(r"^## (\d+\.\d+\.\d+\S*)", (ROOT / "CHANGELOG.md").read_text(encoding="utf-8"), flags=re.M)
+    assert heads and heads[0] == gapo.__version__, f"CHANGELOG.md's newest heading {heads[:1]} != {gapo.__version__}"
+    assert heads == sorted(heads, key=lambda v: tuple(map(int, re.findall(r"\d+", v))), reverse=True), heads
 
 
 def test_the_checks_catch_drift():
@@ -226,8 +208,8 @@ def test_the_checks_catch_drift():
     assert _resolve_module_path("gapo.core.clipping.gapo_eps_high") is None
     assert _resolve_module_path("gapo.core.clipping.no_such_name")
     assert _resolve_module_path("gapo.no_such_module")
-    assert _module_refs("from gapo import sandbox") == ["gapo.sandbox"] and _deprecated("gapo.sandbox.run")
-    assert _deprecated("gapo.exec.sandbox.run") is None
+    assert _module_refs("from gapo import sandbox") == ["gapo.sandbox"]
+    assert _resolve_module_path("gapo.sandbox.run")  # 0.1's flat path: gone in 0.3 (CHANGELOG.md)
     assert SECTION.findall("docs/design.md §2.5 and §10") == ["2.5", "10"]
     for stale in ("test_verl.py, 86 tests,", "35 tests for start-up", "44 parity tests", "85 and 51 collected"):
         assert TEST_COUNT.search(stale), stale

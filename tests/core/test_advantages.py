@@ -290,13 +290,12 @@ def test_parameter_values_of_the_wrong_kind_are_value_errors(name, kwargs, match
         compute(name, R, 4, **kwargs)
 
 
-def test_group_success_count_is_a_deprecated_alias_of_success_count():
-    """gapo 0.2's name still works, warns, and gives success_count's result; both are in the lazy API."""
+def test_success_count_has_one_name():
+    """0.2's name ``group_success_count`` is gone; ``success_count`` is in the lazy API."""
     import gapo
-    from gapo.core.advantages import group_success_count
+    import gapo.core.advantages as advantages
 
     r = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
-    with pytest.warns(DeprecationWarning, match="success_count"):
-        old = group_success_count(r, 3)
-    assert old.tolist() == success_count(r, 3).tolist() == [2, 2, 2, 1, 1, 1]
+    assert success_count(r, 3).tolist() == [2, 2, 2, 1, 1, 1]
     assert gapo.success_count is success_count and "success_count" in gapo.__all__
+    assert not hasattr(advantages, "group_success_count") and not hasattr(gapo, "group_success_count")

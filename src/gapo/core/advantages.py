@@ -29,7 +29,6 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
-import warnings
 
 import torch
 
@@ -42,7 +41,6 @@ __all__ = [
     "estimator_params",
     "zero_std_groups",
     "success_count",
-    "group_success_count",
     "rescaled_rewards",
 ]
 
@@ -253,16 +251,3 @@ def success_count(
         return c.repeat_interleave(group_size)
     u = rescaled_rewards(rewards, group_size, reward_range=rr).view(-1, group_size)
     return u.sum(1).round().long().repeat_interleave(group_size)
-
-
-def group_success_count(
-    rewards: torch.Tensor, group_size: int, *, reward_range: tuple[float, float] | str = (0.0, 1.0)
-) -> torch.Tensor:  # (B,) long
-    """Deprecated: gapo 0.2's name of :func:`success_count` (same arguments, same result), kept
-    with a DeprecationWarning so existing callers keep working; the old name will be removed."""
-    warnings.warn(
-        "gapo.core.advantages.group_success_count is now success_count; the old name will be removed",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return success_count(rewards, group_size, reward_range=reward_range)

@@ -5,8 +5,6 @@ A run's summary (``run_summary``) names every value ``before/<metric>`` or ``aft
 for the per group-success-count diagnostics, the per-step metric's own key ``<metric>/<c>``
 (``clip/frac_high_by_c/<c>``, …: ``BY_C_SUMMARY`` says how each is aggregated over training).
 The grid's cells (``load_cell``) and the single-run report (``report.summarise``) both read it.
-Reports written before these keys were verbatim named the per-``c`` aggregates apart;
-``read_summary`` and ``read_cells`` read such files through the one map ``OLD_SUMMARY_KEYS``.
 
 Over seeds, ``mean_ci`` gives the mean and the 95% Student-t half-width; ``paired_diffs`` the
 same-seed differences between two methods, which is what every comparison of the grid uses.
@@ -37,13 +35,8 @@ __all__ = [
     "paired_diffs",
     "TRAIN_KEYS",
     "BY_C_SUMMARY",
-    "OLD_SUMMARY_KEYS",
     "by_c",
     "by_c_entries",
-    "renamed_key",
-    "migrate_keys",
-    "read_summary",
-    "read_cells",
     "run_summary",
     "load_cell",
     "t_pvalue",
@@ -183,61 +176,6 @@ BY_C_SUMMARY = {
     "clip/adv_by_c": "steps",  # mean |A|
     "clip/ratio_dev_pos_by_c": "steps",  # mean |ρ−1| of positive-advantage tokens, before clipping
 }
-
-# The one place the old names live: summary keys of reports written before the per-c aggregates
-# took their metric's key (summary.json, cells.csv, dose.json, tables.md of results/ until
-# then), old name -> metric; ``renamed_key`` maps ``<old>`` and ``<old>/<c>``.
-OLD_SUMMARY_KEYS = {
-    "clip_by_c": "clip/frac_high_by_c",
-    "dev_by_c": "clip/ratio_dev_by_c",
-    "eps_by_c": "clip/eps_high_by_c",
-    "adv_by_c": "clip/adv_by_c",
-    "dev_pos_by_c": "clip/ratio_dev_pos_by_c",
-}
-
-
-def renamed_key(key: str) -> str:
-    """Today's name of a summary key: ``OLD_SUMMARY_KEYS`` applied to ``<old>`` or ``<old>/<c>``;
-    any other key is returned as it is."""
-    head, sep, tail = key.partition("/")
-    return OLD_SUMMARY_KEYS[head] + sep + tail if head in OLD_SUMMARY_KEYS else key
-
-
-def migrate_keys(obj):
-    """A copy of a JSON value read from an old report with every summary key renamed
-    (``renamed_key``): dictionary keys, and the ``"key"`` field of claim and comparison rows.
-    A dictionary whose keys were in sorted order (the report's aggregates) is sorted again, so
-    the result is what today's report writes."""
-    if isinstance(obj, list):
-        return [migrate_keys(x) for x in obj]
-    if not isinstance(obj, dict):
-        return obj
-    out = {renamed_key(k) if isinstance(k, str) else k: migrate_keys(v) for k, v in obj.items()}
-    if isinstance(out.get("key"), str):
-        out["key"] = renamed_key(out["key"])
-    keys = [k for k in obj if k != "vs"]
-    if len(out) == len(obj) and all(isinstance(k, str) for k in keys) and keys == sorted(keys):
-        lead = {"vs": out["vs"]} if "vs" in out and next(iter(obj)) == "vs" else {}
-        rest = {k: out[k] for k in out if k not in lead}
-        out = {**lead, **dict(sorted(rest.items()))}
-    return out
-
-
-def read_summary(path: str | Path) -> dict:
-    """A report's JSON (``summary.json``, ``dose.json``) with old summary keys renamed."""
-    path = Path(path)
-    try:
-        return migrate_keys(json.loads(path.read_text()))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{str(path)!r} is not valid JSON ({e})") from None
-
-
-def read_cells(path: str | Path) -> list[dict]:
-    """A report's ``cells.csv`` rows (strings, as written) with old column names renamed."""
-    import csv
-
-    with open(path, newline="") as f:
-        return [{renamed_key(k): v for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def by_c_entries(summary: dict, metric: str) -> dict[int, object]:
