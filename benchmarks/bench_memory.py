@@ -7,7 +7,7 @@ One update = per-token log-probs and entropy of the response + GAPO's clipped to
 4 layers) with a ``V``-token vocabulary (untied head: 8.2M of its 9.0M parameters are the
 embedding and the head at V = 32k), ``B`` rows of a 32-token prompt and ``T`` response tokens.
 
-- ``chunked``: ``gapo.policy.sampling.logprobs`` as the trainer calls it (decoder once, then LM
+- ``chunked``: ``gapo.policy.logprobs.logprobs`` as the trainer calls it (decoder once, then LM
   head + log-softmax + entropy over position chunks of at most ``max_chunk_bytes`` = 256 MiB of
   float32 logits; the chunks' logits are kept for backward while all of them fit
   ``max_saved_bytes`` = 1 GiB, else each chunk is checkpointed and recomputed in backward).
@@ -49,8 +49,8 @@ def one(path: str, V: int, B: int, T: int, threads: int, prompt: int = 32) -> di
 
     from gapo.core.clipping import gapo_eps_high
     from gapo.core.losses import ClipBounds, policy_loss
+    from gapo.policy.logprobs import HeadMemory, logprobs
     from gapo.policy.model import build_model
-    from gapo.policy.sampling import HeadMemory, logprobs
 
     torch.set_num_threads(threads)
     model = build_model(V, "tiny", seed=0, max_position_embeddings=prompt + T + 8).train()

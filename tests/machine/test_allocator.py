@@ -22,7 +22,7 @@ if sys.argv[1] == "true":
     from gapo.machine.allocator import tune_malloc
     assert tune_malloc()
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from gapo.policy.sampling import logprobs
+from gapo.policy.logprobs import logprobs
 torch.manual_seed(0)
 m = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
                                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)).train()

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+from gapo.policy.logprobs import HeadMemory, logprobs
 from gapo.policy.model import build_model, build_tokenizer
-from gapo.policy.sampling import DecodeOptions, HeadMemory, SamplingParams, left_pad, logprobs, sample
+from gapo.policy.sampling import DecodeOptions, SamplingParams, left_pad, sample
 
 torch.set_num_threads(1)
 
@@ -399,7 +400,7 @@ def test_checkpointed_chunks_equal_kept_chunks(model, prompts):
 def test_kept_logits_budget_counts_the_entropy_softmax(model, prompts, monkeypatch):
     # with entropy gradients backward keeps each chunk's softmax too, so the budget counts the
     # logits twice: a budget between 1x and 2x of the logits keeps them without, checkpoints with
-    from gapo.policy import sampling
+    from gapo.policy import logprobs as logprobs_mod
 
     r = sample(
         model,
@@ -410,8 +411,8 @@ def test_kept_logits_budget_counts_the_entropy_softmax(model, prompts, monkeypat
     B, T, V = r.completion_ids.shape[0], r.completion_ids.shape[1], model.config.vocab_size
     live = int(r.response_mask.sum())  # the head runs on the packed live positions: one row of them
     calls = []
-    real = sampling.checkpoint
-    monkeypatch.setattr(sampling, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = logprobs_mod.checkpoint
+    monkeypatch.setattr(logprobs_mod, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
     for entropy_grad, checkpointed in ((False, False), (True, True)):
         calls.clear()
         logprobs(
@@ -457,7 +458,7 @@ def test_fast_decoder_under_gradient_checkpointing(tok, prompts):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Stopping (gapo.policy.sampling's module docstring): every stop token of generation_config, and
+# Stopping (gapo.policy.sampling's module docstring, gapo.policy.stopping): every stop token of generation_config, and
 # stop strings in the decoded text, on a Qwen2.5-base-like layout. The checkpoint is a tiny Qwen2
 # with a byte-level BPE tokenizer whose EOS is <|endoftext|> while chat turns end in <|im_end|>,
 # and generation_config.json's eos_token_id is [<|im_end|>, <|endoftext|>] (Qwen2.5-Math's layout).
@@ -890,12 +891,12 @@ def _tokenizers():
 
 @pytest.mark.parametrize("kind", ["bytelevel", "metaspace", "char", "char-cleanup"])
 def test_stop_scan_finds_the_first_stop_like_brute_force(kind):
-    """``_StopScan`` (incremental, a few tokens decoded per step) ends each row at the same token
+    """``StopScan`` (incremental, a few tokens decoded per step) ends each row at the same token
     as decoding every prefix in full would, for stop strings that span tokens, start or end inside
     one, hold multi-byte characters split across byte tokens, or begin with a space."""
     import random
 
-    from gapo.policy.sampling import _StopScan
+    from gapo.policy.stopping import StopScan
 
     tk = _tokenizers()[kind]
     rng = random.Random(0)
@@ -938,7 +939,7 @@ def test_stop_scan_finds_the_first_stop_like_brute_force(kind):
         out_tok = torch.tensor([r + [0] * (N - len(r)) for r in rows])
         out_len = torch.tensor([len(r) for r in rows])
         every = rng.choice([1, 3, 8])
-        scan, hits = _StopScan(tk, stops, len(rows)), {}
+        scan, hits = StopScan(tk, stops, len(rows)), {}
         assert scan.whole == (kind == "char-cleanup")  # incremental unless decoding post-processes
         for t in range(N):
             if (t + 1) % every == 0 or t == N - 1:
@@ -980,7 +981,7 @@ def test_stop_strings_need_the_tokenizer(model, prompts):
 def test_eos_token_id_forms():
     import numpy as np
 
-    from gapo.policy.sampling import as_eos_ids
+    from gapo.policy.stopping import as_eos_ids
 
     assert as_eos_ids(None) == () and as_eos_ids(5) == (5,) and as_eos_ids([5, 3, 5]) == (5, 3)
     assert as_eos_ids(torch.tensor([4, 2])) == (4, 2) and as_eos_ids([np.int64(7)]) == (7,)

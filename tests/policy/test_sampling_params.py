@@ -7,8 +7,9 @@ import warnings
 import pytest
 import torch
 
+from gapo.policy.logprobs import HeadMemory, logprobs
 from gapo.policy.model import build_model, build_tokenizer
-from gapo.policy.sampling import DecodeOptions, HeadMemory, SamplingParams, logprobs, sample
+from gapo.policy.sampling import DecodeOptions, SamplingParams, sample
 
 torch.set_num_threads(1)
 

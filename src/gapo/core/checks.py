@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
+import operator
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -20,6 +22,21 @@ def unknown(kind: str, name: str, known: Iterable[str]) -> ValueError:
     close = difflib.get_close_matches(str(name), known, n=3)
     hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
     return ValueError(f"unknown {kind} {name!r}; known: {known}.{hint}")
+
+
+def as_int(x) -> int | None:
+    """``x`` as an int (Python or NumPy integers, not bools or floats), else ``None``."""
+    if isinstance(x, bool):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
+def is_real(x) -> bool:
+    """A real number (int, float, NumPy scalars), not a bool or a string."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def check_rewards(rewards: torch.Tensor, group_size: int) -> None:

@@ -37,7 +37,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from gapo.policy.base_policy import cache_root
-from gapo.policy.sampling import SamplingParams, logprobs, sample
+from gapo.policy.logprobs import logprobs
+from gapo.policy.sampling import SamplingParams, sample
 
 __all__ = ["default_threads", "probe"]
 

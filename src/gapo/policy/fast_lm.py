@@ -1,9 +1,9 @@
 """Fast forward passes for Llama/Qwen2 causal LMs: ``FastLM``, used by ``gapo.policy.sampling``
-for KV-cached decoding and for log-prob recomputation (BENCHMARKS.md, section 2).
+for KV-cached decoding and by ``gapo.policy.logprobs`` for log-prob recomputation (BENCHMARKS.md, section 2).
 
 It reproduces the Hugging Face forward op for op with a preallocated KV cache and computes
 each distinct prompt once; tokens and log-probs are bit-identical to ``model.forward``
-(tests/test_sampling.py).
+(tests/policy/test_sampling.py).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class FastLM:
     of the Hugging Face forward and attends with ``scaled_dot_product_attention``; rows are
     independent, so sharing a prompt's keys and values between its copies computes the same
     function (and, under autograd, the same gradient: the copies' gradients are summed into the
-    shared prompt activations). tests/test_sampling.py checks it against ``model.forward``.
+    shared prompt activations). tests/policy/test_sampling.py checks it against ``model.forward``.
     ``build`` returns ``None`` for any other layout (sliding windows, hooks, adapters, quantised
     or custom modules, attention dropout in training mode, gradient checkpointing); callers then
     use ``model.forward``.
@@ -117,7 +117,7 @@ class FastLM:
 
     def _attend(self, q, K, V, mask):
         # grouped-query attention without copying K/V into every query head (Hugging Face's
-        # repeat_kv): the same products, the same outputs bit for bit (tests/test_sampling.py), and
+        # repeat_kv): the same products, the same outputs bit for bit (tests/policy/test_sampling.py), and
         # no copy of the whole cache per decoding step and layer (BENCHMARKS.md, section 9)
         gqa = {"enable_gqa": True} if self.n_rep > 1 else {}
         return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling, **gqa)

@@ -1,4 +1,4 @@
-"""Batched KV-cached sampling with per-token log-probs, and chunked log-prob recomputation.
+"""Batched KV-cached sampling with per-token log-probs: the decode loop.
 
 Works with any Hugging Face causal LM (the embedded policy or a real checkpoint).
 
@@ -16,7 +16,8 @@ means greedy decoding, and its ``logp`` are taken at temperature 1.
 
 Layout: prompts are left-padded (``prompt_ids (B, P)``, ``prompt_mask (B, P)``), completions are
 right-padded (``completion_ids (B, T)``, ``response_mask (B, T)``); ``Rollout.input_ids`` is their
-concatenation, whose last ``T`` columns are the response — what ``logprobs`` expects.
+concatenation, whose last ``T`` columns are the response — what ``gapo.policy.logprobs.logprobs``
+expects (it recomputes the same ``logp``, memory-bounded, for the update).
 
 Stopping (the semantics of Hugging Face ``generate`` for stop tokens, of vLLM/TRL for stop
 strings): a row ends at the first of
@@ -34,25 +35,23 @@ strings): a row ends at the first of
   token, i.e. a stop token;
 - ``max_new_tokens``.
 
-Stop strings are found by incremental detokenisation (``_StopScan``): each step decodes a window
-of a few tokens per unfinished row, never a whole completion.
+Stop strings are found by incremental detokenisation (``gapo.policy.stopping.StopScan``): each
+step decodes a window of a few tokens per unfinished row, never a whole completion.
 
 Arguments come grouped: ``SamplingParams`` (what is drawn and where it stops), ``DecodeOptions``
-(how ``sample`` runs it: never the distribution), ``HeadMemory`` (``logprobs``' memory bounds).
+(how ``sample`` runs it: never the distribution); ``logprobs``' memory bounds are ``HeadMemory``.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
-import operator
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
-from gapo.policy.fast_lm import FastLM, left_pad_positions, live_index, pack, unpack
+from gapo.core.checks import as_int, is_real
+from gapo.policy.fast_lm import FastLM, left_pad_positions
+from gapo.policy.stopping import StopScan, as_eos_ids, cut_at_stop, split_stop
 
 
 @dataclass
@@ -89,54 +88,6 @@ class Rollout:
         return out
 
 
-def cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    """``text`` up to (not including) the earliest occurrence of any string of ``stop``."""
-    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
-    return text if cut < 0 else text[:cut]
-
-
-def as_eos_ids(eos_token_id) -> tuple[int, ...]:
-    """``None`` | an int | a list (tuple, 1-d tensor) of ints -> a tuple of distinct ids (order kept)."""
-    if eos_token_id is None:
-        return ()
-    if isinstance(eos_token_id, torch.Tensor):
-        eos_token_id = eos_token_id.reshape(-1).tolist()
-    items = eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
-    out = []
-    for i in items:
-        try:  # python and numpy integers, not bools, floats or strings
-            if isinstance(i, bool):
-                raise TypeError
-            i = operator.index(i)
-        except TypeError:
-            raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}") from None
-        if i not in out:
-            out.append(i)
-    return tuple(out)
-
-
-def split_stop(tokenizer, stop: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """``(token ids, strings)`` of the stop strings ``stop``: a string that is the text of one
-    special token which decoding skips (``<|im_end|>``, ``</s>``) can never appear in the decoded
-    text, so it stops as that token; every other string is matched in the text."""
-    stop = tuple(stop)
-    if not stop:
-        return (), ()
-    special = dict(tokenizer.get_added_vocab()) if hasattr(tokenizer, "get_added_vocab") else {}
-    for i in getattr(tokenizer, "all_special_ids", ()):
-        special.setdefault(tokenizer.convert_ids_to_tokens(i), i)
-    ids, strings = [], []
-    for s in stop:
-        if not isinstance(s, str) or not s:
-            raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
-        i = special.get(s)
-        if i is not None and s not in tokenizer.decode([i], skip_special_tokens=True):
-            ids.append(i)
-        elif s not in strings:
-            strings.append(s)
-    return tuple(dict.fromkeys(ids)), tuple(strings)
-
-
 @dataclass(frozen=True)
 class SamplingParams:
     """What ``sample`` draws, and where a completion stops (the ``sampling`` config keys).
@@ -163,14 +114,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self):
-        n = _as_int(self.max_new_tokens)
+        n = as_int(self.max_new_tokens)
         if n is None or n < 1:
             raise ValueError(f"max_new_tokens must be >= 1 (an int), got {self.max_new_tokens!r}")
         object.__setattr__(self, "max_new_tokens", n)
         t = self.temperature
-        if not _is_real(t) or not (math.isfinite(t) and t >= 0):
+        if not is_real(t) or not (math.isfinite(t) and t >= 0):
             raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {t!r}")
-        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+        if not is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.eos_token_id is not None:
             object.__setattr__(self, "eos_token_id", as_eos_ids(self.eos_token_id))
@@ -205,52 +156,9 @@ class DecodeOptions:
     def __post_init__(self):
         c = self.check_every
         if c is not None:
-            if _as_int(c) is None or c < 1:
+            if as_int(c) is None or c < 1:
                 raise ValueError(f"check_every must be an int >= 1 or None, got {c!r}")
-            object.__setattr__(self, "check_every", _as_int(c))
-
-
-@dataclass(frozen=True)
-class HeadMemory:
-    """``logprobs``' memory bounds for the LM head (see there).
-
-    - ``chunk_size``: positions per chunk of the head, log-softmax and entropy; ``None``: as many
-      as fit ``max_chunk_bytes`` of float32 logits;
-    - ``max_chunk_bytes``: the float32 logits bytes of one chunk when ``chunk_size`` is ``None``;
-    - ``max_saved_bytes``: the most logits bytes kept for the backward pass; beyond it each chunk
-      is checkpointed (recomputed in backward).
-    """
-
-    chunk_size: int | None = None
-    max_chunk_bytes: int = 256 * 2**20
-    max_saved_bytes: int = 2**30
-
-    def __post_init__(self):
-        c = self.chunk_size
-        if c is not None:
-            if _as_int(c) is None or c < 1:
-                raise ValueError(f"chunk_size must be an int >= 1 or None, got {c!r}")
-            object.__setattr__(self, "chunk_size", _as_int(c))
-        for name in ("max_chunk_bytes", "max_saved_bytes"):
-            v = _as_int(getattr(self, name))
-            if v is None or v < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {getattr(self, name)!r}")
-            object.__setattr__(self, name, v)
-
-
-def _as_int(x) -> int | None:
-    """``x`` as an int (Python or NumPy integers, not bools or floats), else ``None``."""
-    if isinstance(x, bool):
-        return None
-    try:
-        return operator.index(x)
-    except TypeError:
-        return None
-
-
-def _is_real(x) -> bool:
-    """A real number (int, float, NumPy scalars), not a bool or a string."""
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+            object.__setattr__(self, "check_every", as_int(c))
 
 
 def left_pad(prompt_ids, prompt_mask=None, *, pad_token_id: int = 0, device=None):
@@ -331,12 +239,7 @@ def sample(
         )
     if not isinstance(options, DecodeOptions):
         raise TypeError(f"sample(): options must be a DecodeOptions, got {type(options).__name__}")
-    eos_ids, stop = params.eos_token_id or (), params.stop
-    if stop:
-        if tokenizer is None:
-            raise ValueError("stop strings need the tokenizer (tokenizer=...) to be found in the decoded text")
-        stop_ids, stop = split_stop(tokenizer, stop)
-        eos_ids = as_eos_ids(eos_ids + stop_ids)
+    eos_ids, stop = _stops(params, tokenizer)
     if pad_token_id is None:
         pad_token_id = getattr(model.config, "pad_token_id", None)
         if pad_token_id is None:
@@ -351,16 +254,8 @@ def sample(
         dec = (FastLM.build(model) if options.fast else None) or _HFDecoder(model)
         logits = dec.prefill(ids, mask, pos, N)
         how = _Decoding(params.temperature, params.top_p, eos_ids, pad_token_id, options.compact, options.check_every)
-        out_tok, out_lp, out_len = _decode(
-            dec,
-            logits,
-            pos[:, -1:] + 1,
-            B,
-            N,
-            how,
-            generator=generator,
-            stops=_StopScan(tokenizer, stop, B) if stop else None,
-        )
+        stops = StopScan(tokenizer, stop, B) if stop else None
+        out_tok, out_lp, out_len = _decode(dec, logits, pos[:, -1:] + 1, B, N, how, generator=generator, stops=stops)
         T = int(out_len.max())
         resp = (torch.arange(N, device=device)[None] < out_len[:, None]).long()[:, :T]
         completion = out_tok[:, :T].masked_fill(resp == 0, pad_token_id)
@@ -368,6 +263,18 @@ def sample(
     finally:
         model.train(was_training)
     return Rollout(ids, mask, completion, resp, logp, eos_ids=eos_ids, stop=tuple(stop))
+
+
+def _stops(params: SamplingParams, tokenizer) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """``(stop token ids, stop strings)`` of ``params``: a stop string that is a skipped special
+    token's text joins the stop tokens (``split_stop``)."""
+    eos_ids, stop = params.eos_token_id or (), params.stop
+    if stop:
+        if tokenizer is None:
+            raise ValueError("stop strings need the tokenizer (tokenizer=...) to be found in the decoded text")
+        stop_ids, stop = split_stop(tokenizer, stop)
+        eos_ids = as_eos_ids(eos_ids + stop_ids)
+    return eos_ids, stop
 
 
 @dataclass(frozen=True)
@@ -389,7 +296,7 @@ def _decode(dec, logits, next_pos, B: int, N: int, how: _Decoding, *, generator,
     """The decoding loop of ``sample`` from the prefill's ``logits (B, V)``; returns
     ``(tokens (B, N), logp (B, N), length incl. the stop token (B,))``. ``next_pos (B, 1)``: the
     position of the first new token. With ``how.compact``, finished rows leave ``dec``'s cache once a
-    quarter of the active rows are done. ``stops`` (a ``_StopScan``) ends rows at stop strings."""
+    quarter of the active rows are done. ``stops`` (a ``StopScan``) ends rows at stop strings."""
     temperature, top_p, eos_ids, pad_token_id = how.temperature, how.top_p, how.eos_ids, how.pad_token_id
     compact, check_every = how.compact, how.check_every
     device = logits.device
@@ -437,121 +344,6 @@ def _decode(dec, logits, next_pos, B: int, N: int, how: _Decoding, *, generator,
     return out_tok, out_lp, out_len
 
 
-class _StopScan:
-    """The first token at which each row's decoded completion contains one of ``stops``.
-
-    Incremental detokenisation (as vLLM's and TGI's): a row keeps the text decoded so far and
-    two offsets ``prefix <= read`` into its tokens; a new token adds
-    ``decode(ids[prefix:]) − decode(ids[prefix:read])`` — a window of a few tokens, so byte-level
-    pieces, SentencePiece's leading spaces and merges across the window's first token come out
-    as in the whole completion's decoding — held back while the window ends in an incomplete
-    UTF-8 character (U+FFFD; the text before it is searched already). Only the new text and the
-    ``len(longest stop) − 1`` characters before it are searched; a step decodes the windows of
-    all its rows in one call of the ``tokenizers`` backend. A tokenizer whose ``decode`` is not
-    its backend's (one that cleans up spaces, or post-processes otherwise: not concatenative)
-    decodes each row's whole completion so far at each step instead. Decoding skips special
-    tokens, as ``Rollout.texts`` does. A row ends at the first token ``j`` for which the decoding
-    of its tokens ``0 … j`` contains a stop string (tests/policy/test_sampling.py checks this
-    against decoding every prefix whole).
-    """
-
-    def __init__(self, tokenizer, stops: Sequence[str], B: int):
-        self.stops = tuple(stops)
-        self.back = max(len(s) for s in self.stops) - 1
-        self.ids: list[list[int]] = [[] for _ in range(B)]
-        self.text = [""] * B
-        self.prefix, self.read = [0] * B, [0] * B
-        self.open = list(range(B))  # rows not yet ended (by a stop string, a stop token or the limit)
-        self.seen = 0  # tokens of each row already scanned
-        self.tok = tokenizer
-        backend = _plain_backend(tokenizer)
-        # incremental: one backend call for all windows of a step; without a plain backend (a
-        # decode that post-processes the text, e.g. cleans up spaces: not concatenative) each
-        # step decodes the row's whole completion so far instead (exact, slower)
-        self.whole = backend is None
-        if backend is not None:
-            self.decode = lambda ws: backend.decode_batch(ws, skip_special_tokens=True)
-
-    def scan(self, out_tok: torch.Tensor, out_len: torch.Tensor, t: int) -> list[tuple[int, int]]:
-        """``(row, position)`` of the rows whose first stop string completes at one of the
-        positions ``seen … t`` (rows ended by a stop token are scanned up to it)."""
-        if not self.open:
-            self.seen = t + 1
-            return []
-        rows_t = torch.tensor(self.open, device=out_tok.device)
-        new = out_tok[rows_t, self.seen : t + 1].tolist()  # one transfer per check
-        lens = out_len[rows_t].tolist()
-        hit, live = [], list(range(len(self.open)))  # live: indices into self.open
-        for c in range(t + 1 - self.seen):
-            j = self.seen + c
-            live = [k for k in live if j < lens[k]]  # rows past their stop token are done
-            if not live:
-                break
-            rows = [self.open[k] for k in live]
-            for k, r in zip(live, rows):
-                self.ids[r].append(new[k][c])
-            if self.whole:
-                still = []
-                for k, r in zip(live, rows):
-                    if self._whole_hit(r):
-                        hit.append((r, j))
-                    else:
-                        still.append(k)
-                live = still
-                continue
-            texts = self.decode(
-                [self.ids[r][self.prefix[r] : self.read[r]] for r in rows]
-                + [self.ids[r][self.prefix[r] :] for r in rows]
-            )
-            n, still = len(rows), []
-            for i, (k, r) in enumerate(zip(live, rows)):
-                pre, full = texts[i], texts[n + i]
-                if len(full) <= len(pre):  # no new text yet (a special token, a first byte of a character)
-                    still.append(k)
-                    continue
-                old, new_text = len(self.text[r]), full[len(pre) :]
-                if new_text.endswith("\ufffd"):
-                    # an incomplete character: not committed yet, but the text before it is final
-                    # (a stop string may complete there, as in the decoding of the whole prefix)
-                    tail = (self.text[r] + new_text.rstrip("\ufffd"))[max(0, old - self.back) :]
-                else:
-                    self.text[r] += new_text
-                    self.prefix[r], self.read[r] = self.read[r], len(self.ids[r])
-                    tail = self.text[r][max(0, old - self.back) :]
-                if any(s in tail for s in self.stops):
-                    hit.append((r, j))
-                else:
-                    still.append(k)
-            live = still
-        self.open = [self.open[k] for k in live if t + 1 < lens[k]]
-        self.seen = t + 1
-        return hit
-
-    def _whole_hit(self, r: int) -> bool:
-        text = self.tok.decode(self.ids[r], skip_special_tokens=True)
-        return any(s in text for s in self.stops)
-
-
-def _plain_backend(tokenizer):
-    """The ``tokenizers`` backend of ``tokenizer`` when its ``decode`` is exactly the backend's
-    (checked on a probe text whose decoding a space clean-up would change), else ``None``."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or not hasattr(backend, "decode_batch"):
-        return None
-    try:
-        probe = tokenizer.encode("a . b , c ? d ! e 's f n't g 'm h 've i 're j", add_special_tokens=False)
-        same = tokenizer.decode(probe, skip_special_tokens=True) == backend.decode(probe, skip_special_tokens=True)
-    except Exception:  # noqa: BLE001 - an unusual tokenizer: take the exact path
-        return None
-    if not same:
-        return None
-    try:  # a tokenizer class of its own may post-process in its decode
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    except ImportError:  # pragma: no cover - layout of other transformers versions
-        return None
-    return backend if type(tokenizer)._decode is TokenizersBackend._decode else None
-
-
 class _HFDecoder:
     """Decoding through ``model.forward`` and its Hugging Face cache, with ``FastLM``'s decoding
     interface (``prefill`` / ``step`` / ``select``): the path of every model ``FastLM`` does not take."""
@@ -586,126 +378,3 @@ class _HFDecoder:
     def select(self, keep):
         self.cache.batch_select_indices(keep)
         self.attn = self.attn[keep]
-
-
-def _head_and_decoder(model):
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    dec = model.get_decoder() if hasattr(model, "get_decoder") else None
-    if head is None or dec is None or dec is model:
-        return None, None
-    return head, dec
-
-
-def _chunk_stats(h, targets, head, temperature: float, softcap, entropy_grad: bool = True):
-    # h (B, C, H), targets (B, C) -> logp (B, C), entropy (B, C); float32 math on a chunk only.
-    logits = head(h).float()
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
-    if temperature != 1.0:
-        logits = logits / temperature
-    lse = torch.logsumexp(logits, -1)
-    logp = logits.gather(-1, targets[..., None])[..., 0] - lse
-    # Without entropy_grad the entropy is a detached diagnostic: nothing is saved for its
-    # backward. This matters beyond speed: in a checkpointed chunk, tensors recomputed for a
-    # branch whose backward never runs stay alive until the whole backward ends, so a loss
-    # without an entropy term would keep every chunk's (B, C, V) softmax and logits.
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        ent = lse - (torch.softmax(logits, -1) * logits).sum(-1)
-    return logp, ent
-
-
-def _full_head_stats(model, input_ids, attention_mask, pos, targets, temperature: float):
-    # logp, entropy (B, T) through model.forward's own head: the (B, T, V) logits are built whole
-    T = targets.shape[1]
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, logits_to_keep=T + 1).logits
-    logits = logits[:, :-1].float() / temperature
-    lse = torch.logsumexp(logits, -1)
-    ent = lse - (torch.softmax(logits, -1) * logits).sum(-1)
-    return logits.gather(-1, targets[..., None])[..., 0] - lse, ent
-
-
-def logprobs(
-    model,
-    input_ids: torch.Tensor,  # (B, L) = left-padded prompt ++ right-padded response
-    attention_mask: torch.Tensor,  # (B, L)
-    response_len: int,  # T: the last T columns are the response
-    *,
-    temperature: float = 1.0,
-    memory: HeadMemory | None = None,
-    fast: bool = True,
-    entropy_grad: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token ``logp (B, T)`` and ``entropy (B, T)`` of the response under
-    ``softmax(logits / temperature)`` (``temperature <= 0`` is treated as 1).
-
-    Memory-bounded (``memory``, a ``HeadMemory``): the decoder runs once, then the LM head,
-    log-softmax and entropy run over chunks of ``memory.chunk_size`` positions (by default as many
-    as fit ``max_chunk_bytes`` of float32 logits), so the ``(B, T, V)`` float32 tensor is never
-    built whole for large ``V``. Under autograd the chunks' logits are kept for the backward pass
-    while all of them together fit ``max_saved_bytes`` (float32; counted twice with
-    ``entropy_grad``, whose backward also keeps the softmax); beyond that each chunk is
-    checkpointed, so the backward pass recomputes the chunk's logits instead of storing them (the
-    same values: a quarter more LM-head work for memory bounded by one chunk; BENCHMARKS.md). When completions end at
-    different lengths (at most ``fast_lm.PACK_BELOW`` of the response positions live in
-    ``attention_mask``), the decoder's per-token work and the head run on the live positions
-    only, and the padding after EOS comes back as 0 (else as meaningless values): multiply by the
-    response mask.
-    ``fast`` runs the decoder of Llama/Qwen2 models with ``FastLM``, which computes each
-    distinct prompt once (rows of a GRPO group share it); ``fast=False`` uses ``model.model``.
-    ``entropy_grad=False`` returns the entropy detached (pass it when the loss has no entropy
-    term: it keeps the memory of a checkpointed backward bounded, see ``_chunk_stats``).
-    """
-    memory = HeadMemory() if memory is None else memory
-    if not isinstance(memory, HeadMemory):
-        raise TypeError(f"logprobs(): memory must be a HeadMemory, got {type(memory).__name__}")
-    B, L = input_ids.shape
-    T = int(response_len)
-    if not 0 < T < L:
-        raise ValueError(f"response_len must be in [1, {L - 1}], got {T}")
-    temperature = 1.0 if temperature <= 0 else float(temperature)
-    pos = left_pad_positions(attention_mask)
-    targets = input_ids[:, L - T :]
-    head, dec = _head_and_decoder(model)
-    softcap = getattr(model.config, "final_logit_softcapping", None)
-    if head is None:  # unknown layout: fall back to the model's own head on the last T+1 positions
-        return _full_head_stats(model, input_ids, attention_mask, pos, targets, temperature)
-    decoder = FastLM.build(model) if fast else None
-    if decoder is not None:  # the same hidden states, each distinct prompt computed once
-        hidden = decoder.hidden(input_ids, attention_mask, T)
-    else:
-        hidden = dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
-        hidden = hidden[:, L - T - 1 : L - 1]  # position j predicts token j + 1
-    V = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
-    idx = live_index(attention_mask[:, L - T :].bool())  # response tokens, not the padding after EOS
-    if idx is None:
-        return _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, memory)
-    # the head, log-softmax and entropy on the live positions only, packed into one row: the
-    # same values there (each position's logits depend on its hidden state alone), zeros at the padding
-    lp, ent = _head_stats(
-        pack(hidden, idx)[None], pack(targets, idx)[None], head, V, temperature, softcap, entropy_grad, memory
-    )
-    return unpack(lp[0], idx, B, T), unpack(ent[0], idx, B, T)
-
-
-def _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, budget: HeadMemory):
-    """``logprobs``' head over ``hidden (B, T, H)`` in chunks of positions (see there)."""
-    chunk_size, max_chunk_bytes, max_saved_bytes = budget.chunk_size, budget.max_chunk_bytes, budget.max_saved_bytes
-    B, T = targets.shape
-    if chunk_size is None:
-        chunk_size = max(1, max_chunk_bytes // (4 * B * V * 3))  # logits, probs, product
-    if chunk_size >= T:
-        return _chunk_stats(hidden, targets, head, temperature, softcap, entropy_grad)
-    # what backward keeps per kept chunk: its float32 logits, and with entropy gradients about as
-    # much again (the softmax; bench_memory.py: +0.8x of the logits at T = 2048)
-    saved = 4 * B * T * V * (2 if entropy_grad else 1)
-    use_ckpt = torch.is_grad_enabled() and hidden.requires_grad and saved > max_saved_bytes
-    lps, ents = [], []
-    for s in range(0, T, chunk_size):
-        h, y = hidden[:, s : s + chunk_size], targets[:, s : s + chunk_size]
-        if use_ckpt:
-            lp, en = checkpoint(_chunk_stats, h, y, head, temperature, softcap, entropy_grad, use_reentrant=False)
-        else:
-            lp, en = _chunk_stats(h, y, head, temperature, softcap, entropy_grad)
-        lps.append(lp)
-        ents.append(en)
-    return torch.cat(lps, 1), torch.cat(ents, 1)

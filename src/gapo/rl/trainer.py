@@ -39,9 +39,10 @@ from gapo.machine.threads import default_threads
 from gapo.policy import lora
 from gapo.policy.base_policy import resolve_policy
 from gapo.policy.chat import PromptEncoder
+from gapo.policy.logprobs import logprobs
 from gapo.policy.model import check_context, check_memory, eos_token_ids, load_policy
 from gapo.policy.precision import autocast, grad_scaler
-from gapo.policy.sampling import SamplingParams, logprobs, sample
+from gapo.policy.sampling import SamplingParams, sample
 from gapo.rl import checkpoint, optimizer, problems, rollout, update
 from gapo.rl.config import Config, to_dict
 from gapo.rl.evaluate import EvalPlan, eval_params, evaluate
