@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gapo.rl.step_metrics import gpu_memory, step_metrics, truncated
+from gapo.rl.update import UpdateStats
 
 
 def _counts(**kw):
@@ -43,13 +44,13 @@ def _step():
         stats={"reward/n": 4, "reward/n_timeout": 0, "other": 5},
     )
     ub = SimpleNamespace(advantages=torch.tensor([0.5, -0.5, -0.5, 0.5]), eps_high=torch.tensor([0.3, 0.2, 0.2, 0.4]))
-    upd = {
-        "sums": {"loss/policy": 3.0, "loss/clipfrac": 0.5},  # summed over 2 updates
-        "grad_norms": [1.0, 2.0],
-        "entropy_sum": 4.0,
+    upd = UpdateStats(
+        sums={"loss/policy": 3.0, "loss/clipfrac": 0.5},  # summed over 2 updates
+        grad_norms=[1.0, 2.0],
+        entropy_sum=4.0,
         # c = 2: 5 positive-advantage tokens, 1 of them clipped; 3 negative ones
-        "counts": {2: _counts(tokens=8, dev_sum=0.8, pos_tokens=5, pos_clipped=1, neg_tokens=3, rows=4, eps_sum=1.1)},
-    }
+        counts={2: _counts(tokens=8, dev_sum=0.8, pos_tokens=5, pos_clipped=1, neg_tokens=3, rows=4, eps_sum=1.1)},
+    )
     return batch, ub, upd
 
 
@@ -96,7 +97,7 @@ def test_a_success_is_the_top_of_the_range():
 def test_no_positive_advantage_leaves_out_its_width_and_clips_nothing():
     batch, ub, upd = _step()
     ub.advantages = torch.zeros(4)
-    upd["counts"] = {2: _counts(tokens=8, rows=4, eps_sum=1.1)}
+    upd.counts = {2: _counts(tokens=8, rows=4, eps_sum=1.1)}
     rec = _metrics(batch, ub, upd, step=1, lr=0.0, reward_range=[0.0, 1.0])
     assert "clip/eps_high_pos_mean" not in rec and rec["clip/frac_high_pos"] == 0.0
 

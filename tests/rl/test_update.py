@@ -10,7 +10,7 @@ from gapo.rl.update import (
     LossSettings,
     OldPolicy,
     UpdateBatch,
-    accumulate,
+    UpdateStats,
     micro_batch_loss,
     micro_batches,
     minibatch_norms,
@@ -26,8 +26,8 @@ def _batch(logp_old, adv, mask, eps_high, ref=None):
         advantages=torch.tensor(adv, dtype=torch.float32),
         eps_high=torch.tensor(eps_high, dtype=torch.float32),
         c=torch.zeros(B, dtype=torch.long),
-        old_logp=torch.tensor(logp_old, dtype=torch.float32),
         ref_logp=None if ref is None else torch.tensor(ref, dtype=torch.float32),
+        old_logp=torch.tensor(logp_old, dtype=torch.float32),
     )
 
 
@@ -78,52 +78,61 @@ def test_micro_batch_losses_add_up_to_the_mini_batch_loss(agg, loss):
     mask = (torch.rand(B, T, generator=g) > 0.3).float()
     mask[3] = 0.0  # an empty row: it counts in no normaliser
     logp = -torch.rand(B, T, generator=g)
-    ub = UpdateBatch(
-        rollout=None,
-        mask=mask,
-        advantages=torch.randn(B, generator=g),
-        eps_high=0.2 + 0.1 * torch.rand(B, generator=g),
-        c=torch.zeros(B, dtype=torch.long),
-        old_logp=logp + 0.3 * torch.randn(B, T, generator=g),
-        ref_logp=-torch.rand(B, T, generator=g),
-    )
+    advantages, eps_high = torch.randn(B, generator=g), 0.2 + 0.1 * torch.rand(B, generator=g)
+    old_logp = logp + 0.3 * torch.randn(B, T, generator=g)
+    ub = UpdateBatch(None, mask, advantages, eps_high, torch.zeros(B, dtype=torch.long), -torch.rand(B, T, generator=g))
     ent = torch.rand(B, T, generator=g)
     s = LossSettings(loss=loss, agg=agg, kl_coef=0.05, entropy_coef=0.01)
     rows = torch.tensor([6, 0, 3, 2, 5, 1, 4])
-    whole, whole_m = micro_batch_loss(logp[rows], ent[rows], ub.rows(rows), s, {})
+    whole, whole_m = micro_batch_loss(logp[rows], ent[rows], ub.rows(rows, old_logp[rows]), s, {})
     subs = micro_batches(rows, 3)
     assert [len(x) for x in subs] == [3, 3, 1]
     norms = minibatch_norms(mask[rows], T, split=len(subs) > 1)
-    parts, summed = 0.0, {}
+    parts, stats = 0.0, UpdateStats()
     for sub in subs:
-        mb = ub.rows(sub)
+        mb = ub.rows(sub, old_logp[sub])
         part, m = micro_batch_loss(logp[sub], ent[sub], mb, s, norms)
         parts = parts + part
-        accumulate(summed, m, token_share(mb.mask, mask[rows], norms))
+        stats.add(m, {}, token_share(mb.mask, mask[rows], norms))
+    stats.end_update(1.0)
     assert parts.item() == pytest.approx(whole.item(), abs=1e-6)
     for k in ("loss/policy", "loss/total", "loss/kl_ref", "loss/approx_kl"):
-        assert summed[k] == pytest.approx(float(whole_m[k]), abs=1e-6), k
+        assert stats.sums[k] == pytest.approx(float(whole_m[k]), abs=1e-6), k
     # without the whole-mini-batch normalisers the micro-batch token means do not add up
     if agg == "token-mean":
-        naive = sum(micro_batch_loss(logp[x], ent[x], ub.rows(x), s, {})[0].item() for x in subs)
+        naive = sum(micro_batch_loss(logp[x], ent[x], ub.rows(x, old_logp[x]), s, {})[0].item() for x in subs)
         assert naive != pytest.approx(whole.item(), abs=1e-3)
 
 
 def test_old_policy_fills_pending_rows_once_and_measures_each_row_once():
     B, T = 4, 3
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]], dtype=torch.float32)
-    ub = UpdateBatch(
-        None, mask, torch.zeros(B), torch.full((B,), 0.2), torch.zeros(B, dtype=torch.long), torch.zeros(B, T)
-    )
-    old = OldPolicy(ub, pending=torch.tensor([2, 0]))
+    known = torch.arange(B * T, dtype=torch.float32).view(B, T)  # rows 1 and 3: the sampler's, kept
+    old = OldPolicy(known.clone(), mask, pending=torch.tensor([2, 0]))
     ent = torch.ones(2, T)
-    old.first_forward(torch.tensor([1, 3]), torch.full((2, T), -9.0), ent)  # not pending: old_logp kept
-    assert torch.equal(ub.old_logp[1], torch.zeros(T)) and old.entropy_sum == 1.0
-    old.first_forward(torch.tensor([2, 0]), torch.full((2, T), -1.0, requires_grad=True), 2 * ent)
-    assert torch.equal(ub.old_logp[[0, 2]], torch.full((2, T), -1.0)) and not ub.old_logp.requires_grad
+    got = old.first_forward(torch.tensor([1, 3]), torch.full((2, T), -9.0), ent)  # not pending: returned as known
+    assert torch.equal(got, known[[1, 3]]) and old.entropy_sum == 1.0
+    got = old.first_forward(torch.tensor([2, 0]), torch.full((2, T), -1.0, requires_grad=True), 2 * ent)
+    assert torch.equal(got, torch.full((2, T), -1.0)) and not got.requires_grad  # this forward's, detached
     assert old.entropy_sum == 1.0 + 2 * 5
-    old.first_forward(torch.tensor([2, 0]), torch.full((2, T), -5.0), 3 * ent)  # later forwards change nothing
-    assert torch.equal(ub.old_logp[[0, 2]], torch.full((2, T), -1.0)) and old.entropy_sum == 11.0
+    got = old.first_forward(torch.tensor([2, 0]), torch.full((2, T), -5.0), 3 * ent)  # later forwards change nothing
+    assert torch.equal(got, torch.full((2, T), -1.0)) and old.entropy_sum == 11.0
+    assert torch.equal(old.logp[[1, 3]], known[[1, 3]]) and torch.equal(old.logp[[0, 2]], torch.full((2, T), -1.0))
+
+
+def test_update_stats_sum_each_update_then_over_updates():
+    # two updates: the first of two micro-batches holding 3/4 and 1/4 of its tokens, the second of one.
+    # loss/policy (ADDITIVE) adds up whole within an update; loss/clipfrac is token-weighted:
+    # update 1: policy −1 + −3 = −4, clipfrac 0.2·3/4 + 0.6·1/4 = 0.3; update 2: policy 2, clipfrac 0.5
+    stats = UpdateStats()
+    counts = {1: dict.fromkeys(("tokens", "pos_tokens"), 2.0)}
+    stats.add({"loss/policy": -1.0, "loss/clipfrac": 0.2}, counts, 0.75)
+    stats.add({"loss/policy": -3.0, "loss/clipfrac": 0.6}, counts, 0.25)
+    stats.end_update(1.5)
+    stats.add({"loss/policy": torch.tensor(2.0), "loss/clipfrac": 0.5}, {}, 1.0)
+    stats.end_update(0.5)
+    assert stats.sums == pytest.approx({"loss/policy": -2.0, "loss/clipfrac": 0.8})
+    assert stats.grad_norms == [1.5, 0.5] and stats.counts[1]["tokens"] == 4.0 and stats.current == {}
 
 
 def test_loss_settings_are_the_algo_keys():
@@ -169,7 +178,7 @@ def test_recompute_reuse_gives_the_old_logprobs_of_an_explicit_no_grad_forward(e
             seen["explicit_all"] = tr._logprobs(tr.model, ub)[0]
         seen["first"], seen["pending_before"] = first, old.pending.clone()
         out = inner_update(ub, old, perm0)
-        seen["old_logp"], seen["pending_after"] = ub.old_logp.clone(), old.pending.clone()
+        seen["old_logp"], seen["pending_after"] = old.logp.clone(), old.pending.clone()
         return out
 
     tr._update = update

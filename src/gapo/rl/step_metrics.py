@@ -20,22 +20,25 @@ from __future__ import annotations
 import torch
 
 from gapo.core.metrics import clip_stats_from_counts
+from gapo.rl.update import UpdateStats
 
 __all__ = ["step_metrics", "truncated", "gpu_memory"]
 
 
-def step_metrics(batch, ub, upd: dict, *, step: int, lr: float, reward_range, max_new_tokens: int, tokenizer) -> dict:
+def step_metrics(
+    batch, ub, upd: UpdateStats, *, step: int, lr: float, reward_range, max_new_tokens: int, tokenizer
+) -> dict:
     """The deterministic part of step ``step``'s train record: ``batch`` the rollout
     (``rollout.Batch``), ``ub`` the ``update.UpdateBatch``, ``upd`` what ``Trainer._update``
-    accumulated (``sums``, ``counts``, ``grad_norms``, ``entropy_sum``), ``lr`` the learning rate
+    accumulated (``update.UpdateStats``), ``lr`` the learning rate
     after the step; ``max_new_tokens`` and ``tokenizer`` (its ``decode``) what the rollouts were
     sampled with (:func:`truncated`). The trainer appends ``gpu_memory`` and the ``time/*`` fields."""
     advantages, rewards, mask = ub.advantages, batch.rewards, batch.rollout.response_mask.float()
-    n_updates, n_tok = len(upd["grad_norms"]), float(mask.sum())
+    n_updates, n_tok = len(upd.grad_norms), float(mask.sum())
     lengths = batch.rollout.response_mask.sum(1)
     out = {"kind": "train", "step": step}
-    out.update({k: v / n_updates for k, v in upd["sums"].items()})
-    out["policy/entropy"] = upd["entropy_sum"] / max(n_tok, 1.0)
+    out.update({k: v / n_updates for k, v in upd.sums.items()})
+    out["policy/entropy"] = upd.entropy_sum / max(n_tok, 1.0)
     out["rollout/reward"] = float(rewards.mean())
     top = 1.0 if isinstance(reward_range, str) else reward_range[1]
     out["rollout/pass_rate"] = float((rewards >= top).float().mean())
@@ -45,10 +48,10 @@ def step_metrics(batch, ub, upd: dict, *, step: int, lr: float, reward_range, ma
     out["rollout/frac_truncated"] = float(truncated(batch.rollout, max_new_tokens, tokenizer).float().mean())
     out["rollout/group_reward_std"] = float(rewards.view(-1, batch.group_size).std(dim=1).mean())
     out["optim/lr"] = lr
-    out["optim/grad_norm"] = sum(upd["grad_norms"]) / n_updates
+    out["optim/grad_norm"] = sum(upd.grad_norms) / n_updates
     if (advantages > 0).any():
         out["clip/eps_high_pos_mean"] = float(ub.eps_high[advantages > 0].mean())
-    counts = upd["counts"]
+    counts = upd.counts
     out.update(clip_stats_from_counts(counts))
     pos_tok = sum(f["pos_tokens"] for f in counts.values())
     out["clip/frac_high_pos"] = sum(f["pos_clipped"] for f in counts.values()) / pos_tok if pos_tok else 0.0

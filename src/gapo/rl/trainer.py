@@ -32,7 +32,7 @@ from gapo import tasks
 from gapo.core.advantages import compute as compute_advantages
 from gapo.core.advantages import success_count
 from gapo.core.clipping import eps_high_for
-from gapo.core.metrics import RATIO_ADV_WINDOW, merge_counts, ratio_adv_corr, ratio_adv_pairs
+from gapo.core.metrics import RATIO_ADV_WINDOW, ratio_adv_corr, ratio_adv_pairs
 from gapo.exec.scoring import UserCodeError, verifier_failure_warning
 from gapo.machine.allocator import tune_malloc
 from gapo.machine.threads import default_threads
@@ -250,8 +250,8 @@ class Trainer:
         #    _update_batch) and log π_ref
         perm0 = _permutation(rewards.numel(), self.gen, self.device)
         ub, old = self._update_batch(batch, advantages, eps_high, c, perm0)
-        # 4. E epochs × M mini-batches × micro-batches of loss → backward, then clip → step
-        upd = self._update(ub, old, perm0)
+        # 4. E epochs × M mini-batches × micro-batches of forward → loss → backward, then clip → step
+        stats = self._update(ub, old, perm0)
         self.sched.step()
         self.step += 1
         # 5. diagnostics, and a few rows of what was trained on (samples.jsonl)
@@ -261,7 +261,7 @@ class Trainer:
             **step_metrics(
                 batch,
                 ub,
-                upd,
+                stats,
                 step=self.step,
                 lr=self.sched.get_last_lr()[0],
                 reward_range=a.reward_range,
@@ -366,8 +366,8 @@ class Trainer:
         ro, mask = batch.rollout, batch.rollout.response_mask.float()
         recompute, first = self.cfg.algo.old_logp == "recompute", mask.shape[0] // self.cfg.train.mini_batches
         old_logp = torch.zeros(mask.shape, dtype=torch.float32, device=self.device) if recompute else ro.logp
-        ub = update.UpdateBatch(ro, mask, advantages, eps_high, c, old_logp)
-        old = update.OldPolicy(ub, pending=perm0 if recompute else perm0[:0])
+        ub = update.UpdateBatch(ro, mask, advantages, eps_high, c)
+        old = update.OldPolicy(old_logp, mask, pending=perm0 if recompute else perm0[:0])
         rest = perm0[first:] if recompute else perm0[:0]
         if rest.numel():
             with torch.no_grad():
@@ -378,33 +378,29 @@ class Trainer:
                 ub.ref_logp = self._logprobs(self.model if lora_ref else self.ref_model, batch)[0]
         return ub, old
 
-    def _update(self, ub: update.UpdateBatch, old: update.OldPolicy, perm0: torch.Tensor) -> dict:
+    def _update(self, ub: update.UpdateBatch, old: update.OldPolicy, perm0: torch.Tensor) -> update.UpdateStats:
         """E epochs × M mini-batch optimiser steps; a mini-batch's gradient is accumulated over its
-        micro-batches (``train.micro_batch_size``), each loss normalised by the whole mini-batch.
-        Returns the metrics summed over mini-batches, the clip counts per c, the gradient norms and
-        π_old's entropy sum."""
+        micro-batches (``train.micro_batch_size``), each loss normalised by the whole mini-batch."""
         t, o, s = self.cfg.train, self.cfg.optim, update.LossSettings.from_algo(self.cfg.algo)
         B = ub.mask.shape[0]
         mb = B // t.mini_batches
-        sums, counts, grad_norms = {}, {}, []
+        stats = update.UpdateStats()
         for epoch in range(t.epochs):
             perm = perm0 if epoch == 0 else _permutation(B, self.gen, self.device)
             for rows in perm[: t.mini_batches * mb].split(mb):
                 subs = update.micro_batches(rows, t.micro_batch_size)
                 norms = update.minibatch_norms(ub.mask[rows], ub.mask.shape[1], split=len(subs) > 1)
-                metrics: dict[str, float] = {}
                 self.opt.zero_grad(set_to_none=True)
                 for sub in subs:
                     logp, ent = self._logprobs(self.model, ub, sub)
-                    old.first_forward(sub, logp, ent)  # π_old's log-probs / entropy, on a row's first forward
-                    micro = ub.rows(sub)
-                    loss, mets = update.micro_batch_loss(logp, ent, micro, s, norms)
+                    micro = ub.rows(sub, old.first_forward(sub, logp, ent))  # + log π_old (§4.3)
+                    loss, metrics = update.micro_batch_loss(logp, ent, micro, s, norms)
                     optimizer.backward(loss, self.scaler)
-                    update.accumulate(metrics, mets, update.token_share(micro.mask, ub.mask[rows], norms))
-                    merge_counts(counts, update.clip_counts(logp, micro, s))
-                grad_norms.append(optimizer.step(self.model, self.opt, self.scaler, o.grad_clip, step=self.step + 1))
-                update.accumulate(sums, metrics)
-        return {"sums": sums, "counts": counts, "grad_norms": grad_norms, "entropy_sum": old.entropy_sum}
+                    share = update.token_share(micro.mask, ub.mask[rows], norms)
+                    stats.add(metrics, update.clip_counts(logp, micro, s), share)
+                stats.end_update(optimizer.step(self.model, self.opt, self.scaler, o.grad_clip, step=self.step + 1))
+        stats.entropy_sum = old.entropy_sum
+        return stats
 
     # ------------------------------------------------------------------ evaluation, logging
     def evaluate(self, *, progress: bool = False) -> dict:

@@ -2,9 +2,10 @@
 
 ``UpdateBatch`` is everything one step's update reads, built before the first epoch: the
 sampled rows and their response mask, the advantages ``A_i``, GAPO's ``ε_high(i)`` per rollout,
-the group success count ``c_i``, and the old (π_old) and reference (π_ref) token log-probs.
-``OldPolicy`` keeps the two facts about π_old that the update itself completes: the old
+the group success count ``c_i`` and the reference (π_ref) token log-probs. ``OldPolicy`` holds
+the old (π_old) token log-probs and completes what the update itself learns about π_old: the old
 log-probs of epoch 0's first mini-batch (§4.3) and the token entropy of π_old's samples.
+``UpdateStats`` is what the update accumulates for the step's record (``rl.step_metrics``).
 
 ``micro_batch_loss`` is a pure function of one micro-batch's forward (``logp``, ``ent``), its
 slice of the ``UpdateBatch``, the ``LossSettings`` and the whole mini-batch's normalisers::
@@ -19,24 +20,24 @@ the micro-batches' losses add up to the mini-batch's loss and so do their gradie
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
 from gapo.core.aggregation import agg_loss
 from gapo.core.losses import LOSSES, RATIO_LEVEL, ClipBounds, kl_estimate, log_ratio
-from gapo.core.metrics import clip_counts_by_c
+from gapo.core.metrics import clip_counts_by_c, merge_counts
 
 __all__ = [
     "LossSettings",
     "UpdateBatch",
     "OldPolicy",
+    "UpdateStats",
     "micro_batches",
     "minibatch_norms",
     "token_share",
     "micro_batch_loss",
     "clip_counts",
-    "accumulate",
     "ADDITIVE",
 ]
 
@@ -64,18 +65,19 @@ class LossSettings:
 
 @dataclass
 class UpdateBatch:
-    """One step's update data, ``B`` rollouts (rows) of ``T`` response positions."""
+    """One step's update data, ``B`` rollouts (rows) of ``T`` response positions; a micro-batch
+    (:meth:`rows`) also carries its rows' old log-probs."""
 
     rollout: object  # the sampled rows (input_ids, attention_mask, response_mask), gapo.rl.rollout
     mask: torch.Tensor  # (B, T) float response mask
     advantages: torch.Tensor  # (B,) or (B, T)
     eps_high: torch.Tensor  # (B,) GAPO's upper clip width per rollout
     c: torch.Tensor  # (B,) successes in each rollout's group
-    old_logp: torch.Tensor  # (B, T) log π_old
     ref_logp: torch.Tensor | None = None  # (B, T) log π_ref, when kl_coef > 0
+    old_logp: torch.Tensor | None = None  # (b, T) log π_old of a micro-batch; the whole batch's: OldPolicy
 
-    def rows(self, idx: torch.Tensor) -> UpdateBatch:
-        """The rows ``idx`` (a micro-batch), copied."""
+    def rows(self, idx: torch.Tensor, old_logp: torch.Tensor) -> UpdateBatch:
+        """The rows ``idx`` (a micro-batch), copied, with their ``old_logp`` (``OldPolicy.first_forward``)."""
         pick = lambda x: None if x is None else x[idx]  # noqa: E731
         return replace(
             self,
@@ -83,40 +85,70 @@ class UpdateBatch:
             advantages=self.advantages[idx],
             eps_high=self.eps_high[idx],
             c=self.c[idx],
-            old_logp=self.old_logp[idx],
             ref_logp=pick(self.ref_logp),
+            old_logp=old_logp,
         )
 
 
 class OldPolicy:
-    """What the update learns about π_old from each row's *first* forward of the step.
+    """π_old's token log-probs ``logp`` (B, T), completed by each row's *first* forward of the step.
 
     - ``pending`` rows (``algo.old_logp=recompute``: all) have no old log-prob yet. Each one's
       first forward is under exactly π_old's parameters (the trainer's no-grad pass, or, for
       epoch 0's first mini-batch, the update's very first forward, before any step), so its
-      ``logp.detach()`` *is* the row's old log-prob: it is written into ``batch.old_logp``
-      (docs/design.md §4.3; TRL does the same for one iteration).
+      ``logp.detach()`` *is* the row's old log-prob (docs/design.md §4.3; TRL does the same for
+      one iteration). Under ``old_logp=sampler`` none is pending: ``logp`` is the sampler's.
     - ``entropy_sum`` sums the token entropy ``Σ m·H`` at each row's first forward, the
       ``policy/entropy`` diagnostic. Rows first forwarded by the no-grad behaviour pass are
       measured there; under ``old_logp=sampler`` every row is measured at its epoch-0 forward.
     """
 
-    def __init__(self, batch: UpdateBatch, pending: torch.Tensor):
-        self.batch = batch
-        B = batch.mask.shape[0]
-        self.pending = torch.zeros(B, dtype=torch.bool, device=batch.mask.device)
+    def __init__(self, logp: torch.Tensor, mask: torch.Tensor, pending: torch.Tensor):
+        self.logp, self.mask = logp, mask  # (B, T): the known rows' old log-probs (pending rows: any value)
+        B = mask.shape[0]
+        self.pending = torch.zeros(B, dtype=torch.bool, device=mask.device)
         self.pending[pending] = True
-        self.unmeasured = torch.ones(B, dtype=torch.bool, device=batch.mask.device)
+        self.unmeasured = torch.ones(B, dtype=torch.bool, device=mask.device)
         self.entropy_sum = 0.0
 
-    def first_forward(self, rows: torch.Tensor, logp: torch.Tensor, ent: torch.Tensor) -> None:
-        """Record a forward of ``rows`` (whole micro-batches: all pending/unmeasured or none)."""
+    def first_forward(self, rows: torch.Tensor, logp: torch.Tensor, ent: torch.Tensor) -> torch.Tensor:  # (b, T)
+        """The old log-probs of ``rows``, given a forward of them (whole micro-batches: all
+        pending/unmeasured or none): that forward's own where they were pending."""
         if bool(self.pending[rows].all()):
-            self.batch.old_logp[rows] = logp.detach().float()
+            self.logp[rows] = logp.detach().float()
             self.pending[rows] = False
         if bool(self.unmeasured[rows].all()):
-            self.entropy_sum += float((ent.detach() * self.batch.mask[rows]).sum())
+            self.entropy_sum += float((ent.detach() * self.mask[rows]).sum())
             self.unmeasured[rows] = False
+        return self.logp[rows]
+
+
+@dataclass
+class UpdateStats:
+    """What one step's ``U = E × M`` optimiser updates accumulated, for ``rl.step_metrics``: the
+    loss metrics of each update (``ADDITIVE`` ones summed over its micro-batches, the rates
+    weighted by their share of the mini-batch's response tokens), summed over updates; the raw
+    clip counts per ``c`` of every micro-batch (``core.metrics.merge_counts``); each update's
+    pre-clipping gradient norm; π_old's entropy sum (``OldPolicy.entropy_sum``)."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[int, dict[str, float]] = field(default_factory=dict)
+    grad_norms: list[float] = field(default_factory=list)
+    entropy_sum: float = 0.0
+    current: dict[str, float] = field(default_factory=dict, repr=False)  # the update under way
+
+    def add(self, metrics: dict, counts: dict, share: float = 1.0) -> None:
+        """A micro-batch's loss ``metrics`` (``ADDITIVE`` keys whole, the others × ``share``) and clip counts."""
+        for k, v in metrics.items():
+            self.current[k] = self.current.get(k, 0.0) + (1.0 if k in ADDITIVE else share) * float(v)
+        merge_counts(self.counts, counts)
+
+    def end_update(self, grad_norm: float) -> None:
+        """Close an optimiser update: its metrics join the sums, its gradient norm the list."""
+        for k, v in self.current.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        self.current = {}
+        self.grad_norms.append(grad_norm)
 
 
 def micro_batches(rows: torch.Tensor, size: int | None) -> tuple[torch.Tensor, ...]:
@@ -161,10 +193,3 @@ def clip_counts(logp: torch.Tensor, mb: UpdateBatch, s: LossSettings) -> dict:
     """Clip counts per group success count ``c`` (the paper's Fig. 2), ``gapo.core.metrics``."""
     ratio = torch.exp(log_ratio(logp.detach(), mb.old_logp, mb.mask, RATIO_LEVEL[s.loss]))
     return clip_counts_by_c(ratio, mb.advantages, mb.mask, mb.c, eps_low=s.eps_low, eps_high=mb.eps_high)
-
-
-def accumulate(total: dict[str, float], metrics: dict, share: float = 1.0) -> dict[str, float]:
-    """Add ``metrics`` into ``total`` (in place): ``ADDITIVE`` keys whole, the others × ``share``."""
-    for k, v in metrics.items():
-        total[k] = total.get(k, 0.0) + (1.0 if k in ADDITIVE else share) * float(v)
-    return total
