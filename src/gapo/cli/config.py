@@ -118,7 +118,7 @@ def render_markdown() -> str:
     """docs/config.md: a table per section, from the same source as ``render_text``."""
 
     def cell(text: str) -> str:
-        return text.replace("|", "\\|")
+        return text.replace("|", "\\|").replace("*", "\\*")  # a table's column, markdown's emphasis
 
     out = [MARKDOWN_HEAD]
     for sec in _sections():
