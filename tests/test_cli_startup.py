@@ -82,6 +82,8 @@ CONFIG_ERRORS = [
     (["export", "no-such-run"], "no-such-run': no such run folder"),
     (["export", "."], "is not a gapo run folder"),
     (["compare", "--config", "missing-grid.yaml"], "grid file 'missing-grid.yaml' does not exist"),
+    (["config", "algoo"], "unknown config section 'algoo'"),
+    (["config", "--config", "bad.yaml"], "unknown config key 'train.stpes'"),
 ]
 
 
@@ -96,6 +98,13 @@ def test_config_errors_come_before_torch(argv, match, tmp_path):
     assert not (tmp_path / "run").exists()
     # measured 0.2-0.3 s of CPU (it was 6-11 s with torch, transformers and the model loaded first)
     assert cpu < 1.0, f"the config error took {cpu:.2f} s of CPU"
+
+
+@pytest.mark.parametrize("argv", [["config"], ["config", "--yaml", "train.steps=3"]], ids=" ".join)
+def test_gapo_config_imports_no_heavy_library(argv, tmp_path):
+    # the key listing and a resolved config come from the torch-free config modules alone
+    rc, heavy, err, _ = _run(argv, tmp_path)
+    assert rc == 0 and heavy == [], (heavy, err)
 
 
 def test_modules_that_validate_a_config_do_not_import_torch():
