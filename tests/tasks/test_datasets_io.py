@@ -419,21 +419,21 @@ def test_offline_flags_are_restored(tmp_path):
 
 
 @pytest.mark.parametrize("task_name", ["math", "data"])
-def test_eval_frac_is_eval_fractions_old_name(tmp_path, task_name):
-    """gapo 0.3 spells the hash split's share ``eval_fraction`` in every task; the math and data
-    tasks' old ``eval_frac`` still works (same split) with a FutureWarning naming the new key,
-    and giving both names is one clear error."""
+def test_eval_fraction_is_the_one_name(tmp_path, task_name):
+    """The hash split's share is ``eval_fraction`` in every task; 0.2's ``eval_frac`` of the math
+    and data tasks is gone: an error (the config's names ``eval_fraction``), never a second name."""
+    from gapo.rl.config import load_config
+
     rows = [{"question": f"What is {i} plus one?", "answer": f"{i} + 1\n#### {i + 1}"} for i in range(40)]
     path = write("jsonl", rows, tmp_path)
     extra = {} if task_name == "math" else {"prompt_field": "question"}
-    new = tasks.get(task_name, path=str(path), eval_fraction=0.5, **extra)
-    with pytest.warns(FutureWarning, match=r"task\.params\.eval_frac is now eval_fraction"):
-        old = tasks.get(task_name, path=str(path), eval_frac=0.5, **extra)
-    assert new.eval_fraction == old.eval_fraction == 0.5
-    assert 10 < new.split_size("eval") < 30  # the share took effect (not the 0.1 default)
-    assert (new.split_size("train"), new.split_size("eval")) == (old.split_size("train"), old.split_size("eval"))
-    with pytest.raises(ValueError, match="task.params.eval_fraction"):
-        tasks.build(task_name, {"path": str(path), "eval_frac": 0.5, "eval_fraction": 0.5, **extra})
+    task = tasks.get(task_name, path=str(path), eval_fraction=0.5, **extra)
+    assert task.eval_fraction == 0.5 and 10 < task.split_size("eval") < 30  # not the 0.1 default
+    with pytest.raises(ValueError, match=f"task {task_name!r}.*'eval_frac'"):
+        tasks.build(task_name, {"path": str(path), "eval_frac": 0.5, **extra})
+    keys = ["task.name=math", f"task.params.path={path}", "task.params.eval_frac=0.5"]
+    with pytest.raises(ValueError, match="unknown entry 'eval_frac'.*Did you mean eval_fraction"):
+        load_config(None, keys)
 
 
 @pytest.mark.parametrize("task_name", ["math", "data"])

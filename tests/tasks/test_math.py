@@ -517,7 +517,7 @@ def test_the_config_checks_the_groups_fields_by_name_and_type():
     from gapo.rl.domains import check_task_param_types, task_params
 
     # every keyword each task took before the groups is still a task.params key
-    common = {"path", "split", "eval_split", "eval_path", "eval_fraction", "eval_frac", "template", "name"}
+    common = {"path", "split", "eval_split", "eval_path", "eval_fraction", "template", "name"}
     before = {
         "math": common | {"prompt_field", "answer_field", "timeout_s", "guard", "last_number", "max_completion_len"},
         "data": common | {"prompt_field", "answer_fields", "max_completion_len"},

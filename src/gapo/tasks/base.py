@@ -86,25 +86,6 @@ class Task(Protocol):
     def demonstration(self, problem: Problem, rng: random.Random) -> str: ...
 
 
-def eval_fraction_param(
-    eval_fraction: float | None, eval_frac: float | None, default: float | None = 0.1, stacklevel: int = 3
-) -> float | None:
-    """A task's ``eval_fraction`` given either name: ``eval_frac`` (the math and data tasks'
-    spelling before gapo 0.3) still works, with a FutureWarning naming the new key; both at once
-    is an error (one parameter, two names). ``None`` for both gives ``default``."""
-    if eval_frac is not None:
-        if eval_fraction is not None:
-            raise ValueError("eval_frac is the old name of eval_fraction: give only task.params.eval_fraction")
-        warnings.warn(
-            f"task.params.eval_frac is now eval_fraction (renamed in gapo 0.3); write "
-            f"task.params.eval_fraction={eval_frac}",
-            FutureWarning,
-            stacklevel=stacklevel,
-        )
-        eval_fraction = eval_frac
-    return default if eval_fraction is None else eval_fraction
-
-
 def _check_type(owner: str, name: str, value, kinds: tuple, what: str) -> None:
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
         raise ValueError(f"{owner}.{name} must be {what}, got {value!r}")
@@ -185,15 +166,6 @@ def refuse_leftovers(owner: str, params: dict) -> None:
     ``TypeError`` Python raises for any signature (``gapo.tasks.build`` names it with the task)."""
     if params:
         raise TypeError(f"{owner}() got an unexpected keyword argument {next(iter(params))!r}")
-
-
-def flat_eval_fraction(params: dict, eval_frac: float | None) -> None:
-    """A constructor's ``eval_frac`` (``eval_fraction``'s name before gapo 0.3) becomes the
-    ``eval_fraction`` among its keywords (see :func:`eval_fraction_param`);
-    ``eval_fraction=None`` means the default, as it always has."""
-    frac = eval_fraction_param(params.pop("eval_fraction", None), eval_frac, default=None, stacklevel=4)
-    if frac is not None:
-        params["eval_fraction"] = frac
 
 
 def group_params(cls: type) -> dict[str, Any]:

@@ -36,7 +36,6 @@ from gapo.tasks.base import (
     Problem,
     PromptFormat,
     draw_from_split,
-    flat_eval_fraction,
     refuse_leftovers,
     split_of,
     take_group,
@@ -73,10 +72,8 @@ class DataTask:
         answer_fields: list | None = None,
         prompt_format: PromptFormat | None = None,
         name: str = "data",
-        eval_frac: float | None = None,  # eval_fraction's old name (warns)
         **fields,  # the groups' fields, one keyword each
     ):
-        flat_eval_fraction(fields, eval_frac)
         splits = take_group(DataSplits, splits, fields, DataSplits())
         fmt = take_group(PromptFormat, prompt_format, fields, PromptFormat("{prompt}"))
         refuse_leftovers("DataTask", fields)

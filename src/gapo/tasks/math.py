@@ -71,7 +71,6 @@ from gapo.tasks.base import (
     Problem,
     PromptFormat,
     draw_from_split,
-    flat_eval_fraction,
     refuse_leftovers,
     split_of,
     take_group,
@@ -362,7 +361,6 @@ class MathTask:
     ``MathTask(path, split="train", eval_split="test", timeout_s=2)`` is
     ``MathTask(path, splits=DataSplits(split="train", eval_split="test"),
     scoring=MathScoring(timeout_s=2))``; a keyword replaces that field of a group given too.
-    ``eval_frac`` is the old name of ``eval_fraction`` (still accepted, with a FutureWarning).
     """
 
     alphabet = None  # a real tokenizer
@@ -378,10 +376,8 @@ class MathTask:
         prompt_format: PromptFormat | None = None,
         scoring: MathScoring | None = None,
         name: str = "math",
-        eval_frac: float | None = None,  # eval_fraction's old name (warns)
         **fields,  # the groups' fields, one keyword each
     ):
-        flat_eval_fraction(fields, eval_frac)
         splits = take_group(DataSplits, splits, fields, DataSplits())
         fmt = take_group(PromptFormat, prompt_format, fields, PromptFormat(DEFAULT_TEMPLATE))
         scoring = take_group(MathScoring, scoring, fields, MathScoring())
