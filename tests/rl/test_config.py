@@ -28,6 +28,20 @@ def test_overrides_are_typed():
     assert cfg.algo.clip_ratio_c is None and cfg.algo.dynamic_sampling is True and cfg.model.threads == 2
 
 
+def test_a_renamed_key_is_an_error_naming_its_new_name_everywhere(tmp_path):
+    """``config.RENAMED`` is the one table: on the command line, in a YAML file and in a saved run's
+    config (``base``, as resuming reads it), 0.1's ``algo.eps_high`` names ``algo.eps_high_max``."""
+    f = tmp_path / "run.yaml"
+    f.write_text("algo:\n  eps_high: 0.28\n")
+    for call in (
+        lambda: load_config(None, ["algo.eps_high=0.28"]),
+        lambda: load_config(f),
+        lambda: load_config(None, base={"algo": {"eps_high": 0.28}}),
+    ):
+        with pytest.raises(ValueError, match=r"'algo.eps_high' is now 'algo.eps_high_max'"):
+            call()
+
+
 def test_yaml_file_then_overrides(tmp_path):
     f = tmp_path / "run.yaml"
     f.write_text("algo:\n  eps_schedule: linear\n  eps_high_max: 0.28\ntrain:\n  steps: 5\n")

@@ -122,7 +122,7 @@ class AlgoConfig:
     every rollout under ``fixed`` (PPO/GRPO's ε_high), GAPO's largest ``ε_high(i)`` (the lone success
     of a hard group) under ``linear``/``log``. One key for both, so a fixed-vs-GAPO comparison
     changes only ``eps_schedule`` (docs/design.md §2.1, §2.5). gapo 0.1's ``algo.eps_high`` is
-    refused with a message naming ``algo.eps_high_max`` (and migrated in saved runs' config.yaml)."""
+    refused with a message naming ``algo.eps_high_max``, in a saved run's config.yaml too."""
 
     advantage: str = option("drgrpo", "the advantage estimator: drgrpo | grpo | rloo | passk | focal")
     advantage_params: dict = option(
@@ -441,9 +441,9 @@ def set_key(cfg: Config, key: str, value) -> None:
     setattr(section, parts[1], coerce(value, hints[parts[1]], key))
 
 
-def from_dict(d: dict, *, migrate: bool = False) -> Config:
-    """A ``Config`` from nested dicts (``to_dict``'s inverse). ``migrate=True`` (a saved run's
-    ``config.yaml``) maps renamed keys to their new names instead of rejecting them."""
+def from_dict(d: dict) -> Config:
+    """A ``Config`` from nested dicts (``to_dict``'s inverse); a renamed key is an error naming
+    its new name (``RENAMED``), in a saved run's ``config.yaml`` as on the command line."""
     cfg = Config()
     if not isinstance(d, dict):
         raise ValueError(f"a config must be a mapping of sections, got {type(d).__name__}")
@@ -454,7 +454,7 @@ def from_dict(d: dict, *, migrate: bool = False) -> Config:
             raise _bad_section(str(sec), body)
         for k, v in body.items():
             key = f"{sec}.{k}"
-            set_key(cfg, RENAMED.get(key, key) if migrate else key, v)
+            set_key(cfg, key, v)
     return cfg
 
 
@@ -475,7 +475,7 @@ def load_config(
 ) -> Config:
     """Defaults (or ``base``, a saved config dict), then the YAML file (optional), then
     ``key=value`` overrides; validated."""
-    cfg = from_dict(base, migrate=True) if base is not None else Config()
+    cfg = from_dict(base) if base is not None else Config()
     sources: dict[str, str] = {}
     if path is not None:
         data, lines = read_yaml(path)

@@ -25,7 +25,7 @@ RESUME_FIXED = ("task.", "model.path", "model.base_preset", "train.seed")
 
 def _normalised(data: dict, where: str) -> dict:
     try:  # keys added since the run was made compare at their defaults
-        cfg = from_dict(data, migrate=True)
+        cfg = from_dict(data)
         # reward specs as Config.validate records them (a run made before it did keeps my_rewards:fn)
         cfg.reward.funcs = [absolute_spec(s) for s in cfg.reward.funcs]
         return to_dict(cfg)
