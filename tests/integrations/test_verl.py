@@ -34,7 +34,13 @@ from gapo.core.advantages import success_count  # noqa: E402
 from gapo.core.clipping import gapo_eps_high, success_weight  # noqa: E402
 from gapo.core.losses import log_ratio  # noqa: E402
 from gapo.core.metrics import clip_stats_by_c, ratio_adv_pairs  # noqa: E402
-from gapo.integrations.verl import GAPOPolicyLossConfig, clip_stats_from_verl, success_weight_from_advantages  # noqa: E402
+from gapo.integrations.verl import GAPOPolicyLossConfig  # noqa: E402
+from gapo.integrations.verl_metrics import clip_stats_from_verl  # noqa: E402
+from gapo.integrations.verl_success import (  # noqa: E402
+    row_advantages,
+    success_from_advantages,
+    success_weight_from_advantages,
+)
 
 VERL_AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 TOL = 1e-6
@@ -247,7 +253,7 @@ def test_success_weight_recovered_from_verl_advantages_in_any_row_order(estimato
     perm = torch.randperm(G * prompts, generator=g)
     est = "grpo" if estimator == "drgrpo" else estimator
     w = success_weight_from_advantages(
-        gv._row_advantages(adv[perm], mask[perm]), G, adv_estimator=est, norm_adv_by_std_in_grpo=norm
+        row_advantages(adv[perm], mask[perm]), G, adv_estimator=est, norm_adv_by_std_in_grpo=norm
     )
     assert torch.allclose(w, success_weight(rewards, G)[perm], atol=1e-5)
     # ε of a row equals the core's gapo_eps_high on the full group, for both schedules
@@ -273,7 +279,7 @@ def test_non_binary_rewards_with_drgrpo():
     G = 4
     rewards = torch.tensor([0.5, 0.25, 0.0, 1.0, -1.0, 1.0, 0.0, 0.0])
     _, _, adv, mask, _ = group_batch(0, G=G, prompts=2, rewards=rewards)
-    a = gv._row_advantages(adv, mask)
+    a = row_advantages(adv, mask)
     w = success_weight_from_advantages(a, G, reward_range=(-1.0, 1.0), binary_rewards=False)
     assert torch.allclose(w, success_weight(rewards, G, reward_range=(-1.0, 1.0)), atol=1e-6)
     with pytest.raises(ValueError, match="binary rewards"):
@@ -288,15 +294,10 @@ def test_success_count_recovered_from_advantages():
     for estimator, norm in (("drgrpo", False), ("grpo", True), ("rloo", False)):
         _, _, adv, mask, _ = group_batch(0, G=G, prompts=4, rewards=rewards, estimator=estimator)
         est = "grpo" if estimator == "drgrpo" else estimator
-        w, c = gv.success_from_advantages(
-            gv._row_advantages(adv, mask), G, adv_estimator=est, norm_adv_by_std_in_grpo=norm
-        )
+        w, c = success_from_advantages(row_advantages(adv, mask), G, adv_estimator=est, norm_adv_by_std_in_grpo=norm)
         assert torch.equal(c, expected), (estimator, c)
         assert torch.allclose(w, success_weight(rewards, G), atol=1e-5)
-    assert (
-        gv.success_from_advantages(gv._row_advantages(adv, mask), G, adv_estimator="rloo", binary_rewards=False)[1]
-        is None
-    )
+    assert success_from_advantages(row_advantages(adv, mask), G, adv_estimator="rloo", binary_rewards=False)[1] is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -611,8 +612,8 @@ def test_reward_range_group_batch_from_std_grpo_advantages_equals_core(mode, val
     rewards = lo + (hi - lo) * hit
     _, _, adv, mask, _ = group_batch(G, G=G, prompts=prompts, rewards=rewards, estimator="grpo")
     perm = torch.randperm(G * prompts, generator=g)
-    w, c = gv.success_from_advantages(
-        gv._row_advantages(adv[perm], mask[perm]),
+    w, c = success_from_advantages(
+        row_advantages(adv[perm], mask[perm]),
         G,
         adv_estimator="grpo",
         norm_adv_by_std_in_grpo=True,
@@ -644,7 +645,7 @@ def test_reward_range_group_with_nonbinary_rewards_the_core_would_differ():
     w = success_weight(rewards, G, reward_range="group")
     assert abs(w[0].item() - 1.0) < 1e-6 and w[4].item() < 0.99  # same A = 0.3, different w
     with pytest.raises(ValueError, match="only each row's advantage"):
-        gv.success_from_advantages(a, G, reward_range="group", binary_rewards=False)
+        success_from_advantages(a, G, reward_range="group", binary_rewards=False)
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,7 @@ from verl.workers.config import PolicyLossConfig  # noqa: E402
 
 import gapo.integrations.verl as gv  # noqa: E402
 from gapo.integrations.verl import GAPOPolicyLossConfig  # noqa: E402
+from gapo.integrations.verl_config import reward_range_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "scale-out.md"
@@ -606,7 +607,7 @@ def test_reward_range_fixed_list_at_startup():
     cfg = _compose(BASE + [f"{PL}.loss_mode=gapo", f"+{PL}.reward_range=[-1,1]"])
     validate_config(cfg, use_reference_policy=False, use_critic=False)
     pl = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss
-    assert list(pl.reward_range) == [-1, 1] and gv.reward_range_of(pl) == (-1.0, 1.0)
+    assert list(pl.reward_range) == [-1, 1] and reward_range_of(pl) == (-1.0, 1.0)
 
 
 def test_gapo_fields_are_the_documented_ones():

@@ -34,45 +34,13 @@ group), docs/design.md §2.5 / the paper's Eq. 11::
 Setting both to different values with ``clip_ratio_high`` not equal to ``clip_ratio_low`` is
 ambiguous and rejected.
 
-**Group success from advantages.** verl calls a policy loss with advantages, not rewards, and
-its ``ppo_loss`` forwards only ``old_log_probs``, ``advantages``, ``response_mask`` and
-``rollout_is_weights`` from the batch, so no reward field can be carried through. ``w_i`` is
-therefore recovered *per row* (micro-batches are shuffled, so the rows of a group need not be
-together) from the row's own advantage, with ``G = actor.rollout_n`` and ``Δ = R_max − R_min``:
-
-- ``adv_estimator=grpo``, ``norm_adv_by_std_in_grpo=False`` (Dr.GRPO): ``A = R − R̄``, so the
-  centred reward is ``x = (R − R̄)/Δ = A/Δ``;
-- ``adv_estimator=rloo``: ``A = G/(G−1)·(R − R̄)``, so ``x = (G−1)/G · A/Δ``;
-- ``adv_estimator=grpo``, ``norm_adv_by_std_in_grpo=True``: ``A = (R − R̄)/(std_unbiased + 1e-6)``,
-  binary rewards only (below);
-
-so ``w = clamp(x·G/(G−1), 0, 1)`` exactly, for any rewards in ``[R_min, R_max]``. Std-normalised
-advantages are invertible only for binary rewards: with ``p = c/G`` the correct rollouts have
-``A = sqrt((G−1)/G·(1−p)/p)``, so ``c = G/(1 + A²·G/(G−1))`` and ``w = (G−c)/(G−1)``.
-
-This is valid only when (i) the advantages are exactly those of the estimator named in
-``policy_loss`` (``*_vectorized`` variants are equivalent), (ii) every group has exactly
-``rollout_n`` responses, (iii) the reward summed over the response is the verifiable reward
-(``algorithm.use_kl_in_reward=False``, no token-level reward shaping) and lies in
-``[reward_min, reward_max]``, and (iv) the advantage is the same on every response token.
-Checks made on every call (``ValueError`` naming the fix, never a silently wrong ε): (iv); the
-estimator is one of the three above; ``|x| ≤ (G−1)/G`` (catches std-normalised advantages
-passed as Dr.GRPO, and a too-narrow reward range, for most groups); and with
-``binary_rewards=True`` (the default) that every row implies an integer number of correct
-rollouts ``c`` in ``[1, G−1]`` (catches nearly every mismatch of estimator, ``G`` or range).
-Not detectable: a group with fewer than ``rollout_n`` responses whose advantages happen to look
-valid. The defaults (``adv_estimator="grpo"``, ``norm_adv_by_std_in_grpo=False``, rewards in
-``[0, 1]``, binary) are the paper's recipe and apply when no GAPO key is set.
-
-**Reward range "group" / "batch".** The core's ``reward_range="group"`` takes ``R_min, R_max``
-from each group's own rewards (``"batch"``: the whole batch's). The loss sees neither (no group
-id reaches it), so ``policy_loss.reward_range=group|batch`` is accepted only where one row's
-advantage fixes ``w`` without the reward's scale: std-normalised GRPO of binary rewards (any two
-values, e.g. ±1), where ``c`` and ``w = (G−c)/(G−1)`` come from ``A`` alone and equal the core's
-group and batch weights (a mixed binary group spans both values). Dr.GRPO and RLOO advantages
-carry the reward's scale, and non-binary groups need their own min and max: rejected at start-up
-with the alternatives (a fixed ``reward_min``/``reward_max``; rewards rescaled to [0, 1] in the
-reward function).
+**Group success from advantages.** verl calls a policy loss with advantages, not rewards, so
+``w_i`` (and, for binary rewards, the group success count ``c``) is recovered per row from the
+row's own advantage, with ``G = actor.rollout_n``, and checked on every call
+(:mod:`gapo.integrations.verl_success`, whose docstring states the formulas, what they need and
+what ``reward_range=group|batch`` allows). The defaults (``adv_estimator="grpo"``,
+``norm_adv_by_std_in_grpo=False``, rewards in ``[0, 1]``, binary) are the paper's recipe and
+apply when no GAPO key is set.
 
 **Loss.** ``gapo.core.losses.policy_loss`` with verl's aggregation normalisers (``global_batch_info``);
 ``gapo`` applies verl's dual clip (``clip_ratio_c``) like ``vanilla``; ``gapo_seq`` has none,
@@ -84,25 +52,9 @@ log-probs only in ``token-mean``/``token-sum``; tests/integrations/test_verl_pad
 
 **Metrics.** verl's keys ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``, plus
 ``actor/gapo_eps_high_mean``, ``actor/gapo_success_weight_mean``, ``actor/gapo_clipfrac_high``,
-``actor/gapo_clipfrac_low`` (rates over this micro-batch's response tokens). With binary rewards,
-per group-success count ``c = 1 .. G−1`` (``c`` recovered from the advantage as above; rows with
-zero advantage, whose group is all-correct or all-wrong, have no bucket), sums over this
-micro-batch's response tokens, counted by :func:`gapo.core.metrics.clip_counts_by_c`:
-``actor/gapo_tokens_by_c/{c}``, ``actor/gapo_ratio_dev_sum_by_c/{c}`` (Σ ``|ρ−1|``),
-``actor/gapo_tokens_pos_by_c/{c}`` (tokens of correct rollouts), ``actor/gapo_clipped_high_by_c/{c}``
-(of those, ``ρ > 1+ε_high(i)``), ``actor/gapo_ratio_dev_pos_sum_by_c/{c}`` (their Σ ``|ρ−1|``),
-``actor/gapo_rows_pos_by_c/{c}`` and ``actor/gapo_adv_pos_sum_by_c/{c}`` (how many correct rollouts,
-and the sum of their advantages), and ``actor/gapo_eps_high_pos_by_c/{c}`` (ε_high of a correct
-rollout of such a group, from the schedule). ``clip_stats_from_verl`` turns one logged step into
-gapo's ``clip/*_by_c/{c}`` rates, from which ``gapo.core.metrics.ratio_adv_corr`` gives the
-paper's windowed ratio-advantage correlation (docs/design.md §2.11). verl 0.9.1 wraps every key a policy loss returns in
-a mean-aggregated ``Metric``, averages it over micro-batches and data-parallel ranks, and raises
-when a key has a different number of values on two ranks; so every key is returned on every call
-(0 for a bucket the micro-batch lacks) and the logged values are mean sums per rank micro-batch,
-whose ratios are pooled rates: ``gapo_clipped_high_by_c/c ÷ gapo_tokens_pos_by_c/c`` is the clip
-fraction above ``1+ε_high`` and ``gapo_ratio_dev_sum_by_c/c ÷ gapo_tokens_by_c/c`` the mean
-``|ρ−1|`` of bucket ``c`` over the whole update (docs/scale-out.md). With
-``binary_rewards=False`` the per-``c`` keys are absent.
+``actor/gapo_clipfrac_low`` (rates over this micro-batch's response tokens), and with binary
+rewards the per-``c`` sums of :mod:`gapo.integrations.verl_metrics` (whose
+``clip_stats_from_verl`` turns one logged step into gapo's ``clip/*_by_c/{c}`` rates).
 """
 
 from __future__ import annotations
@@ -115,13 +67,10 @@ import torch
 
 __all__ = [
     "GAPOPolicyLossConfig",
-    "clip_stats_from_verl",
     "SUPPORTED_VERL",
     "TESTED_VERL",
     "compute_policy_loss_gapo",
     "compute_policy_loss_gapo_seq",
-    "success_from_advantages",
-    "success_weight_from_advantages",
     "install",
     "installed",
     "uninstall",
@@ -177,15 +126,10 @@ try:
     from verl.workers.config import ActorConfig, PolicyLossConfig
 
     from gapo.core.clipping import eps_high_from_weight
-    from gapo.core.losses import ClipBounds, log_ratio, policy_loss
-    from gapo.core.metrics import clip_counts_by_c
-    from gapo.integrations.verl_config import (
-        GapoParams,
-        check_gapo_fields,
-        gapo_params,
-        reward_range_of,
-        verl_agg_kwargs,
-    )
+    from gapo.core.losses import ClipBounds, policy_loss
+    from gapo.integrations.verl_config import check_gapo_fields, gapo_params, verl_agg_kwargs
+    from gapo.integrations.verl_metrics import metrics_by_c
+    from gapo.integrations.verl_success import row_advantages, success_from_advantages
 except BaseException as _exc:  # noqa: BLE001 - re-raised after making it visible
     _announce_failure(_exc)
     raise
@@ -331,132 +275,12 @@ def _install_actor_validation() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# group success from advantages
-
-_COUNT_TOL = 1e-3  # |c − round(c)| allowed; fp32 advantages of G ≤ 1024 are far inside it
-
-
-def success_weight_from_advantages(advantages: torch.Tensor, group_size: int, **kwargs) -> torch.Tensor:  # (B,)
-    """GAPO's ``w_i`` in [0, 1] alone: ``success_from_advantages(...)[0]``, same keyword arguments."""
-    return success_from_advantages(advantages, group_size, **kwargs)[0]
-
-
-def success_from_advantages(
-    advantages: torch.Tensor,  # (B,) one outcome advantage per row
-    group_size: int,
-    *,
-    adv_estimator: str = "grpo",
-    norm_adv_by_std_in_grpo: bool = False,
-    reward_range: tuple[float, float] | str = (0.0, 1.0),
-    binary_rewards: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # (B,) w in [0, 1]; (B,) long c, or None
-    """``(w, c)``: GAPO's ``w_i`` recovered from a row's own verl advantage (module docstring; rows
-    independent) and, for binary rewards, the number ``c`` of correct rollouts in the row's group.
-    Raises ``ValueError`` when an advantage cannot come from the named estimator with this group
-    size and reward range.
-
-    ``c`` is ``-1`` on rows with zero advantage (an all-equal group: ``c`` is 0 or G, which the
-    advantage cannot tell apart) and ``c`` is ``None`` when ``binary_rewards=False`` (a centred
-    reward does not determine a count).
-
-    ``reward_range="group"`` or ``"batch"`` (``w`` from each group's, or the batch's, own min and
-    max reward, as in :func:`gapo.core.clipping.success_weight`) is accepted only with std-normalised
-    GRPO advantages of binary rewards: there ``c``, and so ``w = (G−c)/(G−1)``, follow from the
-    advantage whatever the two reward values are, and equal the core's ``"group"``/``"batch"``
-    weights (a mixed binary group spans both values, hence the batch's range too). Other
-    estimators carry the reward's scale, which one row cannot reveal: ``ValueError``.
-    """
-    G = group_size
-    a = advantages.detach().double()
-    if isinstance(reward_range, str):
-        std = norm_adv_by_std_in_grpo and adv_estimator.startswith("grpo")
-        if reward_range not in ("group", "batch") or not (std and binary_rewards):
-            reward_range_of(
-                {
-                    "reward_range": reward_range,
-                    "adv_estimator": adv_estimator,
-                    "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
-                    "binary_rewards": binary_rewards,
-                }
-            )
-        span = None  # unused on the std-normalised path
-    else:
-        span = float(reward_range[1]) - float(reward_range[0])
-    if norm_adv_by_std_in_grpo and adv_estimator.startswith("grpo"):
-        if not binary_rewards:
-            raise ValueError("std-normalised GRPO advantages are invertible only for binary rewards")
-        return _success_from_std_advantages(a, G)
-    if adv_estimator.startswith("rloo"):
-        x = a * ((G - 1) / G) / span
-    else:
-        x = a / span
-    bound = (G - 1) / G
-    bad = x.abs() > bound * (1 + 1e-4) + 1e-6
-    if bad.any():
-        i = int(torch.nonzero(bad)[0])
-        raise ValueError(
-            f"advantage {a[i].item():.6g} is impossible for {adv_estimator} (norm_adv_by_std_in_grpo="
-            f"{norm_adv_by_std_in_grpo}) with rewards in {tuple(reward_range)} and G={G}: |R − mean| "
-            f"can be at most (G−1)/G·(R_max − R_min). Check that policy_loss.adv_estimator/"
-            "norm_adv_by_std_in_grpo match algorithm.*, reward_min/max the reward, rollout_n the group size"
-        )
-    c = None
-    if binary_rewards:
-        implied = torch.where(x > 0, G * (1.0 - x), -G * x)
-        c = _check_counts(implied, x != 0, G, f"{adv_estimator} (norm_adv_by_std_in_grpo={norm_adv_by_std_in_grpo})", a)
-    return (x * (G / (G - 1))).clamp(0.0, 1.0).to(torch.float32), c
-
-
-def _success_from_std_advantages(a: torch.Tensor, G: int) -> tuple[torch.Tensor, torch.Tensor]:  # (B,), (B,)
-    """``(w, c)`` from std-normalised GRPO advantages ``a`` (float64) of binary rewards."""
-    q = a.square() * (G / (G - 1))
-    # correct rows: q = (1−p)/p; incorrect rows: q = p/(1−p); p = c/G
-    implied = torch.where(a > 0, G / (1.0 + q), G * q / (1.0 + q))  # c, before the whole-number check
-    c = _check_counts(implied, a != 0, G, "grpo with norm_adv_by_std_in_grpo=True", a)
-    w = torch.where(a > 0, (G - implied) / (G - 1), torch.zeros_like(a))
-    return w.clamp(0.0, 1.0).to(torch.float32), c
-
-
-def _check_counts(implied: torch.Tensor, rows: torch.Tensor, G: int, what: str, a: torch.Tensor) -> torch.Tensor:
-    """Check that the ``implied`` success count is a whole number in [1, G−1] on ``rows``; return it
-    rounded (long: ``c``), −1 elsewhere."""
-    off = (implied - implied.round()).abs() > _COUNT_TOL
-    out = (implied < 1 - _COUNT_TOL) | (implied > G - 1 + _COUNT_TOL)
-    bad = rows & (off | out)
-    if bad.any():
-        i = int(torch.nonzero(bad)[0])
-        raise ValueError(
-            f"advantage {a[i].item():.6g} does not come from binary rewards with {what} and G={G} "
-            f"(it implies {implied[i].item():.4f} correct rollouts, not an integer in [1, {G - 1}]). Check that "
-            "policy_loss.adv_estimator/norm_adv_by_std_in_grpo match algorithm.*, reward_min/max the "
-            "reward values and rollout_n the group size; for non-binary rewards set binary_rewards=False"
-        )
-    return torch.where(rows, implied.round(), torch.full_like(implied, -1.0)).long()
-
-
-def _row_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # (B,)
-    """The one advantage of each row; error if it varies over the response (GAE, token rewards).
-    Padded entries are ignored, NaN and ±inf included (selected away: NaN · 0 is NaN)."""
-    if advantages.ndim == 1:
-        return advantages
-    m = mask.bool()
-    row = torch.where(m, advantages, 0.0).sum(-1) / m.sum(-1).clamp(min=1).to(advantages.dtype)
-    dev = torch.where(m, (advantages - row.unsqueeze(-1)).abs(), 0.0).amax(-1) if advantages.shape[-1] else row * 0
-    if (dev > 1e-5 * (1.0 + row.abs())).any():
-        raise ValueError(
-            "GAPO's verl adapter needs one outcome advantage per response (grpo/rloo), but the advantages "
-            "vary across the tokens of a response (GAE or token-level rewards?)"
-        )
-    return row
-
-
-# --------------------------------------------------------------------------------------------
 # the losses
 
 
 def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
     p = gapo_params(config)
-    a_row = _row_advantages(advantages, response_mask)
+    a_row = row_advantages(advantages, response_mask)
     w, c = success_from_advantages(
         a_row,
         p.group_size,
@@ -491,71 +315,8 @@ def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_ag
         "actor/gapo_clipfrac_low": m["loss/clipfrac_low"].item(),
     }
     if c is not None:
-        metrics.update(_metrics_by_c(level, old_log_prob, log_prob, a_row, response_mask, c, eps_high, p))
+        metrics.update(metrics_by_c(level, old_log_prob, log_prob, a_row, response_mask, c, eps_high, p))
     return loss, metrics
-
-
-# verl key -> field of gapo.core.metrics.clip_counts_by_c; summed over this micro-batch's tokens
-_BY_C_SUMS = (
-    ("actor/gapo_tokens_by_c", "tokens"),
-    ("actor/gapo_ratio_dev_sum_by_c", "dev_sum"),
-    ("actor/gapo_tokens_pos_by_c", "pos_tokens"),
-    ("actor/gapo_clipped_high_by_c", "pos_clipped"),
-    ("actor/gapo_ratio_dev_pos_sum_by_c", "pos_dev_sum"),
-    ("actor/gapo_rows_pos_by_c", "pos_rows"),
-    ("actor/gapo_adv_pos_sum_by_c", "pos_adv_sum"),
-)
-
-
-def clip_stats_from_verl(metrics: dict) -> dict[str, float]:
-    """gapo's per-``c`` rates (``clip/frac_high_by_c/{c}``, ``clip/ratio_dev_by_c/{c}``,
-    ``clip/ratio_dev_pos_by_c/{c}``, ``clip/adv_pos_by_c/{c}``, ``clip/eps_high_pos_by_c/{c}``)
-    from one logged verl step's per-``c`` sums (module docstring, "Metrics"): the ratios of
-    verl's means are the pooled rates, so ``gapo.core.metrics.ratio_adv_pairs`` and
-    ``ratio_adv_corr`` apply to verl runs as they do to gapo's. Buckets with no tokens are left out."""
-    fields: dict[int, dict[str, float]] = {}
-    for key, field in _BY_C_SUMS:
-        for k, v in metrics.items():
-            if k.startswith(key + "/"):
-                fields.setdefault(int(k[len(key) + 1 :]), {})[field] = float(v)
-    out: dict[str, float] = {}
-    for c, f in sorted(fields.items()):
-        if f.get("tokens", 0) > 0:
-            out[f"clip/ratio_dev_by_c/{c}"] = f["dev_sum"] / f["tokens"]
-        if f.get("pos_tokens", 0) > 0:
-            out[f"clip/frac_high_by_c/{c}"] = f["pos_clipped"] / f["pos_tokens"]
-            if "pos_dev_sum" in f:
-                out[f"clip/ratio_dev_pos_by_c/{c}"] = f["pos_dev_sum"] / f["pos_tokens"]
-        if f.get("pos_rows", 0) > 0:
-            out[f"clip/adv_pos_by_c/{c}"] = f["pos_adv_sum"] / f["pos_rows"]
-        if f.get("pos_tokens", 0) > 0 and f"actor/gapo_eps_high_pos_by_c/{c}" in metrics:
-            out[f"clip/eps_high_pos_by_c/{c}"] = float(metrics[f"actor/gapo_eps_high_pos_by_c/{c}"])
-    return out
-
-
-@torch.no_grad()
-def _metrics_by_c(level, old_log_prob, log_prob, a_row, response_mask, c, eps_high, p: GapoParams) -> dict:
-    """Per-``c`` sums for ``c = 1 .. G−1``, every key on every call (module docstring, "Metrics").
-
-    verl (``Metric.aggregate_dp``) fails when a key has a different number of values on two
-    ranks, so a bucket missing from a micro-batch is logged as 0 rather than left out; sums, not
-    rates, so that verl's plain mean over micro-batches and ranks keeps their ratios exact.
-    """
-    G = p.group_size
-    known = c >= 0  # zero-advantage rows: all-equal group, c is 0 or G
-    ratio = torch.exp(log_ratio(log_prob.detach(), old_log_prob, response_mask, level))
-    counts = clip_counts_by_c(
-        ratio[known], a_row[known], response_mask[known], c[known], eps_low=p.eps_low, eps_high=eps_high[known]
-    )
-    w_pos = (G - torch.arange(1, G, dtype=torch.float64)) / (G - 1)  # correct rollout of a group with c
-    eps_pos = eps_high_from_weight(w_pos, eps_low=p.eps_low, eps_high_max=p.eps_high_max, eps_schedule=p.eps_schedule)
-    out: dict[str, float] = {}
-    for bucket in range(1, G):
-        fields = counts.get(bucket)
-        for key, field in _BY_C_SUMS:
-            out[f"{key}/{bucket}"] = float(fields[field]) if fields else 0.0
-        out[f"actor/gapo_eps_high_pos_by_c/{bucket}"] = eps_pos[bucket - 1].item()
-    return out
 
 
 def compute_policy_loss_gapo(
