@@ -418,6 +418,31 @@ def test_offline_flags_are_restored(tmp_path):
     assert (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE) == before
 
 
+def test_split_rows_is_the_one_train_eval_split():
+    """The math and data tasks' split (``gapo.tasks.base.split_rows``), by hand: a held-out split
+    drops training rows whose question it holds (whitespace and case aside) and is read only when
+    it is not the training split; without one, each row goes where ``split_of`` puts its question."""
+    from gapo.tasks.base import DataSplits, question_key, split_of, split_rows
+
+    rows = [(i, q) for i, q in enumerate(["What is 2+2?", "what  is 3+3?", "Name a prime."], 1)]
+    ev = [(1, "WHAT IS 3+3?\n")]
+    got = split_rows(DataSplits(eval_split="test"), ("a.jsonl", rows, "train"), lambda: ("b.jsonl", ev), "a.jsonl")
+    assert got == {"train": ("a.jsonl", [rows[0], rows[2]]), "eval": ("b.jsonl", ev)}
+
+    def unread():
+        raise AssertionError("eval was read before the check")
+
+    with pytest.raises(ValueError, match=r"a.jsonl: eval_split='train' is the training split too"):
+        split_rows(DataSplits(eval_split="train"), ("a.jsonl", rows, "train"), unread, "a.jsonl")
+    # another file may hold a split of the training split's name
+    assert split_rows(DataSplits(eval_split="train", eval_path="b"), ("a", rows, "train"), lambda: ("b", ev), "a")
+    many = [(i, f"question {i}") for i in range(200)]
+    got = split_rows(DataSplits(eval_fraction=0.3), ("a", many, "train"), unread, "a")
+    expect = [r for r in many if split_of(question_key(r[1]), 0.3) == "eval"]
+    assert got["eval"] == ("a", expect) and 30 < len(expect) < 90
+    assert sorted(got["train"][1] + got["eval"][1]) == many
+
+
 @pytest.mark.parametrize("task_name", ["math", "data"])
 def test_eval_fraction_is_the_one_name(tmp_path, task_name):
     """The hash split's share is ``eval_fraction`` in every task; 0.2's ``eval_frac`` of the math

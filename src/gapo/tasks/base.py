@@ -186,6 +186,38 @@ def split_of(key: str, eval_fraction: float) -> str:
     return "eval" if bucket < eval_fraction else "train"
 
 
+def question_key(question: str) -> str:
+    """A question as the math and data tasks compare it across splits: whitespace collapsed,
+    lower case (the same question from two files, re-wrapped or re-cased, is one question)."""
+    return " ".join(question.split()).lower()
+
+
+def split_rows(splits: DataSplits, train: tuple, load_eval: Callable[[], tuple], where: str) -> dict:
+    """``{"train": (source, rows), "eval": (source, rows)}`` of a local dataset (``math:``,
+    ``data:``), whose rows are tuples with the question second, as ``splits`` says.
+
+    ``train`` is ``(source, rows, split)``: the training split's rows and that split's name. With
+    ``eval_split`` or ``eval_path``, eval is ``load_eval() -> (source, rows)`` and training keeps
+    the rows whose ``question_key`` is not in eval; an ``eval_split`` that is the training split
+    itself (no ``eval_path``) is an error naming ``where``, raised before eval is read. Without
+    either, ``split_of`` puts ``eval_fraction`` of the training rows in eval by their question."""
+    src, rows, train_split = train
+    if splits.eval_split is None and splits.eval_path is None:
+        in_eval = [split_of(question_key(r[1]), splits.eval_fraction) == "eval" for r in rows]
+        return {
+            "train": (src, [r for r, e in zip(rows, in_eval) if not e]),
+            "eval": (src, [r for r, e in zip(rows, in_eval) if e]),
+        }
+    if splits.eval_path is None and splits.eval_split == train_split:
+        raise ValueError(
+            f"{where}: eval_split={splits.eval_split!r} is the training split too; "
+            "name another split of the dataset (e.g. test)"
+        )
+    ev_src, ev = load_eval()
+    seen = {question_key(r[1]) for r in ev}
+    return {"train": (src, [r for r in rows if question_key(r[1]) not in seen]), "eval": (ev_src, ev)}
+
+
 def check_split(split: str, n: int) -> None:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")

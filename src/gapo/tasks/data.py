@@ -37,7 +37,7 @@ from gapo.tasks.base import (
     PromptFormat,
     draw_from_split,
     refuse_leftovers,
-    split_of,
+    split_rows,
     take_group,
 )
 from gapo.tasks.datasets_io import conversation, read_records
@@ -45,10 +45,6 @@ from gapo.tasks.datasets_io import conversation, read_records
 __all__ = ["DataTask"]
 
 _PROMPT_FIELDS = ("prompt", "question", "problem", "instruction")
-
-
-def _qkey(prompt: str) -> str:
-    return " ".join(prompt.split()).lower()
 
 
 class DataTask:
@@ -89,24 +85,12 @@ class DataTask:
         self.eval_fraction, self.max_completion_len = eval_fraction, fmt.max_completion_len
         self.prompt_field, self.answer_fields = prompt_field, list(answer_fields) if answer_fields else None
         src, train = self._load(self.path, split)
-        if eval_path is not None or eval_split is not None:
-            if eval_path is None and eval_split == (split or "train"):
-                raise ValueError(
-                    f"{self.path}: eval_split={eval_split!r} is the training split too; "
-                    "name another split of the dataset (e.g. test)"
-                )
-            ev_src, ev = self._load(Path(eval_path) if eval_path is not None else self.path, eval_split)
-            seen = {_qkey(r[1]) for r in ev}
-            pools = {"train": (src, [r for r in train if _qkey(r[1]) not in seen]), "eval": (ev_src, ev)}
-        else:
-
-            def is_eval(p: str) -> bool:
-                return split_of(_qkey(p), eval_fraction) == "eval"
-
-            pools = {
-                "train": (src, [r for r in train if not is_eval(r[1])]),
-                "eval": (src, [r for r in train if is_eval(r[1])]),
-            }
+        pools = split_rows(
+            splits,
+            (src, train, split or "train"),
+            lambda: self._load(Path(eval_path) if eval_path is not None else self.path, eval_split),
+            str(self.path),
+        )
         self._pools = {s: [self._problem(src_, s, *r) for r in rows] for s, (src_, rows) in pools.items()}
 
     def _load(self, path: Path, split: str | None):

@@ -72,7 +72,7 @@ from gapo.tasks.base import (
     PromptFormat,
     draw_from_split,
     refuse_leftovers,
-    split_of,
+    split_rows,
     take_group,
 )
 from gapo.tasks.datasets_io import conversation, read_records
@@ -316,10 +316,6 @@ def _load(path: Path, split: str | None, prompt_field: str | None, answer_field:
     return recs.source, recs.split, records
 
 
-def _qkey(question: str) -> str:
-    return " ".join(question.split()).lower()
-
-
 _GUARDS = ("auto", "signal", "process", "none")
 
 
@@ -388,37 +384,21 @@ class MathTask:
         self.path = Path(path)
         self.template = fmt.template
         self.timeout_s = scoring.timeout_s
-        self.eval_fraction = eval_fraction = splits.eval_fraction
+        self.eval_fraction = splits.eval_fraction
         self.guard = scoring.guard
         self.last_number = scoring.last_number
         self.max_completion_len = fmt.max_completion_len
         split, eval_split, eval_path = splits.split, splits.eval_split, splits.eval_path
         src, self.split, train = _load(self.path, split, prompt_field, answer_field)
-        self.eval_split = eval_split
-        if eval_path is not None or eval_split is not None:
-            self.eval_path = Path(eval_path) if eval_path is not None else None
-            ev_src_path = self.eval_path if self.eval_path is not None else self.path
-            if self.eval_path is None and eval_split == self.split:
-                raise ValueError(
-                    f"{self.path}: eval_split={eval_split!r} is the training split too; "
-                    "name another split of the dataset (e.g. test)"
-                )
-            ev_src, self.eval_split, ev = _load(ev_src_path, eval_split, prompt_field, answer_field)
-            seen = {_qkey(r[1]) for r in ev}
-            kept = [r for r in train if _qkey(r[1]) not in seen]
-            self.n_dropped_overlap = len(train) - len(kept)
-            pools = {"train": (src, kept), "eval": (ev_src, ev)}
-        else:
-            self.eval_path = None
-            self.n_dropped_overlap = 0
+        self.eval_split, self.eval_path = eval_split, Path(eval_path) if eval_path is not None else None
 
-            def is_eval(q: str) -> bool:
-                return split_of(_qkey(q), eval_fraction) == "eval"
+        def load_eval():  # the held-out rows, and the split they came from (resolved as for training)
+            ev_src, self.eval_split, ev = _load(self.eval_path or self.path, eval_split, prompt_field, answer_field)
+            return ev_src, ev
 
-            pools = {
-                "train": (src, [r for r in train if not is_eval(r[1])]),
-                "eval": (src, [r for r in train if is_eval(r[1])]),
-            }
+        pools = split_rows(splits, (src, train, self.split), load_eval, str(self.path))
+        held_out = eval_split is not None or eval_path is not None
+        self.n_dropped_overlap = len(train) - len(pools["train"][1]) if held_out else 0
         self._pools = {split: [self._problem(src, split, *rec) for rec in recs] for split, (src, recs) in pools.items()}
 
     def _problem(self, src: str, split: str, lineno: int, question: str, gold: str, raw: Any, conv) -> Problem:
