@@ -89,9 +89,11 @@ def test_trainer_respects_model_malloc_tuning(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(trainer_mod, "tune_malloc", lambda: calls.append(1) or True)
     base = ["train.steps=1", "eval.problems=0", "train.progress=false", "train.prompts=2", "train.group_size=2"]
-    trainer_mod.Trainer(load_config(None, [*base, "model.malloc_tuning=false"]), tmp_path / "off")
+    cfg, policy = trainer_mod.with_policy(load_config(None, [*base, "model.malloc_tuning=false"]))
+    trainer_mod.Trainer(cfg, tmp_path / "off", policy_path=policy)
     assert calls == []
-    trainer_mod.Trainer(load_config(None, base), tmp_path / "on")
+    cfg, policy = trainer_mod.with_policy(load_config(None, base))
+    trainer_mod.Trainer(cfg, tmp_path / "on", policy_path=policy)
     assert calls == [1]
 
 
@@ -99,10 +101,11 @@ STEPS = r"""
 import json, sys, tempfile
 from pathlib import Path
 from gapo.rl.config import load_config
-from gapo.rl.trainer import Trainer
-cfg = load_config(None, ["train.steps=2", "eval.problems=0", "train.progress=false", "train.checkpoint_every=0",
-                         "model.threads=1", "model.malloc_tuning=" + sys.argv[1]])
-tr = Trainer(cfg, Path(tempfile.mkdtemp()) / "run")
+from gapo.rl.trainer import Trainer, with_policy
+cfg, policy = with_policy(load_config(None, ["train.steps=2", "eval.problems=0", "train.progress=false",
+                                             "train.checkpoint_every=0", "model.threads=1",
+                                             "model.malloc_tuning=" + sys.argv[1]]))
+tr = Trainer(cfg, Path(tempfile.mkdtemp()) / "run", policy_path=policy)
 recs = [tr.train_step() for _ in range(2)]
 print(json.dumps([{k: v for k, v in r.items() if not k.startswith("time/")} for r in recs]))
 """

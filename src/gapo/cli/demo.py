@@ -77,7 +77,7 @@ def _train_both(args, out: Path) -> list[dict]:
     """The two runs, ``OUT/fixed`` and ``OUT/gapo``, one after the other; their loaded records."""
     from gapo.rl.config import load_config
     from gapo.rl.run_dir import load_run
-    from gapo.rl.trainer import Trainer
+    from gapo.rl.trainer import Trainer, with_policy
 
     runs = []
     for i, (name, extra) in enumerate(DEMO_METHODS.items()):
@@ -94,7 +94,8 @@ def _train_both(args, out: Path) -> list[dict]:
                 f"eval.samples={args.eval_samples}",
             ],
         )
-        Trainer(cfg, out / name, overwrite=True).fit()
+        cfg, policy_path = with_policy(cfg)  # built in step 1: the cache's
+        Trainer(cfg, out / name, policy_path=policy_path, overwrite=True).fit()
         runs.append(load_run(out / name))
     return runs
 

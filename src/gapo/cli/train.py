@@ -57,9 +57,20 @@ def run(args) -> int:
             folder.check(resume=True, overwrite=False)
             base = folder.saved_config()
         cfg = config_from_args(args, base)
-        from gapo.rl.trainer import Trainer  # torch, transformers: only once the config has validated
+        if not args.resume:  # a folder that is refused is refused before a base policy is built
+            folder.check(resume=False, overwrite=args.overwrite)
+        from gapo.rl.trainer import Trainer, with_policy  # torch, transformers: once the config has validated
 
-        tr = Trainer(cfg, folder, resume=args.resume, overwrite=args.overwrite, allow_change=args.allow_change)
+        # the base policy is resolved here (built, with a message and a bar, if not cached), not by the Trainer
+        cfg, policy_path = with_policy(cfg, progress=cfg.train.progress)
+        tr = Trainer(
+            cfg,
+            folder,
+            policy_path=policy_path,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            allow_change=args.allow_change,
+        )
         res = tr.fit()
     finally:
         folder.release()

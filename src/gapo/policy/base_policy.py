@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -175,6 +176,10 @@ def get_base_policy(
         return final
     if not rebuild and (shipped := shipped_dir(cfg)) is not None:
         return shipped
+    if progress:  # minutes of work: said before the bar starts, and where the result is kept
+        print(
+            f"[gapo] base policy {cfg.name!r} is not cached: training it now, once (cached in {final})", file=sys.stderr
+        )
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{time.time_ns()}"
     try:

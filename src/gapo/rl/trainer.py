@@ -37,7 +37,7 @@ from gapo.exec.scoring import UserCodeError, verifier_failure_warning
 from gapo.machine.allocator import tune_malloc
 from gapo.machine.threads import default_threads
 from gapo.policy import lora
-from gapo.policy.base_policy import resolve_policy
+from gapo.policy.base_policy import base_task_params, resolve_policy
 from gapo.policy.chat import PromptEncoder
 from gapo.policy.logprobs import logprobs
 from gapo.policy.model import check_context, check_memory, eos_token_ids, load_policy
@@ -53,13 +53,15 @@ from gapo.rl.step_metrics import gpu_memory, step_metrics
 from gapo.rl.trackers import Trackers
 from gapo.tasks.custom import with_rewards
 
-__all__ = ["Trainer", "RunExists", "with_policy"]
+__all__ = ["Trainer", "RunExists", "with_policy", "trained_policy"]
 
 
 def with_policy(cfg: Config, *, progress: bool = True) -> tuple[Config, str]:
-    """``(cfg', policy_path)``: the run's policy resolved (``policy.base_policy.resolve_policy``)
-    and ``cfg'`` a copy of ``cfg`` carrying the preset's RL task params when it had none. ``cfg``
-    itself is left as it was (docs/design.md §3.2); idempotent."""
+    """``(cfg', policy_path)``: the run's policy resolved (``policy.base_policy.resolve_policy``:
+    the embedded preset's weights are built now, with a message and a progress bar, if they are
+    neither cached nor shipped) and ``cfg'`` a copy of ``cfg`` carrying the preset's RL task params
+    when it had none. ``cfg`` itself is left as it was (docs/design.md §3.2); idempotent. The
+    command layer calls it before a :class:`Trainer` exists, which never resolves a policy."""
     res = resolve_policy(
         cfg.model.path, cfg.model.base_preset, task_name=cfg.task.name, task_params=cfg.task.params, progress=progress
     )
@@ -73,6 +75,24 @@ def with_policy(cfg: Config, *, progress: bool = True) -> tuple[Config, str]:
     return out, res.path
 
 
+def trained_policy(cfg: Config, policy_path: str | None) -> str:
+    """What a :class:`Trainer` of ``cfg`` trains: ``model.path``, or the ``policy_path`` that
+    :func:`with_policy` resolved. An unresolved embedded policy is refused, not built here: a
+    constructor does no hidden work (building a preset takes minutes)."""
+    if cfg.model.path is not None:
+        if policy_path is not None and str(policy_path) != str(cfg.model.path):
+            raise ValueError(f"policy_path={policy_path!r} but model.path={cfg.model.path!r}: give one of them")
+        return str(cfg.model.path)
+    if policy_path is None or base_task_params(None, cfg.task.name, cfg.task.params, cfg.model.base_preset):
+        raise ValueError(
+            f"model.path is unset, so the run trains the embedded base policy model.base_preset="
+            f"{cfg.model.base_preset!r}, which a Trainer does not resolve: first "
+            "cfg, policy_path = gapo.rl.trainer.with_policy(cfg) (it builds the preset if it is not cached), "
+            "then Trainer(cfg, run_dir, policy_path=policy_path)"
+        )
+    return str(policy_path)
+
+
 def _permutation(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     """A permutation of ``n`` rows drawn from the trainer's stream ``gen`` (mini-batch order)."""
     return torch.randperm(n, generator=gen, device=gen.device).to(device)
@@ -83,6 +103,8 @@ class Trainer:
 
     Construction validates everything (config, task, model, device, a probe of the reward
     function, the run folder's state, the checkpoint when resuming) before anything is written.
+    It trains ``model.path``, or with ``model.path`` unset the ``policy_path`` that
+    :func:`with_policy` resolved with ``cfg`` (:func:`trained_policy`); it builds no base policy.
     ``resume=True`` needs ``cfg`` equal to the run's saved config; with ``allow_change=True`` the
     differing keys are applied, written to ``config.yaml`` and logged to ``events.jsonl``.
     """
@@ -92,6 +114,7 @@ class Trainer:
         cfg: Config,
         run_dir: str | Path | RunFolder,
         *,
+        policy_path: str | None = None,
         resume: bool = False,
         overwrite: bool = False,
         allow_change: bool = False,
@@ -105,8 +128,8 @@ class Trainer:
         self.run_dir, self.ckpt_path = self.folder.path, self.folder.checkpoint
         try:
             self.folder.check(resume=resume, overwrite=overwrite)  # locks an existing folder before reading it
-            self.cfg, self.policy_path = with_policy(cfg.validate(), progress=cfg.train.progress)
-            cfg = self.cfg
+            self.cfg = cfg = cfg.validate()
+            self.policy_path = trained_policy(cfg, policy_path)
             state = self.folder.load_checkpoint(torch.device(cfg.model.device)) if resume else None
             # against the config inside the checkpoint: a hand-edited config.yaml counts as a change
             changes = resume_changes(self.folder, cfg, allow_change=allow_change, state=state) if resume else {}
