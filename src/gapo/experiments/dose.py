@@ -134,37 +134,7 @@ def analyse(grid: dict, cells: dict) -> dict:
     ``cells``: ``(regime, method, seed)`` → ``stats.load_cell``."""
     spec, seeds = dose_spec(grid), grid["seeds"]
     ref, B = spec["reference"], int(spec["bootstrap"])
-    levels = []
-    for r in dose_levels(grid):
-        G = cell_config(grid, r, methods_of(grid, r)[0], seeds[0], base_path="<base>").train.group_size
-        lv = {
-            "regime": r,
-            **_axes(grid, r),
-            "n_done": {m: sum((r, m, s) in cells for s in seeds) for m in methods_of(grid, r)},
-            "clip": _share(cells, r, ref, seeds, _CLIP),
-            _CLIP_BY_C: {c: _share(cells, r, ref, seeds, f"{_CLIP_BY_C}/{c}") for c in range(1, G)},
-            "gain_pass@1": mean_ci(
-                [
-                    cells[(r, ref, s)]["summary"].get("after/pass@1", math.nan)
-                    - cells[(r, ref, s)]["summary"].get("before/pass@1", math.nan)
-                    for s in seeds
-                    if (r, ref, s) in cells
-                ]
-            ),
-            "rose": [
-                sum(
-                    cells[(r, ref, s)]["summary"].get("train/pass_rate_rise", 0) > 0
-                    for s in seeds
-                    if (r, ref, s) in cells
-                ),
-                sum((r, ref, s) in cells for s in seeds),
-            ],
-        }
-        lv["learns"] = _learns(lv, len(seeds))
-        for a, b in spec["comparisons"]:
-            if b == ref and a in methods_of(grid, r):
-                lv[f"{a}_clip_c"] = {c: _compare(cells, (r, a), (r, b), f"{_CLIP_BY_C}/{c}", seeds, 0) for c in (1, 2)}
-        levels.append(lv)
+    levels = [_level(grid, cells, r, spec) for r in dose_levels(grid)]
     primary = [
         _compare(cells, (lv["regime"], a), (lv["regime"], b), key, seeds, B)
         for lv in levels
@@ -176,19 +146,7 @@ def analyse(grid: dict, cells: dict) -> dict:
     for p, h in zip(primary, adj):
         p["p_holm"] = h
         p["verdict"] = verdict_words(p, spec["alpha"])
-    width = []
-    w = spec["width"]
-    if w:
-        planned = _planned(grid)
-        for a, b, wd in w.get("pairs") or []:
-            # a pair the dose cell itself runs (the 0.28 one) is read there, the others in the width block
-            reg = w["at"] if {(w["at"], a, seeds[0]), (w["at"], b, seeds[0])} <= planned else w["regime"]
-            for key in spec["keys"]:
-                row = _compare(cells, (reg, a), (reg, b), key, seeds, B)
-                row.update(width=wd, verdict=verdict_words(row, spec["alpha"]))  # unadjusted: secondary
-                width.append(row)
-            width.append({**_compare(cells, (reg, a), (w["at"], ref), "after/pass@1", seeds, B), "width": wd})
-            width.append({"a": [reg, b], "b": [], "key": _CLIP, "width": wd, **_share(cells, reg, b, seeds, _CLIP)})
+    width = _width_rows(grid, cells, spec) if spec["width"] else []
     # a grid of one cell (configs/confirm-medium.yaml) has no dose axis: no slope to fit or to count
     trend = (
         [
@@ -219,6 +177,50 @@ def analyse(grid: dict, cells: dict) -> dict:
         "bootstrap": B,
         "n_secondary_intervals": n_secondary,
     }
+
+
+def _level(grid: dict, cells: dict, r: str, spec: dict) -> dict:
+    """One dose cell: its axes, seeds done, the reference's clip-binding share (overall and per
+    ``c``), its held-out gain and training rise, whether it learns, and each compared method's
+    per-``c`` clip difference from the reference."""
+    seeds, ref = grid["seeds"], spec["reference"]
+    G = cell_config(grid, r, methods_of(grid, r)[0], seeds[0], base_path="<base>").train.group_size
+    ran = [s for s in seeds if (r, ref, s) in cells]
+    summary = {s: cells[(r, ref, s)]["summary"] for s in ran}
+    lv = {
+        "regime": r,
+        **_axes(grid, r),
+        "n_done": {m: sum((r, m, s) in cells for s in seeds) for m in methods_of(grid, r)},
+        "clip": _share(cells, r, ref, seeds, _CLIP),
+        _CLIP_BY_C: {c: _share(cells, r, ref, seeds, f"{_CLIP_BY_C}/{c}") for c in range(1, G)},
+        "gain_pass@1": mean_ci(
+            [summary[s].get("after/pass@1", math.nan) - summary[s].get("before/pass@1", math.nan) for s in ran]
+        ),
+        "rose": [sum(summary[s].get("train/pass_rate_rise", 0) > 0 for s in ran), len(ran)],
+    }
+    lv["learns"] = _learns(lv, len(seeds))
+    for a, b in spec["comparisons"]:
+        if b == ref and a in methods_of(grid, r):
+            lv[f"{a}_clip_c"] = {c: _compare(cells, (r, a), (r, b), f"{_CLIP_BY_C}/{c}", seeds, 0) for c in (1, 2)}
+    return lv
+
+
+def _width_rows(grid: dict, cells: dict, spec: dict) -> list[dict]:
+    """Width sensitivity (secondary, unadjusted): each ``[method, against, width]`` pair on every
+    key, the method against the reference at the dose cell, and the comparator's clip share."""
+    seeds, ref, w, B = grid["seeds"], spec["reference"], spec["width"], int(spec["bootstrap"])
+    planned = _planned(grid)
+    rows = []
+    for a, b, wd in w.get("pairs") or []:
+        # a pair the dose cell itself runs (the 0.28 one) is read there, the others in the width block
+        reg = w["at"] if {(w["at"], a, seeds[0]), (w["at"], b, seeds[0])} <= planned else w["regime"]
+        for key in spec["keys"]:
+            row = _compare(cells, (reg, a), (reg, b), key, seeds, B)
+            row.update(width=wd, verdict=verdict_words(row, spec["alpha"]))  # unadjusted: secondary
+            rows.append(row)
+        rows.append({**_compare(cells, (reg, a), (w["at"], ref), "after/pass@1", seeds, B), "width": wd})
+        rows.append({"a": [reg, b], "b": [], "key": _CLIP, "width": wd, **_share(cells, reg, b, seeds, _CLIP)})
+    return rows
 
 
 def _trend(cells: dict, levels: list, a: str, b: str, key: str, seeds: list[int], which: str) -> dict:
@@ -282,7 +284,18 @@ def _p(x: float) -> str:
 
 
 def dose_markdown(res: dict) -> str:
-    """``dose.md``: the cells, the primary family with verdicts, the width block, the counts."""
+    """``dose.md``: the cells, the primary family with verdicts, the width block, the trend, the counts."""
+    L = _cells_table(res) + _primary_table(res) + _width_table(res) + _trend_table(res)
+    L += [
+        "",
+        f"{res['n_secondary_intervals']} secondary between-method intervals above (unadjusted): at 95% about "
+        f"{res['n_secondary_intervals'] / 20:.1f} would exclude zero by chance alone.",
+        "",
+    ]
+    return "\n".join(L)
+
+
+def _cells_table(res: dict) -> list[str]:
     ref = res["reference"]
     L = [
         # one cell is a pre-registered comparison, not a dose-response (configs/confirm-medium.yaml)
@@ -308,7 +321,11 @@ def dose_markdown(res: dict) -> str:
             f"{' / '.join(str(v) for v in lv['n_done'].values())} | {_share_txt(lv['clip'])} | {byc} | "
             f"{_pt(lv['gain_pass@1'])} | {lv['rose'][0]} of {lv['rose'][1]} | {lv['learns']} | {_pt(gc)} |"
         )
-    L += [
+    return L
+
+
+def _primary_table(res: dict) -> list[str]:
+    L = [
         "",
         f"## Primary comparisons (Holm over all {res['family_size']} planned tests, α = {res['alpha']})",
         "",
@@ -320,51 +337,55 @@ def dose_markdown(res: dict) -> str:
             f"| `{p['a'][0]}` | {p['a'][1]} − {p['b'][1]} | {p['key'].split('/')[-1]} | {_pt(p)} | {_boot(p)} | "
             f"{p['n']} | {_p(p['p'])} | {_p(p['p_holm'])} | {p['verdict']} |"
         )
-    if res["width"]:
-        L += [
-            "",
-            "## Width sensitivity (secondary, unadjusted)",
-            "",
-            "| width | comparison | metric | mean [95% t] | seed×problem | n | reading |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for x in res["width"]:
-            if not x.get("b"):
-                L.append(f"| {x['width']} | {x['a'][1]} clip A>0 (%) | – | {_share_txt(x)} | – | {x['n']} | – |")
-                continue
-            L.append(
-                f"| {x['width']} | {x['a'][1]} − {x['b'][1]} (`{x['b'][0]}`) | {x['key'].split('/')[-1]} | "
-                f"{_pt(x)} | {_boot(x)} | {x['n']} | {x.get('verdict') or verdict_words(x)} |"
-            )
-    if res.get("trend"):
-        L += [
-            "",
-            f"## Trend: does the effect grow with {ref}'s clip-binding share? (secondary, unadjusted)",
-            "",
-            "Least-squares slope of the same-seed differences on their cell's clip-binding share: points of "
-            "difference per percentage point of share, 95% t interval (n − 2 degrees of freedom).",
-            "",
-            "| cells | comparison | metric | slope [95% t] | cells used | n | p |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for x in res["trend"]:
-            sl = (
-                "–"
-                if not math.isfinite(x["slope"])
-                else f"{x['slope']:+.2f}"
-                + (f" [{x['slope'] - x['ci']:+.2f}, {x['slope'] + x['ci']:+.2f}]" if math.isfinite(x["ci"]) else "")
-            )
-            L.append(
-                f"| {x['cells']} | {x['a']} − {x['b']} | {x['key'].split('/')[-1]} | {sl} | {len(x['regimes'])} | "
-                f"{x['n']} | {_p(x['p'])} |"
-            )
-    L += [
+    return L
+
+
+def _width_table(res: dict) -> list[str]:
+    if not res["width"]:
+        return []
+    L = [
         "",
-        f"{res['n_secondary_intervals']} secondary between-method intervals above (unadjusted): at 95% about "
-        f"{res['n_secondary_intervals'] / 20:.1f} would exclude zero by chance alone.",
+        "## Width sensitivity (secondary, unadjusted)",
         "",
+        "| width | comparison | metric | mean [95% t] | seed×problem | n | reading |",
+        "|---|---|---|---|---|---|---|",
     ]
-    return "\n".join(L)
+    for x in res["width"]:
+        if not x.get("b"):
+            L.append(f"| {x['width']} | {x['a'][1]} clip A>0 (%) | – | {_share_txt(x)} | – | {x['n']} | – |")
+            continue
+        L.append(
+            f"| {x['width']} | {x['a'][1]} − {x['b'][1]} (`{x['b'][0]}`) | {x['key'].split('/')[-1]} | "
+            f"{_pt(x)} | {_boot(x)} | {x['n']} | {x.get('verdict') or verdict_words(x)} |"
+        )
+    return L
+
+
+def _trend_table(res: dict) -> list[str]:
+    if not res.get("trend"):
+        return []
+    L = [
+        "",
+        f"## Trend: does the effect grow with {res['reference']}'s clip-binding share? (secondary, unadjusted)",
+        "",
+        "Least-squares slope of the same-seed differences on their cell's clip-binding share: points of "
+        "difference per percentage point of share, 95% t interval (n − 2 degrees of freedom).",
+        "",
+        "| cells | comparison | metric | slope [95% t] | cells used | n | p |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for x in res["trend"]:
+        sl = (
+            "–"
+            if not math.isfinite(x["slope"])
+            else f"{x['slope']:+.2f}"
+            + (f" [{x['slope'] - x['ci']:+.2f}, {x['slope'] + x['ci']:+.2f}]" if math.isfinite(x["ci"]) else "")
+        )
+        L.append(
+            f"| {x['cells']} | {x['a']} − {x['b']} | {x['key'].split('/')[-1]} | {sl} | {len(x['regimes'])} | "
+            f"{x['n']} | {_p(x['p'])} |"
+        )
+    return L
 
 
 # --------------------------------------------------------------------------------- the figure
