@@ -100,20 +100,7 @@ def success_from_advantages(
     """
     G = group_size
     a = advantages.detach().double()
-    if isinstance(reward_range, str):
-        std = norm_adv_by_std_in_grpo and adv_estimator.startswith("grpo")
-        if reward_range not in ("group", "batch") or not (std and binary_rewards):
-            reward_range_of(
-                {
-                    "reward_range": reward_range,
-                    "adv_estimator": adv_estimator,
-                    "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
-                    "binary_rewards": binary_rewards,
-                }
-            )
-        span = None  # unused on the std-normalised path
-    else:
-        span = float(reward_range[1]) - float(reward_range[0])
+    span = _span(reward_range, adv_estimator, norm_adv_by_std_in_grpo, binary_rewards)
     if norm_adv_by_std_in_grpo and adv_estimator.startswith("grpo"):
         if not binary_rewards:
             raise ValueError("std-normalised GRPO advantages are invertible only for binary rewards")
@@ -137,6 +124,24 @@ def success_from_advantages(
         implied = torch.where(x > 0, G * (1.0 - x), -G * x)
         c = _check_counts(implied, x != 0, G, f"{adv_estimator} (norm_adv_by_std_in_grpo={norm_adv_by_std_in_grpo})", a)
     return (x * (G / (G - 1))).clamp(0.0, 1.0).to(torch.float32), c
+
+
+def _span(reward_range, adv_estimator: str, norm_adv_by_std_in_grpo: bool, binary_rewards: bool) -> float | None:
+    """``R_max − R_min`` of a fixed reward range; ``None`` for ``"group"``/``"batch"``, which only
+    std-normalised GRPO advantages of binary rewards allow (``reward_range_of`` raises otherwise)."""
+    if not isinstance(reward_range, str):
+        return float(reward_range[1]) - float(reward_range[0])
+    std = norm_adv_by_std_in_grpo and adv_estimator.startswith("grpo")
+    if reward_range not in ("group", "batch") or not (std and binary_rewards):
+        reward_range_of(
+            {
+                "reward_range": reward_range,
+                "adv_estimator": adv_estimator,
+                "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
+                "binary_rewards": binary_rewards,
+            }
+        )
+    return None  # unused on the std-normalised path
 
 
 def _success_from_std_advantages(a: torch.Tensor, G: int) -> tuple[torch.Tensor, torch.Tensor]:  # (B,), (B,)
