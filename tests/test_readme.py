@@ -28,3 +28,12 @@ def test_quick_start_is_two_commands_and_ci_runs_the_test_one():
     assert commands == ["./run demo", "./run test"]
     ci = (README.parent / ".ci" / "run").read_text()
     assert "exec ./run test" in ci
+
+
+def test_readme_stays_short_and_points_to_what_is_elsewhere():
+    # a newcomer reads the quick start within a screen or two; the reference lives in docs/
+    text = README.read_text()
+    assert len(text.splitlines()) <= 160, f"README.md has {len(text.splitlines())} lines (at most 160)"
+    for doc in ("docs/design.md", "docs/config.md", "docs/run-folders.md", "docs/real-models.md", "CHANGELOG.md"):
+        assert f"]({doc})" in text, doc
+    assert "src/gapo/rl/config.py" not in text  # the keys: gapo config and docs/config.md, not the source
