@@ -247,8 +247,19 @@ class Config:
             problem = check(getattr(getattr(self, sec), name))
             if problem:
                 raise ValueError(f"{where(key)}: {problem}")
-        a, t = self.algo, self.train
         self._settle_rewards()
+        self._check_names()
+        self._check_params()
+        self._check_combinations()
+        self._check_chat()
+        self._check_model(model_files)
+        # last: a device other than the CPU needs torch to ask its backend
+        check_device(where("model.device"), self.model.device)
+        return self
+
+    def _check_names(self) -> None:
+        """Every registry name known (the task, the algorithm's choices, the LR schedule)."""
+        where, a = self._where, self.algo
         if self.task.name not in tasks.names():
             raise ValueError(f"{where('task.name')}: {unknown('task', self.task.name, tasks.names())}")
         for key, kind, name, accepted in (
@@ -262,11 +273,19 @@ class Config:
         ):
             if name not in accepted:
                 raise ValueError(f"{where(key)}: {unknown(kind, name, accepted)}")
+
+    def _check_params(self) -> None:
+        """The dict-valued params (passk's k against G), the task's parameter types and files."""
+        where, a = self._where, self.algo
         check_params(where("algo.advantage_params"), a.advantage_params, advantage_params(a.advantage))
-        check_advantage_params(where("algo.advantage_params"), a.advantage, a.advantage_params, t.group_size)
+        check_advantage_params(where("algo.advantage_params"), a.advantage, a.advantage_params, self.train.group_size)
         check_params(where("task.params"), self.task.params, task_params(self.task.name))
         check_task_param_types("task.params", self.task.name, self.task.params)
         check_task_files(where("task.params.path"), self.task.name, self.task.params)
+
+    def _check_combinations(self) -> None:
+        """The batch splits into mini-batches; GAPO's widths are ordered; no dual clip for cispo."""
+        where, a, t = self._where, self.algo, self.train
         batch = t.prompts * t.group_size
         if batch % t.mini_batches:
             raise ValueError(
@@ -282,11 +301,18 @@ class Config:
             raise ValueError(
                 f"{where('algo.clip_ratio_c')}: the dual clip is not defined for the cispo loss; leave it unset (none)"
             )
+
+    def _check_chat(self) -> None:
+        where = self._where
         if self.task.chat not in CHAT_MODES:
             raise ValueError(f"{where('task.chat')}: must be auto, true or false, got {self.task.chat!r}")
         check_chat_template_kwargs(where("task.chat_template_kwargs"), self.task.chat_template_kwargs)
         if self.task.chat is False and self.task.chat_template_kwargs:
             raise ValueError(f"{where('task.chat_template_kwargs')}: needs a chat template, and task.chat=false")
+
+    def _check_model(self, model_files: bool) -> None:
+        """dtype, LoRA, the checkpoint folder (``model_files``), or the embedded base policy's preset."""
+        where = self._where
         if self.model.dtype not in known("DTYPES"):
             raise ValueError(f"{where('model.dtype')}: {unknown('dtype', self.model.dtype, known('DTYPES'))}")
         check_lora(where("model.lora"), self.model.lora)
@@ -303,9 +329,6 @@ class Config:
                     f"{where('task.name')}: the embedded base policy is a Countdown model; set "
                     f"model.path (--model) to a checkpoint for task {self.task.name!r}"
                 )
-        # last: a device other than the CPU needs torch to ask its backend
-        check_device(where("model.device"), self.model.device)
-        return self
 
     def _settle_rewards(self) -> None:
         """``reward.*`` checked, and what follows from them settled, so that the saved config says
