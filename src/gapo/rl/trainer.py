@@ -163,20 +163,8 @@ class Trainer:
         self.device = torch.device(m.device)
         torch.manual_seed(t.seed)
         self.task = tasks.build(cfg.task.name, cfg.task.params)
-        # float32 weights whatever the checkpoint's dtype; model.dtype is the compute dtype (autocast)
-        self.model, self.tok = load_policy(self.policy_path, self.device, dtype=torch.float32)
-        # stop at the tokenizer's EOS and at every id of generation_config.eos_token_id
-        self.eos_ids = eos_token_ids(self.model, self.tok)
-        if m.gradient_checkpointing:  # activations of each decoder layer recomputed in backward
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            self.model.config.use_cache = False
-        if m.lora:
-            self.model = lora.apply_lora(self.model, m.lora)
-        self.model.train()
-        # the reference policy of the KL term is the starting policy, frozen (with LoRA: the same
-        # network with its adapters disabled, so no second copy)
-        self.ref_model = (
-            copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 and not m.lora else None
+        self.model, self.tok, self.eos_ids, self.ref_model = _load_models(
+            self.policy_path, self.device, m, cfg.algo.kl_coef
         )
         self.encoder = PromptEncoder(
             self.tok,
@@ -503,14 +491,7 @@ class Trainer:
                 if self.step == 0 and self.eval_problems:
                     last_eval = self._checkpointed(self.evaluate, progress=t.progress)
                     log(last_eval)
-                bar = tqdm(
-                    total=t.steps,
-                    initial=self.step,
-                    desc=self.run_dir.name,
-                    unit="step",
-                    dynamic_ncols=True,
-                    disable=not t.progress,
-                )
+                bar = _step_bar(t, self.step, self.run_dir.name)
                 say = bar.write if t.progress else (lambda _: None)
                 start = self.step
                 while self.step < t.steps:
@@ -519,20 +500,12 @@ class Trainer:
                     self.folder.append_samples(self.last_samples)
                     bar.update(1)
                     self.trackers.log_samples(self.step, self.last_samples)  # TB text / W&B table
-                    bar.set_postfix(
-                        reward=f"{rec['rollout/reward']:.3f}",
-                        clip=f"{rec.get('loss/clipfrac', 0):.3f}",
-                        kl=f"{rec.get('loss/approx_kl', 0):.1e}",
-                        ent=f"{rec['policy/entropy']:.2f}",
-                    )
+                    bar.set_postfix(_postfix(rec))
                     done = self.step >= t.steps
                     if self.eval_problems and (done or (e_every and self.step % e_every == 0)):
                         last_eval = self._checkpointed(self.evaluate)
                         log(last_eval)
-                        say(
-                            f"step {self.step}: "
-                            + "  ".join(f"{k[5:]}={v:.3f}" for k, v in last_eval.items() if k.startswith("eval/pass@"))
-                        )
+                        say(_pass_line(self.step, last_eval))
                     stopping = self._stop or (stop_after is not None and self.step - start >= stop_after)
                     if done or stopping or (t.checkpoint_every and self.step % t.checkpoint_every == 0):
                         self.save_checkpoint()
@@ -559,3 +532,42 @@ class Trainer:
         # a signal that lands after the last step (while the policy is written) stops nothing: the run is
         # finished, and a caller that read "stopped" would leave a finished run to be resumed
         return {"step": self.step, "eval": last_eval, "stopped": self._stop and self.step < t.steps}
+
+
+def _load_models(path, device: torch.device, m, kl_coef: float):
+    """``(model, tokenizer, stop ids, reference model or None)``: the policy to train, in training
+    mode, with gradient checkpointing and LoRA adapters as ``model.*`` asks."""
+    # float32 weights whatever the checkpoint's dtype; model.dtype is the compute dtype (autocast)
+    model, tok = load_policy(path, device, dtype=torch.float32)
+    # stop at the tokenizer's EOS and at every id of generation_config.eos_token_id
+    eos_ids = eos_token_ids(model, tok)
+    if m.gradient_checkpointing:  # activations of each decoder layer recomputed in backward
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if m.lora:
+        model = lora.apply_lora(model, m.lora)
+    model.train()
+    # the reference policy of the KL term is the starting policy, frozen (with LoRA: the same
+    # network with its adapters disabled, so no second copy)
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if kl_coef > 0 and not m.lora else None
+    return model, tok, eos_ids, ref_model
+
+
+def _step_bar(t, step: int, name: str) -> tqdm:
+    """``fit``'s progress bar over ``train.steps`` (silent without ``train.progress``)."""
+    return tqdm(total=t.steps, initial=step, desc=name, unit="step", dynamic_ncols=True, disable=not t.progress)
+
+
+def _postfix(rec: dict) -> dict[str, str]:
+    """A step's record on the progress bar: reward, clip fraction, approximate KL, entropy."""
+    return {
+        "reward": f"{rec['rollout/reward']:.3f}",
+        "clip": f"{rec.get('loss/clipfrac', 0):.3f}",
+        "kl": f"{rec.get('loss/approx_kl', 0):.1e}",
+        "ent": f"{rec['policy/entropy']:.2f}",
+    }
+
+
+def _pass_line(step: int, ev: dict) -> str:
+    """An evaluation's pass@k values, the line printed above the bar."""
+    return f"step {step}: " + "  ".join(f"{k[5:]}={v:.3f}" for k, v in ev.items() if k.startswith("eval/pass@"))
