@@ -13,13 +13,13 @@ For each problem, ``n`` samples at the evaluation temperature give ``c_j`` corre
 
 from __future__ import annotations
 
-import operator
 import time
 from dataclasses import dataclass, replace
 
 import torch
 from tqdm.auto import tqdm
 
+from gapo.core.checks import as_int
 from gapo.core.metrics import first_move_entropy, pass_at_k_curve
 from gapo.exec.scoring import score_samples
 from gapo.policy.chat import PromptEncoder
@@ -58,10 +58,7 @@ class EvalPlan:
     def __post_init__(self):
         for name, lo in (("n", 1), ("seed", None), ("batch_size", 1)):
             v = getattr(self, name)
-            try:  # Python or NumPy integers, not bools or floats
-                i = None if isinstance(v, bool) else operator.index(v)
-            except TypeError:
-                i = None
+            i = as_int(v)  # Python or NumPy integers, not bools or floats
             if i is None or (lo is not None and i < lo):
                 raise ValueError(f"{name} must be an int{f' >= {lo}' if lo is not None else ''}, got {v!r}")
             object.__setattr__(self, name, i)
@@ -105,13 +102,28 @@ def evaluate(
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(plan.seed)
     if params.eos_token_id is None:
         params = replace(params, eos_token_id=eos_token_ids(model, tok))
-    prompts = [encode(p) for p in problems]
-    flat = [j for j in range(len(problems)) for _ in range(n)]
-    texts: list[list[str]] = [[] for _ in problems]
+    texts, tok_sum, logp_sum = _sample_all(model, tok, [encode(p) for p in problems], params, plan, progress)
+    model.train(was_training)
+    flat = len(problems) * n
+    out, correct = _score_and_summarise(task, problems, texts, n)
+    out["eval/response_len"] = tok_sum / max(flat, 1)
+    out["eval/entropy_proxy"] = -logp_sum / max(tok_sum, 1.0)
+    out["eval/n"] = n
+    out["eval/problems"] = len(problems)
+    out["eval/correct"] = correct
+    out["time/eval_s"] = time.perf_counter() - t0
+    return out
+
+
+def _sample_all(model, tok, prompts: list, params: SamplingParams, plan: EvalPlan, progress: bool):
+    """``plan.n`` samples of each prompt, in batches of ``plan.batch_size`` rows from one seeded
+    generator: ``(texts[j] = prompt j's completions, response tokens, their summed logp)``."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(plan.seed)
+    flat = [j for j in range(len(prompts)) for _ in range(plan.n)]
+    texts: list[list[str]] = [[] for _ in prompts]
     tok_sum, logp_sum = 0.0, 0.0
     bar = tqdm(total=len(flat), desc="eval", unit="sample", leave=False, disable=not progress)
     for s in range(0, len(flat), plan.batch_size):
@@ -130,15 +142,7 @@ def evaluate(
         logp_sum += float((r.logp * r.response_mask).sum())
         bar.update(len(rows))
     bar.close()
-    model.train(was_training)
-    out, correct = _score_and_summarise(task, problems, texts, n)
-    out["eval/response_len"] = tok_sum / max(len(flat), 1)
-    out["eval/entropy_proxy"] = -logp_sum / max(tok_sum, 1.0)
-    out["eval/n"] = n
-    out["eval/problems"] = len(problems)
-    out["eval/correct"] = correct
-    out["time/eval_s"] = time.perf_counter() - t0
-    return out
+    return texts, tok_sum, logp_sum
 
 
 def _score_and_summarise(task, problems: list, texts: list[list[str]], n: int) -> tuple[dict, list[int]]:
