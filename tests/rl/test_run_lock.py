@@ -475,7 +475,7 @@ def test_recovery_of_a_half_done_overwrite(run, finished):
 
 
 def test_the_report_names_a_run_left_aside(run):
-    from gapo.rl.run_dir import load_run
+    from gapo.rl.run_records import load_run
 
     f = RunFolder(run)
     f.check(resume=False, overwrite=True)

@@ -76,7 +76,7 @@ def run(args) -> int:
 def _train_both(args, out: Path) -> list[dict]:
     """The two runs, ``OUT/fixed`` and ``OUT/gapo``, one after the other; their loaded records."""
     from gapo.rl.config import load_config
-    from gapo.rl.run_dir import load_run
+    from gapo.rl.run_records import load_run
     from gapo.rl.trainer import Trainer, with_policy
 
     runs = []

@@ -17,7 +17,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from gapo.rl.run_dir import load_run  # torch-free: a wrong folder is named before the plotting stack loads
+    from gapo.rl.run_records import load_run  # torch-free: a wrong folder is named before the plotting stack loads
 
     runs = [load_run(d) for d in args.runs]
     from gapo.experiments.report import default_report_dir, format_samples, format_table, summarise, write_report

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from gapo.core.metrics import pass_at_k
-from gapo.rl.run_dir import load_run
+from gapo.rl.run_records import load_run
 
 __all__ = [
     "t975",
