@@ -2,10 +2,8 @@
 words, the family-wise (Holm) adjustment over the planned tests, the grid's regime-major order,
 the report hook and the raw-record archive."""
 
-import io
 import json
 import math
-import tarfile
 
 import pytest
 
@@ -13,9 +11,7 @@ from gapo.experiments.dose import (
     analyse,
     dose_markdown,
     dose_report,
-    pack,
     trend_line,
-    unpack,
     verdict_words,
 )
 from gapo.experiments.grid_spec import dose_spec, grid_cells, load_grid
@@ -228,41 +224,6 @@ def test_dose_report_writes_tables_and_figure(tmp_path):
     assert "no gain above" in md or "a gain of" in md
     res = json.loads((tmp_path / "r" / "dose.json").read_text())
     assert res["family_size"] == 8
-
-
-def test_pack_and_unpack_keep_only_the_raw_records(tmp_path):
-    runs = tmp_path / "runs"
-    d = runs / "u32" / "gapo" / "seed0"
-    d.mkdir(parents=True)
-    for f in ("metrics.jsonl", "config.yaml", "done.json", "checkpoint.pt"):
-        (d / f).write_text(f)
-    (runs / "u32" / "gapo" / "seed0.json").write_text("{}")
-    (runs / "u32" / "base_eval.json").write_text("{}")
-    unfinished = runs / "u32" / "gapo" / "seed1"
-    unfinished.mkdir()
-    (unfinished / "metrics.jsonl").write_text("x")
-    assert pack(runs, tmp_path / "new" / "raw.tar.xz") == 1  # its folder is made
-    (tmp_path / "new" / "raw.tar.xz").rename(tmp_path / "raw.tar.xz")
-    unpack(tmp_path / "raw.tar.xz", tmp_path / "back")
-    got = sorted(str(p.relative_to(tmp_path / "back")) for p in (tmp_path / "back").rglob("*") if p.is_file())
-    assert got == [
-        "u32/base_eval.json",
-        "u32/gapo/seed0.json",
-        "u32/gapo/seed0/config.yaml",
-        "u32/gapo/seed0/done.json",
-        "u32/gapo/seed0/metrics.jsonl",
-    ]
-    # a hostile archive (a member outside the destination) is refused
-    bad = tmp_path / "bad.tar"
-    with tarfile.open(bad, "w") as tar:
-        info = tarfile.TarInfo("../evil.txt")
-        info.size = 1
-        tar.addfile(info, io.BytesIO(b"x"))
-    with pytest.raises(tarfile.TarError):
-        unpack(bad, tmp_path / "back2")
-    assert not (tmp_path / "evil.txt").exists()
-    with pytest.raises(ValueError, match="does not exist"):
-        unpack(tmp_path / "nope.tar.xz", tmp_path / "x")
 
 
 def _write_cell(d, pass1, clip, correct):

@@ -22,19 +22,14 @@ module reports
 
 and the figure users need: GAPO's effect (mean, 95% CI) against the clip-binding share, one point
 per cell (``dose_response.png``). ``gapo compare --config configs/dose-response.yaml
---report-only`` writes ``dose.md``, ``dose.json`` and the figure next to the grid report.
-
-    python -m gapo.experiments.dose pack RUNS_DIR ARCHIVE.tar.xz   # keep the raw records
-    python -m gapo.experiments.dose unpack ARCHIVE.tar.xz DIR      # then: gapo compare ... --out DIR --report-only
+--report-only`` writes ``dose.md``, ``dose.json`` and the figure next to the grid report; a grid's
+raw records are kept and restored with :mod:`gapo.experiments.raw_records`.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import sys
-import tarfile
 from pathlib import Path
 
 from gapo.experiments.grid_spec import cell_config, dose_spec, methods_of, write_json
@@ -56,8 +51,6 @@ __all__ = [
     "dose_figure",
     "dose_report",
     "write_per_problem",
-    "pack",
-    "unpack",
 ]
 
 _CLIP = "train/clip/frac_high_pos"
@@ -476,68 +469,3 @@ def dose_report(grid: dict, cells: dict, rdir: Path, fdir: Path) -> str:
         md += f"\n![GAPO's effect against the clip-binding share]({os.path.relpath(fdir, rdir)}/{fig})\n"
     (Path(rdir) / "dose.md").write_text(md)
     return "\n## Dose-response\n\nSee [dose.md](dose.md)" + (f" and the figure `{fig}`." if fig else ".") + "\n"
-
-
-# --------------------------------------------------------------------------------- raw records
-_RAW = ("metrics.jsonl", "config.yaml", "done.json")
-
-
-def pack(runs: str | Path, archive: str | Path) -> int:
-    """Archive (tar.xz) the raw records of every finished cell under ``runs`` -- each run folder's
-    ``metrics.jsonl``, ``config.yaml`` and ``done.json``, each cell's spec ``seed<k>.json`` and each
-    regime's ``base_eval.json``: what the report needs, without checkpoints or logs. Returns the
-    number of cells packed."""
-    runs = Path(runs)
-    if not runs.is_dir():
-        raise ValueError(f"{str(runs)!r} is not a folder")
-    Path(archive).parent.mkdir(parents=True, exist_ok=True)  # results/<grid>/ may not exist yet
-    n = 0
-    with tarfile.open(archive, "w:xz") as tar:
-        for be in sorted(runs.glob("*/base_eval.json")):
-            tar.add(be, arcname=str(be.relative_to(runs)))
-        for done in sorted(runs.glob("*/*/seed*/done.json")):
-            d = done.parent
-            for f in _RAW:
-                if (d / f).is_file():
-                    tar.add(d / f, arcname=str((d / f).relative_to(runs)))
-            spec = d.with_name(f"{d.name}.json")
-            if spec.is_file():
-                tar.add(spec, arcname=str(spec.relative_to(runs)))
-            n += 1
-    return n
-
-
-def unpack(archive: str | Path, dest: str | Path) -> None:
-    """Extract an archive of :func:`pack` into ``dest`` (refusing members that would land outside
-    it); ``gapo compare --config ... --out dest --report-only`` then rebuilds the tables."""
-    archive = Path(archive)
-    if not archive.is_file():
-        raise ValueError(f"archive {str(archive)!r} does not exist")
-    with tarfile.open(archive, "r:*") as tar:
-        tar.extractall(dest, filter="data")
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gapo.experiments.dose", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("pack", help="archive the raw records of a grid's finished cells")
-    p.add_argument("runs")
-    p.add_argument("archive")
-    p = sub.add_parser("unpack", help="extract such an archive (then run gapo compare --report-only on it)")
-    p.add_argument("archive")
-    p.add_argument("dest")
-    a = ap.parse_args(argv)
-    try:
-        if a.cmd == "pack":
-            print(f"{pack(a.runs, a.archive)} cells -> {a.archive}")
-        else:
-            unpack(a.archive, a.dest)
-            print(f"extracted into {a.dest}")
-    except (ValueError, OSError, tarfile.TarError) as e:
-        print(f"{ap.prog}: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
