@@ -521,7 +521,7 @@ def test_the_config_checks_the_groups_fields_by_name_and_type():
     before = {
         "math": common | {"prompt_field", "answer_field", "timeout_s", "guard", "last_number", "max_completion_len"},
         "data": common | {"prompt_field", "answer_fields", "max_completion_len"},
-        "rg": {"name", "config", "dataset", "size", "seed", "eval_fraction", "partial_credit", "last_line"}
+        "rg": {"config", "dataset", "size", "seed", "eval_fraction", "partial_credit", "last_line"}
         | {"template", "max_completion_len"},
         "mbpp": {"path", "split", "prompt_field", "tests_field", "solution_field", "setup_field", "id_field"}
         | {"prompt_is_code", "prompt_template", "timeout_s", "memory_mb", "max_completion_len", "eval_fraction"}

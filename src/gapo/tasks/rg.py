@@ -1,9 +1,9 @@
 """Any reasoning-gym dataset as a gapo task, scored by the dataset's own ``score_answer``.
 
-    task = ReasoningGymTask(name="chain_sum", config={"min_terms": 2, "max_terms": 3}, seed=0)
+    task = ReasoningGymTask(dataset="chain_sum", config={"min_terms": 2, "max_terms": 3}, seed=0)
     task = gapo.tasks.get("rg", dataset="basic_arithmetic", size=10_000)
 
-(``dataset=`` is an alias of ``name=``: the registry's ``get(name, **params)`` takes ``name``.)
+(The dataset is ``dataset=``, the ``task.params`` key: ``name`` is the registry's task name.)
 
 Instances. The task's instance space is items ``0 .. size-1`` of
 ``reasoning_gym.create_dataset(name, seed=seed, size=size, **config)``. ``generate`` draws item
@@ -140,10 +140,9 @@ class ReasoningGymTask:
 
     def __init__(
         self,
-        name: str | None = None,
+        dataset: str,
         config: dict[str, Any] | None = None,
         *,
-        dataset: str | None = None,
         size: int = 100_000,
         seed: int = 0,
         eval_fraction: float = 0.1,
@@ -158,9 +157,7 @@ class ReasoningGymTask:
         import reasoning_gym
         from reasoning_gym.factory import DATASETS
 
-        if (name is None) == (dataset is None):
-            raise ValueError("give the reasoning-gym dataset as name= or dataset= (exactly one)")
-        name = name if name is not None else dataset
+        name = dataset
         if name not in DATASETS:
             close = difflib.get_close_matches(name, list(DATASETS), n=3)
             hint = f" Did you mean {close}?" if close else ""
