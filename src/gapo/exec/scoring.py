@@ -221,9 +221,9 @@ def _finish(task, problems, rewards, statuses, t0, parts=None) -> tuple[list[flo
         ("error", "error"),
         ("ambiguous", "ambiguous"),
     ):
-        c = sum(s == status for s in statuses)
-        stats[f"reward/n_{key}"] = float(c)
-        stats[f"reward/{key}_frac"] = c / n if n else 0.0
+        n_status = sum(s == status for s in statuses)
+        stats[f"reward/n_{key}"] = float(n_status)
+        stats[f"reward/{key}_frac"] = n_status / n if n else 0.0
     # several rewards (gapo.tasks.custom): reward/<term> is the term's mean over the completions it
     # scored (not skipped, not timed out), reward/n_<term> how many those were
     for name in getattr(task, "reward_names", None) or []:

@@ -40,11 +40,11 @@ class HeadMemory:
     max_saved_bytes: int = 2**30
 
     def __post_init__(self):
-        c = self.chunk_size
-        if c is not None:
-            if as_int(c) is None or c < 1:
-                raise ValueError(f"chunk_size must be an int >= 1 or None, got {c!r}")
-            object.__setattr__(self, "chunk_size", as_int(c))
+        size = self.chunk_size
+        if size is not None:
+            if as_int(size) is None or size < 1:
+                raise ValueError(f"chunk_size must be an int >= 1 or None, got {size!r}")
+            object.__setattr__(self, "chunk_size", as_int(size))
         for name in ("max_chunk_bytes", "max_saved_bytes"):
             v = as_int(getattr(self, name))
             if v is None or v < 0:

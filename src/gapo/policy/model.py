@@ -334,13 +334,13 @@ def check_context(
 
 def kv_cache_bytes(model, rows: int, length: int) -> int:
     """Bytes of the key/value cache for sampling ``rows`` sequences of ``length`` tokens (fp32)."""
-    c = model.config
-    layers = getattr(c, "num_hidden_layers", None)
-    heads = getattr(c, "num_attention_heads", None)
+    conf = model.config
+    layers = getattr(conf, "num_hidden_layers", None)
+    heads = getattr(conf, "num_attention_heads", None)
     if not layers or not heads:
         return 0
-    kv_heads = getattr(c, "num_key_value_heads", None) or heads
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    kv_heads = getattr(conf, "num_key_value_heads", None) or heads
+    head_dim = getattr(conf, "head_dim", None) or conf.hidden_size // heads
     return 2 * layers * kv_heads * head_dim * 4 * rows * length
 
 

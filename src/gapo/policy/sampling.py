@@ -154,11 +154,11 @@ class DecodeOptions:
     check_every: int | None = None
 
     def __post_init__(self):
-        c = self.check_every
-        if c is not None:
-            if as_int(c) is None or c < 1:
-                raise ValueError(f"check_every must be an int >= 1 or None, got {c!r}")
-            object.__setattr__(self, "check_every", as_int(c))
+        every = self.check_every
+        if every is not None:
+            if as_int(every) is None or every < 1:
+                raise ValueError(f"check_every must be an int >= 1 or None, got {every!r}")
+            object.__setattr__(self, "check_every", as_int(every))
 
 
 def left_pad(prompt_ids, prompt_mask=None, *, pad_token_id: int = 0, device=None):

@@ -111,14 +111,14 @@ class StopScan:
         new = out_tok[rows_t, self.seen : t + 1].tolist()  # one transfer per check
         lens = out_len[rows_t].tolist()
         hit, live = [], list(range(len(self.open)))  # live: indices into self.open
-        for c in range(t + 1 - self.seen):
-            j = self.seen + c
+        for offset in range(t + 1 - self.seen):  # the tokens since the last check
+            j = self.seen + offset
             live = [k for k in live if j < lens[k]]  # rows past their stop token are done
             if not live:
                 break
             rows = [self.open[k] for k in live]
             for k, r in zip(live, rows):
-                self.ids[r].append(new[k][c])
+                self.ids[r].append(new[k][offset])
             if self.whole:
                 still = []
                 for k, r in zip(live, rows):
