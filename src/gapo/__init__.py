@@ -41,6 +41,7 @@ _API = {
     "Config": "gapo.rl.config",
     "load_config": "gapo.rl.config",
     "Trainer": "gapo.rl.trainer",
+    "with_policy": "gapo.rl.trainer",  # a Trainer of the embedded base policy needs it first
     "load_policy": "gapo.policy.model",
     "SamplingParams": "gapo.policy.sampling",
     "get_base_policy": "gapo.policy.base_policy",
