@@ -408,46 +408,52 @@ def dose_figure(res: dict, fdir: Path, name: str = "dose_response.png") -> str |
     axes = fig.subplots(1, len(keys), squeeze=False)[0]
     comps = list(dict.fromkeys((p["a"][1], p["b"][1]) for p in res["primary"]))
     for ax, key in zip(axes, keys):
-        drawn = False
-        for i, (a, b) in enumerate(comps):
-            pts = [
-                (clip[p["a"][0]], p)
-                for p in res["primary"]
-                if p["key"] == key and (p["a"][1], p["b"][1]) == (a, b) and p["n"] >= 1 and clip[p["a"][0]]["n"]
-            ]
-            if not pts:
-                continue
-            xs = [c["mean"] * 100 * (1 + 0.01 * i) for c, _ in pts]  # a hair apart so the bars do not overlap
-            ys = [p["mean"] * 100 for _, p in pts]
-            ye = [p["ci"] * 100 if math.isfinite(p["ci"]) else 0 for _, p in pts]
-            xe = [c["ci"] * 100 if math.isfinite(c["ci"]) else 0 for c, _ in pts]
-            eb = ax.errorbar(xs, ys, yerr=ye, xerr=xe, fmt="os"[i % 2], capsize=3, label=f"{a} − {b}")
-            drawn = True
-            line = trend_line(res, a, b, key, [c["mean"] for c, _ in pts])
-            if line:
-                (px, py), label = line
-                ax.plot(px, py, ls="--", lw=1, color=eb[0].get_color(), label=label)
-            for x, y, (_, p) in zip(xs, ys, pts):
-                ax.annotate(p["a"][0], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
-        ax.axhline(0, color="k", lw=0.6)
-        ax.set_xlabel(f"{res['reference']}: clipped share of A>0 tokens (%)")
-        ax.set_ylabel(f"difference in {key.split('/')[-1]} (points)")
-        ax.set_title(key.split("/")[-1])
-        if drawn:
-            ax.legend(fontsize=7)
-        else:  # say so rather than draw an empty frame
-            ax.text(
-                0.5,
-                0.5,
-                "no cell has GAPO and its\ncomparator finished yet",
-                ha="center",
-                va="center",
-                transform=ax.transAxes,
-            )
+        _panel(ax, res, key, comps, clip)
     fig.suptitle("GAPO's effect (95% t CI over seeds) against how much fixed clipping binds")
     Path(fdir).mkdir(parents=True, exist_ok=True)
     fig.savefig(Path(fdir) / name, dpi=100, bbox_inches="tight")
     return name
+
+
+def _panel(ax, res: dict, key: str, comps: list, clip: dict) -> None:
+    """One metric's panel of :func:`dose_figure`: each comparison's points with their trend line,
+    or a note when no cell has both methods finished."""
+    drawn = False
+    for i, (a, b) in enumerate(comps):
+        pts = [
+            (clip[p["a"][0]], p)
+            for p in res["primary"]
+            if p["key"] == key and (p["a"][1], p["b"][1]) == (a, b) and p["n"] >= 1 and clip[p["a"][0]]["n"]
+        ]
+        if not pts:
+            continue
+        xs = [c["mean"] * 100 * (1 + 0.01 * i) for c, _ in pts]  # a hair apart so the bars do not overlap
+        ys = [p["mean"] * 100 for _, p in pts]
+        ye = [p["ci"] * 100 if math.isfinite(p["ci"]) else 0 for _, p in pts]
+        xe = [c["ci"] * 100 if math.isfinite(c["ci"]) else 0 for c, _ in pts]
+        eb = ax.errorbar(xs, ys, yerr=ye, xerr=xe, fmt="os"[i % 2], capsize=3, label=f"{a} − {b}")
+        drawn = True
+        line = trend_line(res, a, b, key, [c["mean"] for c, _ in pts])
+        if line:
+            (px, py), label = line
+            ax.plot(px, py, ls="--", lw=1, color=eb[0].get_color(), label=label)
+        for x, y, (_, p) in zip(xs, ys, pts):
+            ax.annotate(p["a"][0], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xlabel(f"{res['reference']}: clipped share of A>0 tokens (%)")
+    ax.set_ylabel(f"difference in {key.split('/')[-1]} (points)")
+    ax.set_title(key.split("/")[-1])
+    if drawn:
+        ax.legend(fontsize=7)
+    else:  # say so rather than draw an empty frame
+        ax.text(
+            0.5,
+            0.5,
+            "no cell has GAPO and its\ncomparator finished yet",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
 
 
 def write_per_problem(cells: dict, path: Path) -> None:

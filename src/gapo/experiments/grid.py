@@ -84,10 +84,42 @@ def _run_grid(grid: dict, out: Path, retry_failed: bool, say) -> dict:
 
 def _run_cells(grid: dict, out: Path, bases: dict[str, dict], t0: float, retry_failed: bool, say) -> dict:
     """Phase 2: the cells, seed-major so that partial results cover every method."""
-    jobs, stats = [], {"done": 0, "failed": 0, "skipped": 0, "total": 0}
-    cells = grid_cells(grid)
-    stats["total"] = len(cells)
-    for r, m, s in cells:
+    stats = {"done": 0, "failed": 0, "skipped": 0, "total": len(grid_cells(grid))}
+    jobs = _cell_jobs(grid, out, bases, t0, retry_failed, stats)
+    n = stats["total"]
+    say(f"{n} cells: {len(jobs)} to run, {stats['skipped']} already finished or failed; {grid['workers']} workers")
+    if jobs:
+        say(estimate_line(len(jobs), grid["workers"], *_cell_seconds(grid, out)))
+    bar = tqdm(
+        total=n,
+        initial=n - len(jobs),
+        desc="cells",
+        unit="cell",
+        dynamic_ncols=True,
+        disable=None if jobs else True,
+    )  # on a terminal; the per-cell lines go to logs either way
+    try:
+
+        def counted(on_exit):
+            def f(rc, dt):
+                line = on_exit(rc, dt)
+                bar.update(1)
+                return line
+
+            return f
+
+        jobs = [(name, a, log, counted(e)) for name, a, log, e in jobs]
+        run_jobs(jobs, grid["workers"], above(bar, say))
+    finally:
+        bar.close()
+    return stats
+
+
+def _cell_jobs(grid: dict, out: Path, bases: dict[str, dict], t0: float, retry_failed: bool, stats: dict) -> list:
+    """The jobs of the cells still to run, each with its spec written next to its folder; a
+    finished cell, or a failed one without ``retry_failed``, is counted in ``stats`` instead."""
+    jobs = []
+    for r, m, s in grid_cells(grid):
         d = cell_dir(out, r, m, s)
         if (d / "done.json").is_file():
             stats["skipped"] += 1
@@ -105,35 +137,7 @@ def _run_cells(grid: dict, out: Path, bases: dict[str, dict], t0: float, retry_f
         )
         on_exit = _on_cell_exit(d, f"{r}/{m}/seed{s}", stats, t0)
         jobs.append((f"{r}/{m}/{s}", ["--cell", str(d)], cell_file(d, "log"), on_exit))
-    say(
-        f"{len(cells)} cells: {len(jobs)} to run, {stats['skipped']} already finished or failed; "
-        f"{grid['workers']} workers"
-    )
-    if jobs:
-        say(estimate_line(len(jobs), grid["workers"], *_cell_seconds(grid, out)))
-    bar = tqdm(
-        total=len(cells),
-        initial=len(cells) - len(jobs),
-        desc="cells",
-        unit="cell",
-        dynamic_ncols=True,
-        disable=None if jobs else True,
-    )  # on a terminal; the per-cell lines go to logs either way
-    try:
-
-        def counted(on_exit):
-            def f(rc, dt):
-                line = on_exit(rc, dt)
-                bar.update(1)
-                return line
-
-            return f
-
-        jobs = [(n, a, log, counted(e)) for n, a, log, e in jobs]
-        run_jobs(jobs, grid["workers"], above(bar, say))
-    finally:
-        bar.close()
-    return stats
+    return jobs
 
 
 def _cell_seconds(grid: dict, out: Path) -> tuple[float | None, str]:
