@@ -495,6 +495,8 @@ def test_rejects_bad_config(tmp_path):
             GAPOConfig(loss_type="cispo", epsilon=bad, eps_high_max=6.0, **common)
     with pytest.raises(ValueError, match="eps_schedule"):
         GAPOConfig(eps_schedule="cosine", **common)
+    with pytest.raises(TypeError, match="GAPOConfig.gapo_schedule is now eps_schedule"):  # 0.2's name
+        GAPOConfig(gapo_schedule="log", **common)
     with pytest.raises(ValueError, match="Did you mean 'group'"):
         GAPOConfig(reward_range="grup", **common)
     with pytest.raises(ValueError, match="R_max > R_min"):

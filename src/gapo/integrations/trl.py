@@ -135,6 +135,7 @@ __all__ = [
 CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # clamp(ρ, 1 − ε_low, 1 + ε_high(i))
 SUPPORTED_LOSS_TYPES = CLIPPED_LOSS_TYPES + ("cispo",)  # cispo: IS weight min(ρ, 1 + ε_high(i)), detached
 SCHEDULES = ("linear", "log")
+RENAMED = {"gapo_schedule": "eps_schedule"}  # gapo 0.3: one spelling of the ε schedule, as algo.eps_schedule
 
 
 @dataclass
@@ -164,6 +165,13 @@ class GAPOConfig(GRPOConfig):
             "reward sum (rewards outside it raise an error)."
         },
     )
+
+    def __new__(cls, *args, **kwargs):
+        # a renamed field is an error naming the new one (dataclass __init__ would only name the old)
+        renamed = [f"GAPOConfig.{k} is now {RENAMED[k]}" for k in kwargs if k in RENAMED]
+        if renamed:
+            raise TypeError("; ".join(renamed))
+        return super().__new__(cls)
 
     def __post_init__(self):
         _validate(self)  # before GRPOConfig's checks, so GAPO's messages come first
