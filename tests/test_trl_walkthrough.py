@@ -174,11 +174,12 @@ def test_evaluate_without_an_encoder_refuses_a_conversation(qwen, tmp_path):
     from gapo.policy.model import load_policy
     from gapo.policy.sampling import SamplingParams
     from gapo.rl.evaluate import evaluate
+    from gapo.tasks.base import DataSplits
     from gapo.tasks.data import DataTask
 
     data = tmp_path / "trl.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows()[-4:] + rows()[:1]))  # 4 standard rows, then one
-    task = DataTask(data, eval_fraction=0.0)
+    task = DataTask(data, splits=DataSplits(eval_fraction=0.0))
     model, tok = load_policy(str(qwen))
     problems = sorted(task.generate("train", 5, 0), key=lambda p: p.meta["line"])
     with pytest.raises(ValueError, match=r"trl\.jsonl:5: a conversational prompt .* needs a chat template"):

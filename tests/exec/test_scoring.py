@@ -170,9 +170,12 @@ def test_run_with_timeout_modes():
 @pytest.fixture(scope="module")
 def math_batch():
     pytest.importorskip("math_verify")
-    from gapo.tasks.math import MathTask
+    from gapo.tasks.base import DataSplits
+    from gapo.tasks.math import MathScoring, MathTask
 
-    task = MathTask(FIX / "math_competition.jsonl", eval_fraction=0.0, timeout_s=2.0)
+    task = MathTask(
+        FIX / "math_competition.jsonl", splits=DataSplits(eval_fraction=0.0), scoring=MathScoring(timeout_s=2.0)
+    )
     problems = task.generate("train", 6, 0)
     comps = []
     for i, p in enumerate(problems):
@@ -319,9 +322,10 @@ def test_serial_scoring_warms_up_before_the_first_timed_completion():
 
 def test_ambiguous_answers_are_counted():
     pytest.importorskip("math_verify")
+    from gapo.tasks.base import DataSplits
     from gapo.tasks.math import MathTask
 
-    task = MathTask(FIX / "math_gsm8k.jsonl", eval_fraction=0.0)
+    task = MathTask(FIX / "math_gsm8k.jsonl", splits=DataSplits(eval_fraction=0.0))
     p = Problem(prompt="q", answer="5")
     rewards, stats = score_batch(task, [p] * 4, ["\\boxed{5}", "\\boxed{5, 7}", "\\boxed{5 \\text{ or } 7}", "none"])
     assert rewards == [1.0, 0.0, 0.0, 0.0]

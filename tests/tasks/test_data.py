@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from gapo.tasks.base import DataSplits, PromptFormat
 from gapo.tasks.data import DataTask
 
 # TRL's dataset-formats page: a prompt-only row in each format
@@ -39,7 +40,7 @@ def test_trl_rows_as_they_ship(tmp_path):
         {**CONVERSATIONAL, "solution": "blue"},
         {"prompt": FEW_SHOT, "solution": "7"},
     ]
-    task = DataTask(write(tmp_path / "trl.jsonl", rows), eval_fraction=0.0)
+    task = DataTask(write(tmp_path / "trl.jsonl", rows), splits=DataSplits(eval_fraction=0.0))
     assert task.prompt_field == "prompt"
     got = by_line(task)
     assert got[1].prompt == "The sky is" and "messages" not in got[1].meta
@@ -51,7 +52,11 @@ def test_trl_rows_as_they_ship(tmp_path):
 
 
 def test_the_template_wraps_the_last_user_turn(tmp_path):
-    task = DataTask(write(tmp_path / "d.jsonl", [{"prompt": FEW_SHOT}]), eval_fraction=0.0, template="Q: {prompt}")
+    task = DataTask(
+        write(tmp_path / "d.jsonl", [{"prompt": FEW_SHOT}]),
+        splits=DataSplits(eval_fraction=0.0),
+        prompt_format=PromptFormat("Q: {prompt}"),
+    )
     (p,) = problems(task)
     assert p.prompt == "Q: 3 + 4?"
     assert p.meta["messages"] == (*FEW_SHOT[:3], {"role": "user", "content": "Q: 3 + 4?"})
@@ -90,7 +95,7 @@ def test_parquet_and_json_rows(tmp_path):
     pd.DataFrame(rows).to_parquet(tmp_path / "d.parquet")
     (tmp_path / "d.json").write_text(json.dumps(rows))
     for name in ("d.parquet", "d.json"):
-        got = by_line(DataTask(tmp_path / name, eval_fraction=0.0))
+        got = by_line(DataTask(tmp_path / name, splits=DataSplits(eval_fraction=0.0)))
         assert [dict(m) for m in got[1].meta["messages"]] == FEW_SHOT, name
         assert [dict(m) for m in got[2].meta["messages"]] == FEW_SHOT[1:], name
     pd.DataFrame([*rows, {"prompt": FEW_SHOT[:3], "answer": "2"}]).to_parquet(tmp_path / "bad.parquet")

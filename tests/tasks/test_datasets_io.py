@@ -16,6 +16,7 @@ datasets = pytest.importorskip("datasets")
 pd = pytest.importorskip("pandas")
 
 from gapo import tasks  # noqa: E402
+from gapo.tasks.base import DataSplits, PromptFormat  # noqa: E402
 from gapo.tasks.datasets_io import read_records  # noqa: E402
 from gapo.tasks.math import MathTask  # noqa: E402
 
@@ -170,7 +171,7 @@ def test_formats_and_column_sets(tmp_path, fmt, cols):
     rows, gold, qfield = COLUMN_SETS[cols]
     if fmt == "csv" and cols in ("numina", "messages"):
         pytest.skip("CSV holds no lists of chat turns")
-    task = MathTask(write(fmt, rows, tmp_path), eval_fraction=0.0)
+    task = MathTask(write(fmt, rows, tmp_path), splits=DataSplits(eval_fraction=0.0))
     probs = sorted(task.generate("train", task.split_size("train"), 0), key=lambda p: p.meta["line"])
     assert [p.answer for p in probs] == gold
     want_q = [r[qfield] if qfield else r["messages"][0]["content"] for r in rows]
@@ -191,8 +192,8 @@ def test_field_mapping_and_numbers_in_tables(tmp_path):
             write(fmt, rows, tmp_path, f"m_{fmt}"),
             prompt_field="q",
             answer_field="final",
-            eval_fraction=0.0,
-            template="Q: {question} A:",
+            splits=DataSplits(eval_fraction=0.0),
+            prompt_format=PromptFormat("Q: {question} A:"),
         )
         by_line = {p.meta["line"]: p for p in task.generate("train", 2, 0)}
         assert by_line[1].prompt == "Q: What is 6 times 7? A:" and by_line[1].answer == "42"
@@ -223,36 +224,36 @@ def gsm8k_folder(tmp_path):
 
 def test_splits_of_a_parquet_folder(tmp_path):
     main = gsm8k_folder(tmp_path)
-    default = MathTask(main, eval_fraction=0.0)
+    default = MathTask(main, splits=DataSplits(eval_fraction=0.0))
     assert default.split == "train" and default.split_size("train") == 6
     assert default.generate("train", 1, 0)[0].meta["source"] == f"{main} [split 'train']"
-    test = MathTask(main, split="test", eval_fraction=0.0)
+    test = MathTask(main, splits=DataSplits(split="test", eval_fraction=0.0))
     assert test.split == "test" and test.split_size("train") == 3
     # eval_split: held-out problems from the same folder; train drops the question both share
-    held = MathTask(main, split="train", eval_split="test")
+    held = MathTask(main, splits=DataSplits(split="train", eval_split="test"))
     assert held.split_size("eval") == 3 and held.split_size("train") == 5 and held.n_dropped_overlap == 1
     assert {p.answer for p in held.generate("eval", 3, 0)} == {"21", "24", "0"}
     assert held.generate("eval", 1, 0)[0].meta["source"] == f"{main} [split 'test']"
     # the folder above works too (datasets finds the files below it)
-    assert MathTask(main.parent, eval_fraction=0.0).split_size("train") == 6
+    assert MathTask(main.parent, splits=DataSplits(eval_fraction=0.0)).split_size("train") == 6
     with pytest.raises(ValueError, match=r"main: no split 'validation' \(splits: \['train', 'test'\]\)"):
-        MathTask(main, split="validation")
+        MathTask(main, splits=DataSplits(split="validation"))
     with pytest.raises(ValueError, match="eval_split='train' is the training split too"):
-        MathTask(main, eval_split="train")
+        MathTask(main, splits=DataSplits(eval_split="train"))
     # an eval_path in another format, with its own split
     other = write("save_to_disk_dict", GSM8K, tmp_path, "other")
-    t = MathTask(main, eval_path=other, eval_split="test")
+    t = MathTask(main, splits=DataSplits(eval_path=other, eval_split="test"))
     assert t.split_size("eval") == 1 and t.eval_split == "test" and t.split_size("train") == 6
 
 
 def test_splits_of_saved_dataset_dict_and_json_object(tmp_path):
     dd = write("save_to_disk_dict", GSM8K, tmp_path)
-    assert MathTask(dd, eval_fraction=0.0).split_size("train") == 3
-    assert MathTask(dd, split="test", eval_fraction=0.0).split_size("train") == 1
-    assert MathTask(dd, eval_split="test").split_size("eval") == 1
+    assert MathTask(dd, splits=DataSplits(eval_fraction=0.0)).split_size("train") == 3
+    assert MathTask(dd, splits=DataSplits(split="test", eval_fraction=0.0)).split_size("train") == 1
+    assert MathTask(dd, splits=DataSplits(eval_split="test")).split_size("eval") == 1
     js = tmp_path / "splits.json"
     js.write_text(json.dumps({"train": GSM8K, "test": GSM8K[:2]}))
-    assert MathTask(js, split="test", eval_fraction=0.0).split_size("train") == 2
+    assert MathTask(js, splits=DataSplits(split="test", eval_fraction=0.0)).split_size("train") == 2
     # no 'train' and several splits: say so and list them
     dd2 = tmp_path / "nt"
     datasets.DatasetDict(
@@ -264,16 +265,18 @@ def test_splits_of_saved_dataset_dict_and_json_object(tmp_path):
     solo = tmp_path / "math500"
     solo.mkdir()
     (solo / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in MATH500))
-    t = MathTask(solo, eval_fraction=0.0)
+    t = MathTask(solo, splits=DataSplits(eval_fraction=0.0))
     assert t.split == "test" and t.split_size("train") == 3
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "json", "parquet", "csv", "save_to_disk"])
 def test_sources_without_splits(tmp_path, fmt):
     path = write(fmt, GSM8K, tmp_path)
-    assert MathTask(path, split="train", eval_fraction=0.0).split_size("train") == 3  # all of it is train
+    assert (
+        MathTask(path, splits=DataSplits(split="train", eval_fraction=0.0)).split_size("train") == 3
+    )  # all of it is train
     with pytest.raises(ValueError, match=r"has no splits, so split='test' cannot be chosen") as e:
-        MathTask(path, split="test")
+        MathTask(path, splits=DataSplits(split="test"))
     assert str(path) in str(e.value)
 
 
@@ -301,7 +304,7 @@ def test_missing_column_names_file_split_and_columns(tmp_path):
     pd.DataFrame(rows).to_parquet(main / "train-00000-of-00001.parquet")
     pd.DataFrame(rows).to_parquet(main / "test-00000-of-00001.parquet")
     with pytest.raises(ValueError) as e:
-        MathTask(main, split="test", prompt_field="question")
+        MathTask(main, splits=DataSplits(split="test"), prompt_field="question")
     assert str(e.value) == f"{main} [split 'test']: missing column 'question' (columns present: ['text', 'label'])"
     # a JSON list: per record, like JSONL
     js = write("json", [GSM8K[0], {"question": "x"}], tmp_path)
@@ -361,7 +364,7 @@ def test_missing_path_malformed_and_unknown_files(tmp_path):
     # JSON lines in a .json file are read as JSONL
     jl = tmp_path / "lines.json"
     jl.write_text("".join(json.dumps(r) + "\n" for r in GSM8K))
-    assert MathTask(jl, eval_fraction=0.0).split_size("train") == 3
+    assert MathTask(jl, splits=DataSplits(eval_fraction=0.0)).split_size("train") == 3
 
 
 def test_folder_with_several_configurations(tmp_path):
@@ -386,7 +389,7 @@ def test_folder_with_several_configurations(tmp_path):
         f"{root}: this dataset folder holds several configurations ['main', 'socratic']; "
         "point at the folder of one of them instead (e.g. gsm8k/main rather than gsm8k)"
     )
-    t = MathTask(root / "main", eval_split="test")
+    t = MathTask(root / "main", splits=DataSplits(eval_split="test"))
     assert t.split_size("eval") == 1 and t.split_size("train") == 2
 
 
@@ -402,8 +405,8 @@ def test_errors_through_the_trainers_task_builder(tmp_path):
 def test_jsonl_and_json_need_no_datasets(tmp_path, monkeypatch):
     jsonl, js, pq = write("jsonl", GSM8K, tmp_path), write("json", GSM8K, tmp_path), write("parquet", GSM8K, tmp_path)
     monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` now raises ImportError
-    assert MathTask(jsonl, eval_fraction=0.0).split_size("train") == 3
-    assert MathTask(js, eval_fraction=0.0).split_size("train") == 3
+    assert MathTask(jsonl, splits=DataSplits(eval_fraction=0.0)).split_size("train") == 3
+    assert MathTask(js, splits=DataSplits(eval_fraction=0.0)).split_size("train") == 3
     with pytest.raises(ImportError, match=r"needs the `datasets` package: pip install 'gapo\[math\]'"):
         MathTask(pq)
     with pytest.raises(ValueError, match=r"task 'math' needs an optional package: .*gapo\[math\]"):
@@ -414,7 +417,7 @@ def test_offline_flags_are_restored(tmp_path):
     import huggingface_hub.constants as hub
 
     before = (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE)
-    MathTask(write("parquet_folder", GSM8K, tmp_path), eval_fraction=0.0)
+    MathTask(write("parquet_folder", GSM8K, tmp_path), splits=DataSplits(eval_fraction=0.0))
     assert (datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE) == before
 
 
@@ -422,7 +425,7 @@ def test_split_rows_is_the_one_train_eval_split():
     """The math and data tasks' split (``gapo.tasks.base.split_rows``), by hand: a held-out split
     drops training rows whose question it holds (whitespace and case aside) and is read only when
     it is not the training split; without one, each row goes where ``split_of`` puts its question."""
-    from gapo.tasks.base import DataSplits, question_key, split_of, split_rows
+    from gapo.tasks.base import question_key, split_of, split_rows
 
     rows = [(i, q) for i, q in enumerate(["What is 2+2?", "what  is 3+3?", "Name a prime."], 1)]
     ev = [(1, "WHAT IS 3+3?\n")]
@@ -462,12 +465,11 @@ def test_eval_fraction_is_the_one_name(tmp_path, task_name):
 
 
 @pytest.mark.parametrize("task_name", ["math", "data"])
-def test_the_flat_split_keywords_build_the_task_the_groups_build(tmp_path, task_name):
+def test_the_flat_split_keys_build_the_task_the_groups_build(tmp_path, task_name):
     """``split``/``eval_split``/``eval_path``/``eval_fraction`` and ``template``/
-    ``max_completion_len`` as keywords of their own (the task.params spelling) build the same
-    task as a DataSplits and a PromptFormat; a bad field is named."""
-    from gapo.tasks.base import DataSplits, PromptFormat
-
+    ``max_completion_len`` as keys of their own (the task.params spelling, through the registry)
+    build the same task as a DataSplits and a PromptFormat; the constructor takes only the
+    groups; a bad field is named."""
     main = tmp_path / "main"
     main.mkdir()
     write("jsonl", GSM8K[:2], main, "train")
@@ -475,7 +477,9 @@ def test_the_flat_split_keywords_build_the_task_the_groups_build(tmp_path, task_
     cls = tasks.factory(task_name)
     tpl = "Q: {question}" if task_name == "math" else "P: {prompt}"
     extra = {} if task_name == "math" else {"prompt_field": "question", "answer_fields": ["answer"]}
-    flat = cls(main, split="train", eval_split="test", template=tpl, max_completion_len=99, **extra)
+    flat = tasks.get(
+        task_name, path=main, split="train", eval_split="test", template=tpl, max_completion_len=99, **extra
+    )
     grouped = cls(
         main,
         splits=DataSplits(split="train", eval_split="test"),
@@ -491,6 +495,8 @@ def test_the_flat_split_keywords_build_the_task_the_groups_build(tmp_path, task_
     with pytest.raises(ValueError, match="eval_fraction"):
         cls(main, splits=DataSplits(eval_fraction=-0.1), **extra)
     with pytest.raises(ValueError, match="max_completion_len"):
-        cls(main, max_completion_len=0, **extra)
+        tasks.get(task_name, path=main, max_completion_len=0, **extra)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'split'"):
+        cls(main, split="train", **extra)
     with pytest.raises(ValueError, match=f"task {task_name!r}.*'eval_splt'"):
         tasks.build(task_name, {"path": str(main), "eval_splt": "test", **extra})

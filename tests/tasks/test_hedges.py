@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import gapo.tasks.math as math_mod  # noqa: E402
-from gapo.tasks.base import Problem  # noqa: E402
-from gapo.tasks.math import MathTask  # noqa: E402
+from gapo.tasks.base import DataSplits, Problem  # noqa: E402
+from gapo.tasks.math import MathScoring, MathTask  # noqa: E402
 from gapo.tasks.math_answer import answer_candidates, final_answers  # noqa: E402
 
 FIX = Path(__file__).parents[1] / "fixtures"
@@ -284,7 +284,7 @@ def correct_singles(g: str, *, integer: bool) -> list[str]:
 
 @pytest.fixture(scope="module")
 def task():
-    t = MathTask(FIX / "math_gsm8k.jsonl", eval_fraction=0.0, timeout_s=30.0)
+    t = MathTask(FIX / "math_gsm8k.jsonl", splits=DataSplits(eval_fraction=0.0), scoring=MathScoring(timeout_s=30.0))
     t.warmup()
     return t
 
@@ -391,7 +391,7 @@ def test_candidates_and_final_answers():
 
 def test_fixtures_still_score_one():
     for name in ("math_gsm8k.jsonl", "math_competition.jsonl"):
-        t = MathTask(FIX / name, eval_fraction=0.0)
+        t = MathTask(FIX / name, splits=DataSplits(eval_fraction=0.0))
         for p in t.generate("train", t.split_size("train"), 0):
             assert t.score(p, t.demonstration(p)) == 1.0, (name, p.answer)
             assert t.score(p, f"\\boxed{{{p.answer}}}") == 1.0, (name, p.answer)

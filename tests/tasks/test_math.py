@@ -117,13 +117,15 @@ def test_verify_rejects(gold, pred):
 
 def test_fixtures_load_and_demonstrations_score_one():
     for path in (GSM, COMP):
-        task = MathTask(path, eval_fraction=0.0)
+        task = MathTask(path, splits=DataSplits(eval_fraction=0.0))
         problems = task.generate("train", task.split_size("train"), seed=0)
         assert len(problems) == 6 and task.split_size("eval") == 0
         for p in problems:
             assert task.score(p, task.demonstration(p)) == 1.0, (p.answer, task.demonstration(p))
             assert p.prompt.startswith(p.meta["question"]) and "\\boxed{}" in p.prompt
-    gsm = {p.meta["line"]: p.answer for p in MathTask(GSM, eval_fraction=0.0).generate("train", 6, 0)}
+    gsm = {
+        p.meta["line"]: p.answer for p in MathTask(GSM, splits=DataSplits(eval_fraction=0.0)).generate("train", 6, 0)
+    }
     assert gsm == {1: "72", 2: "2350", 3: "-7", 4: "1.5", 5: "36", 6: "0.625"}
 
 
@@ -140,7 +142,7 @@ def test_custom_fields_template_and_registry():
     assert by_line[1].prompt == "Q: What is 6 times 7? A:" and by_line[1].answer == "42"
     assert task.score(by_line[2], "10/4 = \\boxed{2.5}") == 1.0
     with pytest.raises(ValueError, match="template"):
-        MathTask(GSM, template="no placeholder")
+        MathTask(GSM, prompt_format=PromptFormat("no placeholder"))
 
 
 def _write(tmp_path, text, name="d.jsonl"):
@@ -190,7 +192,7 @@ def test_a_conversational_question_is_its_last_user_turn_with_the_turns_before(t
     numina = [{"role": "user", "content": "What is 5 + 5?"}, {"role": "assistant", "content": "\\boxed{10}"}]
     rows = [{"prompt": few_shot, "answer": "7"}, {"prompt": numina, "answer": "10"}]
     path = _write(tmp_path, "".join(json.dumps(r) + "\n" for r in rows))
-    task = MathTask(path, eval_fraction=0.0, template="Q: {question}")
+    task = MathTask(path, splits=DataSplits(eval_fraction=0.0), prompt_format=PromptFormat("Q: {question}"))
     by_line = {p.meta["line"]: p for p in task.generate("train", 2, 0)}
     first, second = by_line[1], by_line[2]
     assert first.prompt == "Q: What is 3 + 4?" and first.meta["question"] == "What is 3 + 4?"
@@ -210,7 +212,7 @@ def test_a_conversational_question_is_its_last_user_turn_with_the_turns_before(t
 def test_splits_disjoint_deterministic(tmp_path):
     rows = [f'{{"question": "What is {i} plus {i}?", "answer": "#### {2 * i}"}}' for i in range(200)]
     path = _write(tmp_path, "\n".join(rows) + "\n")
-    task = MathTask(path, eval_fraction=0.2)
+    task = MathTask(path, splits=DataSplits(eval_fraction=0.2))
     train = task.generate("train", task.split_size("train"), 0)
     ev = task.generate("eval", task.split_size("eval"), 0)
     assert len(train) + len(ev) == 200 and 20 < len(ev) < 60
@@ -224,7 +226,7 @@ def test_splits_disjoint_deterministic(tmp_path):
         task.generate("test", 1, 0)
     # An explicit eval file: train drops questions that appear in it.
     evp = _write(tmp_path, rows[0] + "\n" + rows[1] + "\n", "ev.jsonl")
-    task2 = MathTask(path, eval_path=evp)
+    task2 = MathTask(path, splits=DataSplits(eval_path=evp))
     assert task2.split_size("eval") == 2 and task2.split_size("train") == 198 and task2.n_dropped_overlap == 2
 
 
@@ -233,7 +235,7 @@ def test_splits_disjoint_deterministic(tmp_path):
 
 @pytest.fixture(scope="module")
 def comp():
-    return MathTask(COMP, eval_fraction=0.0, timeout_s=1.0)
+    return MathTask(COMP, splits=DataSplits(eval_fraction=0.0), scoring=MathScoring(timeout_s=1.0))
 
 
 def test_bad_completions_score_zero_never_raise(comp):
@@ -339,7 +341,7 @@ def test_math_task_with_tiny_timeouts_from_a_cold_start_still_scores_exact_answe
         "from gapo.tasks.math import MathTask\n"
         "from gapo.tasks.base import Problem\n"
         "from gapo.exec.scoring import score_batch\n"
-        f"task = MathTask({str(GSM)!r}, eval_fraction=0.0)\n"
+        f"task = MathTask({str(GSM)!r}, splits={{'eval_fraction': 0.0}})\n"
         "p = Problem('q', '5')\n"
         "statuses = set()\n"
         "for i in range(10):\n"
@@ -461,26 +463,24 @@ def _same_task(a: MathTask, b: MathTask) -> None:
         assert [p.meta for p in a._split(split)] == [p.meta for p in b._split(split)]
 
 
-def test_the_flat_keywords_build_the_task_the_groups_build():
+def test_the_config_gives_a_groups_fields_flat_or_as_a_mapping():
+    """``MathTask`` takes its groups (an instance, or a mapping of its fields); ``task.params`` may
+    give a field on its own, which ``tasks.get`` puts into its group (``nest_group_fields``)."""
     tpl = "Q: {question}\nA:"
-    flat = MathTask(
-        GSM, eval_fraction=0.4, template=tpl, max_completion_len=77, timeout_s=2.0, guard="process", last_number=False
-    )
     grouped = MathTask(
         GSM,
         splits=DataSplits(eval_fraction=0.4),
         prompt_format=PromptFormat(tpl, max_completion_len=77),
         scoring=MathScoring(timeout_s=2.0, guard="process", last_number=False),
     )
-    _same_task(flat, grouped)
-    assert flat.eval_fraction == 0.4 and flat.template == tpl and flat.max_completion_len == 77
-    assert (flat.timeout_s, flat.guard, flat.last_number) == (2.0, "process", False)
-    assert flat.split_size("eval") > 0 and flat.split_size("train") > 0
-    # the registry (the config's path) and a mapping per group (YAML) build the same task
+    assert grouped.eval_fraction == 0.4 and grouped.template == tpl and grouped.max_completion_len == 77
+    assert (grouped.timeout_s, grouped.guard, grouped.last_number) == (2.0, "process", False)
+    assert grouped.split_size("eval") > 0 and grouped.split_size("train") > 0
+    # the registry (the config's path) with flat fields, and a mapping per group (YAML), build the same task
     params = {"eval_fraction": 0.4, "template": tpl, "max_completion_len": 77, "timeout_s": 2.0}
-    _same_task(flat, get("math", path=str(GSM), guard="process", last_number=False, **params))
+    _same_task(grouped, get("math", path=str(GSM), guard="process", last_number=False, **params))
     _same_task(
-        flat,
+        grouped,
         MathTask(
             GSM,
             splits={"eval_fraction": 0.4},
@@ -489,27 +489,34 @@ def test_the_flat_keywords_build_the_task_the_groups_build():
         ),
     )
     # the defaults are what they were: eval_fraction 0.1 (also for None), the boxed template, 1024, 5 s
-    d = MathTask(GSM, eval_fraction=None)
+    d = MathTask(GSM, splits=DataSplits(eval_fraction=None))
     assert (d.eval_fraction, d.max_completion_len, d.timeout_s) == (0.1, 1024, 5.0)
     assert (d.guard, d.last_number) == ("auto", True)
     assert "{question}" in d.template and "boxed" in d.template
 
 
-def test_a_keyword_replaces_that_field_of_a_group():
-    t = MathTask(GSM, splits=DataSplits(eval_fraction=0.4), eval_fraction=0.2, scoring=MathScoring(guard="process"))
-    assert t.eval_fraction == 0.2 and t.guard == "process"  # the group's other fields stay
+def test_a_flat_field_goes_over_its_group_in_the_config():
+    """``task.params.splits={eval_fraction: 0.4}`` from a file and ``task.params.eval_fraction=0.2``
+    from the command line: the field wins, the group's other fields stay."""
+    t = get("math", path=str(GSM), prompt_format=PromptFormat("Q: {question}", 50), max_completion_len=77)
+    assert t.max_completion_len == 77 and t.template == "Q: {question}"
+    t = get("math", path=str(GSM), splits={"eval_fraction": 0.4}, eval_fraction=0.2, guard="process")
+    assert t.eval_fraction == 0.2 and t.guard == "process"
 
 
-def test_unknown_keywords_and_fields_are_named():
-    with pytest.raises(TypeError, match="'timeout'"):
-        MathTask(GSM, timeout=2)
+def test_the_constructor_has_one_spelling():
+    """0.2's flat keywords of ``MathTask`` itself are gone (Python's own TypeError); a wrong group,
+    an unknown field of one, or a bad value is named, through the config's path as well."""
+    for flat in (dict(eval_fraction=0.2), dict(timeout_s=2), dict(template="{question}"), dict(timeout=2)):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{next(iter(flat))}'"):
+            MathTask(GSM, **flat)
     with pytest.raises(TypeError, match="'eval_fracion'"):
         MathTask(GSM, splits={"eval_fracion": 0.2})
     with pytest.raises(TypeError, match="DataSplits"):
         MathTask(GSM, splits=0.2)
-    with pytest.raises(ValueError, match="guard"):  # a bad field given flat is named as well
-        MathTask(GSM, guard="thread")
-    with pytest.raises(ValueError, match="task 'math'.*'timeout'"):  # through the config's path
+    with pytest.raises(ValueError, match="task 'math'.*guard"):  # a bad field given flat is named
+        tasks.build("math", {"path": str(GSM), "guard": "thread"})
+    with pytest.raises(ValueError, match="task 'math'.*'timeout'"):
         tasks.build("math", {"path": str(GSM), "timeout": 2})
 
 

@@ -44,8 +44,15 @@ def factory(name: str):
 
 
 def get(name: str, **params):
-    """Build the task ``name`` with its parameters; unknown names raise ``ValueError``."""
-    return factory(name)(**params)
+    """Build the task ``name`` with its parameters (``task.params``: a field of one of the task's
+    parameter groups may be given on its own, ``split="test"`` for ``splits={"split": "test"}``,
+    :func:`gapo.tasks.base.nest_group_fields`); unknown names raise ``ValueError``."""
+    make = factory(name)
+    if getattr(make, "param_groups", None):
+        from gapo.tasks.base import nest_group_fields
+
+        params = nest_group_fields(make, params)
+    return make(**params)
 
 
 def build(name: str, params: dict):

@@ -140,32 +140,62 @@ class PromptFormat:
 G = TypeVar("G")
 
 
-def take_group(group: type[G], value: G | Mapping | None, params: dict, default: G) -> G:
-    """The parameter group ``group`` (a frozen dataclass) of a task constructor.
-
-    ``value`` is an instance, a mapping of its fields (``task.params.splits={split: test}``) or
-    None (``default``); each field that ``params`` (the constructor's other keywords) names on
-    its own -- the flat spelling, ``MathTask(path, split="test")``, ``task.params.split=test`` --
-    is popped from ``params`` and replaces that field. Unknown fields are a ``TypeError``."""
-    own = {f.name: params.pop(f.name) for f in dataclasses.fields(group) if f.name in params}
+def as_group(group: type[G], value: G | Mapping | None, default: G) -> G:
+    """A task constructor's parameter group ``group`` (a frozen dataclass): ``value`` itself, a
+    mapping of its fields over ``default`` (a YAML file's form, ``splits: {split: test}``) or
+    ``default`` for None. An unknown field, or a value of another kind, is a ``TypeError``."""
     if value is None:
-        value = default
-    elif isinstance(value, Mapping):
+        return default
+    if isinstance(value, Mapping):
         names = {f.name for f in dataclasses.fields(group)}
         bad = sorted(set(value) - names)
         if bad:
             raise TypeError(f"{group.__name__} has no field {bad[0]!r} (fields: {sorted(names)})")
-        value = dataclasses.replace(default, **value)
-    elif not isinstance(value, group):
+        return dataclasses.replace(default, **value)
+    if not isinstance(value, group):
         raise TypeError(f"expected a {group.__name__} (or a mapping of its fields), got {type(value).__name__}")
+    return value
+
+
+def take_group(group: type[G], value: G | Mapping | None, params: dict, default: G) -> G:
+    """:func:`as_group`, with each field that ``params`` (the constructor's other keywords) names
+    on its own popped from ``params`` and put over the group (the reasoning-gym and MBPP tasks,
+    whose other keywords are the dataset's config or the code task's)."""
+    own = {f.name: params.pop(f.name) for f in dataclasses.fields(group) if f.name in params}
+    value = as_group(group, value, default)
     return dataclasses.replace(value, **own) if own else value
 
 
-def refuse_leftovers(owner: str, params: dict) -> None:
-    """What :func:`take_group` left in a constructor's keywords is not a parameter: the
-    ``TypeError`` Python raises for any signature (``gapo.tasks.build`` names it with the task)."""
-    if params:
-        raise TypeError(f"{owner}() got an unexpected keyword argument {next(iter(params))!r}")
+def group_keywords(cls: type) -> dict[str, type]:
+    """``cls``'s parameter groups (``param_groups``) by the constructor keyword that takes each
+    (the one whose type hint names the group): ``{"splits": DataSplits, ...}``."""
+    hints = typing.get_type_hints(cls.__init__)
+    out = {}
+    for kw, hint in hints.items():
+        kinds = typing.get_args(hint) or (hint,)
+        for g in getattr(cls, "param_groups", ()):
+            if g in kinds:
+                out[kw] = g
+    return out
+
+
+def nest_group_fields(cls: type, params: dict) -> dict:
+    """``params`` as ``task.params`` gives them, each field of a parameter group of ``cls`` moved
+    into that group's keyword: ``{"split": "test"}`` -> ``{"splits": {"split": "test"}}``. A field
+    goes over the group given as well (a mapping, or an instance), as in a YAML file that sets
+    ``splits`` and overrides one of its fields on the command line."""
+    out = dict(params)
+    for kw, group in group_keywords(cls).items():
+        own = {f.name: out.pop(f.name) for f in dataclasses.fields(group) if f.name in out}
+        if not own:
+            continue
+        given = out.get(kw)
+        if isinstance(given, group):
+            out[kw] = dataclasses.replace(given, **own)
+        elif given is None or isinstance(given, Mapping):
+            out[kw] = {**(given or {}), **own}
+        # else: a value of another kind, which the constructor's as_group names
+    return out
 
 
 def group_params(cls: type) -> dict[str, Any]:

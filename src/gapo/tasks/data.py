@@ -35,10 +35,9 @@ from gapo.tasks.base import (
     DataSplits,
     Problem,
     PromptFormat,
+    as_group,
     draw_from_split,
-    refuse_leftovers,
     split_rows,
-    take_group,
 )
 from gapo.tasks.datasets_io import conversation, read_records
 
@@ -51,13 +50,12 @@ class DataTask:
     """Rows of a local dataset as prompts (see the module docstring).
 
     ``splits`` (:class:`~gapo.tasks.base.DataSplits`) and ``prompt_format``
-    (:class:`~gapo.tasks.base.PromptFormat`, placeholder ``{prompt}``) as for ``MathTask``; their
-    fields are keywords of their own too (``DataTask(path, split="test", template=...)``, the
-    ``task.params`` spelling)."""
+    (:class:`~gapo.tasks.base.PromptFormat`, placeholder ``{prompt}``) as for ``MathTask``: each an
+    instance or a mapping of its fields; ``task.params`` may give a field on its own."""
 
     alphabet = None  # a real tokenizer
     needs_reward = True  # no verifier of its own: gapo.tasks.custom.with_rewards requires --reward
-    param_groups = (DataSplits, PromptFormat)  # their fields are keywords too
+    param_groups = (DataSplits, PromptFormat)  # task.params may give their fields flat
 
     def __init__(
         self,
@@ -68,11 +66,9 @@ class DataTask:
         answer_fields: list | None = None,
         prompt_format: PromptFormat | None = None,
         name: str = "data",
-        **fields,  # the groups' fields, one keyword each
     ):
-        splits = take_group(DataSplits, splits, fields, DataSplits())
-        fmt = take_group(PromptFormat, prompt_format, fields, PromptFormat("{prompt}"))
-        refuse_leftovers("DataTask", fields)
+        splits = as_group(DataSplits, splits, DataSplits())
+        fmt = as_group(PromptFormat, prompt_format, PromptFormat("{prompt}"))
         template, eval_fraction = fmt.template, splits.eval_fraction
         split, eval_split, eval_path = splits.split, splits.eval_split, splits.eval_path
         if "{prompt}" not in template:

@@ -70,10 +70,9 @@ from gapo.tasks.base import (
     DataSplits,
     Problem,
     PromptFormat,
+    as_group,
     draw_from_split,
-    refuse_leftovers,
     split_rows,
-    take_group,
 )
 from gapo.tasks.datasets_io import conversation, read_records
 from gapo.tasks.math_answer import answer_candidates, gold_from_field, is_single_value, last_boxed, locate_answers
@@ -353,14 +352,14 @@ class MathTask:
     template (``{question}`` is replaced) and the completion cap. ``scoring``
     (:class:`MathScoring`): the verifier's timeout, guard and last-number fallback.
 
-    Every field of the three groups is also a keyword of its own, the ``task.params`` spelling:
-    ``MathTask(path, split="train", eval_split="test", timeout_s=2)`` is
-    ``MathTask(path, splits=DataSplits(split="train", eval_split="test"),
-    scoring=MathScoring(timeout_s=2))``; a keyword replaces that field of a group given too.
+    A group is an instance or a mapping of its fields (a YAML file's form). ``task.params`` may
+    give a field on its own (``task.params.split=test``): ``gapo.tasks.get`` puts it in its group
+    (:func:`~gapo.tasks.base.nest_group_fields`), so the constructor has one spelling,
+    ``MathTask(path, splits=DataSplits(split="train", eval_split="test"))``.
     """
 
     alphabet = None  # a real tokenizer
-    param_groups = (DataSplits, PromptFormat, MathScoring)  # their fields are keywords too
+    param_groups = (DataSplits, PromptFormat, MathScoring)  # task.params may give their fields flat
 
     def __init__(
         self,
@@ -372,12 +371,10 @@ class MathTask:
         prompt_format: PromptFormat | None = None,
         scoring: MathScoring | None = None,
         name: str = "math",
-        **fields,  # the groups' fields, one keyword each
     ):
-        splits = take_group(DataSplits, splits, fields, DataSplits())
-        fmt = take_group(PromptFormat, prompt_format, fields, PromptFormat(DEFAULT_TEMPLATE))
-        scoring = take_group(MathScoring, scoring, fields, MathScoring())
-        refuse_leftovers("MathTask", fields)
+        splits = as_group(DataSplits, splits, DataSplits())
+        fmt = as_group(PromptFormat, prompt_format, PromptFormat(DEFAULT_TEMPLATE))
+        scoring = as_group(MathScoring, scoring, MathScoring())
         if "{question}" not in fmt.template:
             raise ValueError(f"template must contain '{{question}}', got {fmt.template!r}")
         self.name = name
