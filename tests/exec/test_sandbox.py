@@ -1059,7 +1059,7 @@ from gapo.exec.scoring import ScoringPool
 
 if __name__ == "__main__":
     path, mem = sys.argv[1], int(sys.argv[2])
-    task = MBPPTask(path, id_field=None, timeout_s=300.0, memory_mb=mem)
+    task = MBPPTask(path, columns={"id_field": None}, timeout_s=300.0, memory_mb=mem)
     pool = ScoringPool(2, timeout_s=None)
     # one worker's sandbox sleeps; the other busy-loops (a completion that never returns)
     fut = pool.submit(task, task.problems() * 2, ["import time\ntime.sleep(900)\n", "while True:\n    pass\n"])

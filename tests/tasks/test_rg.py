@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("reasoning_gym")
 
 from gapo.tasks import get  # noqa: E402
-from gapo.tasks.rg import ReasoningGymTask, extract_rg_answer  # noqa: E402
+from gapo.tasks.rg import ReasoningGymTask, RGScoring, extract_rg_answer  # noqa: E402
 
 SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}  # 2 one-digit terms
 
@@ -39,7 +39,7 @@ def test_whitespace_and_partial_credit():
     assert gcd.dataset.score_answer(f" {gold}\n", p.meta["entry"]) < 1.0  # padding penalised
     assert gcd.score_detailed(p, f"<answer>\n  {gold} \n</answer>") == (1.0, "ok")
     assert gcd.score(p, f"<answer>{gold} 0</answer>") == 0.0  # substring: no credit by default
-    partial = ReasoningGymTask("gcd", size=2000, seed=0, partial_credit=True)
+    partial = ReasoningGymTask("gcd", size=2000, seed=0, scoring=RGScoring(partial_credit=True))
     r = partial.score(p, f"<answer>{gold}xx</answer>")
     assert 0.0 < r < 1.0 and r == pytest.approx(len(gold) / (len(gold) + 2))
     # two numbers for a one-number oracle are two answers: no credit, partial or not
@@ -167,15 +167,15 @@ def test_list_oracles_keep_their_own_rules():
 
 
 def test_the_flat_keywords_build_the_task_the_groups_build():
-    """``partial_credit``/``last_line`` and ``template``/``max_completion_len`` as keywords of
-    their own (the task.params spelling) build what an RGScoring and a PromptFormat build; the
-    dataset's own config keywords still reach the dataset, the groups' never do."""
+    """``partial_credit``/``last_line`` and ``template``/``max_completion_len`` as keys of their
+    own (the task.params spelling, through the registry) build what an RGScoring and a
+    PromptFormat build; the dataset's own config keywords still reach the dataset, the groups'
+    never do: given to the constructor itself they are a TypeError naming the group."""
     from gapo.tasks.base import PromptFormat
-    from gapo.tasks.rg import RGScoring
 
     tpl = "Sum: {question}"
     flags = {"partial_credit": True, "last_line": False}
-    flat = ReasoningGymTask("chain_sum", size=300, seed=2, template=tpl, max_completion_len=50, **flags, **SMALL)
+    flat = get("rg", dataset="chain_sum", size=300, seed=2, template=tpl, max_completion_len=50, **flags, **SMALL)
     grouped = ReasoningGymTask(
         "chain_sum",
         SMALL,
@@ -201,8 +201,11 @@ def test_the_flat_keywords_build_the_task_the_groups_build():
     assert (d.partial_credit, d.last_line, d.max_completion_len) == (False, True, 1024)
     for make, field in (
         (lambda: RGScoring(partial_credit="yes"), "partial_credit"),
-        (lambda: ReasoningGymTask("chain_sum", size=300, last_line=1), "last_line"),
-        (lambda: ReasoningGymTask("chain_sum", size=300, max_completion_len=-1), "max_completion_len"),
+        (lambda: get("rg", dataset="chain_sum", size=300, last_line=1), "last_line"),
+        (lambda: get("rg", dataset="chain_sum", size=300, max_completion_len=-1), "max_completion_len"),
     ):
         with pytest.raises(ValueError, match=field):
             make()
+    for kw, group in (("partial_credit", "scoring=RGScoring"), ("template", "prompt_format=PromptFormat")):
+        with pytest.raises(TypeError, match=rf"'{kw}' is a field of {group}"):
+            ReasoningGymTask("chain_sum", size=300, **{kw: flags.get(kw, tpl)})

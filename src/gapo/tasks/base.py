@@ -157,15 +157,6 @@ def as_group(group: type[G], value: G | Mapping | None, default: G) -> G:
     return value
 
 
-def take_group(group: type[G], value: G | Mapping | None, params: dict, default: G) -> G:
-    """:func:`as_group`, with each field that ``params`` (the constructor's other keywords) names
-    on its own popped from ``params`` and put over the group (the reasoning-gym and MBPP tasks,
-    whose other keywords are the dataset's config or the code task's)."""
-    own = {f.name: params.pop(f.name) for f in dataclasses.fields(group) if f.name in params}
-    value = as_group(group, value, default)
-    return dataclasses.replace(value, **own) if own else value
-
-
 def group_keywords(cls: type) -> dict[str, type]:
     """``cls``'s parameter groups (``param_groups``) by the constructor keyword that takes each
     (the one whose type hint names the group): ``{"splits": DataSplits, ...}``."""
@@ -200,7 +191,7 @@ def nest_group_fields(cls: type, params: dict) -> dict:
 
 def group_params(cls: type) -> dict[str, Any]:
     """The flat keywords ``cls`` accepts through its parameter groups (``param_groups`` in its
-    MRO, each a dataclass of :func:`take_group`): field name -> type hint, for checking
+    MRO, each a dataclass of :func:`as_group`): field name -> type hint, for checking
     ``task.params`` against the task (:mod:`gapo.rl.domains`)."""
     out: dict[str, Any] = {}
     for c in reversed(cls.__mro__):

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from gapo.exec import sandbox
 from gapo.exec.judge import CANDIDATE, CODEC, HARNESS, JUDGE, MARKER, UNSUPPORTED
-from gapo.tasks.base import Problem, draw_problems, read_jsonl, take_group
+from gapo.tasks.base import Problem, as_group, draw_problems, read_jsonl
 from gapo.tasks.datasets_io import check_required, read_records
 
 
@@ -374,8 +374,9 @@ class MBPPTask(_CodeTask):
     ``path``: a local dataset in any format of :func:`gapo.tasks.datasets_io.read_records`
     (JSONL, JSON, Parquet, CSV, a ``datasets`` folder); ``split`` picks its split (default
     ``train``, or its only split). ``columns`` (:class:`MBPPColumns`) names the prompt, tests,
-    setup, solution and id columns; each of its fields is a keyword of its own too
-    (``tests_field="test"``: the ``task.params`` spelling). With ``prompt_is_code`` the prompt is
+    setup, solution and id columns: an instance or a mapping of its fields (``task.params`` may
+    give a field on its own, ``task.params.tests_field=test``: ``gapo.tasks.get`` puts it in
+    ``columns``). With ``prompt_is_code`` the prompt is
     code (a signature) and the program is ``prompt + completion``; otherwise (MBPP's
     natural-language prompt) the program is the completion alone. Other keywords go to
     ``_CodeTask`` (``timeout_s``, ``memory_mb``, ``max_completion_len``, ``eval_fraction``,
@@ -383,7 +384,7 @@ class MBPPTask(_CodeTask):
     """
 
     name = "mbpp"
-    param_groups = (MBPPColumns,)  # its fields are keywords too
+    param_groups = (MBPPColumns,)  # task.params may give its fields flat
 
     def __init__(
         self,
@@ -393,9 +394,9 @@ class MBPPTask(_CodeTask):
         columns: MBPPColumns | None = None,
         prompt_is_code: bool = False,
         prompt_template: str = "{prompt}",
-        **kwargs,  # MBPPColumns' fields, then _CodeTask's keywords
+        **kwargs,  # _CodeTask's keywords
     ):
-        cols = take_group(MBPPColumns, columns, kwargs, MBPPColumns())
+        cols = as_group(MBPPColumns, columns, MBPPColumns())
         prompt_field, tests_field, solution_field = cols.prompt_field, cols.tests_field, cols.solution_field
         setup_field, id_field = cols.setup_field, cols.id_field
         super().__init__(**kwargs)

@@ -42,6 +42,7 @@ have no timeout of their own; :func:`gapo.exec.scoring.score_batch` bounds them.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import random
@@ -49,7 +50,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gapo.tasks.base import Problem, PromptFormat, check_split, draw_problems, take_group
+from gapo.tasks.base import Problem, PromptFormat, as_group, check_split, draw_problems
 
 __all__ = ["ReasoningGymTask", "RGScoring", "extract_rg_answer", "one_rg_answer"]
 
@@ -131,12 +132,13 @@ class ReasoningGymTask:
     """A reasoning-gym procedural dataset; see the module docstring for the decisions.
 
     ``scoring`` (:class:`RGScoring`) and ``prompt_format`` (:class:`~gapo.tasks.base.PromptFormat`,
-    placeholder ``{question}``); their fields are keywords of their own too
-    (``partial_credit=True``, ``template=...``: the ``task.params`` spelling). Any other keyword
-    is a field of the dataset's ``config``."""
+    placeholder ``{question}``), each an instance or a mapping of its fields (``task.params`` may
+    give a field on its own: ``gapo.tasks.get`` puts it in its group). Any other keyword is a
+    field of the dataset's ``config``; a group's field among them is a ``TypeError`` naming the
+    group (it would reach the dataset's config)."""
 
     alphabet = None  # a real tokenizer
-    param_groups = (RGScoring, PromptFormat)  # their fields are keywords too
+    param_groups = (RGScoring, PromptFormat)  # task.params may give their fields flat
 
     def __init__(
         self,
@@ -148,10 +150,14 @@ class ReasoningGymTask:
         eval_fraction: float = 0.1,
         scoring: RGScoring | None = None,
         prompt_format: PromptFormat | None = None,
-        **config_kwargs: Any,  # the groups' fields, then the dataset's config
+        **config_kwargs: Any,  # the dataset's config, forwarded to reasoning_gym.create_dataset
     ):
-        scoring = take_group(RGScoring, scoring, config_kwargs, RGScoring())
-        fmt = take_group(PromptFormat, prompt_format, config_kwargs, PromptFormat(DEFAULT_TEMPLATE))
+        for kw, group in (("scoring", RGScoring), ("prompt_format", PromptFormat)):
+            misplaced = sorted(set(config_kwargs) & {f.name for f in dataclasses.fields(group)})
+            if misplaced:
+                raise TypeError(f"ReasoningGymTask(): {misplaced[0]!r} is a field of {kw}={group.__name__}(...)")
+        scoring = as_group(RGScoring, scoring, RGScoring())
+        fmt = as_group(PromptFormat, prompt_format, PromptFormat(DEFAULT_TEMPLATE))
         template = fmt.template
         # lazy: reasoning-gym is the optional [tasks] extra
         import reasoning_gym
