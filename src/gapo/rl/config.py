@@ -148,7 +148,8 @@ class AlgoConfig:
     dynamic_sampling: bool = option(False, "DAPO: drop groups whose rewards are all equal and sample more to refill")
     max_refill_rounds: int = option(
         3,
-        "with dynamic_sampling: at most this many extra sampling rounds per step (then zero-variance groups fill the rest)",
+        "with dynamic_sampling: at most this many extra sampling rounds per step (then zero-variance "
+        "groups fill the rest)",
     )
     old_logp: str = option(
         "recompute", "recompute (a full forward before the updates) | sampler (reuse the sampling log-probs)"
