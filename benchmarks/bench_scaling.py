@@ -33,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_step import HEADER, _policy, interleaved  # noqa: E402
+from bench_step import HEADER, Work, _policy, interleaved  # noqa: E402
 
 # (shape, completion tokens, warm-up steps, measured steps)
 POINTS = [("5m", 16, 1, 3), ("5m", 64, 1, 2), ("5m", 256, 0, 1), ("tiny", 64, 1, 3), ("30m", 64, 0, 1)]
@@ -89,16 +89,12 @@ def main() -> None:
             for shape, T, warmup, steps in POINTS:
                 results += interleaved(
                     _policy(tmp, shape),
-                    1,
-                    steps,
+                    Work(steps, warmup, shape, T),
+                    range(rep, rep + 1),
                     [a.threads],
                     [1],
                     ["gapo", "trl"],
                     [],
-                    shape=shape,
-                    max_tokens=T,
-                    warmup=warmup,
-                    first_rep=rep,
                 )
     if a.json and not a.from_json:
         Path(a.json).write_text(json.dumps(results, indent=1))

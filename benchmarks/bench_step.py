@@ -65,12 +65,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_trl_step import ALPHABET, SHAPES, _prompts, flops_per_step, reward_fn  # noqa: E402  (no heavy imports)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one process times: ``steps`` measured steps after ``warmup`` warm-up steps, on the
+    policy of ``shape`` (``bench_trl_step.SHAPES``) with at most ``max_tokens`` completion tokens."""
+
+    steps: int
+    warmup: int = 1
+    shape: str = "tiny"
+    max_tokens: int = 16
 
 
 class BenchTask:
@@ -141,19 +153,9 @@ def gemm_rate(threads: int, n: int = 2048, reps: int = 7) -> dict:
     }
 
 
-def run_gapo(
-    policy: str,
-    n_steps: int,
-    threads: int,
-    mu: int,
-    *,
-    warmup: int = 1,
-    seed: int = 0,
-    extra: list[str] | None = None,
-    shape: str = "tiny",
-    max_tokens: int = 16,
-) -> dict:
-    """Time ``n_steps`` gapo steps (after ``warmup``) on the benchmark's work; returns a dict."""
+def run_gapo(policy: str, work: Work, threads: int, mu: int, *, seed: int = 0, extra: list[str] | None = None) -> dict:
+    """Time ``work.steps`` gapo steps (after ``work.warmup``) on the benchmark's work; returns a dict."""
+    n_steps, warmup, shape, max_tokens = work.steps, work.warmup, work.shape, work.max_tokens
     if n_steps < 1 or warmup < 0:
         raise ValueError(f"need n_steps >= 1 and warmup >= 0, got n_steps={n_steps}, warmup={warmup}")
     from gapo import tasks
@@ -239,17 +241,7 @@ PROMPT_LEN = 7  # <bos> + "ab+cd=": every prompt of bench_trl_step._prompts
 
 
 def _child(
-    system: str,
-    policy: str,
-    steps: int,
-    threads: int,
-    mu: int,
-    extra: list[str],
-    *,
-    shape: str = "tiny",
-    max_tokens: int = 16,
-    warmup: int = 1,
-    gemm_n: int = 2048,
+    system: str, policy: str, work: Work, threads: int, mu: int, extra: list[str], *, gemm_n: int = 2048
 ) -> dict:
     cmd = [
         sys.executable,
@@ -259,17 +251,17 @@ def _child(
         "--policy",
         policy,
         "--steps",
-        str(steps),
+        str(work.steps),
         "--threads",
         str(threads),
         "--mu",
         str(mu),
         "--shape",
-        shape,
+        work.shape,
         "--max-tokens",
-        str(max_tokens),
+        str(work.max_tokens),
         "--warmup",
-        str(warmup),
+        str(work.warmup),
         "--gemm-n",
         str(gemm_n),
     ] + [f"--extra={e}" for e in extra]
@@ -284,7 +276,7 @@ def _child(
         sys.exit(f"{system} child failed:\n{out.stderr[-3000:]}")
     r = json.loads(out.stdout.strip().splitlines()[-1])
     if system != "gemm":
-        r.update(flops_per_step(shape, r["n_params"], PROMPT_LEN, r["completion_tokens_per_step"], mu=mu))
+        r.update(flops_per_step(work.shape, r["n_params"], PROMPT_LEN, r["completion_tokens_per_step"], mu=mu))
     return r
 
 
@@ -324,34 +316,30 @@ def _row(r: dict) -> str:
 
 def interleaved(
     policy: str,
-    reps: int,
-    steps: int,
+    work: Work,
+    reps: range,
     threads: list[int],
     mus: list[int],
     systems: list[str],
     extra: list[str],
     *,
-    shape: str = "tiny",
-    max_tokens: int = 16,
-    warmup: int = 1,
-    gemm: bool = False,
-    gemm_n: int = 2048,
-    first_rep: int = 0,
+    gemm_n: int | None = None,
 ) -> list[dict]:
-    """``reps`` repetitions of a fresh process per system (order alternating), per μ and thread
-    count; with ``gemm`` each repetition first measures the GEMM rate (``gemm_rate``)."""
+    """A fresh process per system (order alternating) for each repetition number in ``reps``, μ and
+    thread count; with ``gemm_n`` each repetition first measures the GEMM rate of (gemm_n, gemm_n)
+    products (``gemm_rate``)."""
     results = []
-    for rep in range(first_rep, first_rep + reps):
+    for rep in reps:
         for mu in mus:
             for th in threads:
-                if gemm:
-                    g = _child("gemm", "", 1, th, 1, [], gemm_n=gemm_n)
+                if gemm_n is not None:
+                    g = _child("gemm", "", Work(steps=1), th, 1, [], gemm_n=gemm_n)
                     g.update(system="gemm", rep=rep)
                     results.append(g)
                     print(f"{rep:>3}   gemm {th} thr: {g['flops_per_s'] / 1e9:.1f} GFLOP/s", flush=True)
                 order = systems if rep % 2 == 0 else systems[::-1]
                 for system in order:
-                    r = _child(system, policy, steps, th, mu, extra, shape=shape, max_tokens=max_tokens, warmup=warmup)
+                    r = _child(system, policy, work, th, mu, extra)
                     r.update(system=system, rep=rep)
                     results.append(r)
                     print(_row(r), flush=True)
@@ -485,9 +473,7 @@ def main() -> None:
         if a.one == "gemm":
             r = gemm_rate(th, a.gemm_n)
         elif a.one == "gapo":
-            r = run_gapo(
-                a.policy, a.steps, th, mu, extra=a.extra, shape=a.shape, max_tokens=a.max_tokens, warmup=a.warmup
-            )
+            r = run_gapo(a.policy, Work(a.steps, a.warmup, a.shape, a.max_tokens), th, mu, extra=a.extra)
         else:
             from bench_trl_step import run_trl
 
@@ -509,21 +495,17 @@ def main() -> None:
         policies = _policies(tmp, [{"tiny": "tiny", "big": a.big_shape}[c] for c in a.configs])
         print(HEADER, flush=True)
         if "tiny" in a.configs:
-            res = interleaved(policies["tiny"], a.reps, a.steps, a.threads, a.mu, a.systems, a.extra)
+            res = interleaved(policies["tiny"], Work(a.steps), range(a.reps), a.threads, a.mu, a.systems, a.extra)
             results += res
         if "big" in a.configs:
             bres = interleaved(
                 policies[a.big_shape],
-                a.big_reps,
-                a.big_steps,
+                Work(a.big_steps, a.big_warmup, a.big_shape, a.big_tokens),
+                range(a.big_reps),
                 a.threads,
                 [1],
                 a.systems,
                 a.extra,
-                shape=a.big_shape,
-                max_tokens=a.big_tokens,
-                warmup=a.big_warmup,
-                gemm=True,
                 gemm_n=a.gemm_n,
             )
             results += bres
