@@ -96,60 +96,90 @@ def read_yaml(path: str | Path) -> tuple[dict, dict[str, int]]:
 
 
 def coerce(value, tp, key: str):
-    """Coerce ``value`` (from YAML or a ``key=value`` string) to the annotated type ``tp``."""
+    """Coerce ``value`` (from YAML or a ``key=value`` string) to the annotated type ``tp``; a value
+    that does not fit is a ``ValueError`` naming ``key``. A type without a coercer passes as is."""
     origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):  # X | None
-        if type(None) in args and (value is None or (isinstance(value, str) and value.lower() in ("none", "null"))):
-            return None
-        for a in args:
-            if a is not type(None):
-                try:
-                    return coerce(value, a, key)
-                except ValueError:
-                    pass
-        raise ValueError(f"{key}: cannot interpret {value!r} as {tp}")
+        return _coerce_union(value, tp, key)
     if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ValueError(f"{key}: expected true/false, got {value!r}")
+        return _coerce_bool(value, key)
     if tp in (int, float):
-        if isinstance(value, bool):
-            raise ValueError(f"{key}: expected {tp.__name__}, got {value!r}")
-        try:
-            out = tp(value) if not isinstance(value, str) else tp(float(value)) if tp is float else int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{key}: expected {tp.__name__}, got {value!r}") from None
-        if tp is int and isinstance(value, float) and value != int(value):
-            raise ValueError(f"{key}: expected int, got {value!r}")
-        return out
+        return _coerce_number(value, tp, key)
     if tp is str:
         if not isinstance(value, str):
             raise ValueError(f"{key}: expected a string, got {value!r}")
         return value
     if origin is tuple:
-        if isinstance(value, str):
-            value = parse_value(value, key)
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ValueError(f"{key}: expected a list of {len(args)} values, got {value!r}")
-        return tuple(coerce(v, a, key) for v, a in zip(value, args))
-    if tp is list or origin is list:  # list[X]: a YAML list, each item coerced to X
-        if isinstance(value, str):
-            value = parse_value(value, key)
-        if isinstance(value, tuple):
-            value = list(value)
-        if not isinstance(value, list):
-            raise ValueError(f"{key}: expected a list, got {value!r}")
-        return [coerce(v, args[0], key) for v in value] if args else value
+        return _coerce_tuple(value, typing.get_args(tp), key)
+    if tp is list or origin is list:
+        return _coerce_list(value, typing.get_args(tp), key)
     if tp is dict or origin is dict:
-        if isinstance(value, str):
-            value = parse_value(value, key)
+        value = _yaml_if_str(value, key)
         if not isinstance(value, dict):
             raise ValueError(f"{key}: expected a mapping, got {value!r}")
         return dict(value)
     return value
+
+
+def _coerce_union(value, tp, key: str):
+    """``X | None``: ``None`` (or the strings ``none``/``null``) when ``None`` is allowed, else the
+    first member type that takes ``value``."""
+    args = typing.get_args(tp)
+    if type(None) in args and (value is None or (isinstance(value, str) and value.lower() in ("none", "null"))):
+        return None
+    for a in args:
+        if a is not type(None):
+            try:
+                return coerce(value, a, key)
+            except ValueError:
+                pass
+    raise ValueError(f"{key}: cannot interpret {value!r} as {tp}")
+
+
+def _coerce_bool(value, key: str) -> bool:
+    """A YAML boolean, or one of the strings true/1/yes and false/0/no (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise ValueError(f"{key}: expected true/false, got {value!r}")
+
+
+def _coerce_number(value, tp: type, key: str):
+    """``int`` or ``float``: a boolean is neither (YAML's ``true`` is not 1), and an int takes no
+    fractional part (``2.5`` is an error, not a silent 2)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{key}: expected {tp.__name__}, got {value!r}")
+    try:
+        out = tp(value) if not isinstance(value, str) else tp(float(value)) if tp is float else int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}: expected {tp.__name__}, got {value!r}") from None
+    if tp is int and isinstance(value, float) and value != int(value):
+        raise ValueError(f"{key}: expected int, got {value!r}")
+    return out
+
+
+def _coerce_tuple(value, args: tuple, key: str) -> tuple:
+    """``tuple[X, Y, ...]``: a YAML list of exactly ``len(args)`` values, each coerced to its type."""
+    value = _yaml_if_str(value, key)
+    if not isinstance(value, (list, tuple)) or len(value) != len(args):
+        raise ValueError(f"{key}: expected a list of {len(args)} values, got {value!r}")
+    return tuple(coerce(v, a, key) for v, a in zip(value, args))
+
+
+def _coerce_list(value, args: tuple, key: str) -> list:
+    """``list[X]``: a YAML list (or a tuple), each item coerced to X (a bare ``list``: as is)."""
+    value = _yaml_if_str(value, key)
+    if isinstance(value, tuple):
+        value = list(value)
+    if not isinstance(value, list):
+        raise ValueError(f"{key}: expected a list, got {value!r}")
+    return [coerce(v, args[0], key) for v in value] if args else value
+
+
+def _yaml_if_str(value, key: str):
+    """A ``key=value`` override's string read as YAML (``[1, 10]``, ``{k: 4}``); other values as they are."""
+    return parse_value(value, key) if isinstance(value, str) else value
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
