@@ -589,7 +589,7 @@ def _meta() -> dict:
 
 
 # --------------------------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=["record", "check", "list"])
     ap.add_argument("--only", nargs="+", choices=UNITS, help="a subset of the units")
@@ -606,7 +606,82 @@ def main(argv: list[str] | None = None) -> int:
         f"Default: exact when the golden records come from this CPU (meta.json's cpu), else "
         f"{OTHER_CPU_RTOL:g}: another processor changes the last bits of floats, not tokens or counts",
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _check_rtol(units: list[str], golden: Path, meta: dict, rtol: float | None) -> float | None:
+    """``check``'s float tolerance: ``rtol`` when given, else exact for golden records from this CPU
+    and ``OTHER_CPU_RTOL`` for another; ``None`` (after saying so) when a unit has no golden file."""
+    missing = [u for u in units if not (golden / f"{GOLDEN_OF.get(u, u)}.jsonl").is_file()]
+    if missing:
+        print(f"no golden file for {missing} in {golden}; run `record` first", file=sys.stderr)
+        return None
+    mf = golden / "meta.json"
+    gmeta = json.loads(mf.read_text()) if mf.is_file() else {}
+    if gmeta.get("torch") != meta["torch"]:
+        print(
+            f"warning: golden values were recorded with torch {gmeta.get('torch')}, "
+            f"this is {meta['torch']}; floats may differ for that reason alone",
+            flush=True,
+        )
+    rtol = rtol if rtol is not None else 0.0 if gmeta.get("cpu") == meta["cpu"] else OTHER_CPU_RTOL
+    if rtol:
+        print(
+            f"golden records from another CPU ({gmeta.get('cpu', 'not recorded')}; this is {meta['cpu']}): "
+            f"floats compared to rtol {rtol:g}, ints and strings exactly (a token that moves changes a reward "
+            "mean or a pass rate by far more)",
+            flush=True,
+        )
+    return rtol
+
+
+def _check_unit(u: str, recs: list[dict], golden: Path, rtol: float, dt: float) -> tuple[bool, float]:
+    """Compare unit ``u``'s records with its golden file, printing each differing source; returns
+    (whether they differ, the largest relative float difference when ``rtol`` is set, else 0)."""
+    gold = read_golden(golden / f"{GOLDEN_OF.get(u, u)}.jsonl")
+    res = compare(gold, recs, rtol)
+    worst = 0.0
+    if rtol:
+        worst = max_rel_diff(gold, recs)
+        print(f"  largest float difference: {worst:.2g} relative")
+    bad = {s: d for s, d in res.items() if d["first"]}
+    for s, d in bad.items():
+        print(f"  DIFF {s}: {d['first']}")
+        print(f"       differing keys: {', '.join(d['keys']) or '-'}")
+    print(f"  {'differs' if bad else 'identical'}: {len(res) - len(bad)}/{len(res)} sources ({dt:.0f}s)", flush=True)
+    return bool(bad), worst
+
+
+def _run_units(args: argparse.Namespace, units: list[str], env: Env, rtol: float) -> tuple[list[str], float]:
+    """Run each unit and record or check it; returns (the failed units, the largest relative float
+    difference seen). A unit that raises is reported and failed, the other units go on."""
+    golden, failed, worst = Path(args.golden), [], 0.0
+    for u in units:
+        t0 = time.perf_counter()
+        print(f"[{u}]", flush=True)
+        try:
+            recs = RUNNERS[u](env)
+        except Exception as e:  # noqa: BLE001 - reported, the other units go on
+            print(f"  ERROR: {e}", flush=True)
+            failed.append(u)
+            continue
+        dt = time.perf_counter() - t0
+        if args.command == "record":
+            if u in GOLDEN_OF:
+                print(f"  (not recorded: {u} is checked against {GOLDEN_OF[u]}'s records)")
+                continue
+            write_golden(golden / f"{u}.jsonl", recs)
+            print(f"  recorded {len(recs)} records from {len({r['_src'] for r in recs})} sources ({dt:.0f}s)")
+            continue
+        bad, diff = _check_unit(u, recs, golden, rtol, dt)
+        worst = max(worst, diff)
+        if bad:
+            failed.append(u)
+    return failed, worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.command == "list":
         for u in UNITS:
             print(f"{u:8s} {RUNNERS[u].__name__}")
@@ -615,29 +690,9 @@ def main(argv: list[str] | None = None) -> int:
     golden = Path(args.golden)
     meta = _meta()
     print(f"gapo under test: {meta['gapo']} (torch {meta['torch']})", flush=True)
-    if args.command == "check":
-        missing = [u for u in units if not (golden / f"{GOLDEN_OF.get(u, u)}.jsonl").is_file()]
-        if missing:
-            print(f"no golden file for {missing} in {golden}; run `record` first", file=sys.stderr)
-            return 2
-        mf = golden / "meta.json"
-        gmeta = json.loads(mf.read_text()) if mf.is_file() else {}
-        if gmeta.get("torch") != meta["torch"]:
-            print(
-                f"warning: golden values were recorded with torch {gmeta.get('torch')}, "
-                f"this is {meta['torch']}; floats may differ for that reason alone",
-                flush=True,
-            )
-        rtol = args.rtol if args.rtol is not None else 0.0 if gmeta.get("cpu") == meta["cpu"] else OTHER_CPU_RTOL
-        if rtol:
-            print(
-                f"golden records from another CPU ({gmeta.get('cpu', 'not recorded')}; this is {meta['cpu']}): "
-                f"floats compared to rtol {rtol:g}, ints and strings exactly (a token that moves changes a reward "
-                "mean or a pass rate by far more)",
-                flush=True,
-            )
-    else:
-        rtol = 0.0
+    rtol = _check_rtol(units, golden, meta, args.rtol) if args.command == "check" else 0.0
+    if rtol is None:
+        return 2
     tmp = None
     if args.keep:
         work = Path(args.keep)
@@ -647,41 +702,9 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp.name)
     env = Env(work, verbose=not args.quiet)
     env.detect_renames()
-    failed, t_all, worst = [], time.perf_counter(), 0.0
+    t_all = time.perf_counter()
     try:
-        for u in units:
-            t0 = time.perf_counter()
-            print(f"[{u}]", flush=True)
-            try:
-                recs = RUNNERS[u](env)
-            except Exception as e:  # noqa: BLE001 - reported, the other units go on
-                print(f"  ERROR: {e}", flush=True)
-                failed.append(u)
-                continue
-            dt = time.perf_counter() - t0
-            if args.command == "record":
-                if u in GOLDEN_OF:
-                    print(f"  (not recorded: {u} is checked against {GOLDEN_OF[u]}'s records)")
-                    continue
-                write_golden(golden / f"{u}.jsonl", recs)
-                print(f"  recorded {len(recs)} records from {len({r['_src'] for r in recs})} sources ({dt:.0f}s)")
-                continue
-            gold = read_golden(golden / f"{GOLDEN_OF.get(u, u)}.jsonl")
-            res = compare(gold, recs, rtol)
-            if rtol:
-                worst = max(worst, max_rel_diff(gold, recs))
-                print(f"  largest float difference: {max_rel_diff(gold, recs):.2g} relative")
-            bad = {s: d for s, d in res.items() if d["first"]}
-            for s, d in res.items():
-                if d["first"]:
-                    print(f"  DIFF {s}: {d['first']}")
-                    print(f"       differing keys: {', '.join(d['keys']) or '-'}")
-            if bad:
-                failed.append(u)
-            print(
-                f"  {'differs' if bad else 'identical'}: {len(res) - len(bad)}/{len(res)} sources ({dt:.0f}s)",
-                flush=True,
-            )
+        failed, worst = _run_units(args, units, env, rtol)
         if args.command == "record" and not failed:
             meta.pop("gapo")  # a path of this machine
             meta.update(units=[u for u in units if u not in GOLDEN_OF], note=args.note)
