@@ -76,7 +76,7 @@ def main() -> None:
             return loss
 
         contenders["verl_vanilla"] = verl_vanilla
-    except Exception as e:  # verl is an optional extra
+    except Exception as e:  # noqa: BLE001 - verl is an optional extra, and importing it may fail in any way
         print(f"verl not available ({type(e).__name__}: {e}); comparing gapo and fixed only")
 
     times: dict[str, list[float]] = {k: [] for k in contenders}

@@ -28,7 +28,7 @@ import traceback
 def _child(case: dict, out: str, name: str) -> None:
     try:  # die with the parent (a killed test leaves no child behind)
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
+    except (OSError, AttributeError):  # no libc prctl (not Linux): the child may outlive a killed test
         pass
     fo = os.open(os.path.join(out, f"{name}.out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     fe = os.open(os.path.join(out, f"{name}.err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -52,14 +52,14 @@ def _child(case: dict, out: str, name: str) -> None:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, (int, type(None))):
             print(e.code, file=sys.stderr)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the case's failure, whatever it is, is its exit status
         traceback.print_exc()
         rc = 1
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except Exception:
+            except Exception:  # noqa: BLE001 - the case may have replaced or closed the streams
                 pass
         os._exit(rc)
 

@@ -109,7 +109,7 @@ def main(out: str) -> None:
 def _rank(rank: int, port_pipe: int, out: str, run_id: str) -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the launcher
-    except Exception:
+    except (OSError, AttributeError):  # no libc prctl (not Linux)
         pass
     code = 0
     try:
@@ -131,7 +131,7 @@ def _rank(rank: int, port_pipe: int, out: str, run_id: str) -> None:
             TORCHELASTIC_RUN_ID=run_id,
         )
         main(out)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - any failure of the rank is its exit status
         traceback.print_exc()
         code = 1
     finally:

@@ -513,10 +513,12 @@ def test_unsupported_trl_version_is_an_import_error(monkeypatch):
 
     import trl
 
-    monkeypatch.setattr(trl, "__version__", "1.17.0")
     monkeypatch.delitem(sys.modules, "gapo.integrations.trl")
-    with pytest.raises(ImportError, match=r"trl>=1.16,<1.17"):
-        importlib.import_module("gapo.integrations.trl")
+    # "unknown" (no distribution metadata) and a non-string are unsupported too, not a ValueError/TypeError
+    for version in ("1.17.0", "unknown", None):
+        monkeypatch.setattr(trl, "__version__", version)
+        with pytest.raises(ImportError, match=rf"trl>=1.16,<1.17.*found trl {version}"):
+            importlib.import_module("gapo.integrations.trl")
     monkeypatch.undo()
     importlib.import_module("gapo.integrations.trl")
 

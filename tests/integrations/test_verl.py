@@ -138,6 +138,14 @@ def test_unsupported_verl_version_is_an_import_error(monkeypatch):
     monkeypatch.setattr(verl, "__version__", "0.10.0")
     with pytest.raises(ImportError, match=r"supports verl>=0\.9\.1,<0\.10"):
         gv._require_supported_verl()
+    # not a version (InvalidVersion) or not a string (TypeError): unsupported, not a crash
+    for version in ("unknown", None):
+        monkeypatch.setattr(verl, "__version__", version)
+        with pytest.raises(ImportError, match=rf"found verl {version}\."):
+            gv._require_supported_verl()
+    monkeypatch.delattr(verl, "__version__")
+    with pytest.raises(ImportError, match=r"found verl unknown\."):
+        gv._require_supported_verl()
 
 
 def test_failed_load_registers_loud_stubs(monkeypatch, caplog):

@@ -204,7 +204,7 @@ def score_checked(task, problems, i, completion) -> float:
         return score_samples(task, [problems[i]], [[completion]])[0][0]
     try:
         r = task.score(problems[i], completion)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - a task's scorer may raise anything; re-raised naming the problem
         _raise_from_task(task, problems, i, e)
     return check_reward(task, problems, i, r)
 
@@ -479,7 +479,7 @@ def score_batch(task, problems, completions, *, workers: int = 0, timeout_s: flo
     for i, (p, c) in enumerate(zip(problems, completions)):
         try:
             r, s, *part = score_guarded(task, p, c, soft)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - a task's scorer may raise anything; re-raised naming the problem
             _raise_from_task(task, problems, i, e)
         rewards.append(check_reward(task, problems, i, r))
         statuses.append(s)

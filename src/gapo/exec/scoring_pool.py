@@ -314,7 +314,7 @@ def _worker_main(conn, parent_pid: int | None = None, pdeathsig: bool = False) -
             try:
                 pickle.dumps(e)
                 ok = isinstance(e, Exception)  # never a SystemExit or KeyboardInterrupt in the parent
-            except Exception:
+            except Exception:  # noqa: BLE001 - pickling an arbitrary exception may raise anything
                 ok = False
             out = ("raised", e if ok else RuntimeError(f"{type(e).__name__}: {e}"))
         conn.send(out)

@@ -94,7 +94,7 @@ import torch
 
 try:
     import trl
-    from packaging.version import Version
+    from packaging.version import InvalidVersion, Version
     from trl import GRPOConfig, GRPOTrainer
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("gapo.integrations.trl needs TRL: pip install 'gapo[trl]' (trl>=1.16,<1.17)") from exc
@@ -113,7 +113,7 @@ from gapo.core.metrics import (
 SUPPORTED_TRL = (Version("1.16"), Version("1.17"))
 try:
     _trl_version = Version(Version(trl.__version__).base_version)
-except Exception:  # "unknown" when the distribution metadata is missing
+except (InvalidVersion, TypeError):  # "unknown" when the distribution metadata is missing
     _trl_version = None
 if _trl_version is None or not SUPPORTED_TRL[0] <= _trl_version < SUPPORTED_TRL[1]:
     raise ImportError(

@@ -85,7 +85,7 @@ _log = logging.getLogger(__name__)
 
 def _require_supported_verl() -> str:
     # lazy: verl is the optional [verl] extra, and this check is what reports it missing or unsupported
-    from packaging.version import Version
+    from packaging.version import InvalidVersion, Version
 
     try:
         import verl
@@ -94,7 +94,7 @@ def _require_supported_verl() -> str:
     version = getattr(verl, "__version__", "unknown")
     try:
         ok = Version("0.9.1") <= Version(version) < Version("0.10")
-    except Exception:
+    except (InvalidVersion, TypeError):  # "unknown" (no __version__), or not a string
         ok = False
     if not ok:
         raise ImportError(
@@ -110,7 +110,7 @@ def _announce_failure(exc: BaseException) -> None:
     _log.error(msg)
     try:  # lazy: verl itself may be what failed to import
         from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
-    except Exception:
+    except Exception:  # noqa: BLE001 - verl itself may be what failed, in any way
         return
 
     def _broken(*args, **kwargs):

@@ -218,7 +218,7 @@ def check_task_param_types(key: str, name: str, params: dict) -> None:
         if "__init__" in vars(c):
             try:
                 hints = {**typing.get_type_hints(c.__init__), **hints}
-            except Exception:  # an annotation that cannot be resolved: nothing to check against
+            except Exception:  # noqa: BLE001 - an annotation that cannot be resolved: nothing to check against
                 pass
     for k, v in params.items():
         tp = hints.get(k)

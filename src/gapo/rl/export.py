@@ -79,7 +79,7 @@ class RunModels:
         if step is not None and step != self.ckpt_step and step in self.kept:
             try:
                 return torch.load(self.kept[step], map_location="cpu", weights_only=False)
-            except Exception as e:  # zip/pickle errors of a truncated file
+            except Exception as e:  # noqa: BLE001 - zip/pickle errors of a truncated file, of many kinds
                 raise ValueError(f"cannot read the run's model: {str(self.kept[step])!r} is unreadable ({e})") from None
         if self._state is None:
             try:

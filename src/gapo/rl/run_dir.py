@@ -354,7 +354,7 @@ class RunFolder:
 
         try:
             state = torch.load(self.checkpoint, map_location=map_location, weights_only=False)
-        except Exception as e:  # zip/pickle errors of a truncated or foreign file
+        except Exception as e:  # noqa: BLE001 - zip/pickle errors of a truncated or foreign file, of many kinds
             raise ValueError(
                 f"cannot resume: checkpoint {str(self.checkpoint)!r} is unreadable "
                 f"({type(e).__name__}: {e}); it may be truncated. Start over with --overwrite "

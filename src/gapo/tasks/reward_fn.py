@@ -299,7 +299,7 @@ class RewardTerm:
             values = fn(**kw)
         except AlarmInterrupt:
             raise
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - the user's reward may raise anything; re-raised as UserCodeError
             raise UserCodeError(f"reward {self.spec!r} raised {_what_raised(e)}") from e
         if hasattr(values, "tolist") and getattr(values, "ndim", None) == 1:  # numpy / torch 1-d
             values = values.tolist()

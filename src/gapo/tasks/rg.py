@@ -239,7 +239,7 @@ class ReasoningGymTask:
             return 0.0, "ambiguous"
         try:
             raw = float(self.dataset.score_answer(answer, problem.meta["entry"]))
-        except Exception:  # a scorer choking on odd text is a wrong answer, not a crash
+        except Exception:  # noqa: BLE001 - a scorer choking on odd text is a wrong answer, not a crash
             return 0.0, "unparsable"
         if not math.isfinite(raw):
             return 0.0, "ok"
