@@ -128,3 +128,12 @@ def test_a_task_path_is_saved_absolute(tmp_path, monkeypatch):
     assert parse_task("data:./data.jsonl")[1] == f"task.params.path={tmp_path / 'data.jsonl'}"
     assert parse_task("math:missing.jsonl")[1] == "task.params.path=missing.jsonl"  # left for the config's error
     assert parse_task("rg:basic_arithmetic")[1] == "task.params.dataset=basic_arithmetic"
+
+
+def test_version_is_the_package_version(capsys):
+    import gapo
+    from gapo.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"gapo {gapo.__version__}\n"

@@ -15,6 +15,7 @@ import importlib
 import sys
 from types import ModuleType
 
+from gapo import __version__
 from gapo.cli.common import HelpFormatter
 
 COMMANDS = ("demo", "train", "eval", "export", "pretrain", "report", "compare", "config")
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GAPO (Group Adaptive Clipping Policy Optimization) and "
         "its baselines for RL with verifiable rewards.",
     )
+    ap.add_argument("--version", action="version", version=f"gapo {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name, mod in command_modules().items():
         p = sub.add_parser(
