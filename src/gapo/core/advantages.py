@@ -123,7 +123,7 @@ def focal(
     gamma: float = 1.0,
     base: str = "drgrpo",
     reward_range: tuple[float, float] | str = (0.0, 1.0),
-    **params,
+    **params,  # the registry's dispatch: the base estimator's own parameters, checked against it
 ) -> torch.Tensor:
     """``Ã_i = (1 − p̂)^γ · A_i`` (F-GRPO, arXiv 2602.06717): down-weights easy groups.
     ``p̂`` = the group's mean of :func:`rescaled_rewards` under ``reward_range``; ``params`` are
@@ -182,7 +182,7 @@ def compute(
     group_size: int,
     *,
     reward_range: tuple[float, float] | str | None = None,
-    **params,
+    **params,  # the registry's dispatch: estimator ``name``'s own parameters, checked against it
 ) -> torch.Tensor:  # (B,)
     """Advantages by estimator ``name`` (see the module docstring); unknown names raise.
 

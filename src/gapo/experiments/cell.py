@@ -115,9 +115,10 @@ def base_eval_params(ev: dict, task):
     return SamplingParams(max_new, ev["temperature"], ev.get("top_p", 1.0), None, tuple(ev.get("stop", ())))
 
 
-def _cell_trainer(*args, base_eval: dict | None = None, **kwargs):
-    """A trainer whose step-0 evaluation is the regime's shared one: every cell of a regime starts
-    from the same policy and is evaluated on the same problems with the same seed."""
+def _cell_trainer(cfg, folder, *, resume: bool, base_eval: dict | None = None):
+    """A trainer of ``cfg`` in ``folder`` (``resume``: from its checkpoint, else over it) whose
+    step-0 evaluation is the regime's shared one: every cell of a regime starts from the same
+    policy and is evaluated on the same problems with the same seed."""
     from gapo.rl.trainer import Trainer
 
     class _CellTrainer(Trainer):
@@ -126,7 +127,7 @@ def _cell_trainer(*args, base_eval: dict | None = None, **kwargs):
                 return dict(base_eval)
             return super().evaluate(progress=progress)
 
-    return _CellTrainer(*args, **kwargs)
+    return _CellTrainer(cfg, folder, resume=resume, overwrite=not resume)  # no checkpoint: start over
 
 
 def _check_finite(cdir: Path) -> None:
@@ -189,13 +190,7 @@ def _run_locked_cell(cdir: Path, folder: RunFolder) -> int:
         resume = (cdir / "checkpoint.pt").is_file()
         res = _finished_run(cdir, cfg.train.steps, bool(cfg.eval.problems)) if resume else None
         if res is None:
-            tr = _cell_trainer(
-                cfg,
-                folder,
-                resume=resume,
-                overwrite=not resume,  # no checkpoint: start over
-                base_eval=spec.get("base_eval"),
-            )
+            tr = _cell_trainer(cfg, folder, resume=resume, base_eval=spec.get("base_eval"))
             res = tr.fit()
             if res["stopped"]:
                 return 130

@@ -289,15 +289,15 @@ class Trainer:
         self.ratio_adv_window.append(ratio_adv_pairs(metrics))  # the paper's diagnostic (§2.11)
         return {**metrics, **ratio_adv_corr(self.ratio_adv_window)}
 
-    def _checkpointed(self, work, **kw):
-        """``work(**kw)`` (a step or an evaluation: both score with the user's reward functions); a
+    def _checkpointed(self, work):
+        """``work()`` (a step or an evaluation: both score with the user's reward functions); a
         :class:`UserCodeError` in it (a reward that raised, exited or returned what is not a reward)
         first checkpoints the run as it was before ``work`` (the model and optimiser change only
         after scoring; the random streams are put back), so that it resumes once the reward is
         fixed, then goes on, naming the step and how to resume (the CLI: one error line, exit 2)."""
         streams = self.gen.get_state(), torch.get_rng_state(), self.order.state_dict()
         try:
-            return work(**kw)
+            return work()
         except UserCodeError as e:
             self.gen.set_state(streams[0])
             torch.set_rng_state(streams[1])
@@ -489,7 +489,7 @@ class Trainer:
         try:
             with stop_on_signals(lambda: setattr(self, "_stop", True)):  # finish the step, checkpoint, return
                 if self.step == 0 and self.eval_problems:
-                    last_eval = self._checkpointed(self.evaluate, progress=t.progress)
+                    last_eval = self._checkpointed(lambda: self.evaluate(progress=t.progress))
                     log(last_eval)
                 bar = _step_bar(t, self.step, self.run_dir.name)
                 say = bar.write if t.progress else (lambda _: None)

@@ -43,7 +43,7 @@ def factory(name: str):
     return getattr(importlib.import_module(module), attr)
 
 
-def get(name: str, **params):
+def get(name: str, **params):  # the registry's dispatch: the task's own parameters, checked by it
     """Build the task ``name`` with its parameters (``task.params``: a field of one of the task's
     parameter groups may be given on its own, ``split="test"`` for ``splits={"split": "test"}``,
     :func:`gapo.tasks.base.nest_group_fields`); unknown names raise ``ValueError``."""
