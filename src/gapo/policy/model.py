@@ -74,7 +74,13 @@ def build_tokenizer(alphabet: str):
     return tok
 
 
-def build_model(vocab_size: int, preset: str = "tiny", *, seed: int | None = 0, **overrides):
+def build_model(
+    vocab_size: int,
+    preset: str = "tiny",
+    *,
+    seed: int | None = 0,
+    **overrides,  # forwarded unread to transformers' LlamaConfig
+):
     """A freshly initialised ``LlamaForCausalLM`` of the named size (``PRESETS``), fp32.
 
     ``overrides`` go into ``LlamaConfig`` (e.g. ``max_position_embeddings``). Special-token ids
