@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from gapo.core.aggregation import AggNorms
 from gapo.core.losses import LOSSES, ClipBounds, cispo_loss, policy_loss
 
 
@@ -70,7 +71,7 @@ def test_cispo_takes_the_same_bounds():
 
 def test_aggregation_normalisers_pass_beside_the_bounds():
     # token-mean normalised by a whole mini-batch of 8 tokens (micro-batching): the sum over 4 / 8
-    loss, _ = policy_loss(*_hand_batch(), ClipBounds(0.2, 0.28), num_tokens=8.0)
+    loss, _ = policy_loss(*_hand_batch(), ClipBounds(0.2, 0.28), norms=AggNorms(num_tokens=8.0))
     assert loss.item() == pytest.approx(PPO * 4 / 8, abs=1e-6)
 
 
@@ -107,9 +108,15 @@ def test_bounds_are_frozen():
         (lambda *a: cispo_loss(*a, (0.2, 0.28)), "ClipBounds.*got tuple"),
         (lambda *a: policy_loss(*a, ClipBounds(0.2, 0.28), num_token=4), "num_token"),
         # 0.2's keyword form is gone: the keywords are errors, never a second spelling of bounds=
-        (lambda *a: policy_loss(*a, eps_low=0.2, eps_high=0.28), "bounds"),
-        (lambda *a: cispo_loss(*a, eps_low=0.2, eps_high=0.28), "bounds"),
+        (lambda *a: policy_loss(*a, eps_low=0.2, eps_high=0.28), "eps_low"),
+        (lambda *a: cispo_loss(*a, eps_low=0.2, eps_high=0.28), "eps_low"),
         (lambda *a: policy_loss(*a, ClipBounds(0.2, 0.28), eps_high=0.3), "eps_high"),
+        # 0.3's loose normaliser keywords are gone: one spelling, norms=AggNorms(...)
+        (lambda *a: policy_loss(*a, ClipBounds(0.2, 0.28), num_tokens=8.0), "num_tokens"),
+        (lambda *a: cispo_loss(*a, ClipBounds(0.2, 0.28), num_seqs=2), "num_seqs"),
+        (lambda *a: LOSSES["gspo"](*a, ClipBounds(0.2, 0.28), horizon=3), "horizon"),
+        (lambda *a: LOSSES["ppo"](*a, ClipBounds(0.2, 0.28), level="sequence"), "level"),
+        (lambda *a: policy_loss(*a, ClipBounds(0.2, 0.28), norms={"num_tokens": 8.0}), "AggNorms"),
     ],
 )
 def test_a_wrong_call_form_is_a_type_error_naming_it(call, match):

@@ -16,7 +16,7 @@ from verl.trainer.ppo.core_algos import agg_loss as verl_agg_loss  # noqa: E402
 from verl.trainer.ppo.core_algos import get_policy_loss_fn  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 
-from gapo.core.aggregation import AGG_MODES, agg_loss  # noqa: E402
+from gapo.core.aggregation import AGG_MODES, AggNorms, agg_loss  # noqa: E402
 from gapo.core.losses import ClipBounds, policy_loss  # noqa: E402
 
 TOL = 1e-6
@@ -194,5 +194,7 @@ def test_agg_loss_equals_verl(mode, global_info):
         ref = verl_agg_loss(
             loss_mat, mask, mode, dp_size=dp, batch_num_tokens=n_tok, global_batch_size=n_seq, loss_scale_factor=horizon
         )
-        ours = agg_loss(loss_mat, mask, mode, num_tokens=n_tok / dp, num_seqs=n_seq / dp, horizon=horizon)
+        ours = agg_loss(
+            loss_mat, mask, mode, norms=AggNorms(num_tokens=n_tok / dp, num_seqs=n_seq / dp, horizon=horizon)
+        )
     assert abs(ref.item() - ours.item()) <= TOL * max(1.0, abs(ref.item()))

@@ -7,9 +7,9 @@ Modes (``mask`` marks response tokens, ``N`` tokens, ``S`` non-empty sequences, 
     seq-mean-token-sum       (1/S) Σ_i Σ_t L·m
     seq-mean-token-sum-norm  (1/S) Σ_i Σ_t L·m / T                  (Dr.GRPO, arXiv 2503.20783)
 
-The normalisers ``num_tokens``, ``num_seqs`` and ``horizon`` may be passed for the *whole*
-mini-batch, so that summing the losses of its micro-batches gives exactly the mini-batch loss,
-independent of how it was split.
+The normalisers ``N``, ``S`` and ``T`` may be passed for the *whole* mini-batch, as one
+``AggNorms(num_tokens, num_seqs, horizon)``, so that summing the losses of its micro-batches gives
+exactly the mini-batch loss, independent of how it was split.
 
 Padded entries (``mask = 0``) are selected away, not multiplied by 0 (as verl's ``masked_sum``):
 NaN or ±inf there (log-probs of padding) reach neither the loss nor its gradient.
@@ -17,13 +17,39 @@ NaN or ±inf there (log-probs of padding) reach neither the loss nor its gradien
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 
-from gapo.core.checks import check_same_shape, unknown
+from gapo.core.checks import check_same_shape, is_real, unknown
 
-__all__ = ["agg_loss", "AGG_MODES"]
+__all__ = ["AggNorms", "agg_loss", "AGG_MODES"]
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: the counts may be tensors (no elementwise ==)
+class AggNorms:
+    """Whole-mini-batch normalisers of :func:`agg_loss`; a field left ``None`` is the batch's own.
+
+    - ``num_tokens``: ``N``, the response tokens (``token-mean``);
+    - ``num_seqs``: ``S``, the non-empty sequences (the ``seq-mean-*`` modes);
+    - ``horizon``: ``T``, the horizon of ``seq-mean-token-sum-norm``.
+
+    Each is a real number > 0 or a one-element tensor (a count kept on the device: no host sync);
+    anything else is a ``ValueError`` naming the field, raised when the normalisers are built.
+    """
+
+    num_tokens: float | torch.Tensor | None = None
+    num_seqs: float | torch.Tensor | None = None
+    horizon: float | None = None
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            ok = v is None or (isinstance(v, torch.Tensor) and v.numel() == 1) or (is_real(v) and v > 0)
+            if not ok or (f.name == "horizon" and isinstance(v, torch.Tensor)):
+                raise ValueError(f"AggNorms.{f.name} must be None or a number > 0, got {v!r}")
 
 
 def agg_loss(
@@ -31,14 +57,14 @@ def agg_loss(
     mask: torch.Tensor,  # (B, T) 0/1
     mode: str = "token-mean",
     *,
-    num_tokens: float | torch.Tensor | None = None,
-    num_seqs: float | torch.Tensor | None = None,
-    horizon: float | None = None,
+    norms: AggNorms | None = None,  # whole-mini-batch normalisers; None: this batch's own
 ) -> torch.Tensor:  # ()
     """Aggregate ``loss_mat`` over ``mask`` by ``mode`` (see the module docstring)."""
     if mode not in AGG_MODES:
         raise unknown("aggregation mode", mode, AGG_MODES)
-    check_same_shape(loss_mat=loss_mat, mask=mask)
+    norms = _checked_norms(norms)
+    num_tokens, num_seqs, horizon = norms.num_tokens, norms.num_seqs, norms.horizon
+    check_same_shape({"loss_mat": loss_mat, "mask": mask})
     # where, not loss_mat * mask: NaN · 0 is NaN, and padded log-probs may be NaN or ±inf
     masked = torch.where(mask.bool(), loss_mat, loss_mat.new_zeros(()))
     mask = mask.to(loss_mat.dtype)
@@ -54,3 +80,14 @@ def agg_loss(
     if mode == "seq-mean-token-sum":
         return seq_sum
     return seq_sum / (loss_mat.shape[-1] if horizon is None else horizon)
+
+
+def _checked_norms(norms: AggNorms | None) -> AggNorms:
+    """``norms`` when it is an ``AggNorms`` (its values were checked when it was built); None: none."""
+    if norms is None:
+        return AggNorms()
+    if not isinstance(norms, AggNorms):
+        raise TypeError(
+            f"norms must be a gapo.core.aggregation.AggNorms(num_tokens, num_seqs, horizon), got {type(norms).__name__}"
+        )
+    return norms

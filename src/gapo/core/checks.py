@@ -106,7 +106,8 @@ def check_eps(eps_low: float, eps_high) -> None:
         raise ValueError(f"eps_high must be >= 0, got {eps_high!r}")
 
 
-def check_same_shape(**tensors: torch.Tensor) -> None:
+def check_same_shape(tensors: dict[str, torch.Tensor]) -> None:
+    """The tensors of ``tensors`` (name -> tensor) share one shape; else a ValueError naming each shape."""
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
     if len(set(shapes.values())) > 1:
         raise ValueError(f"shape mismatch: {shapes}")

@@ -3,11 +3,11 @@
 All losses share one signature (``LOSSES`` registry)::
 
     fn(logp (B,T), old_logp (B,T), advantages (B,) or (B,T), response_mask (B,T),
-       bounds: ClipBounds, *, agg, **agg_norms) -> (loss (), metrics)
+       bounds: ClipBounds, *, agg, norms) -> (loss (), metrics)
 
 ``ClipBounds(eps_low, eps_high, clip_ratio_c)`` holds the clip bounds (``eps_high`` a float or
-one width per rollout, GAPO's ``ε_high(i)``); ``agg_norms`` are ``agg_loss``'s whole-mini-batch
-normalisers (``num_tokens``, ``num_seqs``, ``horizon``), passed on unchanged.
+one width per rollout, GAPO's ``ε_high(i)``); ``norms`` (``gapo.core.aggregation.AggNorms``, or
+None) are ``agg_loss``'s whole-mini-batch normalisers, passed on unchanged.
 
 The surrogate (PPO, arXiv 1707.06347; unchanged by GAPO, arXiv 2609.00444)::
 
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gapo.core.aggregation import agg_loss
+from gapo.core.aggregation import AggNorms, agg_loss
 from gapo.core.checks import check_eps, check_same_shape, unknown
 
 __all__ = ["ClipBounds", "policy_loss", "cispo_loss", "LOSSES", "LOG_RATIO_CLAMP", "log_ratio"]
@@ -135,7 +135,7 @@ def log_ratio(
 def _checked_advantages(logp, old_logp, advantages, response_mask) -> torch.Tensor:  # (B,) or (B, T)
     """The advantages after the input checks: (B,) ones finite, (B, T) ones finite on response
     tokens and set to 0 at padding (NaN there would otherwise reach the gradient: 0 · NaN)."""
-    check_same_shape(logp=logp, old_logp=old_logp, response_mask=response_mask)
+    check_same_shape({"logp": logp, "old_logp": old_logp, "response_mask": response_mask})
     if logp.ndim != 2:
         raise ValueError(f"logp must have shape (B, T), got {tuple(logp.shape)}")
     if advantages.shape not in (logp.shape[:1], logp.shape):
@@ -187,7 +187,7 @@ def _metrics(neg_log_r, adv, mask, n_tokens, clipped, dual, eps_high) -> dict:
     }
 
 
-def policy_loss(
+def policy_loss(  # noqa: PLR0913 - the registry's 8 (LOSSES) and the ratio level, no group of them related
     logp: torch.Tensor,  # (B, T) current policy
     old_logp: torch.Tensor,  # (B, T) behaviour policy
     advantages: torch.Tensor,  # (B,) or (B, T)
@@ -197,7 +197,7 @@ def policy_loss(
     level: str = "token",
     agg: str = "token-mean",
     weights: torch.Tensor | None = None,  # (B, T) per-token loss weights, e.g. rollout IS correction
-    **agg_norms,  # agg_loss's keyword-only normalisers, forwarded as they are: it rejects any other
+    norms: AggNorms | None = None,  # agg_loss's whole-mini-batch normalisers; None: this batch's own
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate ``max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high))`` (arXiv 1707.06347, 2507.18071).
 
@@ -207,7 +207,7 @@ def policy_loss(
         policy_loss(logp, old_logp, adv, mask, ClipBounds(0.2, eps_high))
 
     ``level="token"`` uses the token ratio, ``"sequence"`` GSPO's sequence ratio with the
-    GSPO-token gradient. The keywords ``num_tokens``, ``num_seqs``, ``horizon`` pass mini-batch
+    GSPO-token gradient. ``norms`` (``AggNorms(num_tokens, num_seqs, horizon)``) passes mini-batch
     normalisers to ``agg_loss``. Returns ``(loss, metrics)``; see the module docstring for the metrics.
     """
     bounds = _checked_bounds("policy_loss", bounds)
@@ -227,9 +227,9 @@ def policy_loss(
         dual = (loss_mat > pg3) & (adv < 0)
         loss_mat = torch.where(dual, pg3, loss_mat)
     if weights is not None:
-        check_same_shape(weights=weights, logp=logp)
+        check_same_shape({"weights": weights, "logp": logp})
         loss_mat = loss_mat * weights
-    loss = agg_loss(loss_mat, response_mask, agg, **agg_norms)
+    loss = agg_loss(loss_mat, response_mask, agg, norms=norms)
 
     with torch.no_grad():
         n_tokens = response_mask.sum().clamp(min=1)
@@ -249,7 +249,7 @@ def cispo_loss(
     bounds: ClipBounds,  # ε_low, ε_high; clip_ratio_c must be None
     *,
     agg: str = "token-mean",
-    **agg_norms,  # agg_loss's keyword-only normalisers, forwarded as they are: it rejects any other
+    norms: AggNorms | None = None,  # agg_loss's whole-mini-batch normalisers; None: this batch's own
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585): clip the IS *weight*, never drop a token's gradient.
 
@@ -267,7 +267,7 @@ def cispo_loss(
     ratio = torch.exp(log_r.detach())
     weight = _clip(ratio, eps_low, eps_high)
     loss_mat = -adv * weight * logp
-    loss = agg_loss(loss_mat, response_mask, agg, **agg_norms)
+    loss = agg_loss(loss_mat, response_mask, agg, norms=norms)
     with torch.no_grad():
         n_tokens = response_mask.sum().clamp(min=1)
         sign, signed_bound = _bounds(adv, eps_low, eps_high)
@@ -276,14 +276,18 @@ def cispo_loss(
     return loss, metrics
 
 
-def _ppo(*args, **kwargs):
+def _ppo(logp, old_logp, advantages, response_mask, bounds: ClipBounds, *, agg="token-mean", weights=None, norms=None):
     """:func:`policy_loss` on the token ratio (its arguments, less ``level``)."""
-    return policy_loss(*args, level="token", **kwargs)
+    return policy_loss(
+        logp, old_logp, advantages, response_mask, bounds, level="token", agg=agg, weights=weights, norms=norms
+    )
 
 
-def _gspo(*args, **kwargs):
+def _gspo(logp, old_logp, advantages, response_mask, bounds: ClipBounds, *, agg="token-mean", weights=None, norms=None):
     """:func:`policy_loss` on GSPO's sequence ratio (its arguments, less ``level``)."""
-    return policy_loss(*args, level="sequence", **kwargs)
+    return policy_loss(
+        logp, old_logp, advantages, response_mask, bounds, level="sequence", agg=agg, weights=weights, norms=norms
+    )
 
 
 # name -> loss with the shared signature. "ppo" is the token-ratio surrogate of GRPO/DAPO/GAPO,

@@ -127,7 +127,7 @@ try:
 
     from gapo.core.clipping import eps_high_from_weight
     from gapo.core.losses import ClipBounds, policy_loss
-    from gapo.integrations.verl_config import check_gapo_fields, gapo_params, verl_agg_kwargs
+    from gapo.integrations.verl_config import check_gapo_fields, gapo_params, verl_agg_norms
     from gapo.integrations.verl_metrics import metrics_by_c
     from gapo.integrations.verl_success import row_advantages, success_from_advantages
 except BaseException as _exc:  # noqa: BLE001 - re-raised after making it visible
@@ -292,7 +292,7 @@ def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_ag
     eps_high = eps_high_from_weight(w, eps_low=p.eps_low, eps_high_max=p.eps_high_max, eps_schedule=p.eps_schedule).to(
         log_prob.device
     )
-    mode, agg_kwargs = verl_agg_kwargs(loss_agg_mode, config.get("global_batch_info", None))
+    mode, norms = verl_agg_norms(loss_agg_mode, config.get("global_batch_info", None))
     bounds = ClipBounds(p.eps_low, eps_high, p.clip_ratio_c if level == "token" else None)
     loss, m = policy_loss(
         log_prob,
@@ -303,7 +303,7 @@ def _gapo_loss(level, old_log_prob, log_prob, advantages, response_mask, loss_ag
         level=level,
         agg=mode,
         weights=rollout_is_weights,
-        **agg_kwargs,
+        norms=norms,
     )
     metrics = {
         "actor/pg_clipfrac": m["loss/clipfrac"].item(),

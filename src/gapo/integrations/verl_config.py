@@ -12,8 +12,8 @@ is in the docstring of :mod:`gapo.integrations.verl`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from gapo.core.aggregation import AggNorms
 from gapo.core.checks import check_reward_range
 
 SCHEDULES = ("linear", "log")
@@ -148,8 +148,8 @@ def gapo_params(config) -> GapoParams:
     )
 
 
-def verl_agg_kwargs(loss_agg_mode: str, info: dict) -> tuple[str, dict]:
-    """Map verl's ``agg_loss`` normalisers (global_batch_info) onto ``gapo.core.aggregation.agg_loss``.
+def verl_agg_norms(loss_agg_mode: str, info: dict) -> tuple[str, AggNorms]:
+    """Map verl's ``agg_loss`` normalisers (global_batch_info) onto ``gapo.core.aggregation.AggNorms``.
 
     verl divides by the global count and multiplies by ``dp_size`` (DDP averages gradients over
     ranks); dividing by ``count / dp_size`` is the same. verl's ``token-sum`` is a token-mean
@@ -158,20 +158,14 @@ def verl_agg_kwargs(loss_agg_mode: str, info: dict) -> tuple[str, dict]:
     info = info or {}
     dp = info.get("dp_size", 1) or 1
     if loss_agg_mode == "token-sum":
-        return "token-mean", {"num_tokens": 1.0 / dp}
-    kwargs: dict[str, Any] = {}
+        return "token-mean", AggNorms(num_tokens=1.0 / dp)
     if loss_agg_mode == "token-mean":
         n = info.get("batch_num_tokens", None)
         if n is None and dp > 1:
             raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
-        if n is not None:
-            kwargs["num_tokens"] = n / dp
-    else:
-        n = info.get("global_batch_size", None)
-        if n is None and dp > 1:
-            raise ValueError("global_batch_size is required when dp_size > 1")
-        if n is not None:
-            kwargs["num_seqs"] = n / dp
-        if loss_agg_mode == "seq-mean-token-sum-norm" and info.get("loss_scale_factor", None) is not None:
-            kwargs["horizon"] = info["loss_scale_factor"]
-    return loss_agg_mode, kwargs
+        return loss_agg_mode, AggNorms(num_tokens=None if n is None else n / dp)
+    n = info.get("global_batch_size", None)
+    if n is None and dp > 1:
+        raise ValueError("global_batch_size is required when dp_size > 1")
+    horizon = info.get("loss_scale_factor", None) if loss_agg_mode == "seq-mean-token-sum-norm" else None
+    return loss_agg_mode, AggNorms(num_seqs=None if n is None else n / dp, horizon=horizon)

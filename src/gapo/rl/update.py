@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
-from gapo.core.aggregation import agg_loss
+from gapo.core.aggregation import AggNorms, agg_loss
 from gapo.core.losses import LOSSES, RATIO_LEVEL, ClipBounds, kl_estimate, log_ratio
 from gapo.core.metrics import clip_counts_by_c, merge_counts
 
@@ -156,34 +156,34 @@ def micro_batches(rows: torch.Tensor, size: int | None) -> tuple[torch.Tensor, .
     return rows.split(size or rows.numel())
 
 
-def minibatch_norms(mask: torch.Tensor, horizon: int, split: bool) -> dict:
+def minibatch_norms(mask: torch.Tensor, horizon: int, split: bool) -> AggNorms | None:
     """``agg_loss``'s whole-mini-batch normalisers for a mini-batch (response ``mask``) cut into
-    micro-batches (``split``); none when the mini-batch is one micro-batch."""
+    micro-batches (``split``); None (each batch's own) when the mini-batch is one micro-batch."""
     if not split:
-        return {}
-    return dict(num_tokens=mask.sum(), num_seqs=(mask.sum(-1) > 0).sum(), horizon=horizon)
+        return None
+    return AggNorms(num_tokens=mask.sum(), num_seqs=(mask.sum(-1) > 0).sum(), horizon=horizon)
 
 
-def token_share(mask: torch.Tensor, minibatch_mask: torch.Tensor, norms: dict) -> float:
+def token_share(mask: torch.Tensor, minibatch_mask: torch.Tensor, norms: AggNorms | None) -> float:
     """A micro-batch's share of its mini-batch's response tokens (1 when it is the whole)."""
-    return float(mask.sum()) / max(float(minibatch_mask.sum()), 1.0) if norms else 1.0
+    return float(mask.sum()) / max(float(minibatch_mask.sum()), 1.0) if norms is not None else 1.0
 
 
 def micro_batch_loss(
-    logp: torch.Tensor, ent: torch.Tensor, mb: UpdateBatch, s: LossSettings, norms: dict
+    logp: torch.Tensor, ent: torch.Tensor, mb: UpdateBatch, s: LossSettings, norms: AggNorms | None
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``(total, metrics)`` of one micro-batch (formula in the module docstring); ``logp``/``ent``
     ``(b, T)`` are the current policy's on ``mb``'s rows. Metrics are detached 0-d tensors:
     the surrogate's (``gapo.core.losses``), ``loss/kl_ref``, ``loss/policy``, ``loss/total``."""
     bounds = ClipBounds(s.eps_low, mb.eps_high, s.clip_ratio_c)
-    loss, metrics = LOSSES[s.loss](logp, mb.old_logp, mb.advantages, mb.mask, bounds, agg=s.agg, **norms)
+    loss, metrics = LOSSES[s.loss](logp, mb.old_logp, mb.advantages, mb.mask, bounds, agg=s.agg, norms=norms)
     total = loss
     if mb.ref_logp is not None:
-        kl = agg_loss(kl_estimate(logp, mb.ref_logp, s.kl_estimator), mb.mask, s.agg, **norms)
+        kl = agg_loss(kl_estimate(logp, mb.ref_logp, s.kl_estimator), mb.mask, s.agg, norms=norms)
         total = total + s.kl_coef * kl
         metrics["loss/kl_ref"] = kl.detach()
     if s.entropy_coef:
-        total = total - s.entropy_coef * agg_loss(ent, mb.mask, s.agg, **norms)
+        total = total - s.entropy_coef * agg_loss(ent, mb.mask, s.agg, norms=norms)
     metrics["loss/policy"], metrics["loss/total"] = loss.detach(), total.detach()
     return total, metrics
 
