@@ -19,7 +19,7 @@ import statistics
 import time
 
 from gapo.exec import sandbox
-from gapo.tasks.code import HumanEvalTask
+from gapo.tasks.code import CodeScoring, HumanEvalTask
 
 
 def main() -> None:
@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=None, help="default: usable cores")
     ap.add_argument("--wrong-every", type=int, default=4)
     args = ap.parse_args()
-    task = HumanEvalTask(timeout_s=10.0, memory_mb=512)
+    task = HumanEvalTask(scoring=CodeScoring(timeout_s=10.0, memory_mb=512))
     problems = task.problems()
     wrong_problems = problems[:: args.wrong_every]
     batch = problems + wrong_problems

@@ -14,6 +14,7 @@ time out are generous too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -33,10 +34,11 @@ from gapo.exec import sandbox
 LINUX_ROOT = sys.platform.startswith("linux") and os.geteuid() == 0
 
 
-def run(program: str, **kw):
-    kw.setdefault("timeout_s", 30.0)  # generous: only tests of the time-out itself set less
-    kw.setdefault("memory_mb", 256)
-    return sandbox.run(program, **kw)
+LIMITS = sandbox.Limits(timeout_s=30.0, memory_mb=256)  # generous: only tests of the time-out itself set less
+
+
+def run(program: str, limits: sandbox.Limits = LIMITS, *, stdin: bytes | None = None, peer: str | None = None):
+    return sandbox.run(program, limits, stdin=stdin, peer=peer)
 
 
 @pytest.fixture
@@ -85,7 +87,7 @@ def test_fork_bomb_is_refused():
         "            os._exit(0)\n"
         "bomb(6)\n"  # at most 2**7 - 1 processes even if forking worked
     )
-    r = run(prog, timeout_s=60)
+    r = run(prog, sandbox.Limits(timeout_s=60, memory_mb=256))
     assert not r.passed, r
     # refused at the first fork, not stopped by the (generous) wall clock
     assert r.status != "timeout" and ("BlockingIOError" in r.stderr or r.status == "killed"), r
@@ -97,7 +99,7 @@ def test_threads_are_refused():
 
 
 def test_memory_bomb():
-    r = run("x = bytearray(2 * 1024**3)\nprint(len(x))", memory_mb=256, timeout_s=60)
+    r = run("x = bytearray(2 * 1024**3)\nprint(len(x))", sandbox.Limits(timeout_s=60, memory_mb=256))
     assert not r.passed and r.status == "memory", r  # MemoryError at once, not a time-out
 
 
@@ -112,7 +114,7 @@ def test_memory_bomb():
     ids=["busy", "sleep"],
 )
 def test_infinite_and_sleep_loops_time_out(prog):
-    r = run(prog, timeout_s=1.0, cpu_s=60.0)
+    r = run(prog, sandbox.Limits(timeout_s=1.0, memory_mb=256, cpu_s=60.0))
     assert r.status == "timeout" and not r.passed, r
     # the parent's SIGKILL at the wall-clock deadline (not SIGXCPU: cpu_s is far away), and
     # never before that deadline
@@ -130,7 +132,7 @@ def test_cpu_limit_is_separate_from_wall_clock():
     the bootstrap waits for PID 1, which waits for the program), never through wall time, which
     a busy machine stretches at will (2 CPU-seconds took 10 s there)."""
     before = _children_cpu_s()
-    r = run("while True:\n    pass\n", timeout_s=300.0, cpu_s=1.0)
+    r = run("while True:\n    pass\n", sandbox.Limits(timeout_s=300.0, memory_mb=256, cpu_s=1.0))
     used = _children_cpu_s() - before
     assert r.status == "timeout", r
     # SIGXCPU (raised by RLIMIT_CPU; 128 + signal when mirrored by the sandbox's PID 1), not the
@@ -140,7 +142,7 @@ def test_cpu_limit_is_separate_from_wall_clock():
     assert 1.0 <= used < 8.0, used
     # and an idle program is not stopped by the CPU limit, although it outlives cpu_s
     before = _children_cpu_s()
-    r = run("import time\ntime.sleep(3.0)\nprint('woke')\n", timeout_s=300.0, cpu_s=1.0)
+    r = run("import time\ntime.sleep(3.0)\nprint('woke')\n", sandbox.Limits(timeout_s=300.0, memory_mb=256, cpu_s=1.0))
     assert r.status == "ok" and r.stdout.strip() == "woke", r
     assert _children_cpu_s() - before < 3.0
 
@@ -156,7 +158,7 @@ def test_files_outside_the_sandbox_are_untouched(sentinel_dir):
         f"open({os.path.join(sentinel_dir, 'new.txt')!r}, 'w').write('x')",
         f"import shutil; shutil.rmtree({sentinel_dir!r})",
     ]
-    results = sandbox.run_many(attacks, timeout_s=5.0, memory_mb=256)
+    results = sandbox.run_many(attacks, sandbox.Limits(timeout_s=5.0, memory_mb=256))
     for prog, r in zip(attacks, results):
         assert not r.passed, (prog, r.stderr)
     assert _snapshot(sentinel_dir) == before
@@ -176,7 +178,7 @@ def test_writes_inside_the_workdir_work_and_are_removed():
 
 
 def test_file_size_limit():
-    r = run("open('big', 'wb').write(b'x' * (64 << 20))", file_size_mb=8, memory_mb=512)
+    r = run("open('big', 'wb').write(b'x' * (64 << 20))", sandbox.Limits(timeout_s=30.0, memory_mb=512, file_size_mb=8))
     assert not r.passed and "File too large" in r.stderr
 
 
@@ -251,7 +253,7 @@ def test_killing_the_parent_fails_and_the_parent_survives():
 
 def test_gigabytes_of_stdout_are_cut_off():
     prog = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(4096):\n    sys.stdout.write(chunk)\n"  # 4 GB at most
-    r = run(prog, output_limit_bytes=1 << 20, timeout_s=120)
+    r = run(prog, sandbox.Limits(timeout_s=120, memory_mb=256, output_limit_bytes=1 << 20))
     # killed at the cap (a time-out or "ok" would mean the 4 GB were pumped)
     assert r.status == "output_limit" and not r.passed and r.stdout_truncated
     assert len(r.stdout) <= 1 << 20
@@ -259,14 +261,17 @@ def test_gigabytes_of_stdout_are_cut_off():
 
 def test_gigabytes_of_stderr_are_cut_off():
     prog = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(4096):\n    sys.stderr.write(chunk)\n"
-    r = run(prog, output_limit_bytes=1 << 20)
+    r = run(prog, sandbox.Limits(timeout_s=30.0, memory_mb=256, output_limit_bytes=1 << 20))
     assert r.status == "output_limit" and len(r.stderr) <= 1 << 20
 
 
 def test_deep_recursion():
     r = run("def f(n):\n    return f(n + 1)\nf(0)\n")
     assert r.status == "failed" and "RecursionError" in r.stderr
-    r = run("import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)\n", timeout_s=3.0)
+    r = run(
+        "import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)\n",
+        sandbox.Limits(timeout_s=3.0, memory_mb=256),
+    )
     assert not r.passed
 
 
@@ -282,14 +287,9 @@ def test_stdin_is_delivered():
 
 def test_run_many_keeps_order_and_bounds_concurrency():
     progs = [f"print({i})" for i in range(6)]
-    rs = sandbox.run_many(progs, timeout_s=5.0, memory_mb=256, workers=3)
+    rs = sandbox.run_many(progs, sandbox.Limits(timeout_s=5.0, memory_mb=256), workers=3)
     assert [r.stdout.strip() for r in rs] == [str(i) for i in range(6)]
     assert sandbox.max_concurrency() >= 1
-
-
-def test_bad_arguments():
-    with pytest.raises(ValueError):
-        sandbox.run("print(1)", timeout_s=0, memory_mb=256)
 
 
 @pytest.mark.parametrize(
@@ -313,21 +313,31 @@ def test_a_bad_limit_names_the_field(field, value):
     kw = {"timeout_s": 5.0, "memory_mb": 256, field: value}
     with pytest.raises(ValueError, match=f"sandbox limit {field} "):
         sandbox.Limits(**kw)
-    with pytest.raises(ValueError, match=f"sandbox limit {field} "):  # the keyword spelling: the same check
-        sandbox.run("print(1)", **kw)
 
 
-def test_limits_as_keywords_or_one_object():
-    L = sandbox.Limits
-    assert L.of(None, {"timeout_s": 5, "memory_mb": 256}) == L(5, 256)
-    assert L.of(L(5, 256), {"cpu_s": 1, "tmpfs_mb": 8}) == L(5, 256, cpu_s=1, tmpfs_mb=8)  # keywords replace fields
-    assert L.of(L(5, 256), {}) == L(5, 256)
-    with pytest.raises(TypeError, match="'timeout'"):
-        sandbox.run("print(1)", timeout=5, memory_mb=256)
-    with pytest.raises(TypeError, match="memory_mb"):
-        sandbox.run("print(1)", timeout_s=5)
-    with pytest.raises(TypeError, match="run_many.*'cpu'"):
-        sandbox.run_many(["print(1)"], timeout_s=5, memory_mb=256, cpu=1)
+def test_the_limits_have_one_spelling(tmp_path, monkeypatch):
+    """run and run_many take the limits as one sandbox.Limits: 0.2's keyword spelling
+    (``run(program, timeout_s=5, memory_mb=256)``), no limits, or anything that is not a Limits is
+    a TypeError naming it, raised before any work (no scratch directory, no sandbox started)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where a scratch directory would go
+    monkeypatch.setattr(sandbox, "_run", None)  # calling it would be a TypeError of another kind
+    for call in (
+        lambda: sandbox.run("print(1)", timeout_s=5, memory_mb=256),
+        lambda: sandbox.run("print(1)", LIMITS, cpu_s=1),
+        lambda: sandbox.run_many(["print(1)"], LIMITS, timeout_s=5),
+    ):
+        with pytest.raises(TypeError, match="unexpected keyword argument '(timeout_s|cpu_s)'"):
+            call()
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'limits'"):
+        sandbox.run("print(1)")
+    for bad in (None, {"timeout_s": 5, "memory_mb": 256}, (5, 256)):
+        with pytest.raises(TypeError, match=f"run\\(\\): limits must be a sandbox.Limits, got {type(bad).__name__}"):
+            sandbox.run("print(1)", bad)
+        with pytest.raises(
+            TypeError, match=f"run_many\\(\\): limits must be a sandbox.Limits, got {type(bad).__name__}"
+        ):
+            sandbox.run_many(["print(1)"], bad)
+    assert os.listdir(tmp_path) == []
 
 
 def test_the_boot_config_applies_each_limit():
@@ -348,10 +358,8 @@ def test_a_limits_object_reaches_the_run():
     prog = "import sys\nprint('x' * 5000)\n"
     capped = sandbox.run(prog, sandbox.Limits(timeout_s=30.0, memory_mb=256, output_limit_bytes=1000))
     assert capped.status == "output_limit" and capped.stdout_truncated and len(capped.stdout) <= 1000
-    flat = sandbox.run(prog, timeout_s=30.0, memory_mb=256, output_limit_bytes=1000)
-    assert (flat.status, flat.stdout, flat.isolation) == (capped.status, capped.stdout, capped.isolation)
     base = sandbox.Limits(timeout_s=30.0, memory_mb=256)
-    a, b = sandbox.run_many([prog, "print(2)"], limits=base, output_limit_bytes=1000)
+    a, b = sandbox.run_many([prog, "print(2)"], dataclasses.replace(base, output_limit_bytes=1000))
     assert (a.status, b.status, b.stdout) == ("output_limit", "ok", "2\n")
     assert sandbox.run(prog, base).status == "ok"  # the default cap (1 MiB) lets 5000 bytes through
 
@@ -430,12 +438,18 @@ def test_peer_dies_with_main_and_main_decides():
     # The peer leaves the session and sleeps: it must not outlive main nor delay the result
     # (a delayed result would be the wall clock's: status "timeout").
     peer = "import os, time\nos.setsid()\ntime.sleep(600)\n"
-    r = run("import sys\nsys.exit(3)\n", peer=peer, timeout_s=120.0)
+    r = run("import sys\nsys.exit(3)\n", sandbox.Limits(timeout_s=120.0, memory_mb=256), peer=peer)
     assert r.status == "failed" and r.returncode == 3, r
-    r = run("print('main')\n", peer="print('peer', flush=True)\n" + peer, timeout_s=120.0)
+    r = run(
+        "print('main')\n", sandbox.Limits(timeout_s=120.0, memory_mb=256), peer="print('peer', flush=True)\n" + peer
+    )
     assert r.status == "ok" and "main" in r.stdout, r
     # and a peer that never stops is bounded by the wall clock of the run
-    r = run("import os\nos.read(__gapo_peer__[0], 1)\n", peer="while True: pass\n", timeout_s=1.0)
+    r = run(
+        "import os\nos.read(__gapo_peer__[0], 1)\n",
+        sandbox.Limits(timeout_s=1.0, memory_mb=256),
+        peer="while True: pass\n",
+    )
     assert r.status == "timeout"
 
 
@@ -445,11 +459,11 @@ def test_fallback_without_namespaces():
     nobody, applies rlimits and guards sockets, and says so."""
     code = (
         "import json, sys, gapo.exec.sandbox as s\n"
-        "iso = s.capabilities()\n"
-        "a = s.run('import socket; socket.socket()', timeout_s=5, memory_mb=256)\n"
-        "b = s.run('import os; os.fork()', timeout_s=5, memory_mb=256)\n"
-        "c = s.run('import os; print(os.getuid())', timeout_s=5, memory_mb=256)\n"
-        "d = s.run(sys.argv[1], peer=sys.argv[2], stdin=b's3cr3t', timeout_s=5, memory_mb=256)\n"
+        "iso, lim = s.capabilities(), s.Limits(timeout_s=5, memory_mb=256)\n"
+        "a = s.run('import socket; socket.socket()', lim)\n"
+        "b = s.run('import os; os.fork()', lim)\n"
+        "c = s.run('import os; print(os.getuid())', lim)\n"
+        "d = s.run(sys.argv[1], lim, peer=sys.argv[2], stdin=b's3cr3t')\n"
         "print(json.dumps([iso.namespaces, iso.network, a.passed, b.passed, c.stdout,"
         " c.isolation, d.stdout.strip().splitlines()[-1:]]))\n"
     )
@@ -570,7 +584,7 @@ print(shm)
 """
     )
     before = _meminfo_kb("Shmem")
-    r = run(prog, memory_mb=512)
+    r = run(prog, sandbox.Limits(timeout_s=30.0, memory_mb=512))
     assert r.status == "ok" and int(r.stdout) >= 0, r.stderr
     deadline = time.monotonic() + 10  # a poll: the kernel frees a dead IPC namespace from a work queue
     while _meminfo_kb("Shmem") - before >= 80 << 10 and time.monotonic() < deadline:
@@ -591,7 +605,7 @@ for _ in range(64):
 print(total)
 """
     )
-    r = run(prog, memory_mb=256)
+    r = run(prog, sandbox.Limits(timeout_s=30.0, memory_mb=256))
     assert r.status == "ok", r.stderr
     assert int(r.stdout) <= 256  # shmall of the sandbox's own namespace
 
@@ -667,7 +681,7 @@ print(total)
 def test_memfd_and_shm_files_count_against_memory_mb(prog):
     """600 MiB in memfds (written, not mapped) or /dev/shm files, with memory_mb=256 and a tmpfs
     big enough not to be the bound: the sandbox's cgroup stops it."""
-    r = run(prog, memory_mb=256, tmpfs_mb=1024, timeout_s=20.0)
+    r = run(prog, sandbox.Limits(timeout_s=20.0, memory_mb=256, tmpfs_mb=1024))
     assert not r.passed and r.status == "memory", (r.status, r.stdout, r.stderr[-300:])
     assert "cgroup-memory" in r.isolation
 
@@ -676,7 +690,7 @@ def test_memfd_and_shm_files_count_against_memory_mb(prog):
     "mount" not in CAPS.namespaces, reason=f"no private /dev/shm without a mount namespace ({CAPS.describe()})"
 )
 def test_dev_shm_is_bounded_by_its_tmpfs():
-    r = run(SHM_FILES_BOMB, memory_mb=256)  # tmpfs_mb=64: ENOSPC or the cgroup, never 600 MiB
+    r = run(SHM_FILES_BOMB, LIMITS)  # memory_mb=256, tmpfs_mb=64: ENOSPC or the cgroup, never 600 MiB
     assert not r.passed
 
 
@@ -716,7 +730,8 @@ def _interpreter_readable_by_nobody() -> bool:
 def test_installed_third_party_package_imports():
     pytest.importorskip("numpy")
     r = run(
-        "import numpy as np\nprint(int(np.arange(10).sum()), np.linalg.inv([[2.0]]))\n", memory_mb=512, timeout_s=20.0
+        "import numpy as np\nprint(int(np.arange(10).sum()), np.linalg.inv([[2.0]]))\n",
+        sandbox.Limits(timeout_s=20.0, memory_mb=512),
     )
     assert r.status == "ok" and r.stdout.startswith("45"), r.stderr[-500:]
 
@@ -763,7 +778,7 @@ def test_sandbox_dies_with_the_process_that_started_it():
     code = (
         "import sys, gapo.exec.sandbox as s\n"
         "print('start', flush=True)\n"
-        f"s.run_many(['import time\\ntime.sleep(60)\\n'] * 2, timeout_s=60, memory_mb={mem},"
+        f"s.run_many(['import time\\ntime.sleep(60)\\n'] * 2, s.Limits(timeout_s=60, memory_mb={mem}),"
         " peers=[None, 'import time\\ntime.sleep(60)\\n'])\n"
     )
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
@@ -810,8 +825,8 @@ def test_an_interpreter_under_a_covered_directory_keeps_its_packages(tmp_path):
         src = Path(__file__).resolve().parents[2] / "src"
         env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{sysconfig.get_paths()['purelib']}")
         code = (
-            "from gapo.exec.sandbox import run\n"
-            "r = run('import gapo_probe_mod; print(gapo_probe_mod.VALUE)', timeout_s=10, memory_mb=256)\n"
+            "from gapo.exec.sandbox import Limits, run\n"
+            "r = run('import gapo_probe_mod; print(gapo_probe_mod.VALUE)', Limits(timeout_s=10, memory_mb=256))\n"
             "print(r.stderr[-500:]); print(r.passed, r.stdout.strip())\n"
         )  # the last line is the verdict
         out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -920,7 +935,7 @@ def test_kernel_keyring_is_no_channel_between_runs():
     if "seccomp-keyring" in r1.isolation:
         assert all(v is None or v < 0 for v in added.values()), added  # denied outright
     # and concurrent runs cannot meet there either
-    a, b = sandbox.run_many([add, find], timeout_s=30.0, memory_mb=256)
+    a, b = sandbox.run_many([add, find], LIMITS)
     assert a.status == b.status == "ok" and token not in b.stdout, (a.stdout, b.stdout)
 
 
@@ -955,7 +970,7 @@ def _make_project(parent: str, token: str) -> str:
         f.write(
             "import json, sys\nfrom gapo.exec import sandbox\n"
             "progs = json.loads(sys.stdin.read())\n"
-            "rs = sandbox.run_many(progs, timeout_s=30.0, memory_mb=256)\n"
+            "rs = sandbox.run_many(progs, sandbox.Limits(timeout_s=30.0, memory_mb=256))\n"
             "print(json.dumps([[r.status, r.stdout, r.stderr[-300:]] for r in rs]))\n"
         )
     return proj
@@ -1059,7 +1074,7 @@ from gapo.exec.scoring import ScoringPool
 
 if __name__ == "__main__":
     path, mem = sys.argv[1], int(sys.argv[2])
-    task = MBPPTask(path, columns={"id_field": None}, timeout_s=300.0, memory_mb=mem)
+    task = MBPPTask(path, columns={"id_field": None}, scoring={"timeout_s": 300.0, "memory_mb": mem})
     pool = ScoringPool(2, timeout_s=None)
     # one worker's sandbox sleeps; the other busy-loops (a completion that never returns)
     fut = pool.submit(task, task.problems() * 2, ["import time\ntime.sleep(900)\n", "while True:\n    pass\n"])

