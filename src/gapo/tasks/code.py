@@ -244,7 +244,8 @@ class _CodeTask:
             warnings.warn(
                 f"{self.name} problem {key!r}: a completion exchanged an object that is not plain "
                 "builtin data with the tests, which strict_returns=True cannot carry; if correct "
-                "solutions do this too, load the dataset with strict_returns=False",
+                "solutions do this too, load the dataset with CodeScoring(strict_returns=False) "
+                "(task.params.strict_returns=false)",
                 stacklevel=3,
             )
             return False
@@ -255,8 +256,8 @@ class _CodeTask:
             warnings.warn(
                 f"{self.name} problem {key!r}: the tests and the reference solution exchange an "
                 "object that is not plain builtin data, which strict_returns=True cannot carry, so "
-                "every completion scores 0 here; load this dataset with strict_returns=False "
-                "(docs/sandbox.md)",
+                "every completion scores 0 here; load this dataset with CodeScoring(strict_returns=False) "
+                "(task.params.strict_returns=false, docs/sandbox.md)",
                 stacklevel=3,
             )
         return bad
