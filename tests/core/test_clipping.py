@@ -225,11 +225,18 @@ def test_group_range_is_per_group_min_max_and_affine_invariant(rewards, scale, s
 def test_batch_range_is_the_tuple_of_the_batch_min_max(rewards):
     r = torch.tensor(rewards)
     w = success_weight(r, 4, reward_range="batch")
-    if r.max() > r.min():
+    assert torch.isfinite(w).all(), w
+    if (r.max() - r.min()).item() >= torch.finfo(torch.float32).tiny:  # a fixed range that narrow is refused
         ref = success_weight(r, 4, reward_range=(r.min().item(), r.max().item()))
         torch.testing.assert_close(w, ref, rtol=1e-5, atol=1e-6)
-    else:
+    elif r.max() == r.min():
         assert (w == 0).all()
+
+
+def test_a_fixed_range_narrower_than_float32_resolves_is_an_error():
+    # found by the test above: (0, 1e-39) gave NaN weights (1 / width overflows float32)
+    with pytest.raises(ValueError, match="width R_max - R_min must be at least 1.18e-38"):
+        success_weight(torch.tensor([0.0, 0, 0, 1e-39]), 4, reward_range=(0.0, 1e-39))
 
 
 @pytest.mark.parametrize("name", sorted(EPS_SCHEDULES))

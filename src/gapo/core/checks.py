@@ -59,6 +59,9 @@ def check_rewards(rewards: torch.Tensor, group_size: int) -> None:
 REWARD_RANGE_MODES = ("group", "batch")
 
 
+_FLOAT32_TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny, without importing torch here
+
+
 def check_reward_range(reward_range) -> tuple[float, float] | str:
     """``reward_range`` is ``(R_min, R_max)`` with finite ``R_max > R_min`` (returned as floats),
     or ``"group"`` / ``"batch"`` (returned as is): the range taken from each group's own rewards,
@@ -79,6 +82,11 @@ def check_reward_range(reward_range) -> tuple[float, float] | str:
         ) from None
     if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
         raise ValueError(f"reward_range must be (R_min, R_max) with R_max > R_min, got {reward_range!r}")
+    if hi - lo < _FLOAT32_TINY:  # 1 / width overflows float32: the rescaled rewards would be inf and NaN
+        raise ValueError(
+            f"reward_range's width R_max - R_min must be at least {_FLOAT32_TINY:.3g} (float32's smallest "
+            f"normal number), got {reward_range!r}"
+        )
     return lo, hi
 
 
