@@ -166,7 +166,7 @@ class GAPOConfig(GRPOConfig):
         },
     )
 
-    def __new__(cls, *args, **kwargs):
+    def __new__(cls, *args, **kwargs):  # TRL's GRPOConfig fields, left to the dataclass __init__
         # a renamed field is an error naming the new one (dataclass __init__ would only name the old)
         renamed = [f"GAPOConfig.{k} is now {RENAMED[k]}" for k in kwargs if k in RENAMED]
         if renamed:
@@ -299,7 +299,7 @@ class GAPOWarning(UserWarning):
 class GAPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` with GAPO's per-rollout ε_high. Takes a :class:`GAPOConfig`; see the module doc."""
 
-    def __init__(self, model, reward_funcs=None, args: GAPOConfig | None = None, *pargs, **kwargs):
+    def __init__(self, model, reward_funcs=None, args: GAPOConfig | None = None, *pargs, **kwargs):  # GRPOTrainer's
         if args is None:
             name = model if isinstance(model, str) else "model"
             args = GAPOConfig(output_dir=f"{name.rstrip('/').split('/')[-1]}-GAPO")
@@ -400,7 +400,7 @@ class GAPOTrainer(GRPOTrainer):
         return output
 
     # -- the loss: TRL's, with ε_high per row ------------------------------------------------------
-    def _get_per_token_logps_and_entropies(self, *pargs, **kwargs):
+    def _get_per_token_logps_and_entropies(self, *pargs, **kwargs):  # TRL's own arguments, forwarded
         out = super()._get_per_token_logps_and_entropies(*pargs, **kwargs)
         if self._gapo_in_loss:  # keep the policy log-probs of the loss call for GAPO's metrics
             self._gapo_logps = out[0].detach()

@@ -113,7 +113,7 @@ def _announce_failure(exc: BaseException) -> None:
     except Exception:  # noqa: BLE001 - verl itself may be what failed, in any way
         return
 
-    def _broken(*args, **kwargs):
+    def _broken(*args, **kwargs):  # stands in for verl's function, whatever verl passes it
         raise RuntimeError(msg) from exc
 
     for name in LOSS_MODES:
@@ -191,7 +191,7 @@ RENAMED = {"schedule": "eps_schedule"}  # gapo 0.3: one spelling of the ε sched
 GAPO_FIELDS = tuple(f.name for f in fields(GAPOPolicyLossConfig) if f.name not in _VERL_FIELDS)
 
 
-def _policy_loss_config_new(cls, *args, **kwargs):
+def _policy_loss_config_new(cls, *args, **kwargs):  # verl's PolicyLossConfig fields, as verl passes them
     """``PolicyLossConfig.__new__`` while this module is loaded (see :func:`_install_config_dispatch`).
 
     ``PolicyLossConfig(loss_mode="gapo"|"gapo_seq", ...)`` returns a :class:`GAPOPolicyLossConfig`
@@ -404,7 +404,7 @@ def install() -> None:
     _install_actor_validation()
 
 
-def _plain_new(cls, *args, **kwargs):
+def _plain_new(cls, *args, **kwargs):  # verl's dataclass fields, left to its __init__
     """``object.__new__`` without the arguments: ``__init__`` (verl's dataclass) gets them."""
     return object.__new__(cls)
 
