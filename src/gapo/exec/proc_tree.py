@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-__all__ = ["die_with_parent", "become_subreaper", "descendants", "kill_tree"]
+__all__ = ["die_with_parent", "wait_for_parent", "become_subreaper", "descendants", "kill_tree"]
 
 
 def die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
@@ -45,16 +45,7 @@ def die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
             os._exit(1)
 
     def watch():
-        if pidfd is not None:
-            import select
-
-            poller = select.poll()
-            poller.register(pidfd, select.POLLIN)
-            while not poller.poll():
-                pass
-        else:
-            while os.getppid() == parent_pid:
-                time.sleep(0.2)
+        wait_for_parent(parent_pid, pidfd)
         os._exit(1)
 
     if os.name == "posix":
@@ -65,6 +56,21 @@ def die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
             threading.Thread(target=watch, name="gapo-parent-watch", daemon=True).start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def wait_for_parent(parent_pid: int, pidfd: int | None) -> None:
+    """Return once this process's parent ``parent_pid`` has exited: ``pidfd`` (its pidfd) becomes
+    readable then; without one, ``getppid()`` changes (polled)."""
+    if pidfd is not None:
+        import select
+
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        while not poller.poll():
+            pass
+    else:
+        while os.getppid() == parent_pid:
+            time.sleep(0.2)
 
 
 def become_subreaper() -> None:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gapo.exec.proc_tree import become_subreaper, die_with_parent, kill_tree
+from gapo.exec.proc_tree import become_subreaper, die_with_parent, kill_tree, wait_for_parent
 
 
 class VerifierTimeout(Exception):
@@ -264,16 +264,7 @@ def _lead_own_group() -> None:
         os.closerange(0, pidfd if pidfd is not None else 0)
         os.closerange((pidfd if pidfd is not None else 0) + 1, os.sysconf("SC_OPEN_MAX"))
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if pidfd is not None:
-            import select
-
-            poller = select.poll()
-            poller.register(pidfd, select.POLLIN)
-            while not poller.poll():
-                pass
-        else:
-            while os.getppid() == me:
-                time.sleep(0.2)
+        wait_for_parent(me, pidfd)  # the worker
         os.killpg(0, signal.SIGKILL)
     finally:
         os._exit(0)
