@@ -10,7 +10,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from gpu_check import CHAT_TEMPLATE, build  # noqa: E402
 
-__all__ = ["CHAT_TEMPLATE", "RUN_BASE", "build_instruct_checkpoint", "train_run"]
+__all__ = ["CHAT_TEMPLATE", "DEFAULT_SYSTEM", "QWEN_TEMPLATE", "RUN_BASE", "build_instruct_checkpoint", "train_run"]
+
+# A Qwen-style ChatML template: the default system turn when the conversation has none, and
+# Qwen3's enable_thinking switch (tests of conversational prompts and chat_template_kwargs)
+DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+QWEN_TEMPLATE = (
+    "{%- if messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}{%- endif %}"
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
 
 # 4 prompts x 4 rollouts of 2-number Countdown, no evaluation, no periodic checkpoint
 RUN_BASE = [

@@ -13,19 +13,14 @@ import json
 
 import pytest
 
-from checkpoints import build_instruct_checkpoint  # tests/checkpoints.py (tests/ is on sys.path under pytest)
+from checkpoints import (  # tests/checkpoints.py (tests/ is on sys.path under pytest)
+    DEFAULT_SYSTEM,
+    QWEN_TEMPLATE,
+    build_instruct_checkpoint,
+)
 from gapo.cli import main
 from gapo.rl import evaluate as evaluate_module
 
-DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-QWEN_TEMPLATE = (
-    "{%- if messages[0]['role'] != 'system' %}"
-    "{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}{%- endif %}"
-    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-    "{%- endif %}"
-)
 SYSTEM = "Answer with a number only."
 REWARDS = """
 def exact(prompt, completion, answer, **fields):  # the row's `prompt` column: the first argument wins

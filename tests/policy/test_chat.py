@@ -6,21 +6,17 @@ none, and Qwen3's ``enable_thinking`` switch."""
 
 import pytest
 
-from checkpoints import CHAT_TEMPLATE, build_instruct_checkpoint  # tests/checkpoints.py (tests/ is on sys.path)
+from checkpoints import (  # tests/checkpoints.py (tests/ is on sys.path)
+    CHAT_TEMPLATE,
+    DEFAULT_SYSTEM,
+    QWEN_TEMPLATE,
+    build_instruct_checkpoint,
+)
 from gapo.policy.chat import PromptEncoder
 from gapo.rl.config import load_config
 from gapo.rl.rollout import problem_name
 from gapo.tasks.base import Problem
 
-DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-QWEN_TEMPLATE = (
-    "{%- if messages[0]['role'] != 'system' %}"
-    "{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}{%- endif %}"
-    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-    "{%- endif %}"
-)
 # the issue's row: a system turn, one worked exchange, the real question last
 FEW_SHOT = [
     {"role": "system", "content": "Answer with a number only."},
