@@ -306,16 +306,21 @@ def check_reward_config(funcs, weights, ranges=None, *, key: str = "reward", tas
         _check_ranges(funcs, ranges, key)
 
 
-def _check_weights(funcs, weights, key: str) -> None:
-    if not isinstance(weights, (list, tuple)):
-        raise ValueError(f"{key}.weights: expected a list of numbers, one per reward, got {weights!r}")
+def _check_one_per_reward(funcs, values, key: str, items: str, unit: str) -> None:
+    """``values`` (``reward.weights``, ``reward.ranges``) is a list of ``items``, one ``unit`` per reward."""
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f"{key}: expected a list of {items}, one per reward, got {values!r}")
     if not funcs:
-        raise ValueError(f"{key}.weights: set but there are no rewards (--reward module:function, reward.funcs)")
-    if len(weights) != len(funcs):
+        raise ValueError(f"{key}: set but there are no rewards (--reward module:function, reward.funcs)")
+    if len(values) != len(funcs):
+        noun = key.rsplit(".", 1)[-1][:-1]  # weight, range
         raise ValueError(
-            f"{key}.weights: {len(weights)} weight(s) for {len(funcs)} reward(s) {list(funcs)}; "
-            "give one weight per reward"
+            f"{key}: {len(values)} {noun}(s) for {len(funcs)} reward(s) {list(funcs)}; give one {unit} per reward"
         )
+
+
+def _check_weights(funcs, weights, key: str) -> None:
+    _check_one_per_reward(funcs, weights, f"{key}.weights", "numbers", "weight")
     for w in weights:
         if not _finite(w) or w < 0:
             raise ValueError(f"{key}.weights: each weight must be a finite number >= 0, got {w!r}")
@@ -324,15 +329,7 @@ def _check_weights(funcs, weights, key: str) -> None:
 
 
 def _check_ranges(funcs, ranges, key: str) -> None:
-    if not isinstance(ranges, (list, tuple)):
-        raise ValueError(f"{key}.ranges: expected a list of [lo, hi], one per reward, got {ranges!r}")
-    if not funcs:
-        raise ValueError(f"{key}.ranges: set but there are no rewards (--reward module:function, reward.funcs)")
-    if len(ranges) != len(funcs):
-        raise ValueError(
-            f"{key}.ranges: {len(ranges)} range(s) for {len(funcs)} reward(s) {list(funcs)}; "
-            "give one [lo, hi] per reward"
-        )
+    _check_one_per_reward(funcs, ranges, f"{key}.ranges", "[lo, hi]", "[lo, hi]")
     for spec, r in zip(funcs, ranges):
         if not (isinstance(r, (list, tuple)) and len(r) == 2 and all(map(_finite, r)) and r[0] < r[1]):
             raise ValueError(f"{key}.ranges: the range of {spec!r} must be [lo, hi] with finite lo < hi, got {r!r}")
