@@ -10,7 +10,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from gpu_check import CHAT_TEMPLATE, build  # noqa: E402
 
-__all__ = ["CHAT_TEMPLATE", "DEFAULT_SYSTEM", "QWEN_TEMPLATE", "RUN_BASE", "build_instruct_checkpoint", "train_run"]
+__all__ = [
+    "CHAT_TEMPLATE",
+    "DEFAULT_SYSTEM",
+    "QWEN_TEMPLATE",
+    "RUN_BASE",
+    "build_instruct_checkpoint",
+    "small_instruct_config",
+    "train_run",
+]
 
 # A Qwen-style ChatML template: the default system turn when the conversation has none, and
 # Qwen3's enable_thinking switch (tests of conversational prompts and chat_template_kwargs)
@@ -53,3 +61,25 @@ def train_run(run, policy, *extra, flags=()):
     from gapo.cli import main
 
     return main(["train", "--out", str(run), *flags, f"model.path={policy}", *RUN_BASE, *extra])
+
+
+# 2 prompts x 2 rollouts of 2-number Countdown on the instruct checkpoint, no evaluation: the
+# smallest trainer run (tests of checkpoints, trackers, schedules); a later override wins
+SMALL_INSTRUCT_RUN = [
+    "task.params.n_numbers=2",
+    "task.params.num_range=[1,10]",
+    "task.train_size=64",
+    "train.prompts=2",
+    "train.group_size=2",
+    "train.mini_batches=1",
+    "train.progress=false",
+    "eval.problems=0",
+    "sampling.max_new_tokens=6",
+]
+
+
+def small_instruct_config(model, *extra):
+    """The config of ``SMALL_INSTRUCT_RUN`` on the checkpoint ``model``, then ``extra`` overrides."""
+    from gapo.rl.config import load_config
+
+    return load_config(None, [f"model.path={model}", *SMALL_INSTRUCT_RUN, *extra])

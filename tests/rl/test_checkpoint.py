@@ -9,10 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from checkpoints import build_instruct_checkpoint  # tests/checkpoints.py (tests/ is on sys.path)
+from checkpoints import build_instruct_checkpoint, small_instruct_config  # tests/checkpoints.py (tests/ is on sys.path)
 from gapo.cli import main
 from gapo.rl import checkpoint
-from gapo.rl.config import load_config
 from gapo.rl.export import export
 from gapo.rl.trainer import Trainer
 
@@ -25,25 +24,7 @@ def instruct(tmp_path_factory):
 
 
 def _cfg(model, *extra):
-    return load_config(
-        None,
-        [
-            f"model.path={model}",
-            "task.params.n_numbers=2",
-            "task.params.num_range=[1,10]",
-            "task.train_size=64",
-            "train.prompts=2",
-            "train.group_size=2",
-            "train.mini_batches=1",
-            "train.progress=false",
-            "eval.problems=0",
-            "sampling.max_new_tokens=6",
-            "optim.lr=1e-2",
-            "train.checkpoint_every=1",
-            "train.steps=5",
-            *extra,
-        ],
-    )
+    return small_instruct_config(model, "optim.lr=1e-2", "train.checkpoint_every=1", "train.steps=5", *extra)
 
 
 def _steps(run):

@@ -155,29 +155,14 @@ def test_the_trainer_follows_the_schedule_over_train_steps_and_a_changed_length(
     train.steps; a resume with --allow-change train.steps=6 follows the longer schedule at once."""
     import json
 
-    from checkpoints import build_instruct_checkpoint  # tests/checkpoints.py (tests/ is on sys.path)
-    from gapo.rl.config import load_config
+    from checkpoints import build_instruct_checkpoint, small_instruct_config  # tests/ is on sys.path
     from gapo.rl.trainer import Trainer
 
     model = build_instruct_checkpoint(tmp_path / "model")
-    base = [
-        f"model.path={model}",
-        "task.params.n_numbers=2",
-        "task.params.num_range=[1,10]",
-        "task.train_size=64",
-        "train.prompts=2",
-        "train.group_size=2",
-        "train.mini_batches=1",
-        "train.progress=false",
-        "eval.problems=0",
-        "sampling.max_new_tokens=4",
-        "optim.lr=1e-3",
-        "optim.warmup_steps=1",
-        "optim.schedule=linear",
-    ]
+    base = ["sampling.max_new_tokens=4", "optim.lr=1e-3", "optim.warmup_steps=1", "optim.schedule=linear"]
     run = tmp_path / "run"
-    Trainer(load_config(None, [*base, "train.steps=4"]), run).fit(stop_after=2)
-    tr = Trainer(load_config(None, [*base, "train.steps=6"]), run, resume=True, allow_change=True)
+    Trainer(small_instruct_config(model, *base, "train.steps=4"), run).fit(stop_after=2)
+    tr = Trainer(small_instruct_config(model, *base, "train.steps=6"), run, resume=True, allow_change=True)
     # step 3 trains at the new schedule's rate, not the one the checkpoint's optimiser state holds
     assert tr.opt.param_groups[0]["lr"] == 1e-3 * optimizer.lr_factor("linear", 2, warmup_steps=1, total_steps=6)
     tr.fit()

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from checkpoints import build_instruct_checkpoint  # tests/checkpoints.py (tests/ is on sys.path)
+from checkpoints import build_instruct_checkpoint, small_instruct_config  # tests/checkpoints.py (tests/ is on sys.path)
 from gapo.rl.config import load_config
 from gapo.rl.trackers import Trackers, samples_markdown
 from gapo.rl.trainer import Trainer
@@ -19,25 +19,7 @@ def instruct(tmp_path_factory):
 
 
 def _cfg(model, *extra):
-    return load_config(
-        None,
-        [
-            f"model.path={model}",
-            "task.params.n_numbers=2",
-            "task.params.num_range=[1,10]",
-            "task.train_size=64",
-            "train.prompts=2",
-            "train.group_size=2",
-            "train.mini_batches=1",
-            "train.progress=false",
-            "eval.problems=0",
-            "sampling.max_new_tokens=6",
-            "train.checkpoint_every=0",
-            "train.steps=3",
-            "log.samples=3",
-            *extra,
-        ],
-    )
+    return small_instruct_config(model, "train.checkpoint_every=0", "train.steps=3", "log.samples=3", *extra)
 
 
 def test_tensorboard_gets_the_completions_as_text(instruct, tmp_path):
