@@ -35,7 +35,7 @@ time.sleep(120)
 out.write_text("slept on")
 """
 
-# the grid stand-in: spawns the child with its pid in the environment (as grid._spawn does)
+# the grid stand-in: spawns the child with its pid in the environment (as experiments.pool.spawn does)
 PARENT = r"""
 import os, subprocess, sys
 env = dict(os.environ, GAPO_GRID_PID=str(os.getpid()))

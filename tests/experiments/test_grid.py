@@ -148,7 +148,7 @@ def test_grid_runs_skips_resumes_and_isolates_failures(tmp_path, easy_cache, mon
 
     base = str(get_base_policy(pretrain_config(g["_regimes"]["easy"]), progress=False))
     d = cell_dir(out, "easy", "gapo", 0)
-    # one torch thread, as a cell process gets (grid._spawn): the run records it and its resume in
+    # one torch thread, as a cell process gets (experiments.pool.spawn): the run records it and its resume in
     # the cell keeps it; without it the trainer would time its thread probe here (machine/threads.py)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     Trainer(cell_config(g, "easy", "gapo", 0, base_path=base), d).fit(stop_after=1)

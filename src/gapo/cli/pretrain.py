@@ -34,7 +34,7 @@ def run(args) -> int:
     from gapo.policy.base_policy import get_base_policy, resolve
     from gapo.policy.model import load_policy
     from gapo.policy.sampling import SamplingParams
-    from gapo.rl.evaluate import EvalPlan, evaluate
+    from gapo.rl.evaluate import EvalPlan, evaluate, pass_line
 
     torch.set_num_threads(args.threads)
     for preset in args.preset or ["low", "high"]:  # medium (larger, slower) only when asked for
@@ -51,5 +51,5 @@ def run(args) -> int:
                 params=SamplingParams(max_new_tokens=task.max_completion_len + 1),
                 plan=EvalPlan(n=16),
             )
-            print("  " + "  ".join(f"{k[5:]}={v:.3f}" for k, v in res.items() if k.startswith("eval/pass@")))
+            print("  " + pass_line(res))
     return 0

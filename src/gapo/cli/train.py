@@ -108,10 +108,9 @@ def say_train_result(out, res: dict, steps: int) -> None:
         m = ev.get("step", "?")
         when = " (before training)" if m == 0 else ""
         lead = "last evaluation" if res["stopped"] or m != res["step"] else "evaluation"
-        print(
-            f"{lead} at step {m}{when}: "
-            + "  ".join(f"{k[5:]}={v:.3f}" for k, v in ev.items() if k.startswith("eval/pass@"))
-        )
+        from gapo.rl.evaluate import pass_line
+
+        print(f"{lead} at step {m}{when}: {pass_line(ev)}")
     elif res["stopped"]:
         print("no evaluation yet (eval.problems=0, or none was due)")
     if res["stopped"]:

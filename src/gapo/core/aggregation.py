@@ -47,9 +47,11 @@ class AggNorms:
     def __post_init__(self):
         for f in fields(self):
             v = getattr(self, f.name)
-            ok = v is None or (isinstance(v, torch.Tensor) and v.numel() == 1) or (is_real(v) and v > 0)
-            if not ok or (f.name == "horizon" and isinstance(v, torch.Tensor)):
-                raise ValueError(f"AggNorms.{f.name} must be None or a number > 0, got {v!r}")
+            # a count kept on the device is not read here (that would sync with the host)
+            on_device = f.name != "horizon" and isinstance(v, torch.Tensor) and v.numel() == 1
+            if not (v is None or on_device or (is_real(v) and v > 0)):
+                what = "a number > 0" + ("" if f.name == "horizon" else " or a one-element tensor")
+                raise ValueError(f"AggNorms.{f.name} must be None or {what}, got {v!r}")
 
 
 def agg_loss(

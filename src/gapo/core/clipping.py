@@ -55,7 +55,7 @@ import math
 
 import torch
 
-from gapo.core.checks import check_eps, check_reward_range, check_rewards, reward_bounds, unknown
+from gapo.core.checks import check_reward_range, check_rewards, reward_bounds, unknown
 
 __all__ = ["success_weight", "gapo_eps_high", "eps_high_from_weight", "eps_high_for", "EPS_SCHEDULES"]
 
@@ -120,14 +120,9 @@ def eps_high_from_weight(
     eps_schedule: str = "linear",
 ) -> torch.Tensor:  # (B,)
     """GAPO's schedule applied to given success weights ``w`` (for adapters that recover ``w``
-    from advantages rather than rewards, e.g. verl's).
-
-    ``eps_low`` may be 1 or more here: a width used only as a cap ``1 + ε`` (TRL's cispo, whose IS
-    weight has no lower clip) needs none of ``1 − ε_low > 0``, which ``ClipBounds`` checks where a
-    clipped surrogate uses the bound."""
-    if not (math.isfinite(eps_low) and eps_low >= 0.0):
-        raise ValueError(f"eps_low must be finite and >= 0, got {eps_low!r}")
-    if not (math.isfinite(eps_high_max) and eps_high_max >= eps_low):
+    from advantages rather than rewards, e.g. verl's); widths as :func:`_check_widths` says."""
+    _check_widths(eps_low, eps_high_max)
+    if not eps_high_max >= eps_low:
         raise ValueError(f"eps_high_max ({eps_high_max!r}) must be >= eps_low ({eps_low!r})")
     w = w.float().clone()
     if eps_schedule == "linear":
@@ -138,10 +133,19 @@ def eps_high_from_weight(
     raise unknown("GAPO eps_schedule", eps_schedule, ("linear", "log"))
 
 
+def _check_widths(eps_low: float, eps_high_max: float) -> None:
+    """Every schedule's widths are finite and >= 0. ``eps_low`` may be 1 or more: a width used only
+    as a cap ``1 + ε`` (TRL's cispo, whose IS weight has no lower clip) needs none of
+    ``1 − ε_low > 0``, which ``ClipBounds`` checks where a clipped surrogate uses the bound."""
+    for name, v in (("eps_low", eps_low), ("eps_high_max", eps_high_max)):
+        if not (math.isfinite(v) and v >= 0.0):
+            raise ValueError(f"{name} must be finite and >= 0, got {v!r}")
+
+
 def _fixed(rewards, group_size, *, eps_low, eps_high_max, reward_range=(0.0, 1.0)):
     """Constant ``ε_high`` for every rollout (GRPO, DAPO clip-higher)."""
     check_rewards(rewards, group_size)
-    check_eps(eps_low, eps_high_max)
+    _check_widths(eps_low, eps_high_max)
     check_reward_range(reward_range)
     return torch.full(rewards.shape, float(eps_high_max), dtype=torch.float32, device=rewards.device)
 

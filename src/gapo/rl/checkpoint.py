@@ -3,8 +3,9 @@
 A checkpoint holds the *trainable* state: with LoRA the adapters only (the base weights stay
 where ``model.path`` points), otherwise the whole state dict. ``policy/`` is the final model as
 a Hugging Face folder (with LoRA: merged, with the adapter beside it), its marker naming the
-step it is from. The file-level rules (atomic writes, locking, the space check) are
-``gapo.rl.run_dir``'s; the trainer decides when each is written.
+step it is from. The file-level rules (atomic writes, locking, the space for one checkpoint) are
+``gapo.rl.run_dir``'s, the space for the kept ones :func:`check_room`'s; the trainer decides when
+each is written.
 
 Kept checkpoints (``train.keep_checkpoints = N > 1``, TRL's ``save_total_limit``): after
 ``checkpoint.pt`` is written, it is hard-linked (no second copy; a copy where the filesystem has
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from gapo.policy import lora
 from gapo.policy.model import read_marker, save_policy
-from gapo.rl.disk_space import free_bytes, space_note
+from gapo.rl.disk_space import free_bytes, mb, space_note
 
 __all__ = [
     "trainable_state",
@@ -149,16 +150,17 @@ def check_room(folder, one: int, keep: int, *, resume: bool, key: str = "train.k
     and with ``keep > 1`` for the ``keep`` checkpoints the run will hold, less those a resumed run
     has on disk (an ``--overwrite``'s old run stays until the first checkpoint: not counted); an
     ``OSError`` (ENOSPC) naming ``key`` otherwise."""
-    folder.check_space(one)
     more = keep - (_on_disk(folder.path) if resume else 0)
-    free = free_bytes(folder.path) if keep > 1 and more > 1 else None
+    if keep <= 1 or more <= 1:
+        folder.check_space(one)
+        return
+    free = free_bytes(folder.path)
     if free is not None and free < more * one:
         raise OSError(
             errno.ENOSPC,
             f"not enough free space for run folder {str(folder.path)!r}: {key}={keep} keeps {keep} checkpoints "
-            f"of about {one / 2**20:.1f} MB, {more} more than are there now ({more * one / 2**20:.1f} MB); "
-            f"{free / 2**20:.1f} MB are free. Lower {key}, free some space or choose another --out; "
-            "nothing was changed",
+            f"of about {mb(one)}, {more} more than are there now ({mb(more * one)}); {mb(free)} are free. "
+            f"Lower {key}, free some space or choose another --out; nothing was changed",
         )
 
 

@@ -27,7 +27,12 @@ from gapo.policy.model import eos_token_ids
 from gapo.policy.sampling import SamplingParams, sample
 from gapo.rl.rollout import problem_name
 
-__all__ = ["evaluate", "EvalPlan", "eval_params"]
+__all__ = ["evaluate", "EvalPlan", "eval_params", "pass_line"]
+
+
+def pass_line(ev: dict) -> str:
+    """An evaluation record's pass@k values on one line: ``pass@1=0.250  pass@2=0.375``."""
+    return "  ".join(f"{k[5:]}={v:.3f}" for k, v in ev.items() if k.startswith("eval/pass@"))
 
 
 def eval_params(cfg, max_new_tokens: int, eos_token_id=None) -> SamplingParams:

@@ -81,12 +81,7 @@ class RunModels:
                 return torch.load(self.kept[step], map_location="cpu", weights_only=False)
             except Exception as e:  # noqa: BLE001 - zip/pickle errors of a truncated file, of many kinds
                 raise ValueError(f"cannot read the run's model: {str(self.kept[step])!r} is unreadable ({e})") from None
-        if self._state is None:
-            try:
-                self._state = self.folder.load_checkpoint("cpu")
-            except ValueError as e:
-                raise ValueError(str(e).replace("cannot resume: ", "cannot read the run's model: ")) from None
-        return self._state
+        return self._state  # read once, with the folder (_read_checkpoint)
 
     def _read_checkpoint(self) -> None:
         try:

@@ -45,7 +45,7 @@ from gapo.policy.precision import autocast, grad_scaler
 from gapo.policy.sampling import SamplingParams, sample
 from gapo.rl import checkpoint, optimizer, problems, rollout, update
 from gapo.rl.config import Config, to_dict
-from gapo.rl.evaluate import EvalPlan, eval_params, evaluate
+from gapo.rl.evaluate import EvalPlan, eval_params, evaluate, pass_line
 from gapo.rl.resume import resume_changes
 from gapo.rl.run_dir import RunExists, RunFolder
 from gapo.rl.signals import stop_on_signals
@@ -570,4 +570,4 @@ def _postfix(rec: dict) -> dict[str, str]:
 
 def _pass_line(step: int, ev: dict) -> str:
     """An evaluation's pass@k values, the line printed above the bar."""
-    return f"step {step}: " + "  ".join(f"{k[5:]}={v:.3f}" for k, v in ev.items() if k.startswith("eval/pass@"))
+    return f"step {step}: {pass_line(ev)}"
