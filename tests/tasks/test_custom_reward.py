@@ -10,8 +10,8 @@ from gapo import tasks
 from gapo.exec.scoring import score_batch
 from gapo.rl.config import load_config
 from gapo.rl.rollout import merge_stats, probe_reward
-from gapo.tasks.custom import RewardTask, absolute_spec, parse_spec, with_rewards
-from gapo.tasks.reward_fn import check_value
+from gapo.tasks.custom import RewardTask, absolute_spec, with_rewards
+from gapo.tasks.reward_fn import check_value, parse_spec
 
 REWARDS = textwrap.dedent("""
     def contains(prompt, completion, ref):

@@ -278,7 +278,7 @@ def _kill_strays() -> None:
     the sentinel), after a user's code ran out of time and was interrupted, not killed (a soft
     timeout must not leave its children behind either), and when the worker stops. Linux
     (``/proc``); elsewhere they die with the worker's group."""
-    if os.getpgrp() == os.getpid() and os.path.isdir("/proc"):
+    if os.path.isdir("/proc") and os.getpgrp() == os.getpid():
         kill_tree(os.getpid(), spare=(_sentinel,))
 
 

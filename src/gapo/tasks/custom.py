@@ -74,20 +74,17 @@ import importlib.util
 import math
 import os
 
+from gapo.core.checks import is_real
 from gapo.exec.scoring import SHARED, STATUSES, UserCodeError
 from gapo.tasks.reward_fn import BUILTIN, RewardTerm, parse_spec, problem_fields
 
 __all__ = [
-    "RewardTerm",
     "RewardTask",
-    "parse_spec",
     "absolute_spec",
     "check_reward_config",
     "combined_range",
     "DEFAULT_RANGE",
     "with_rewards",
-    "BUILTIN",
-    "problem_fields",
 ]
 
 CHECK_TIMEOUT_S = 60.0  # checking the functions' parameters, once imported (the import has the pool's limit)
@@ -99,15 +96,15 @@ _COUNTED = [s for s in STATUSES if s != "ok"]
 _RESERVED = frozenset({"mean", "n", *(f"n_{s}" for s in _COUNTED), *(f"{s}_frac" for s in _COUNTED)})
 
 
-def absolute_spec(spec: str, start_dir: str | None = None) -> str:
+def absolute_spec(spec: str) -> str:
     """``spec`` as a saved config records it, so that ``gapo eval RUN``, ``--resume`` and the pool's
-    workers find the same function from any folder: a file path made absolute (against
-    ``start_dir``, default the current directory); a module found in ``start_dir`` and not
-    elsewhere on ``sys.path`` (``my_rewards:fn`` beside the run) as its file's absolute path; any
-    other spec as it is. Nothing is imported. A package module found only in ``start_dir`` is a
+    workers find the same function from any folder: a file path made absolute (against the
+    current directory, the start folder); a module found in the start folder and not elsewhere on
+    ``sys.path`` (``my_rewards:fn`` beside the run) as its file's absolute path; any other spec as
+    it is. Nothing is imported. A package module found only in the start folder is a
     ``ValueError``: as a file on its own its imports would break, so it must be made importable."""
     target, fn, is_file = parse_spec(spec)
-    start = os.path.abspath(start_dir or os.getcwd())
+    start = os.getcwd()
     if is_file:
         return f"{os.path.normpath(os.path.join(start, os.path.expanduser(target)))}:{fn}"
     if fn is None:
@@ -336,7 +333,7 @@ def _check_ranges(funcs, ranges, key: str) -> None:
 
 
 def _finite(x) -> bool:
-    return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
+    return is_real(x) and math.isfinite(x)
 
 
 def combined_range(funcs, weights=None, ranges=None) -> tuple[float, float]:
