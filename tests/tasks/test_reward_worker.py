@@ -193,6 +193,17 @@ def test_reward_timeout_s_is_the_deadline_wherever_the_task_is_scored(rw, arith)
         load_config(None, ["reward.timeout_s=0"])
 
 
+def test_the_functions_live_in_the_runs_pool_only(rw, arith):
+    """With task.scoring_workers=2 the functions are checked, scored in steps and scored in
+    evaluations in that one pool: no second pool of one imports them again for the run's length."""
+    base, p = arith
+    SHARED.close()
+    t = with_rewards(base, [f"{rw}:slow_batch"], timeout_s=5.0, workers=2)  # checked here
+    assert score_batch(t, [p, p], ["a", "b"], workers=2)[0] == [0.25, 0.25]  # a step
+    assert score_samples(t, [p], [["c"]]) == [[0.25]]  # an evaluation
+    assert sorted(SHARED._pools) == [2]
+
+
 def test_a_spinner_that_ignores_sigalrm_is_killed(rw, arith):
     base, p = arith
     t = with_rewards(base, [f"{rw}:spin"])

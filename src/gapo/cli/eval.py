@@ -169,6 +169,7 @@ def _evaluate(args, cfg, policy: tuple, *, n: int, n_problems: int) -> dict:
         probe=problems[0] if problems else None,
         reward_range=cfg.algo.reward_range,
         timeout_s=r.timeout_s,
+        workers=max(1, t.scoring_workers),
     )
     lengths = [len(encoder.ids(p)) for p in problems]
     longest = problem_name(problems[lengths.index(max(lengths))]) if lengths else None

@@ -466,7 +466,9 @@ def score_batch(task, problems, completions, *, workers: int = 0, timeout_s: flo
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
     if workers == 0 and getattr(task, "runs_user_code", False):
-        workers = 1  # a user's code never runs in this process: in a worker the hard deadline can kill
+        # a user's code never runs in this process: in a worker the hard deadline can kill; in the
+        # pool the task names (the run's), so that its functions are imported in one pool only
+        workers = getattr(task, "workers", 1)
     if workers > 0:
         return SHARED.pool(workers).score(task, problems, completions, timeout_s=timeout_s)
     _check_inputs(task, problems, completions)

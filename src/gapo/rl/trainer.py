@@ -188,6 +188,7 @@ class Trainer:
             probe=self.pool[0],
             reward_range=cfg.algo.reward_range,
             timeout_s=r.timeout_s,
+            workers=max(1, cfg.task.scoring_workers),
         )
         derived = getattr(cfg, "_sources", {}).get("algo.reward_range", "")
         if derived.startswith("derived"):  # R's range, from the rewards (config.yaml records it)

@@ -146,6 +146,7 @@ class RewardTask:
         self.terms = terms
         self.success_reward = success_reward  # evaluation counts a sample correct at R >= this (None: R > 0)
         self.deadline_s: float | None = None  # per completion, set: reward.timeout_s (see with_rewards)
+        self.workers = 1  # the scoring pool its functions run in: the run's (task.scoring_workers) or one
         self.name = task.name
         self.total_weight = sum(t.weight for t in terms)
         self.ranges = ranges  # each term's [lo, hi], checked on every value (None: unchecked)
@@ -194,7 +195,7 @@ class RewardTask:
         if not self.runs_user_code:
             return
         fields = None if probe is None else problem_fields(probe)
-        forms = SHARED.pool(1).ask(self, "check_terms", fields, timeout_s=CHECK_TIMEOUT_S)
+        forms = SHARED.pool(self.workers).ask(self, "check_terms", fields, timeout_s=CHECK_TIMEOUT_S)
         for t in self.terms:
             t.batched = forms.get(t.name, False)
 
@@ -371,7 +372,7 @@ def _extreme_mean(must, may, value) -> float:
     return best
 
 
-def with_rewards(task, funcs, weights=None, ranges=None, *, probe=None, reward_range=None, timeout_s=None):
+def with_rewards(task, funcs, weights=None, ranges=None, *, probe=None, reward_range=None, timeout_s=None, workers=1):
     """``task`` scored by ``funcs`` (``reward.funcs``) with ``weights`` and ``ranges``; ``task``
     itself when ``funcs`` is empty. Every function is imported now and its parameters checked
     against the fields of ``probe`` (a problem of the task), so a bad spec fails before the run.
@@ -380,7 +381,8 @@ def with_rewards(task, funcs, weights=None, ranges=None, *, probe=None, reward_r
     checked). With a fixed ``reward_range`` (R_min, R_max), evaluation counts a sample correct when
     R >= R_max (the rule of ``rollout/pass_rate``); otherwise when R > 0. ``timeout_s``
     (``reward.timeout_s``), when given, is the deadline per completion wherever the task is scored
-    (``RewardTask.deadline_s``, which replaces the scoring call's own ``timeout_s``)."""
+    (``RewardTask.deadline_s``, which replaces the scoring call's own ``timeout_s``); ``workers``
+    (``task.scoring_workers``, at least 1) the one pool the functions are checked and scored in."""
     if not funcs:
         if getattr(task, "needs_reward", False):
             raise ValueError(
@@ -408,5 +410,6 @@ def with_rewards(task, funcs, weights=None, ranges=None, *, probe=None, reward_r
         bounds=fixed,
     )
     out.deadline_s = None if timeout_s is None else float(timeout_s)
+    out.workers = max(1, int(workers))
     out.check(probe)  # imported and checked in a worker (never in this process)
     return out
