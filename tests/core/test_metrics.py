@@ -208,3 +208,38 @@ def test_ratio_adv_corr_pools_the_window():
     expected = pearson([p[0] for p in flat], [p[1] for p in flat])
     assert ratio_adv_corr(steps)["clip/ratio_adv_corr"] == pytest.approx(expected)
     assert RATIO_ADV_WINDOW == 8
+
+
+def test_per_token_widths_own_clipped_mask_and_gate_by_c():
+    # one group of G = 2 with c = 1: row 0 (A > 0) has 3 tokens, row 1 (A < 0) has 2 (+ padding)
+    ratio = torch.tensor([[1.5, 1.1, 1.35], [0.7, 0.95, float("nan")]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, c = torch.tensor([0.5, -0.5]), torch.tensor([1, 1])
+    # DCPO-like per-token widths: the upper bound binds on token 0 only (1.5 > 1.4; 1.35 < 1.4)
+    eps_high = torch.tensor([[0.4, 0.05, 0.4], [0.2, 0.2, 0.2]])
+    eps_low = torch.tensor([[0.2, 0.2, 0.2], [0.35, 0.02, 0.2]])  # row 1: 0.7 > 0.65, 0.95 < 0.98
+    s = clip_stats_by_c(ratio, adv, mask, c, eps_low=eps_low, eps_high=eps_high)
+    assert s["clip/frac_high_by_c/1"] == pytest.approx(2 / 3)  # 1.5 > 1.4 and 1.1 > 1.05
+    assert s["clip/frac_low_by_c/1"] == pytest.approx(1 / 2)  # 0.95 < 0.98
+    assert s["clip/gate_by_c/1"] == pytest.approx(1 / 3)  # a hard clip: 1 − the clipped share
+    assert s["clip/eps_high_by_c/1"] == pytest.approx(((0.4 + 0.05 + 0.4) / 3 + 0.2) / 2)  # row means
+    # the loss's own clipped tokens and soft gate replace the bound test (padding never counts)
+    own = torch.tensor([[False, False, True], [True, False, True]])
+    gate = torch.tensor([[0.5, 1.0, 0.25], [1.0, 1.0, 9.0]])
+    s = clip_stats_by_c(ratio, adv, mask, c, eps_low=0.2, eps_high=0.2, clipped=own, gate=gate)
+    assert s["clip/frac_high_by_c/1"] == pytest.approx(1 / 3)
+    assert s["clip/frac_low_by_c/1"] == pytest.approx(1 / 2)
+    assert s["clip/gate_by_c/1"] == pytest.approx((0.5 + 1.0 + 0.25) / 3)
+    assert math.isfinite(s["clip/ratio_dev_by_c/1"])
+
+
+def test_scalar_and_row_widths_count_as_before():
+    torch.manual_seed(0)
+    ratio, adv = torch.rand(6, 5) * 1.0 + 0.5, torch.randn(6)
+    mask, c = (torch.rand(6, 5) > 0.2).float(), torch.tensor([0, 0, 1, 1, 2, 2])
+    rows = torch.rand(6) * 0.3
+    by_rows = clip_counts_by_c(ratio, adv, mask, c, eps_low=0.2, eps_high=rows)
+    by_tokens = clip_counts_by_c(ratio, adv, mask, c, eps_low=0.2, eps_high=rows[:, None].expand(6, 5))
+    for k in by_rows:
+        for f in ("pos_clipped", "neg_clipped", "pos_gate_sum", "tokens"):
+            assert by_rows[k][f] == pytest.approx(by_tokens[k][f])

@@ -87,7 +87,23 @@ _COUNT_FIELDS = (
     "pos_eps_sum",
     "pos_dev_sum",
     "pos_adv_sum",
+    "pos_gate_sum",
 )
+
+
+def _per_token(eps: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:  # (B, T) or broadcastable
+    """A width as a tensor that broadcasts over ``like`` (B, T): a float, (B,) rows or (B, T) tokens."""
+    if not isinstance(eps, torch.Tensor):
+        return like.new_tensor(float(eps))
+    eps = eps.to(like.dtype)
+    return eps.unsqueeze(-1) if eps.ndim == 1 else eps
+
+
+def _row_width(eps: torch.Tensor, m: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:  # (B,)
+    """Each row's ``ε_high``: its own, or its response tokens' mean for per-token widths."""
+    if eps.ndim == 2 and eps.shape[-1] > 1:
+        return torch.where(m, eps, 0.0).sum(-1) / m.sum(-1).clamp(min=1)
+    return eps.reshape(-1).expand(advantages.shape[0]) if eps.numel() == 1 else eps.reshape(-1)
 
 
 @torch.no_grad()
@@ -97,18 +113,29 @@ def clip_counts_by_c(
     response_mask: torch.Tensor,  # (B, T)
     c: torch.Tensor,  # (B,) the success count of each rollout's group
     *,
-    eps_low: float,
-    eps_high: float | torch.Tensor,  # float or (B,)
+    eps_low: float | torch.Tensor,  # float, (B,) or (B, T)
+    eps_high: float | torch.Tensor,  # float, (B,) or (B, T)
+    clipped: torch.Tensor | None = None,  # (B, T) bool: the loss's own clipped tokens
+    gate: torch.Tensor | None = None,  # (B, T): the loss's gradient weight per token
 ) -> dict[int, dict[str, float]]:
     """Raw sums per ``c`` (tokens, Σ|ρ−1|, positive/negative-advantage tokens and how many of
-    them are clipped, rows, Σε_high, Σ|A|, and over positive-advantage tokens / rollouts Σ|ρ−1|
-    and ΣA); add them across mini-batches with
-    ``merge_counts`` and turn them into rates with ``clip_stats_from_counts``."""
+    them are clipped, rows, Σε_high, Σ|A|, and over positive-advantage tokens / rollouts Σ|ρ−1|,
+    ΣA and Σ gate); add them across mini-batches with
+    ``merge_counts`` and turn them into rates with ``clip_stats_from_counts``.
+
+    A token is clipped when its ratio is outside ``[1 − ε_low, 1 + ε_high]`` on its advantage's
+    side, unless the loss says which tokens it clipped (``clipped``: a covariance-selected token,
+    a soft gate's none); per-token widths (DCPO) count per token, and a row's ``ε_high`` is its
+    tokens' mean. ``gate`` is each token's policy-gradient weight relative to the unclipped
+    surrogate (1 unclipped, 0 clipped, a soft gate's derivative); without it the weight is
+    1 − clipped."""
     m = response_mask.bool()
-    eps_high = eps_high if isinstance(eps_high, torch.Tensor) else torch.full_like(advantages, float(eps_high))
-    eps_high = eps_high.to(ratio.dtype)
-    above = (ratio > 1.0 + eps_high.unsqueeze(-1)) & m
-    below = (ratio < 1.0 - eps_low) & m
+    eps_high = _per_token(eps_high, ratio)
+    above = (ratio > 1.0 + eps_high) & m
+    below = (ratio < 1.0 - _per_token(eps_low, ratio)) & m
+    if clipped is not None:
+        above = below = clipped.bool() & m
+    gate = (~(above | below)).to(ratio.dtype) if gate is None else gate.to(ratio.dtype)
     dev = torch.where(m, (ratio - 1.0).abs(), 0.0)  # not · m: a padded ratio may be NaN
     pos, neg = advantages > 0, advantages < 0
     tokens = m.sum(-1)
@@ -116,6 +143,8 @@ def clip_counts_by_c(
         [tokens.to(ratio.dtype), dev.sum(-1), tokens * pos, above.sum(-1) * pos, tokens * neg, below.sum(-1) * neg],
         dim=-1,
     ).double()  # (B, 6)
+    pos_gate = (torch.where(m, gate, 0.0).sum(-1) * pos).double()
+    eps_high = _row_width(eps_high, m, advantages)
     pos_dev = (dev.sum(-1) * pos).double()
     out: dict[int, dict[str, float]] = {}
     for bucket in torch.unique(c).tolist():
@@ -134,6 +163,7 @@ def clip_counts_by_c(
                     float(eps_high[prow].double().sum()),
                     float(pos_dev[rows].sum()),
                     float(advantages[prow].double().sum()),
+                    float(pos_gate[rows].sum()),
                 ],
             )
         )
@@ -172,8 +202,10 @@ def clip_stats_from_counts(counts: dict) -> dict[str, float]:
     ``clip/frac_low_by_c/{c}``, ``clip/ratio_dev_by_c/{c}`` (mean ``|ρ−1|``),
     ``clip/eps_high_by_c/{c}`` (all rollouts), ``clip/eps_high_pos_by_c/{c}`` (positive-advantage
     rollouts: the bound that can bind), ``clip/adv_by_c/{c}`` (mean ``|A|``), ``clip/tokens_pos_by_c/{c}``,
-    ``clip/ratio_dev_pos_by_c/{c}`` (mean ``|ρ−1|`` of positive-advantage tokens, before clipping)
-    and ``clip/adv_pos_by_c/{c}`` (mean ``A`` of positive-advantage rollouts)."""
+    ``clip/ratio_dev_pos_by_c/{c}`` (mean ``|ρ−1|`` of positive-advantage tokens, before clipping),
+    ``clip/adv_pos_by_c/{c}`` (mean ``A`` of positive-advantage rollouts) and ``clip/gate_by_c/{c}``
+    (the mean gradient weight of positive-advantage tokens: 1 − the clipped share for a hard clip,
+    a soft gate's mean weight)."""
     out: dict[str, float] = {}
     for c in sorted(counts):
         f = counts[c]
@@ -188,17 +220,17 @@ def clip_stats_from_counts(counts: dict) -> dict[str, float]:
             out[f"clip/adv_pos_by_c/{c}"] = f["pos_adv_sum"] / f["pos_rows"]
         if f["pos_tokens"]:
             out[f"clip/frac_high_by_c/{c}"] = f["pos_clipped"] / f["pos_tokens"]
+            out[f"clip/gate_by_c/{c}"] = f.get("pos_gate_sum", 0.0) / f["pos_tokens"]
             out[f"clip/ratio_dev_pos_by_c/{c}"] = f["pos_dev_sum"] / f["pos_tokens"]
         if f["neg_tokens"]:
             out[f"clip/frac_low_by_c/{c}"] = f["neg_clipped"] / f["neg_tokens"]
     return out
 
 
-def clip_stats_by_c(ratio, advantages, response_mask, c, *, eps_low, eps_high) -> dict[str, float]:
-    """Clip statistics per group-success count ``c`` for one batch (see ``clip_stats_from_counts``)."""
-    return clip_stats_from_counts(
-        clip_counts_by_c(ratio, advantages, response_mask, c, eps_low=eps_low, eps_high=eps_high)
-    )
+def clip_stats_by_c(ratio, advantages, response_mask, c, **widths) -> dict[str, float]:
+    """Clip statistics per group-success count ``c`` for one batch (see ``clip_stats_from_counts``);
+    ``widths``: ``clip_counts_by_c``'s keywords (``eps_low``, ``eps_high``, ``clipped``, ``gate``)."""
+    return clip_stats_from_counts(clip_counts_by_c(ratio, advantages, response_mask, c, **widths))
 
 
 def first_move_entropy(moves: list) -> float:
