@@ -144,29 +144,27 @@ def clip_counts_by_c(
         dim=-1,
     ).double()  # (B, 6)
     pos_gate = (torch.where(m, gate, 0.0).sum(-1) * pos).double()
-    eps_high = _row_width(eps_high, m, advantages)
-    pos_dev = (dev.sum(-1) * pos).double()
+    return _by_c(c, per_row, advantages, _row_width(eps_high, m, advantages), (dev.sum(-1) * pos).double(), pos_gate)
+
+
+def _by_c(c, per_row, advantages, eps_high, pos_dev, pos_gate) -> dict[int, dict[str, float]]:
+    """``clip_counts_by_c``'s per-row sums, added up per success count ``c``."""
     out: dict[int, dict[str, float]] = {}
+    pos = advantages > 0
     for bucket in torch.unique(c).tolist():
         rows = c == bucket
-        sums = per_row[rows].sum(0).tolist()
         prow = rows & pos
-        out[int(bucket)] = dict(
-            zip(
-                _COUNT_FIELDS,
-                sums
-                + [
-                    float(rows.sum()),
-                    float(eps_high[rows].double().sum()),
-                    float(advantages[rows].double().abs().sum()),
-                    float(prow.sum()),
-                    float(eps_high[prow].double().sum()),
-                    float(pos_dev[rows].sum()),
-                    float(advantages[prow].double().sum()),
-                    float(pos_gate[rows].sum()),
-                ],
-            )
-        )
+        rest = [
+            float(rows.sum()),
+            float(eps_high[rows].double().sum()),
+            float(advantages[rows].double().abs().sum()),
+            float(prow.sum()),
+            float(eps_high[prow].double().sum()),
+            float(pos_dev[rows].sum()),
+            float(advantages[prow].double().sum()),
+            float(pos_gate[rows].sum()),
+        ]
+        out[int(bucket)] = dict(zip(_COUNT_FIELDS, per_row[rows].sum(0).tolist() + rest))
     return out
 
 
