@@ -32,6 +32,7 @@ import math
 import os
 from pathlib import Path
 
+from gapo.experiments.clip_family import comparator, family_report
 from gapo.experiments.grid_spec import cell_config, dose_spec, methods_of, write_json
 from gapo.experiments.stats import (
     holm,
@@ -474,4 +475,7 @@ def dose_report(grid: dict, cells: dict, rdir: Path, fdir: Path) -> str:
     if fig:
         md += f"\n![GAPO's effect against the clip-binding share]({os.path.relpath(fdir, rdir)}/{fig})\n"
     (Path(rdir) / "dose.md").write_text(md)
-    return "\n## Dose-response\n\nSee [dose.md](dose.md)" + (f" and the figure `{fig}`." if fig else ".") + "\n"
+    link = "\n## Dose-response\n\nSee [dose.md](dose.md)" + (f" and the figure `{fig}`." if fig else ".") + "\n"
+    if comparator(grid) is not None:  # rules against one comparator (configs/adaptive-clips.yaml)
+        link += family_report(grid, cells, res, rdir, fdir)
+    return link
