@@ -419,7 +419,8 @@ def test_keep_checkpoints_is_a_count():
         ("save_total_limit", "train.keep_checkpoints"),
         ("temperature", "sampling.temperature"),
         ("top_p", "sampling.top_p"),
-        ("mask_truncated_completions", None),
+        ("mask_truncated_completions", "algo.mask_truncated"),
+        ("off_policy_mask_threshold", None),
     ],
 )
 def test_a_trl_name_bare_or_under_any_section_names_the_gapo_key(trl, key, tmp_path):

@@ -11,6 +11,8 @@ The normalisers ``N``, ``S`` and ``T`` may be passed for the *whole* mini-batch,
 ``AggNorms(num_tokens, num_seqs, horizon)``, so that summing the losses of its micro-batches gives
 exactly the mini-batch loss, independent of how it was split.
 
+A batch with no response token aggregates to 0 (its own counts are taken as at least 1).
+
 Padded entries (``mask = 0``) are selected away, not multiplied by 0 (as verl's ``masked_sum``):
 NaN or ±inf there (log-probs of padding) reach neither the loss nor its gradient.
 """
@@ -71,10 +73,11 @@ def agg_loss(
     masked = torch.where(mask.bool(), loss_mat, loss_mat.new_zeros(()))
     mask = mask.to(loss_mat.dtype)
     if mode == "token-mean":
-        n = mask.sum() if num_tokens is None else num_tokens
+        # an empty mask (every row masked, e.g. algo.mask_truncated) is a loss of 0, not 0/0
+        n = mask.sum().clamp(min=1) if num_tokens is None else num_tokens
         return masked.sum() / n
     tokens_per_seq = mask.sum(-1)  # (B,)
-    n_seq = (tokens_per_seq > 0).sum() if num_seqs is None else num_seqs
+    n_seq = (tokens_per_seq > 0).sum().clamp(min=1) if num_seqs is None else num_seqs
     if mode == "seq-mean-token-mean":
         # sequences with no response tokens contribute 0 (their numerator is 0)
         return (masked.sum(-1) / tokens_per_seq.clamp(min=1e-8)).sum() / n_seq

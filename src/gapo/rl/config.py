@@ -154,6 +154,22 @@ class AlgoConfig:
     old_logp: str = option(
         "recompute", "recompute (a full forward before the updates) | sampler (reuse the sampling log-probs)"
     )
+    mask_truncated: bool = option(
+        False,
+        "rollouts cut by max_new_tokens (rollout/frac_truncated) leave the loss; they stay in their groups' "
+        "advantages (TRL's mask_truncated_completions)",
+    )
+    overlong_buffer: int = option(
+        0,
+        "DAPO's soft overlong penalty: the last this many tokens before the completion cap ramp the reward "
+        "down to -overlong_penalty (verl's overlong_buffer.len); 0: off",
+    )
+    overlong_penalty: float = option(
+        1.0, "the overlong term at the cap, subtracted from the reward the advantages see (verl's penalty_factor)"
+    )
+    top_entropy_quantile: float = option(
+        1.0, "the surrogate over the top q of response tokens by entropy, per micro-batch (TRL's); 1: all"
+    )
 
 
 @dataclass
@@ -301,9 +317,27 @@ class Config:
                 f"{where('algo.eps_high_max')}: GAPO schedule {a.eps_schedule!r} needs "
                 f"algo.eps_high_max >= algo.eps_low ({a.eps_low}), got {a.eps_high_max}"
             )
+        self._check_overlong()
         if a.loss == "cispo" and a.clip_ratio_c is not None:
             raise ValueError(
                 f"{where('algo.clip_ratio_c')}: the dual clip is not defined for the cispo loss; leave it unset (none)"
+            )
+
+    def _check_overlong(self) -> None:
+        """DAPO's buffer sits below a set completion cap (the task's own is checked by the trainer),
+        and its term is not binary: passk, which needs binary rewards, cannot see it."""
+        a, cap = self.algo, self.sampling.max_new_tokens
+        if not a.overlong_buffer:
+            return
+        if cap is not None and a.overlong_buffer >= cap:
+            raise ValueError(
+                f"{self._where('algo.overlong_buffer')}: {a.overlong_buffer} must be below the completion cap "
+                f"sampling.max_new_tokens={cap}"
+            )
+        if "passk" in (a.advantage, a.advantage_params.get("base")):
+            raise ValueError(
+                f"{self._where('algo.overlong_buffer')}: the overlong term makes the rewards non-binary, and "
+                "the passk advantage needs binary rewards; set algo.overlong_buffer=0 or another estimator"
             )
 
     def _check_chat(self) -> None:

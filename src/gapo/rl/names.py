@@ -156,7 +156,7 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "scale_rewards": ("algo.advantage", "group (True) is grpo, none (False) drgrpo, gapo's default; batch has none"),
     "reward_weights": ("reward.weights", ""),
     "multi_objective_aggregation": (None, "the weighted sum is normalised by the estimator (TRL's sum_then_normalize)"),
-    "mask_truncated_completions": (None, "truncated completions are trained on; rollout/frac_truncated is their share"),
+    "mask_truncated_completions": ("algo.mask_truncated", "rollout/frac_truncated is the masked rows' share"),
     "entropy_coef": ("algo.entropy_coef", ""),
     **dict.fromkeys(
         ("use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target"),
@@ -168,7 +168,7 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
         (None, _LOSSES),
     ),
     "vespo_lambda_neg": (None, _LOSSES),
-    "top_entropy_quantile": (None, "every response token is in the loss"),
+    "top_entropy_quantile": ("algo.top_entropy_quantile", ""),
     "off_policy_mask_threshold": (None, "no off-policy sequence masking"),
     "use_bias_correction_kl": (None, "the KL term is algo.kl_estimator's (k1, k3), without an importance weight"),
     "max_tool_calling_iterations": (None, "single-turn completions, no tools"),

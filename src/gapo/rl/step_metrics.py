@@ -6,8 +6,11 @@ metrics are their sums over updates ``/ U``; ``policy/entropy`` is π_old's entr
 every response token ``/ N``; ``rollout/response_len = N / B`` (``_min``, ``_max``: the shortest
 and longest rollout, in tokens); ``rollout/frac_truncated`` the share of rollouts cut by
 ``max_new_tokens`` (ended by neither a stop token nor a stop string; TRL's
-``completions/clipped_ratio``); ``rollout/group_reward_std`` the mean over the ``P`` groups of
-``std_g(R)`` (unbiased, as ``torch.std``); ``rollout/pass_rate`` the share
+``completions/clipped_ratio``; under ``algo.mask_truncated`` exactly the rows left out of the
+loss, so no second metric counts them); ``reward/overlong_penalty`` the mean over the batch of
+DAPO's overlong term (``algo.overlong_buffer > 0``: what the advantages saw on top of the task's
+reward; ``rollout/reward`` and ``rollout/pass_rate`` stay the task's); ``rollout/group_reward_std``
+the mean over the ``P`` groups of ``std_g(R)`` (unbiased, as ``torch.std``); ``rollout/pass_rate`` the share
 of rewards at the top of the reward range (a success reaches ``R_max``; gapo's verifiers' 1.0
 under a ``group``/``batch`` range); ``optim/grad_norm`` the mean pre-clipping norm over updates;
 the per-``c`` rates come from the raw counts summed over every mini-batch and epoch
@@ -47,6 +50,9 @@ def step_metrics(
     out["rollout/response_len_max"] = int(lengths.max())
     out["rollout/frac_truncated"] = float(truncated(batch.rollout, max_new_tokens, tokenizer).float().mean())
     out["rollout/group_reward_std"] = float(rewards.view(-1, batch.group_size).std(dim=1).mean())
+    overlong = getattr(ub, "overlong", None)  # update.advantage_rewards' term, when algo.overlong_buffer > 0
+    if overlong is not None:
+        out["reward/overlong_penalty"] = float(overlong.mean())
     out["optim/lr"] = lr
     out["optim/grad_norm"] = sum(upd.grad_norms) / n_updates
     if (advantages > 0).any():

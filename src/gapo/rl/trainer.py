@@ -49,7 +49,7 @@ from gapo.rl.evaluate import EvalPlan, eval_params, evaluate, pass_line
 from gapo.rl.resume import resume_changes
 from gapo.rl.run_dir import RunExists, RunFolder
 from gapo.rl.signals import stop_on_signals
-from gapo.rl.step_metrics import gpu_memory, step_metrics
+from gapo.rl.step_metrics import gpu_memory, step_metrics, truncated
 from gapo.rl.trackers import Trackers
 from gapo.tasks.custom import with_rewards
 
@@ -175,6 +175,7 @@ class Trainer:
         self.scaler = grad_scaler(self.device, m.dtype)
         self.opt, self.sched = optimizer.build(self.model, cfg.optim, self.device, total_steps=t.steps)
         self.max_new_tokens = cfg.sampling.max_new_tokens or self.task.max_completion_len + 1  # + EOS
+        update.check_overlong(cfg.algo, self.max_new_tokens, key=cfg._where("algo.overlong_buffer"))
         # the pool is what the run will visit (at most prompts × steps problems); over-long prompts
         # (task.max_prompt_tokens) leave both pools before anything is sampled
         self.pool, self.eval_problems, self.filtered = problems.draw_run(self.task, self.encoder, cfg)
@@ -251,9 +252,10 @@ class Trainer:
         batch = self._rollout()  # 1. P groups of G rollouts, sampled and scored
         t_update = time.perf_counter()
         rewards = batch.rewards.to(self.device)
-        # 2. advantages from the rewards (any estimator); GAPO's ε_high(i) from the *raw* group
-        #    rewards, so it composes with every estimator; c = successes in each rollout's group
-        advantages = compute_advantages(a.advantage, rewards, G, reward_range=a.reward_range, **a.advantage_params)
+        # 2. advantages from the rewards (any estimator; + DAPO's overlong term); GAPO's ε_high(i) from
+        #    the *raw* group rewards, so it composes with every estimator; c = successes in each group
+        shaped, rr, overlong = update.advantage_rewards(rewards, batch.rollout.lengths, a, self.max_new_tokens)
+        advantages = compute_advantages(a.advantage, shaped, G, reward_range=rr, **a.advantage_params)
         eps_high = eps_high_for(
             a.eps_schedule, rewards, G, eps_low=a.eps_low, eps_high_max=a.eps_high_max, reward_range=a.reward_range
         ).to(self.device)
@@ -262,6 +264,7 @@ class Trainer:
         #    _update_batch) and log π_ref
         perm0 = _permutation(rewards.numel(), self.gen, self.device)
         ub, old = self._update_batch(batch, advantages, eps_high, c, perm0)
+        ub.overlong = overlong
         # 4. E epochs × M mini-batches × micro-batches of forward → loss → backward, then clip → step
         stats = self._update(ub, old, perm0)
         self.sched.step()
@@ -378,7 +381,8 @@ class Trainer:
         ro, mask = batch.rollout, batch.rollout.response_mask.float()
         recompute, first = self.cfg.algo.old_logp == "recompute", mask.shape[0] // self.cfg.train.mini_batches
         old_logp = torch.zeros(mask.shape, dtype=torch.float32, device=self.device) if recompute else ro.logp
-        ub = update.UpdateBatch(ro, mask, advantages, eps_high, c)
+        cut = truncated(ro, self.max_new_tokens, self.tok) if self.cfg.algo.mask_truncated else None
+        ub = update.UpdateBatch(ro, update.loss_mask(mask, cut), advantages, eps_high, c)  # π_old: every row's mask
         old = update.OldPolicy(old_logp, mask, pending=perm0 if recompute else perm0[:0])
         rest = perm0[first:] if recompute else perm0[:0]
         if rest.numel():

@@ -10,9 +10,16 @@ log-probs of epoch 0's first mini-batch (§4.3) and the token entropy of π_old'
 ``micro_batch_loss`` is a pure function of one micro-batch's forward (``logp``, ``ent``), its
 slice of the ``UpdateBatch``, the ``LossSettings`` and the whole mini-batch's normalisers::
 
-    total = L_clip(logp, old_logp, A, ε_low, ε_high(i))          (§2.4 / §2.8, LOSSES[loss])
+    total = L_clip(logp, old_logp, A, ε_low, ε_high(i); w)       (§2.4 / §2.8, LOSSES[loss])
             + β · agg(KL_est(π ‖ π_ref))                           (β = kl_coef, when π_ref is set)
             − α · agg(H(π))                                        (α = entropy_coef, when > 0)
+
+``w`` is 1, or with ``algo.top_entropy_quantile = q < 1`` the micro-batch's top-q entropy tokens
+(``gapo.core.shaping.high_entropy_mask``, TRL's): the surrogate keeps only their loss and is still
+normalised by every response token, as TRL; the KL and entropy terms keep every response token.
+The response mask itself leaves out the rows that ``algo.mask_truncated`` masks (:func:`loss_mask`):
+their tokens are in no term and no normaliser. The rewards the advantages see may carry DAPO's
+overlong term (:func:`advantage_rewards`).
 
 With micro-batches every ``agg`` is normalised by the whole mini-batch (``minibatch_norms``), so
 the micro-batches' losses add up to the mini-batch's loss and so do their gradients.
@@ -27,6 +34,7 @@ import torch
 from gapo.core.aggregation import AggNorms, agg_loss
 from gapo.core.losses import LOSSES, RATIO_LEVEL, ClipBounds, kl_estimate, log_ratio
 from gapo.core.metrics import clip_counts_by_c, merge_counts
+from gapo.core.shaping import high_entropy_mask, overlong_penalty
 
 __all__ = [
     "LossSettings",
@@ -37,6 +45,9 @@ __all__ = [
     "minibatch_norms",
     "token_share",
     "micro_batch_loss",
+    "loss_mask",
+    "advantage_rewards",
+    "check_overlong",
     "clip_counts",
     "ADDITIVE",
 ]
@@ -57,6 +68,7 @@ class LossSettings:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
+    top_entropy_quantile: float = 1.0  # q: the surrogate over the top-q entropy tokens; 1: all
 
     @classmethod
     def from_algo(cls, algo) -> LossSettings:
@@ -75,6 +87,7 @@ class UpdateBatch:
     c: torch.Tensor  # (B,) successes in each rollout's group
     ref_logp: torch.Tensor | None = None  # (B, T) log π_ref, when kl_coef > 0
     old_logp: torch.Tensor | None = None  # (b, T) log π_old of a micro-batch; the whole batch's: OldPolicy
+    overlong: torch.Tensor | None = None  # (B,) DAPO's overlong term in the advantages' rewards (advantage_rewards)
 
     def rows(self, idx: torch.Tensor, old_logp: torch.Tensor) -> UpdateBatch:
         """The rows ``idx`` (a micro-batch), copied, with their ``old_logp`` (``OldPolicy.first_forward``)."""
@@ -161,7 +174,8 @@ def minibatch_norms(mask: torch.Tensor, horizon: int, split: bool) -> AggNorms |
     micro-batches (``split``); None (each batch's own) when the mini-batch is one micro-batch."""
     if not split:
         return None
-    return AggNorms(num_tokens=mask.sum(), num_seqs=(mask.sum(-1) > 0).sum(), horizon=horizon)
+    # at least 1: a mini-batch of masked rows only (algo.mask_truncated) has a loss of 0, not 0/0
+    return AggNorms(num_tokens=mask.sum().clamp(min=1), num_seqs=(mask.sum(-1) > 0).sum().clamp(min=1), horizon=horizon)
 
 
 def token_share(mask: torch.Tensor, minibatch_mask: torch.Tensor, norms: AggNorms | None) -> float:
@@ -174,9 +188,22 @@ def micro_batch_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``(total, metrics)`` of one micro-batch (formula in the module docstring); ``logp``/``ent``
     ``(b, T)`` are the current policy's on ``mb``'s rows. Metrics are detached 0-d tensors:
-    the surrogate's (``gapo.core.losses``), ``loss/kl_ref``, ``loss/policy``, ``loss/total``."""
+    the surrogate's (``gapo.core.losses``), ``loss/kl_ref``, ``loss/policy``, ``loss/total`` and,
+    with ``top_entropy_quantile < 1``, ``loss/entropy_mask_frac`` (the share of response tokens kept)."""
     bounds = ClipBounds(s.eps_low, mb.eps_high, s.clip_ratio_c)
-    loss, metrics = LOSSES[s.loss](logp, mb.old_logp, mb.advantages, mb.mask, bounds, agg=s.agg, norms=norms)
+    w, kept = _entropy_weights(ent, mb.mask, s.top_entropy_quantile)
+    loss, metrics = LOSSES[s.loss](
+        logp,
+        mb.old_logp,
+        mb.advantages,
+        mb.mask,
+        bounds,
+        agg=s.agg,
+        norms=norms,
+        **({} if w is None else {"weights": w}),
+    )
+    if kept is not None:
+        metrics["loss/entropy_mask_frac"] = kept
     total = loss
     if mb.ref_logp is not None:
         kl = agg_loss(kl_estimate(logp, mb.ref_logp, s.kl_estimator), mb.mask, s.agg, norms=norms)
@@ -186,6 +213,57 @@ def micro_batch_loss(
         total = total - s.entropy_coef * agg_loss(ent, mb.mask, s.agg, norms=norms)
     metrics["loss/policy"], metrics["loss/total"] = loss.detach(), total.detach()
     return total, metrics
+
+
+def _entropy_weights(
+    ent: torch.Tensor, mask: torch.Tensor, q: float
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(w, kept share)`` of ``top_entropy_quantile = q``; ``(None, None)`` at ``q = 1``, so that the
+    loss is bit for bit the unmasked one. The threshold is the micro-batch's own, as TRL's per call."""
+    if q >= 1:
+        return None, None
+    w = high_entropy_mask(ent.detach(), mask, q).to(mask.dtype)
+    return w, (w.sum() / mask.sum().clamp(min=1)).detach()
+
+
+def loss_mask(response_mask: torch.Tensor, truncated: torch.Tensor | None) -> torch.Tensor:  # (B, T) float
+    """The update's mask: the response mask, less the rows of ``truncated`` ((B,) bool, the rows
+    ``rl.step_metrics.truncated`` counts) under ``algo.mask_truncated`` (TRL's
+    ``mask_truncated_completions``). Those rows keep their rewards in their groups' advantages
+    (as TRL, which masks after the advantages); only their tokens leave the loss; None: all stay."""
+    mask = response_mask.float()
+    return mask if truncated is None else mask * (~truncated.to(mask.device)).to(mask.dtype)[:, None]
+
+
+def check_overlong(algo, max_new_tokens: int, *, key: str = "algo.overlong_buffer") -> None:
+    """``algo.overlong_buffer`` (``L_cache``) is below the completion cap ``max_new_tokens``
+    (``L_max``): else a ``ValueError`` naming ``key``. 0 (off) always passes."""
+    if algo.overlong_buffer and algo.overlong_buffer >= max_new_tokens:
+        raise ValueError(
+            f"{key}: {algo.overlong_buffer} must be below the completion cap, {max_new_tokens} tokens "
+            "(sampling.max_new_tokens, or the task's max_completion_len + 1); DAPO's penalty ramps over "
+            "the buffer's last tokens before the cap"
+        )
+
+
+def advantage_rewards(rewards: torch.Tensor, lengths: torch.Tensor, algo, max_new_tokens: int):
+    """``(R', range', term)``: the rewards the advantage estimator sees, their range and DAPO's
+    overlong term ``(B,)`` (None when ``algo.overlong_buffer = 0``: ``R' = R``).
+
+    ``R' = R + R_length(|y|)`` (``gapo.core.shaping.overlong_penalty``, arXiv 2503.14476 Eq. 13,
+    verl's ``overlong_buffer``): the term joins the reward before the advantages, as verl's DAPO
+    reward manager. A fixed range ``(lo, hi)`` widens to ``(lo − p, hi)`` (focal's p̂ reads it);
+    ``group``/``batch`` ranges are the rewards' own. GAPO's ``ε_high(i)`` and the success count
+    ``c`` are *not* computed from ``R'``: ``c`` counts the group's successes, a property of the
+    verifiable reward, which a shorter-is-better shaping term must not move (a success of full
+    length is still a success); the trainer passes them the task's reward."""
+    rr = algo.reward_range
+    if not algo.overlong_buffer:
+        return rewards, rr, None
+    term = overlong_penalty(lengths, max_new_tokens, algo.overlong_buffer, algo.overlong_penalty).to(rewards.device)
+    if not isinstance(rr, str):
+        rr = (rr[0] - algo.overlong_penalty, rr[1])
+    return rewards + term.to(rewards.dtype), rr, term
 
 
 @torch.no_grad()
