@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from gapo.core.advantages import compute
 from gapo.core.clipping import gapo_eps_high
-from gapo.core.losses import LOSSES, ClipBounds, cispo_loss, log_ratio, policy_loss
+from gapo.core.losses import LOSSES, ClipBounds, cispo_loss, log_ratio, policy_loss, split_token_diagnostics
 
 
 def _batch(B=8, T=6, seed=0, scale=0.3):
@@ -177,6 +177,10 @@ def test_every_loss_has_one_signature(name):
         agg="token-mean",
     )
     assert loss.ndim == 0 and loss.requires_grad
+    metrics, tokens = split_token_diagnostics(metrics)
+    assert tokens["token/clipped"].dtype == torch.bool and tokens["token/clipped"].shape == logp.shape
+    assert tokens["token/gate"].shape == logp.shape and not tokens["token/gate"].requires_grad
+    assert not tokens["token/clipped"][mask == 0].any() and (tokens["token/gate"][mask == 0] == 0).all()
     for key, value in metrics.items():
         assert "/" in key
         assert isinstance(value, float) or (

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gapo.core.aggregation import AGG_MODES, agg_loss
-from gapo.core.losses import LOSSES, ClipBounds
+from gapo.core.losses import DUAL_CLIP, LOSSES, ClipBounds
 from gapo.core.metrics import clip_counts_by_c
 
 BAD = (float("nan"), float("inf"), -float("inf"))
@@ -46,7 +46,9 @@ def _zero_pad(x, mask):
 def _run(name, logp, old, adv, mask, weights, agg, eps_high):
     x = logp.clone().requires_grad_(True)
     kw = {} if weights is None else dict(weights=weights)
-    bounds = ClipBounds(0.2, eps_high, 3.0 if name == "ppo" else None)
+    if name == "clip_cov":  # the same random draw in both runs
+        kw["generator"] = torch.Generator().manual_seed(0)
+    bounds = ClipBounds(0.2, eps_high, 3.0 if DUAL_CLIP[name] else None)
     loss, metrics = LOSSES[name](x, old, adv, mask.float(), bounds, agg=agg, **kw)
     loss.backward()
     return loss.detach(), x.grad, {k: torch.as_tensor(v) for k, v in metrics.items()}
@@ -58,12 +60,14 @@ def _run(name, logp, old, adv, mask, weights, agg, eps_high):
     name=st.sampled_from(sorted(LOSSES)),
     agg=st.sampled_from(AGG_MODES),
     poisoned=st.sets(st.sampled_from(["logp", "old", "adv", "weights"]), min_size=1),
+    per_token=st.booleans(),
 )
-def test_non_finite_padding_equals_zero_padding(seed, name, agg, poisoned):
+def test_non_finite_padding_equals_zero_padding(seed, name, agg, poisoned, per_token):
     logp, old, adv, mask, g = _batch(seed)
-    eps_high = 0.2 + 0.3 * torch.rand(len(adv), generator=g)  # per rollout, as GAPO's
+    # per rollout, as GAPO's, or per token (DCPO's)
+    eps_high = 0.2 + 0.3 * torch.rand(logp.shape if per_token else adv.shape, generator=g)
     adv_tok = adv[:, None].expand_as(logp).clone()  # (B, T): the form verl passes
-    weights = 0.5 + torch.rand(logp.shape, generator=g) if name != "cispo" else None
+    weights = 0.5 + torch.rand(logp.shape, generator=g)
     clean = [_zero_pad(t, mask) if t is not None else None for t in (logp, old, adv_tok, weights)]
     dirty = [
         _poison(t, mask, g) if t is not None and key in poisoned else t

@@ -102,10 +102,14 @@ def reward_bounds(grouped: torch.Tensor, reward_range) -> tuple:
     return rr
 
 
-def check_eps(eps_low: float, eps_high) -> None:
+def check_eps(eps_low, eps_high) -> None:
+    """Clip widths: ``eps_low`` in [0, 1) and ``eps_high`` >= 0, each a number or a finite tensor."""
     import torch
 
-    if not 0.0 <= float(eps_low) < 1.0:
+    if isinstance(eps_low, torch.Tensor):
+        if not torch.isfinite(eps_low).all() or (eps_low < 0).any() or (eps_low >= 1).any():
+            raise ValueError("eps_low tensor must be finite and in [0, 1)")
+    elif not 0.0 <= float(eps_low) < 1.0:
         raise ValueError(f"eps_low must be in [0, 1), got {eps_low!r}")
     if isinstance(eps_high, torch.Tensor):
         if not torch.isfinite(eps_high).all() or (eps_high < 0).any():
