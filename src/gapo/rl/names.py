@@ -22,6 +22,7 @@ __all__ = [
     "ADVANTAGE_PARAMS",
     "PASSK_DEFAULT_K",
     "LOSSES",
+    "LOSS_PARAMS",
     "EPS_SCHEDULES",
     "AGG_MODES",
     "KL_ESTIMATORS",
@@ -37,7 +38,17 @@ ADVANTAGES = ("drgrpo", "grpo", "rloo", "passk", "focal")  # gapo.core.advantage
 # each estimator's own keyword parameters (focal also passes its base's on)
 ADVANTAGE_PARAMS = {"drgrpo": (), "grpo": ("eps", "std"), "rloo": (), "passk": ("k",), "focal": ("gamma", "base")}
 PASSK_DEFAULT_K = 4  # gapo.core.advantages.passk's default k
-LOSSES = ("ppo", "gspo", "cispo")  # gapo.core.losses.LOSSES
+LOSSES = ("ppo", "gspo", "cispo", "sapo", "cegppo", "clip_cov", "kl_cov")  # gapo.core.losses.LOSSES
+# each loss's own parameters (gapo.core.losses.LOSS_PARAMS: the names, whose defaults live there)
+LOSS_PARAMS = {
+    "ppo": (),
+    "gspo": (),
+    "cispo": (),
+    "sapo": ("tau_pos", "tau_neg"),
+    "cegppo": ("beta_low", "beta_high"),
+    "clip_cov": ("ratio", "lb", "ub"),
+    "kl_cov": ("ratio", "coef"),
+}
 EPS_SCHEDULES = ("fixed", "linear", "log")  # gapo.core.clipping.EPS_SCHEDULES
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k3")  # gapo.core.losses.KL_ESTIMATORS
@@ -49,6 +60,7 @@ LR_SCHEDULES = ("constant", "linear", "cosine")  # gapo.rl.optimizer.LR_SCHEDULE
 _REGISTRY = {
     "ADVANTAGES": ("gapo.core.advantages", "ADVANTAGES"),
     "LOSSES": ("gapo.core.losses", "LOSSES"),
+    "LOSS_PARAMS": ("gapo.core.losses", "LOSS_PARAMS"),
     "EPS_SCHEDULES": ("gapo.core.clipping", "EPS_SCHEDULES"),
     "AGG_MODES": ("gapo.core.aggregation", "AGG_MODES"),
     "KL_ESTIMATORS": ("gapo.core.losses", "KL_ESTIMATORS"),

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 
 from gapo.core.aggregation import AggNorms, agg_loss
-from gapo.core.losses import LOSSES, RATIO_LEVEL, ClipBounds, kl_estimate, log_ratio
+from gapo.core.losses import LOSSES, RATIO_LEVEL, ClipBounds, kl_estimate, log_ratio, split_token_diagnostics
 from gapo.core.metrics import clip_counts_by_c, merge_counts
 from gapo.core.shaping import high_entropy_mask, overlong_penalty
 
@@ -202,6 +202,7 @@ def micro_batch_loss(
         norms=norms,
         **({} if w is None else {"weights": w}),
     )
+    metrics, _ = split_token_diagnostics(metrics)  # the per-token entries are not wired in yet
     if kept is not None:
         metrics["loss/entropy_mask_frac"] = kept
     total = loss
