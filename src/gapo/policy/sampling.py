@@ -6,13 +6,20 @@ Log-prob semantics (the same as verl's and TRL's ``old_logp``): for a sampled to
 
     logp[b, t] = log_softmax(logits[b, t] / temperature)[y_t]
 
-i.e. the log-probability under the *temperature-scaled, unfiltered* policy. ``logprobs`` with the
-same ``temperature`` recomputes exactly this quantity (up to float error), so the ratio
-``exp(logp − old_logp)`` is 1 on the first mini-batch. Top-p only decides which tokens may be
-drawn; it does not renormalise ``logp`` (as in verl/TRL, where the trainer recomputes log-probs
-without the filter). With ``top_p < 1`` the behaviour policy is therefore slightly off-policy
-with respect to ``logp``; keep ``top_p = 1`` for exact on-policy ratios. ``temperature = 0``
-means greedy decoding, and its ``logp`` are taken at temperature 1.
+i.e. the log-probability under the *temperature-scaled, unfiltered, unpenalised* policy.
+``logprobs`` with the same ``temperature`` recomputes exactly this quantity (up to float error), so
+the ratio ``exp(logp − old_logp)`` is 1 on the first mini-batch. The token itself is drawn from
+``filtered_logits``, Hugging Face ``generate``'s processors in its order: the repetition penalty
+(CTRL, arXiv 1909.05858) on the raw logits of every id the row has seen (prompt and completion,
+each id once: ``l / θ`` where ``l > 0``, ``l · θ`` elsewhere), then the temperature, top-k
+(arXiv 1805.04833), top-p (arXiv 1904.09751) and min-p (arXiv 2407.01082). Top-k, top-p and min-p
+only decide which tokens may be drawn, and the repetition penalty reshapes the distribution; none
+of them changes ``logp`` (as in verl/TRL, where the trainer recomputes the old log-probs from the
+model, without them). With any of them on, the behaviour policy is therefore off-policy with
+respect to ``logp`` — slightly for a mild filter, more for the penalty, which moves mass between
+tokens; keep them off (``top_p = 1``, ``top_k = 0``, ``min_p = 0``, ``repetition_penalty = 1``)
+for exact on-policy ratios. ``temperature = 0`` means greedy decoding: the argmax of the penalised
+logits (no top-k/top-p/min-p, as in ``generate``), its ``logp`` taken at temperature 1.
 
 Layout: prompts are left-padded (``prompt_ids (B, P)``, ``prompt_mask (B, P)``), completions are
 right-padded (``completion_ids (B, T)``, ``response_mask (B, T)``); ``Rollout.input_ids`` is their
@@ -102,7 +109,13 @@ class SamplingParams:
       is no stop token for ``sample``, the model's own (``gapo.policy.model.eos_token_ids``)
       for ``gapo.rl.evaluate``;
     - ``stop``: stop strings, one string or a sequence of non-empty strings (kept as a tuple),
-      matched in the decoded completion (``sample`` needs the ``tokenizer`` for them).
+      matched in the decoded completion (``sample`` needs the ``tokenizer`` for them);
+    - ``top_k``: int >= 0, only the ``top_k`` most likely tokens (and those tied with the last) may
+      be drawn; ``0`` is off (TRL's default);
+    - ``min_p``: in [0, 1], only tokens with probability >= ``min_p`` × the top token's may be
+      drawn; ``0`` is off;
+    - ``repetition_penalty``: finite, > 0, the CTRL penalty ``θ`` on every id a row has seen
+      (module docstring; ``> 1`` discourages repeats, ``< 1`` encourages them); ``1`` is off.
 
     An invalid value is a ``ValueError`` naming the field, raised when the parameters are built.
     """
@@ -112,6 +125,9 @@ class SamplingParams:
     top_p: float = 1.0
     eos_token_id: tuple[int, ...] | None = None
     stop: tuple[str, ...] = ()
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
         n = as_int(self.max_new_tokens)
@@ -134,6 +150,23 @@ class SamplingParams:
             if not isinstance(x, str) or not x:
                 raise ValueError(f"stop strings must be non-empty strings, got {x!r}")
         object.__setattr__(self, "stop", stop)
+        self._check_filters()
+
+    def _check_filters(self):
+        k = as_int(self.top_k)
+        if k is None or k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0: off), got {self.top_k!r}")
+        object.__setattr__(self, "top_k", k)
+        if not is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1] (0: off), got {self.min_p!r}")
+        penalty = self.repetition_penalty
+        if not is_real(penalty) or not (math.isfinite(penalty) and penalty > 0):
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1: off), got {penalty!r}")
+
+    @property
+    def filtered(self) -> bool:
+        """Whether a filter other than top-p, or the repetition penalty, is on."""
+        return self.top_k > 0 or self.min_p > 0 or self.repetition_penalty != 1
 
 
 @dataclass(frozen=True)
@@ -185,16 +218,46 @@ def left_pad(prompt_ids, prompt_mask=None, *, pad_token_id: int = 0, device=None
     return ids.to(device), mask.to(device)
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_p: float, generator):
-    """Next token (B,) and its log-prob (B,) under log_softmax(logits / temperature)."""
-    logits = logits.float()
+def filtered_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """The logits ``(B, V)`` a token is drawn from (``softmax``; the argmax at temperature 0), in
+    ``generate``'s order: the repetition penalty ``θ`` on the ids ``seen (B, V)`` marks (CTRL, arXiv
+    1909.05858: ``l / θ`` where ``l > 0``, ``l · θ`` elsewhere; ``None``: no id seen), then
+    ``/ temperature``, top-k, top-p, min-p; a filtered token's logit is ``-inf``. Temperature 0
+    (greedy) stops after the penalty: the filters never change an argmax."""
+    z = logits.float()
+    if seen is not None and params.repetition_penalty != 1:
+        theta = params.repetition_penalty
+        z = torch.where(seen, torch.where(z < 0, z * theta, z / theta), z)
+    if params.temperature <= 0:
+        return z
+    z = z / params.temperature
+    if params.top_k:  # ties with the k-th logit stay, as in TopKLogitsWarper
+        kth = z.topk(min(params.top_k, z.shape[-1]), -1).values[:, -1:]
+        z = z.masked_fill(z < kth, -math.inf)
+    if params.top_p < 1.0:  # the smallest most likely prefix whose (renormalised) mass reaches top_p
+        sp, si = torch.softmax(z, -1).sort(-1, descending=True)
+        drop = (sp.cumsum(-1) - sp) >= params.top_p
+        z = z.masked_fill(drop.scatter(-1, si, drop), -math.inf)
+    if params.min_p > 0:  # p_v < min_p · max_v' p_v' goes (the top token always stays)
+        probs = torch.softmax(z, -1)
+        z = z.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), -math.inf)
+    return z
+
+
+def _pick(logits: torch.Tensor, params: SamplingParams, generator, seen=None):
+    """Next token (B,) and its log-prob (B,) under log_softmax(logits / temperature), drawn from
+    ``filtered_logits``."""
+    logits, temperature, top_p = logits.float(), params.temperature, params.top_p
     if temperature <= 0:
-        tok = logits.argmax(-1)
+        tok = filtered_logits(logits, params, seen).argmax(-1)
         lp = torch.log_softmax(logits, -1)
         return tok, lp.gather(-1, tok[:, None])[:, 0]
     lp = torch.log_softmax(logits / temperature, -1)
-    probs = lp.exp()
-    if top_p < 1.0:
+    if params.filtered:
+        probs = torch.softmax(filtered_logits(logits, params, seen), -1)
+        tok = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    elif top_p < 1.0:  # the draws of gapo before top-k/min-p, kept as they were (regression records)
+        probs = lp.exp()
         sp, si = probs.sort(-1, descending=True)
         # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
         drop = (sp.cumsum(-1) - sp) >= top_p
@@ -202,8 +265,36 @@ def _pick(logits: torch.Tensor, temperature: float, top_p: float, generator):
         choice = torch.multinomial(sp, 1, generator=generator)
         tok = si.gather(-1, choice)[:, 0]
     else:
-        tok = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        tok = torch.multinomial(lp.exp(), 1, generator=generator)[:, 0]
     return tok, lp.gather(-1, tok[:, None])[:, 0]
+
+
+class _Picker:
+    """Each step's draw (``_pick`` with ``params`` and ``generator``) and, for the repetition penalty
+    only, the ids each active row has seen: ``seen (B, V)``, the prompt's tokens (not its padding)
+    and every token drawn since, rows selected as the decoder's are."""
+
+    def __init__(self, params: SamplingParams, generator, seen: torch.Tensor | None = None):
+        self.params, self.generator, self.seen = params, generator, seen
+
+    @classmethod
+    def build(cls, params: SamplingParams, generator, ids, mask, vocab: int) -> _Picker:
+        if params.repetition_penalty == 1:
+            return cls(params, generator)  # no (B, V) mask and no scatter per token when it is off
+        # padding writes to an extra column, dropped: a pad id is seen only where the prompt has it
+        seen = torch.zeros((ids.shape[0], vocab + 1), dtype=torch.bool, device=ids.device)
+        seen.scatter_(1, ids.masked_fill(mask == 0, vocab), True)
+        return cls(params, generator, seen[:, :vocab].contiguous())
+
+    def __call__(self, logits):
+        tok, lp = _pick(logits, self.params, self.generator, self.seen)
+        if self.seen is not None:
+            self.seen.scatter_(1, tok[:, None], True)
+        return tok, lp
+
+    def select(self, keep):
+        if self.seen is not None:
+            self.seen = self.seen[keep]
 
 
 @torch.no_grad()
@@ -253,9 +344,10 @@ def sample(
         pos = left_pad_positions(mask)
         dec = (FastLM.build(model) if options.fast else None) or _HFDecoder(model)
         logits = dec.prefill(ids, mask, pos, N)
-        how = _Decoding(params.temperature, params.top_p, eos_ids, pad_token_id, options.compact, options.check_every)
+        how = _Decoding(eos_ids, pad_token_id, options.compact, options.check_every)
+        pick = _Picker.build(params, generator, ids, mask, logits.shape[-1])
         stops = StopScan(tokenizer, stop, B) if stop else None
-        out_tok, out_lp, out_len = _decode(dec, logits, pos[:, -1:] + 1, B, N, how, generator=generator, stops=stops)
+        out_tok, out_lp, out_len = _decode(dec, logits, pos[:, -1:] + 1, B, N, how, pick=pick, stops=stops)
         T = int(out_len.max())
         resp = (torch.arange(N, device=device)[None] < out_len[:, None]).long()[:, :T]
         completion = out_tok[:, :T].masked_fill(resp == 0, pad_token_id)
@@ -279,25 +371,23 @@ def _stops(params: SamplingParams, tokenizer) -> tuple[tuple[int, ...], tuple[st
 
 @dataclass(frozen=True)
 class _Decoding:
-    """How ``sample`` picks and stops tokens (its arguments after validation): the sampling
-    distribution (``temperature``, ``top_p``), the stop ids, the padding id, whether finished rows
-    leave the cache (``compact``) and how often stops are checked (``check_every``, ``None``: per
-    device)."""
+    """How ``sample`` stops tokens (its arguments after validation): the stop ids, the padding id,
+    whether finished rows leave the cache (``compact``) and how often stops are checked
+    (``check_every``, ``None``: per device). What is drawn is the ``_Picker``'s."""
 
-    temperature: float
-    top_p: float
     eos_ids: tuple
     pad_token_id: int
     compact: bool
     check_every: int | None = None
 
 
-def _decode(dec, logits, next_pos, B: int, N: int, how: _Decoding, *, generator, stops=None):
+def _decode(dec, logits, next_pos, B: int, N: int, how: _Decoding, *, pick: _Picker, stops=None):
     """The decoding loop of ``sample`` from the prefill's ``logits (B, V)``; returns
     ``(tokens (B, N), logp (B, N), length incl. the stop token (B,))``. ``next_pos (B, 1)``: the
-    position of the first new token. With ``how.compact``, finished rows leave ``dec``'s cache once a
-    quarter of the active rows are done. ``stops`` (a ``StopScan``) ends rows at stop strings."""
-    temperature, top_p, eos_ids, pad_token_id = how.temperature, how.top_p, how.eos_ids, how.pad_token_id
+    position of the first new token; ``pick`` draws the tokens. With ``how.compact``, finished rows
+    leave ``dec``'s cache (and ``pick``'s seen ids) once a quarter of the active rows are done.
+    ``stops`` (a ``StopScan``) ends rows at stop strings."""
+    eos_ids, pad_token_id = how.eos_ids, how.pad_token_id
     compact, check_every = how.compact, how.check_every
     device = logits.device
     out_tok = torch.full((B, N), pad_token_id, dtype=torch.long, device=device)
@@ -311,7 +401,7 @@ def _decode(dec, logits, next_pos, B: int, N: int, how: _Decoding, *, generator,
     if check_every is None:
         check_every = 1 if device.type == "cpu" else 8
     for t in range(N):
-        tok, lp = _pick(logits, temperature, top_p, generator)
+        tok, lp = pick(logits)
         tok = tok.masked_fill(done, pad_token_id)
         out_tok[rows, t] = tok
         out_lp[rows, t] = lp.masked_fill(done, 0.0)
@@ -338,6 +428,7 @@ def _decode(dec, logits, next_pos, B: int, N: int, how: _Decoding, *, generator,
             if compact and dec.can_select and n_done * 4 >= done.numel() and done.numel() > 1:
                 keep = (~done).nonzero()[:, 0]
                 dec.select(keep)
+                pick.select(keep)
                 rows, tok, done, next_pos = rows[keep], tok[keep], done[keep], next_pos[keep]
         logits = dec.step(tok, next_pos)
         next_pos = next_pos + 1

@@ -106,12 +106,19 @@ class ModelConfig:
 
 @dataclass
 class SamplingConfig:
-    """How training's rollouts are sampled (evaluation has its own temperature and top_p)."""
+    """How training's rollouts are sampled (evaluation has its own temperature and top_p, and no
+    top-k, min-p or repetition penalty: it samples the policy as it is)."""
 
+    # every key is a gapo.policy.sampling.SamplingParams field: the trainer passes them all
     temperature: float = option(1.0, "sampling temperature of the rollouts")
     top_p: float = option(1.0, "nucleus sampling: the smallest set of tokens with this much probability")
     max_new_tokens: int | None = option(None, "completion length cap; none: the task's max_completion_len + 1 (EOS)")
     stop: list[str] = option([], "stop strings: a completion ends at the first (cut before it)")
+    top_k: int = option(0, "top-k sampling: only the k most likely tokens may be drawn; 0: off")
+    min_p: float = option(0.0, "min-p sampling: only tokens with at least min_p × the top token's probability; 0: off")
+    repetition_penalty: float = option(
+        1.0, "CTRL penalty on ids already in the prompt or completion: > 1 fewer repeats, < 1 more; 1: off"
+    )
 
 
 @dataclass

@@ -38,7 +38,8 @@ def pass_line(ev: dict) -> str:
 def eval_params(cfg, max_new_tokens: int, eos_token_id=None) -> SamplingParams:
     """What evaluation samples, from a run's config: ``eval.temperature`` and ``eval.top_p``, its
     own (pass@k is measured on the policy as it is, by default at temperature 1 and top_p 1,
-    whatever training samples at), and training's ``sampling.stop`` and ``max_new_tokens``
+    whatever training samples at, with none of ``sampling.top_k``, ``sampling.min_p`` and
+    ``sampling.repetition_penalty``), and training's ``sampling.stop`` and ``max_new_tokens``
     (``sampling.max_new_tokens``, resolved by the caller): the completion's format and length."""
     e = cfg.eval
     return SamplingParams(max_new_tokens, e.temperature, e.top_p, eos_token_id, cfg.sampling.stop)

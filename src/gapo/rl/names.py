@@ -88,7 +88,6 @@ def known(name: str) -> tuple[str, ...]:
 _VLLM = "gapo samples with the policy itself; vLLM serves the verl adapter (docs/scale-out.md)"
 _VLLM_IS = "no sampler/trainer mismatch: the policy samples itself (algo.old_logp=sampler reuses its log-probs)"
 _OWN_DECODER = "gapo samples with its own KV-cache decoder"
-_SAMPLING = "sampling is temperature and top-p only"
 _LOSSES = "no such loss (algo.loss: ppo, gspo, cispo)"
 _REF = "the KL reference is the starting policy, frozen"
 _ADAPTIVE = "algo.entropy_coef is a constant"
@@ -115,9 +114,9 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "steps_per_generation": ("train.mini_batches", "optimiser steps per epoch over one rollout batch"),
     "temperature": ("sampling.temperature", ""),
     "top_p": ("sampling.top_p", ""),
-    "top_k": (None, _SAMPLING),
-    "min_p": (None, _SAMPLING),
-    "repetition_penalty": (None, _SAMPLING),
+    "top_k": ("sampling.top_k", "rollouts only: evaluation samples without it (TRL's uses it too)"),
+    "min_p": ("sampling.min_p", "TRL's none (off) is 0; rollouts only, as top_k"),
+    "repetition_penalty": ("sampling.repetition_penalty", "rollouts only, as top_k"),
     "generation_kwargs": (None, "sampling.stop takes stop strings; no other generate() option is offered"),
     "chat_template_kwargs": ("task.chat_template_kwargs", ""),
     "cache_implementation": (None, _OWN_DECODER),

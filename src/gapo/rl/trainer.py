@@ -345,7 +345,7 @@ class Trainer:
             ro = sample(
                 self.model,
                 prompts,
-                params=SamplingParams(self.max_new_tokens, s.temperature, s.top_p, self.eos_ids, s.stop),
+                params=SamplingParams(**(vars(s) | {"max_new_tokens": self.max_new_tokens}), eos_token_id=self.eos_ids),
                 pad_token_id=self.tok.pad_token_id,
                 tokenizer=self.tok,
                 generator=self.gen,
