@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gapo.core.aggregation import AGG_MODES
-from gapo.core.losses import ClipBounds, policy_loss
+from gapo.core.losses import LOSSES, ClipBounds, policy_loss
 from gapo.core.shaping import high_entropy_mask, overlong_penalty
 from gapo.rl import update
 from gapo.rl.config import load_config
@@ -54,13 +54,15 @@ def test_masked_rows_are_as_if_removed(agg):
     torch.testing.assert_close(logp.grad[keep], logp2.grad)
 
 
+@pytest.mark.parametrize("loss", sorted(LOSSES))
 @pytest.mark.parametrize("agg", AGG_MODES)
 @pytest.mark.parametrize("split", [False, True])
-def test_every_row_masked_is_a_zero_loss_not_nan(agg, split):
+def test_every_row_masked_is_a_zero_loss_not_nan(loss, agg, split):
     logp, ent, mb = _batch()
     mb = replace(mb, mask=update.loss_mask(mb.mask, torch.ones(4, dtype=torch.bool)))
     norms = update.minibatch_norms(mb.mask, mb.mask.shape[1], split=split)
-    total, metrics = micro_batch_loss(logp, ent, mb, LossSettings(agg=agg, entropy_coef=0.01), norms)
+    s = LossSettings(loss=loss, agg=agg, entropy_coef=0.01, top_entropy_quantile=0.5)
+    total, metrics = micro_batch_loss(logp, ent, mb, s, norms)
     total.backward()
     assert total.item() == 0.0 and logp.grad.abs().sum() == 0
     assert all(torch.isfinite(v) for v in metrics.values())
@@ -84,6 +86,16 @@ def test_top_entropy_quantile_weights_the_surrogate_normalised_by_every_token():
     kl_only = logp.detach().requires_grad_(True)
     (0.1 * update.agg_loss(update.kl_estimate(kl_only, mb.ref_logp, "k3"), mb.mask)).backward()
     torch.testing.assert_close(logp.grad[dropped], kl_only.grad[dropped])
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_top_entropy_quantile_leaves_the_dropped_tokens_no_gradient_under_every_loss(loss):
+    logp, ent, mb = _batch()
+    total, metrics = micro_batch_loss(logp, ent, mb, LossSettings(loss=loss, top_entropy_quantile=0.3), None)
+    total.backward()
+    dropped = mb.mask.bool() & ~high_entropy_mask(ent, mb.mask, 0.3)
+    assert dropped.any() and torch.isfinite(total)
+    assert logp.grad[dropped].abs().sum() == 0 and logp.grad[~dropped & mb.mask.bool()].abs().sum() > 0
 
 
 def test_top_entropy_quantile_one_is_the_unmasked_loss():

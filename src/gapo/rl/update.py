@@ -192,16 +192,7 @@ def micro_batch_loss(
     with ``top_entropy_quantile < 1``, ``loss/entropy_mask_frac`` (the share of response tokens kept)."""
     bounds = ClipBounds(s.eps_low, mb.eps_high, s.clip_ratio_c)
     w, kept = _entropy_weights(ent, mb.mask, s.top_entropy_quantile)
-    loss, metrics = LOSSES[s.loss](
-        logp,
-        mb.old_logp,
-        mb.advantages,
-        mb.mask,
-        bounds,
-        agg=s.agg,
-        norms=norms,
-        **({} if w is None else {"weights": w}),
-    )
+    loss, metrics = LOSSES[s.loss](logp, mb.old_logp, mb.advantages, mb.mask, bounds, agg=s.agg, weights=w, norms=norms)
     metrics, _ = split_token_diagnostics(metrics)  # the per-token entries are not wired in yet
     if kept is not None:
         metrics["loss/entropy_mask_frac"] = kept
