@@ -7,14 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gapo.core.adaptive_bounds import (
-    BOUND_PARAMS,
     BOUND_SCHEDULES,
     bapo_bounds,
     bapo_path,
     bapo_shares,
-    check_bound_params,
     dcpo_bounds,
 )
+from gapo.core.method_params import BOUND_PARAMS, check_bound_params
 
 NAN, INF = float("nan"), float("inf")
 

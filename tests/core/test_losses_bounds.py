@@ -109,7 +109,7 @@ def test_bounds_are_frozen():
         (lambda *a: policy_loss(*a, ClipBounds(0.2, 0.28), num_token=4), "num_token"),
         # 0.2's keyword form is gone: the keywords are errors, never a second spelling of bounds=
         (lambda *a: policy_loss(*a, eps_low=0.2, eps_high=0.28), "eps_low"),
-        (lambda *a: cispo_loss(*a, eps_low=0.2, eps_high=0.28), "eps_low"),
+        (lambda *a: cispo_loss(*a, eps_low=0.2, eps_high=0.28), "bounds"),
         (lambda *a: policy_loss(*a, ClipBounds(0.2, 0.28), eps_high=0.3), "eps_high"),
         # 0.3's loose normaliser keywords are gone: one spelling, norms=AggNorms(...)
         (lambda *a: policy_loss(*a, ClipBounds(0.2, 0.28), num_tokens=8.0), "num_tokens"),

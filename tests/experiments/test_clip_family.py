@@ -187,20 +187,6 @@ def test_plan_cells_are_the_dose_cells_and_its_seeds_are_fresh():
     assert plan["dose"]["keys"] == ["after/pass@1", "after/pass@8", "after/pass@64"]
 
 
-def _keys_landed() -> bool:
-    """The rivals' names and config keys (issue 36): the losses, the bound schedules and their params."""
-    from gapo.rl import names
-    from gapo.rl.config import AlgoConfig
-
-    fields = AlgoConfig.__dataclass_fields__
-    return (
-        "sapo" in names.LOSSES
-        and {"bapo", "dcpo"} <= set(names.EPS_SCHEDULES)
-        and {"loss_params", "eps_schedule_params"} <= set(fields)
-    )
-
-
-@pytest.mark.skipif(not _keys_landed(), reason="keys land with issue 36 integration")
 def test_plan_loads_with_its_rivals():
     g = load_grid(PLAN)
     cells = grid_cells(g)

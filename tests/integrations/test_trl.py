@@ -389,6 +389,9 @@ def test_clip_stats_by_c_hand_computed(policy, tmp_path):
         "clip/adv_pos_by_c/1": 0.75,
         "clip/ratio_dev_pos_by_c/3": 0.79 / 6,
         "clip/adv_pos_by_c/3": 0.25,
+        # the gate of a hard clip: 1 − the clipped share of positive-advantage tokens
+        "clip/gate_by_c/1": 1 / 2,
+        "clip/gate_by_c/3": 4 / 6,
     }
     assert stats.keys() == expected.keys()
     for k, v in expected.items():

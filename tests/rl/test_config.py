@@ -248,13 +248,14 @@ def test_the_names_lists_equal_the_registries():
     """gapo.rl.names mirrors each registry so that validation needs no torch; they must agree."""
     import inspect
 
-    from gapo.core import advantages, aggregation, clipping, losses
+    from gapo.core import adaptive_bounds, advantages, aggregation, clipping, losses
     from gapo.policy import base_policy, precision
     from gapo.rl import names
 
     assert names.ADVANTAGES == tuple(advantages.ADVANTAGES)
     assert names.LOSSES == tuple(losses.LOSSES)
     assert names.EPS_SCHEDULES == tuple(clipping.EPS_SCHEDULES)
+    assert names.BOUND_SCHEDULES == tuple(adaptive_bounds.BOUND_SCHEDULES)
     assert names.AGG_MODES == tuple(aggregation.AGG_MODES)
     assert names.KL_ESTIMATORS == tuple(losses.KL_ESTIMATORS)
     assert names.DTYPES == tuple(precision.DTYPES)

@@ -35,14 +35,14 @@ def test_ppo_clip_above_one_plus_eps_high_with_positive_advantage_gives_the_clip
     # one token, ratio e^0.5 ≈ 1.65 > 1 + 0.28, A = 2: L = −A·(1 + ε_high) = −2.56, no gradient
     logp = torch.tensor([[0.5]], requires_grad=True)
     mb = _batch([[0.0]], [2.0], [[1.0]], [0.28])
-    total, mets = micro_batch_loss(logp, torch.zeros(1, 1), mb, LossSettings(), None)
+    total, mets, _ = micro_batch_loss(logp, torch.zeros(1, 1), mb, LossSettings(), None)
     assert total.item() == pytest.approx(-2.0 * 1.28)
     assert mets["loss/clipfrac_high"].item() == 1.0 and mets["loss/policy"].item() == pytest.approx(-2.56)
     total.backward()
     assert logp.grad.item() == 0.0
     # inside the band (ratio e^0.1 < 1.28) the unclipped −A·ρ, gradient −A·ρ
     logp = torch.tensor([[0.1]], requires_grad=True)
-    total, mets = micro_batch_loss(logp, torch.zeros(1, 1), mb, LossSettings(), None)
+    total, mets, _ = micro_batch_loss(logp, torch.zeros(1, 1), mb, LossSettings(), None)
     assert total.item() == pytest.approx(-2.0 * math.exp(0.1))
     total.backward()
     assert logp.grad.item() == pytest.approx(-2.0 * math.exp(0.1))
@@ -57,14 +57,14 @@ def test_kl_and_entropy_terms_by_hand():
     ent = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
     mb = _batch([[0.0, 0.0], [0.0, 0.0]], [1.0, 1.0], [[1, 1], [1, 0]], [0.2, 0.2], ref=ref)
     s = LossSettings(kl_coef=0.1, entropy_coef=0.01)
-    total, mets = micro_batch_loss(logp, ent, mb, s, None)
+    total, mets, _ = micro_batch_loss(logp, ent, mb, s, None)
     k3 = [math.exp(d) - d - 1 for d in (0.5, -0.5, 1.0)]
     kl = sum(k3) / 3
     assert mets["loss/kl_ref"].item() == pytest.approx(kl)
     assert mets["loss/policy"].item() == pytest.approx(-1.0)
     assert total.item() == pytest.approx(-1.0 + 0.1 * kl - 0.01 * (1 + 2 + 3) / 3)
     # the terms are off when their settings are
-    total0, mets0 = micro_batch_loss(
+    total0, mets0, _ = micro_batch_loss(
         logp, ent, _batch([[0.0, 0.0]] * 2, [1.0, 1.0], [[1, 1], [1, 0]], [0.2, 0.2]), LossSettings(), None
     )
     assert total0.item() == pytest.approx(-1.0) and "loss/kl_ref" not in mets0
@@ -84,14 +84,14 @@ def test_micro_batch_losses_add_up_to_the_mini_batch_loss(agg, loss):
     ent = torch.rand(B, T, generator=g)
     s = LossSettings(loss=loss, agg=agg, kl_coef=0.05, entropy_coef=0.01)
     rows = torch.tensor([6, 0, 3, 2, 5, 1, 4])
-    whole, whole_m = micro_batch_loss(logp[rows], ent[rows], ub.rows(rows, old_logp[rows]), s, None)
+    whole, whole_m, _ = micro_batch_loss(logp[rows], ent[rows], ub.rows(rows, old_logp[rows]), s, None)
     subs = micro_batches(rows, 3)
     assert [len(x) for x in subs] == [3, 3, 1]
     norms = minibatch_norms(mask[rows], T, split=len(subs) > 1)
     parts, stats = 0.0, UpdateStats()
     for sub in subs:
         mb = ub.rows(sub, old_logp[sub])
-        part, m = micro_batch_loss(logp[sub], ent[sub], mb, s, norms)
+        part, m, _ = micro_batch_loss(logp[sub], ent[sub], mb, s, norms)
         parts = parts + part
         stats.add(m, {}, token_share(mb.mask, mask[rows], norms))
     stats.end_update(1.0)

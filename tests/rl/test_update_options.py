@@ -43,12 +43,12 @@ def test_masked_rows_are_as_if_removed(agg):
     cut = torch.tensor([False, True, False, False])
     s = LossSettings(agg=agg, kl_coef=0.1, entropy_coef=0.01)
     mb = replace(mb, mask=update.loss_mask(mb.mask, cut), ref_logp=mb.old_logp - 0.1)
-    total, _ = micro_batch_loss(logp, ent, mb, s, None)
+    total, _, _ = micro_batch_loss(logp, ent, mb, s, None)
     total.backward()
     assert logp.grad[1].abs().sum() == 0 and logp.grad[0].abs().sum() > 0
     keep = torch.tensor([0, 2, 3])
     logp2 = logp.detach()[keep].requires_grad_(True)
-    ref, _ = micro_batch_loss(logp2, ent[keep], mb.rows(keep, mb.old_logp[keep]), s, None)
+    ref, _, _ = micro_batch_loss(logp2, ent[keep], mb.rows(keep, mb.old_logp[keep]), s, None)
     ref.backward()
     assert total.item() == pytest.approx(ref.item(), rel=1e-6)
     torch.testing.assert_close(logp.grad[keep], logp2.grad)
@@ -62,7 +62,7 @@ def test_every_row_masked_is_a_zero_loss_not_nan(loss, agg, split):
     mb = replace(mb, mask=update.loss_mask(mb.mask, torch.ones(4, dtype=torch.bool)))
     norms = update.minibatch_norms(mb.mask, mb.mask.shape[1], split=split)
     s = LossSettings(loss=loss, agg=agg, entropy_coef=0.01, top_entropy_quantile=0.5)
-    total, metrics = micro_batch_loss(logp, ent, mb, s, norms)
+    total, metrics, _ = micro_batch_loss(logp, ent, mb, s, norms)
     total.backward()
     assert total.item() == 0.0 and logp.grad.abs().sum() == 0
     assert all(torch.isfinite(v) for v in metrics.values())
@@ -73,7 +73,7 @@ def test_top_entropy_quantile_weights_the_surrogate_normalised_by_every_token():
     logp, ent, mb = _batch()
     s = LossSettings(top_entropy_quantile=0.5, kl_coef=0.1)
     mb = replace(mb, ref_logp=mb.old_logp - 0.1)
-    total, metrics = micro_batch_loss(logp, ent, mb, s, None)
+    total, metrics, _ = micro_batch_loss(logp, ent, mb, s, None)
     keep = high_entropy_mask(ent, mb.mask, 0.5)
     bounds = ClipBounds(0.2, mb.eps_high)
     # TRL: per_token_loss * entropy_mask, summed over the response mask / its token count
@@ -91,7 +91,7 @@ def test_top_entropy_quantile_weights_the_surrogate_normalised_by_every_token():
 @pytest.mark.parametrize("loss", sorted(LOSSES))
 def test_top_entropy_quantile_leaves_the_dropped_tokens_no_gradient_under_every_loss(loss):
     logp, ent, mb = _batch()
-    total, metrics = micro_batch_loss(logp, ent, mb, LossSettings(loss=loss, top_entropy_quantile=0.3), None)
+    total, metrics, _ = micro_batch_loss(logp, ent, mb, LossSettings(loss=loss, top_entropy_quantile=0.3), None)
     total.backward()
     dropped = mb.mask.bool() & ~high_entropy_mask(ent, mb.mask, 0.3)
     assert dropped.any() and torch.isfinite(total)
@@ -100,8 +100,8 @@ def test_top_entropy_quantile_leaves_the_dropped_tokens_no_gradient_under_every_
 
 def test_top_entropy_quantile_one_is_the_unmasked_loss():
     logp, ent, mb = _batch()
-    a, ma = micro_batch_loss(logp, ent, mb, LossSettings(top_entropy_quantile=1.0), None)
-    b, mb_ = micro_batch_loss(logp, ent, mb, LossSettings(), None)
+    a, ma, _ = micro_batch_loss(logp, ent, mb, LossSettings(top_entropy_quantile=1.0), None)
+    b, mb_, _ = micro_batch_loss(logp, ent, mb, LossSettings(), None)
     assert torch.equal(a, b) and "loss/entropy_mask_frac" not in ma and ma.keys() == mb_.keys()
 
 
@@ -200,6 +200,7 @@ def _record(run):
 
 def test_the_options_in_a_run(easy_policy, tmp_path, monkeypatch):
     from gapo.rl import trainer as trainer_mod
+    from gapo.rl import update as update_mod
     from gapo.rl.step_metrics import truncated
 
     cap, buf, pen = 6, 3, 0.5  # the policy writes 6 or 7 tokens (EOS included): 7 is cut at 6
@@ -208,7 +209,7 @@ def test_the_options_in_a_run(easy_policy, tmp_path, monkeypatch):
     seen: dict = {}
     adv_in, eps_in = [], []
     monkeypatch.setattr(trainer_mod, "compute_advantages", _spy(trainer_mod.compute_advantages, adv_in))
-    monkeypatch.setattr(trainer_mod, "eps_high_for", _spy(trainer_mod.eps_high_for, eps_in))
+    monkeypatch.setattr(update_mod, "eps_high_for", _spy(update_mod.eps_high_for, eps_in))
     tr = _spied(trainer_mod.Trainer(_cfg(easy_policy, *extra), tmp_path / "r"), seen)
     tr.fit()
     rec, batch, ub = _record(tmp_path / "r"), seen["batch"], seen["ub"]

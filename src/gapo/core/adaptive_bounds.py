@@ -68,16 +68,15 @@ limit holds there too). Padding gets the ``q = 1`` bounds.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 
-from gapo.core.checks import check_same_shape, is_real, unknown
+from gapo.core.checks import check_same_shape, is_real
+from gapo.core.method_params import resolve_bound_params
 
 __all__ = [
     "BOUND_SCHEDULES",
-    "BOUND_PARAMS",
-    "check_bound_params",
     "bapo_path",
     "bapo_shares",
     "bapo_bounds",
@@ -186,7 +185,7 @@ def bapo_bounds(
     """BAPO's clip widths for this micro-batch (arXiv 2510.18927, Algorithm 1; module docstring):
     the first bounds on :func:`bapo_path` where ``ρ ≥ ρ0``, else ``(b−, b+)``; returns
     ``(1 − c_low, c_high − 1)``."""
-    p = _params("bapo", params)
+    p = resolve_bound_params("bapo", params)
     _check_widths(eps_low, eps_high)
     c_low, c_high = bapo_path(
         eps_low=eps_low,
@@ -219,7 +218,7 @@ def dcpo_bounds(
 
     finite everywhere: padding takes ``q = 1``, ``old_logp`` is floored at −80 (module docstring).
     A NaN ``old_logp`` on a response token stays NaN (an upstream fault, left visible)."""
-    r_max = _params("dcpo", params)["r_max"]
+    r_max = resolve_bound_params("dcpo", params)["r_max"]
     _check_widths(eps_low, eps_high)
     check_same_shape({"old_logp": old_logp, "response_mask": response_mask})
     # where, not · mask: padded log-probs may be NaN or ±inf
@@ -239,41 +238,3 @@ def _check_widths(eps_low: float, eps_high: float) -> None:
 BoundSchedule = Callable[..., tuple]
 
 BOUND_SCHEDULES: dict[str, BoundSchedule] = {"bapo": bapo_bounds, "dcpo": dcpo_bounds}
-
-BOUND_PARAMS: dict[str, dict[str, float]] = {
-    "bapo": {"rho_0": 0.5, "b_minus": 0.9, "b_plus": 3.0, "delta_1": 0.05, "delta_2": 0.05},
-    "dcpo": {"r_max": 10.0},
-}
-
-# param -> (test, its domain in words); every param is also a finite real number
-_DOMAINS: dict[str, tuple[Callable[[float], bool], str]] = {
-    "rho_0": (lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
-    "b_minus": (lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
-    "b_plus": (lambda v: v >= 1.0, ">= 1"),
-    "delta_1": (lambda v: v > 0.0, "> 0"),
-    "delta_2": (lambda v: v > 0.0, "> 0"),
-    "r_max": (lambda v: v >= 1.0, ">= 1"),
-}
-
-
-def check_bound_params(name: str, params: Mapping[str, object]) -> str | None:
-    """None if ``params`` suit the bound schedule ``name``; else a message naming the schedule or
-    parameter at fault, its domain and the accepted names."""
-    if name not in BOUND_SCHEDULES:
-        return str(unknown("bound schedule", name, BOUND_SCHEDULES))
-    accepted = sorted(BOUND_PARAMS[name])
-    for key, v in params.items():
-        if key not in BOUND_PARAMS[name]:
-            return str(unknown(f"{name} bound param", key, accepted))
-        test, domain = _DOMAINS[key]
-        if not (is_real(v) and math.isfinite(v) and test(float(v))):
-            return f"{name} bound param {key} must be a finite number {domain}, got {v!r} (params: {accepted})"
-    return None
-
-
-def _params(name: str, params: Mapping[str, object]) -> dict[str, float]:
-    """``BOUND_PARAMS[name]`` updated by ``params``, checked; a ValueError with the message else."""
-    msg = check_bound_params(name, params)
-    if msg is not None:
-        raise ValueError(msg)
-    return {k: float(v) for k, v in {**BOUND_PARAMS[name], **params}.items()}

@@ -55,19 +55,17 @@ import torch
 
 from gapo.core.aggregation import AggNorms, agg_loss
 from gapo.core.checks import check_same_shape, unknown
+from gapo.core.method_params import resolve_params
 from gapo.core.rival_losses import cegppo_loss, clip_cov_loss, kl_cov_loss, sapo_loss
 from gapo.core.surrogate import (
     LOG_RATIO_CLAMP,
-    LOSS_PARAMS,
     ClipBounds,
     _as_rows,
     _bounds,
     _checked_advantages,
     _checked_bounds,
     _metrics,
-    check_loss_params,
     log_ratio,
-    resolve_params,
     split_token_diagnostics,
 )
 
@@ -76,10 +74,6 @@ __all__ = [
     "policy_loss",
     "cispo_loss",
     "LOSSES",
-    "LOSS_PARAMS",
-    "USES_BOUNDS",
-    "DUAL_CLIP",
-    "check_loss_params",
     "split_token_diagnostics",
     "LOG_RATIO_CLAMP",
     "log_ratio",
@@ -258,26 +252,6 @@ RATIO_LEVEL = {
     "ppo": "token",
     "gspo": "sequence",
     **dict.fromkeys(("cispo", "sapo", "cegppo", "clip_cov", "kl_cov"), "token"),
-}
-# whether a loss reads the clip widths eps_low/eps_high (SAPO's gate and KL-Cov have none) ...
-USES_BOUNDS = {
-    "ppo": True,
-    "gspo": True,
-    "cispo": True,
-    "cegppo": True,
-    "clip_cov": True,
-    "sapo": False,
-    "kl_cov": False,
-}
-# ... and whether it accepts the dual clip's clip_ratio_c (the others raise a ValueError)
-DUAL_CLIP = {
-    "ppo": True,
-    "gspo": True,
-    "cispo": False,
-    "cegppo": False,
-    "clip_cov": False,
-    "sapo": False,
-    "kl_cov": False,
 }
 KL_ESTIMATORS = ("k1", "k3")
 

@@ -23,6 +23,7 @@ import torch
 
 from gapo.core.aggregation import AggNorms, agg_loss
 from gapo.core.checks import check_same_shape
+from gapo.core.method_params import resolve_params
 from gapo.core.surrogate import (
     LOG_RATIO_CLAMP,
     ClipBounds,
@@ -32,7 +33,6 @@ from gapo.core.surrogate import (
     _checked_bounds,
     _metrics,
     log_ratio,
-    resolve_params,
 )
 
 __all__ = ["sapo_loss", "cegppo_loss", "clip_cov_loss", "kl_cov_loss"]

@@ -3,18 +3,17 @@
 ``ClipBounds`` (the widths ``ε_low``, ``ε_high``: a float, (B,) per rollout or (B, T) per token;
 the dual clip's ``clip_ratio_c``), the log-ratio (token, or GSPO's sequence ratio, arXiv 2507.18071),
 the input checks, the signed-bound identity ``max(−A·ρ, −A·clip(ρ)) = −|A|·min(s·ρ, s·b)``, the
-metrics, and each loss's own parameters (``LOSS_PARAMS``, ``check_loss_params``). The conventions
+metrics (each loss's own parameters: ``gapo.core.method_params``). The conventions
 (padding is don't-care, metrics) are documented in ``gapo.core.losses``; GAPO is arXiv 2609.00444.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from gapo.core.checks import check_eps, check_same_shape, is_real, unknown
+from gapo.core.checks import check_eps, check_same_shape, unknown
 
 LOG_RATIO_CLAMP = 20.0  # token level, ±
 
@@ -165,57 +164,3 @@ def _metrics(neg_log_r, adv, mask, n_tokens, clipped, dual, eps_high) -> dict:
         "clip/eps_high_mean": _eps_high_mean(eps_high, mask, n_tokens),
         "token/clipped": clipped.bool() & mask.bool(),
     }
-
-
-# each loss's own parameters and their defaults (the papers' / verl's; see gapo.core.rival_losses)
-LOSS_PARAMS: dict[str, dict[str, float]] = {
-    "ppo": {},
-    "gspo": {},
-    "cispo": {},
-    "sapo": {"tau_pos": 1.0, "tau_neg": 1.05},
-    "cegppo": {"beta_low": 0.75, "beta_high": 1.0},
-    "clip_cov": {"ratio": 2e-4, "lb": 1.0, "ub": 5.0},
-    "kl_cov": {"ratio": 2e-4, "coef": 1.0},
-}
-
-
-# parameter -> (domain in words, test); a loss's own parameters are finite real numbers
-_PARAM_DOMAINS = {
-    "tau_pos": ("> 0", lambda v: v > 0),
-    "tau_neg": ("> 0", lambda v: v > 0),
-    "beta_low": (">= 0", lambda v: v >= 0),
-    "beta_high": (">= 0", lambda v: v >= 0),
-    "ratio": ("in (0, 1]", lambda v: 0 < v <= 1),
-    "lb": ("a finite number below ub", lambda v: True),
-    "ub": ("a finite number above lb", lambda v: True),
-    "coef": (">= 0", lambda v: v >= 0),
-}
-
-
-def check_loss_params(loss: str, params: dict) -> str | None:
-    """None when ``params`` (name -> value; a subset of ``LOSS_PARAMS[loss]``, the rest default) are
-    valid for ``loss``, else a message naming the bad parameter, its domain and the accepted names."""
-    if loss not in LOSS_PARAMS:
-        return str(unknown("policy loss", loss, LOSS_PARAMS))
-    accepted = LOSS_PARAMS[loss]
-    names = ", ".join(accepted) or "none"
-    bad = sorted(set(params) - set(accepted))
-    if bad:
-        return f"unknown parameter(s) {bad} for loss {loss!r}; accepted: {names}"
-    for k, v in params.items():
-        domain, ok = _PARAM_DOMAINS[k]
-        if not (is_real(v) and math.isfinite(v) and ok(v)):
-            return f"loss {loss!r}: parameter {k} must be {domain}, got {v!r} (accepted: {names})"
-    merged = {**accepted, **params}
-    if "lb" in merged and not merged["lb"] < merged["ub"]:
-        return f"loss {loss!r}: parameter lb must be below ub, got lb={merged['lb']!r}, ub={merged['ub']!r}"
-    return None
-
-
-def resolve_params(loss: str, params: dict) -> dict[str, float]:
-    """``LOSS_PARAMS[loss]`` updated with ``params``; a ``ValueError`` (:func:`check_loss_params`'s
-    message) when they are not valid."""
-    msg = check_loss_params(loss, params)
-    if msg is not None:
-        raise ValueError(msg)
-    return {**LOSS_PARAMS[loss], **{k: float(v) for k, v in params.items()}}

@@ -175,6 +175,7 @@ BY_C_SUMMARY = {
     "clip/eps_high_by_c": "steps",  # mean ε_high of the rollouts
     "clip/adv_by_c": "steps",  # mean |A|
     "clip/ratio_dev_pos_by_c": "steps",  # mean |ρ−1| of positive-advantage tokens, before clipping
+    "clip/gate_by_c": "tokens",  # mean gradient weight of positive-advantage tokens (§2.13)
 }
 
 

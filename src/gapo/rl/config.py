@@ -24,6 +24,7 @@ from pathlib import Path
 # registries' names come from gapo.rl.names (tested to equal the registries).
 from gapo import tasks
 from gapo.core.checks import unknown
+from gapo.core.method_params import BOUND_PARAMS, check_bound_params, check_loss_params, method_problem
 from gapo.policy.chat import CHAT_MODES, check_chat_template_kwargs
 from gapo.policy.lora import check_lora
 from gapo.rl.config_io import coerce, diff, parse_value, read_yaml
@@ -135,10 +136,18 @@ class AlgoConfig:
     advantage_params: dict = option(
         {}, "the estimator's own parameters, e.g. {eps: 1e-6}, {k: 4}, {gamma: 1, base: drgrpo}"
     )
-    loss: str = option("ppo", "ppo (token ratio) | gspo (sequence ratio) | cispo")
-    eps_schedule: str = option(
-        "fixed", "the upper clip width: fixed | linear (GAPO's Eq. 11) | log (GAPO's exact form)"
+    loss: str = option(
+        "ppo", "ppo (token ratio) | gspo (sequence ratio) | cispo | sapo | cegppo | clip_cov | kl_cov (§2.13)"
     )
+    loss_params: dict = option(
+        {}, "the loss's own parameters, e.g. sapo {tau_pos, tau_neg}; unset ones: the paper's (gapo config algo)"
+    )
+    eps_schedule: str = option(
+        "fixed",
+        "the clip widths: fixed | linear (GAPO's Eq. 11) | log (GAPO's exact form) | bapo (per batch) | "
+        "dcpo (per token) (§2.13)",
+    )
+    eps_schedule_params: dict = option({}, "bapo {rho_0, b_minus, b_plus, delta_1, delta_2} | dcpo {r_max}")
     eps_low: float = option(0.2, "the lower clip width: the ratio is clipped at 1 − eps_low")
     eps_high_max: float = option(0.2, "the upper width: the constant (fixed), GAPO's maximum (linear, log)")
     reward_range: tuple[float, float] | str | None = option(
@@ -292,7 +301,7 @@ class Config:
         for key, kind, name, accepted in (
             ("algo.advantage", "advantage estimator", a.advantage, known("ADVANTAGES")),
             ("algo.loss", "policy loss", a.loss, known("LOSSES")),
-            ("algo.eps_schedule", "eps schedule", a.eps_schedule, known("EPS_SCHEDULES")),
+            ("algo.eps_schedule", "eps schedule", a.eps_schedule, known("EPS_SCHEDULES") + known("BOUND_SCHEDULES")),
             ("algo.agg", "aggregation mode", a.agg, known("AGG_MODES")),
             ("algo.kl_estimator", "kl estimator", a.kl_estimator, known("KL_ESTIMATORS")),
             ("algo.old_logp", "old_logp source", a.old_logp, ("recompute", "sampler")),
@@ -306,12 +315,22 @@ class Config:
         where, a = self._where, self.algo
         check_params(where("algo.advantage_params"), a.advantage_params, advantage_params(a.advantage))
         check_advantage_params(where("algo.advantage_params"), a.advantage, a.advantage_params, self.train.group_size)
+        problem = check_loss_params(a.loss, a.loss_params)
+        if problem:
+            raise ValueError(f"{where('algo.loss_params')}: {problem}")
+        if a.eps_schedule in BOUND_PARAMS:
+            problem = check_bound_params(a.eps_schedule, a.eps_schedule_params)
+        elif a.eps_schedule_params:
+            problem = f"eps_schedule {a.eps_schedule!r} takes no parameters (bapo and dcpo do)"
+        if problem:
+            raise ValueError(f"{where('algo.eps_schedule_params')}: {problem}")
         check_params(where("task.params"), self.task.params, task_params(self.task.name))
         check_task_param_types("task.params", self.task.name, self.task.params)
         check_task_files(where("task.params.path"), self.task.name, self.task.params)
 
     def _check_combinations(self) -> None:
-        """The batch splits into mini-batches; GAPO's widths are ordered; no dual clip for cispo."""
+        """The batch splits into mini-batches; GAPO's widths are ordered; the loss, its bounds and
+        the dual clip go together (``core.method_params.method_problem``)."""
         where, a, t = self._where, self.algo, self.train
         batch = t.prompts * t.group_size
         if batch % t.mini_batches:
@@ -319,16 +338,16 @@ class Config:
                 f"{where('train.mini_batches')}: {t.mini_batches} does not divide the rollout batch "
                 f"prompts × group_size = {t.prompts} × {t.group_size} = {batch}"
             )
-        if a.eps_schedule != "fixed" and a.eps_high_max < a.eps_low:
+        if a.eps_schedule in ("linear", "log") and a.eps_high_max < a.eps_low:
             raise ValueError(
                 f"{where('algo.eps_high_max')}: GAPO schedule {a.eps_schedule!r} needs "
                 f"algo.eps_high_max >= algo.eps_low ({a.eps_low}), got {a.eps_high_max}"
             )
         self._check_overlong()
-        if a.loss == "cispo" and a.clip_ratio_c is not None:
-            raise ValueError(
-                f"{where('algo.clip_ratio_c')}: the dual clip is not defined for the cispo loss; leave it unset (none)"
-            )
+        problem = method_problem(a.loss, a.eps_schedule, a.clip_ratio_c)
+        if problem:
+            key, why = problem
+            raise ValueError(f"{where(key)}: {why}")
 
     def _check_overlong(self) -> None:
         """DAPO's buffer sits below a set completion cap (the task's own is checked by the trainer),

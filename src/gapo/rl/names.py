@@ -22,8 +22,8 @@ __all__ = [
     "ADVANTAGE_PARAMS",
     "PASSK_DEFAULT_K",
     "LOSSES",
-    "LOSS_PARAMS",
     "EPS_SCHEDULES",
+    "BOUND_SCHEDULES",
     "AGG_MODES",
     "KL_ESTIMATORS",
     "DTYPES",
@@ -39,17 +39,8 @@ ADVANTAGES = ("drgrpo", "grpo", "rloo", "passk", "focal")  # gapo.core.advantage
 ADVANTAGE_PARAMS = {"drgrpo": (), "grpo": ("eps", "std"), "rloo": (), "passk": ("k",), "focal": ("gamma", "base")}
 PASSK_DEFAULT_K = 4  # gapo.core.advantages.passk's default k
 LOSSES = ("ppo", "gspo", "cispo", "sapo", "cegppo", "clip_cov", "kl_cov")  # gapo.core.losses.LOSSES
-# each loss's own parameters (gapo.core.losses.LOSS_PARAMS: the names, whose defaults live there)
-LOSS_PARAMS = {
-    "ppo": (),
-    "gspo": (),
-    "cispo": (),
-    "sapo": ("tau_pos", "tau_neg"),
-    "cegppo": ("beta_low", "beta_high"),
-    "clip_cov": ("ratio", "lb", "ub"),
-    "kl_cov": ("ratio", "coef"),
-}
 EPS_SCHEDULES = ("fixed", "linear", "log")  # gapo.core.clipping.EPS_SCHEDULES
+BOUND_SCHEDULES = ("bapo", "dcpo")  # gapo.core.adaptive_bounds.BOUND_SCHEDULES
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k3")  # gapo.core.losses.KL_ESTIMATORS
 DTYPES = ("float32", "bfloat16", "float16")  # gapo.policy.precision.DTYPES
@@ -60,8 +51,8 @@ LR_SCHEDULES = ("constant", "linear", "cosine")  # gapo.rl.optimizer.LR_SCHEDULE
 _REGISTRY = {
     "ADVANTAGES": ("gapo.core.advantages", "ADVANTAGES"),
     "LOSSES": ("gapo.core.losses", "LOSSES"),
-    "LOSS_PARAMS": ("gapo.core.losses", "LOSS_PARAMS"),
     "EPS_SCHEDULES": ("gapo.core.clipping", "EPS_SCHEDULES"),
+    "BOUND_SCHEDULES": ("gapo.core.adaptive_bounds", "BOUND_SCHEDULES"),
     "AGG_MODES": ("gapo.core.aggregation", "AGG_MODES"),
     "KL_ESTIMATORS": ("gapo.core.losses", "KL_ESTIMATORS"),
     "DTYPES": ("gapo.policy.precision", "DTYPES"),
@@ -88,7 +79,7 @@ def known(name: str) -> tuple[str, ...]:
 _VLLM = "gapo samples with the policy itself; vLLM serves the verl adapter (docs/scale-out.md)"
 _VLLM_IS = "no sampler/trainer mismatch: the policy samples itself (algo.old_logp=sampler reuses its log-probs)"
 _OWN_DECODER = "gapo samples with its own KV-cache decoder"
-_LOSSES = "no such loss (algo.loss: ppo, gspo, cispo)"
+_LOSSES = "no such loss (algo.loss: ppo, gspo, cispo, sapo, cegppo, clip_cov, kl_cov)"
 _REF = "the KL reference is the starting policy, frozen"
 _ADAPTIVE = "algo.entropy_coef is a constant"
 
@@ -162,7 +153,7 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
     "loss_type": (
         "algo.agg",
         "dapo (bnpo on one device) is token-mean, grpo seq-mean-token-mean, dr_grpo seq-mean-token-sum-norm; "
-        "cispo is algo.loss=cispo",
+        "cispo and sapo are algo.loss=cispo, algo.loss=sapo",
     ),
     "scale_rewards": ("algo.advantage", "group (True) is grpo, none (False) drgrpo, gapo's default; batch has none"),
     "reward_weights": ("reward.weights", ""),
@@ -174,10 +165,9 @@ TRL_NAMES: dict[str, tuple[str | None, str]] = {
         (None, _ADAPTIVE),
     ),
     **dict.fromkeys(("sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps"), (None, _REF)),
-    **dict.fromkeys(
-        ("sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg"),
-        (None, _LOSSES),
-    ),
+    "sapo_temperature_pos": ("algo.loss_params", "algo.loss=sapo with algo.loss_params.tau_pos"),
+    "sapo_temperature_neg": ("algo.loss_params", "algo.loss=sapo with algo.loss_params.tau_neg"),
+    **dict.fromkeys(("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg"), (None, _LOSSES)),
     "vespo_lambda_neg": (None, _LOSSES),
     "top_entropy_quantile": ("algo.top_entropy_quantile", ""),
     "off_policy_mask_threshold": (None, "no off-policy sequence masking"),

@@ -55,9 +55,13 @@ def step_metrics(
         out["reward/overlong_penalty"] = float(overlong.mean())
     out["optim/lr"] = lr
     out["optim/grad_norm"] = sum(upd.grad_norms) / n_updates
-    if (advantages > 0).any():
-        out["clip/eps_high_pos_mean"] = float(ub.eps_high[advantages > 0].mean())
     counts = upd.counts
+    if ub.eps_high is not None and (advantages > 0).any():
+        out["clip/eps_high_pos_mean"] = float(ub.eps_high[advantages > 0].mean())
+    elif ub.eps_high is None and any(f["pos_rows"] for f in counts.values()):  # BAPO, DCPO: the widths used
+        out["clip/eps_high_pos_mean"] = sum(f["pos_eps_sum"] for f in counts.values()) / sum(
+            f["pos_rows"] for f in counts.values()
+        )
     out.update(clip_stats_from_counts(counts))
     pos_tok = sum(f["pos_tokens"] for f in counts.values())
     out["clip/frac_high_pos"] = sum(f["pos_clipped"] for f in counts.values()) / pos_tok if pos_tok else 0.0

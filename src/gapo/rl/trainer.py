@@ -31,7 +31,6 @@ from tqdm.auto import tqdm
 from gapo import tasks
 from gapo.core.advantages import compute as compute_advantages
 from gapo.core.advantages import success_count
-from gapo.core.clipping import eps_high_for
 from gapo.core.metrics import RATIO_ADV_WINDOW, ratio_adv_corr, ratio_adv_pairs
 from gapo.exec.scoring import UserCodeError, verifier_failure_warning
 from gapo.machine.allocator import tune_malloc
@@ -256,9 +255,7 @@ class Trainer:
         #    the *raw* group rewards, so it composes with every estimator; c = successes in each group
         shaped, rr, overlong = update.advantage_rewards(rewards, batch.rollout.lengths, a, self.max_new_tokens)
         advantages = compute_advantages(a.advantage, shaped, G, reward_range=rr, **a.advantage_params)
-        eps_high = eps_high_for(
-            a.eps_schedule, rewards, G, eps_low=a.eps_low, eps_high_max=a.eps_high_max, reward_range=a.reward_range
-        ).to(self.device)
+        eps_high = update.rollout_eps_high(a, rewards, G)  # None under BAPO/DCPO: set per micro-batch
         c = success_count(rewards, G, reward_range=a.reward_range)
         # 3. the update batch: + log π_old (epoch 0's mini-batch order is drawn first: see
         #    _update_batch) and log π_ref
@@ -410,10 +407,10 @@ class Trainer:
                 for sub in subs:
                     logp, ent = self._logprobs(self.model, ub, sub)
                     micro = ub.rows(sub, old.first_forward(sub, logp, ent))  # + log π_old (§4.3)
-                    loss, metrics = update.micro_batch_loss(logp, ent, micro, s, norms)
+                    loss, metrics, counts = update.micro_batch_loss(logp, ent, micro, s, norms)
                     optimizer.backward(loss, self.scaler)
                     share = update.token_share(micro.mask, ub.mask[rows], norms)
-                    stats.add(metrics, update.clip_counts(logp, micro, s), share)
+                    stats.add(metrics, counts, share)
                 stats.end_update(optimizer.step(self.model, self.opt, self.scaler, o.grad_clip, step=self.step + 1))
         stats.entropy_sum = old.entropy_sum
         return stats

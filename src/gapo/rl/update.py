@@ -31,7 +31,9 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+from gapo.core.adaptive_bounds import BOUND_SCHEDULES
 from gapo.core.aggregation import AggNorms, agg_loss
+from gapo.core.clipping import eps_high_for
 from gapo.core.losses import LOSSES, RATIO_LEVEL, ClipBounds, kl_estimate, log_ratio, split_token_diagnostics
 from gapo.core.metrics import clip_counts_by_c, merge_counts
 from gapo.core.shaping import high_entropy_mask, overlong_penalty
@@ -48,6 +50,8 @@ __all__ = [
     "loss_mask",
     "advantage_rewards",
     "check_overlong",
+    "rollout_eps_high",
+    "clip_bounds",
     "clip_counts",
     "ADDITIVE",
 ]
@@ -62,7 +66,11 @@ class LossSettings:
     """The loss's hyper-parameters (the ``algo`` config keys of the same names)."""
 
     loss: str = "ppo"  # a key of gapo.core.losses.LOSSES
+    loss_params: dict = field(default_factory=dict)  # its own (gapo.core.method_params.LOSS_PARAMS)
+    eps_schedule: str = "fixed"  # a bound schedule (BAPO, DCPO) sets the widths in the loss call
+    eps_schedule_params: dict = field(default_factory=dict)
     eps_low: float = 0.2
+    eps_high_max: float = 0.2
     agg: str = "token-mean"
     clip_ratio_c: float | None = None
     kl_coef: float = 0.0
@@ -83,7 +91,7 @@ class UpdateBatch:
     rollout: object  # the sampled rows (input_ids, attention_mask, response_mask), gapo.rl.rollout
     mask: torch.Tensor  # (B, T) float response mask
     advantages: torch.Tensor  # (B,) or (B, T)
-    eps_high: torch.Tensor  # (B,) GAPO's upper clip width per rollout
+    eps_high: torch.Tensor | None  # (B,) GAPO's upper width per rollout; None: a bound schedule's
     c: torch.Tensor  # (B,) successes in each rollout's group
     ref_logp: torch.Tensor | None = None  # (B, T) log π_ref, when kl_coef > 0
     old_logp: torch.Tensor | None = None  # (b, T) log π_old of a micro-batch; the whole batch's: OldPolicy
@@ -96,7 +104,7 @@ class UpdateBatch:
             self,
             mask=self.mask[idx],
             advantages=self.advantages[idx],
-            eps_high=self.eps_high[idx],
+            eps_high=pick(self.eps_high),
             c=self.c[idx],
             ref_logp=pick(self.ref_logp),
             old_logp=old_logp,
@@ -185,15 +193,18 @@ def token_share(mask: torch.Tensor, minibatch_mask: torch.Tensor, norms: AggNorm
 
 def micro_batch_loss(
     logp: torch.Tensor, ent: torch.Tensor, mb: UpdateBatch, s: LossSettings, norms: AggNorms | None
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``(total, metrics)`` of one micro-batch (formula in the module docstring); ``logp``/``ent``
-    ``(b, T)`` are the current policy's on ``mb``'s rows. Metrics are detached 0-d tensors:
-    the surrogate's (``gapo.core.losses``), ``loss/kl_ref``, ``loss/policy``, ``loss/total`` and,
-    with ``top_entropy_quantile < 1``, ``loss/entropy_mask_frac`` (the share of response tokens kept)."""
-    bounds = ClipBounds(s.eps_low, mb.eps_high, s.clip_ratio_c)
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict]:
+    """``(total, metrics, counts)`` of one micro-batch (formula in the module docstring);
+    ``logp``/``ent`` ``(b, T)`` are the current policy's on ``mb``'s rows. Metrics are detached 0-d
+    tensors: the surrogate's (``gapo.core.losses``), ``loss/kl_ref``, ``loss/policy``,
+    ``loss/total`` and, with ``top_entropy_quantile < 1``, ``loss/entropy_mask_frac`` (the share
+    of response tokens kept); ``counts`` are the clip counts per ``c`` (:func:`clip_counts`)."""
+    bounds = clip_bounds(logp, mb, s)
     w, kept = _entropy_weights(ent, mb.mask, s.top_entropy_quantile)
-    loss, metrics = LOSSES[s.loss](logp, mb.old_logp, mb.advantages, mb.mask, bounds, agg=s.agg, weights=w, norms=norms)
-    metrics, _ = split_token_diagnostics(metrics)  # the per-token entries are not wired in yet
+    loss, metrics = LOSSES[s.loss](
+        logp, mb.old_logp, mb.advantages, mb.mask, bounds, agg=s.agg, weights=w, norms=norms, **s.loss_params
+    )
+    metrics, tokens = split_token_diagnostics(metrics)
     if kept is not None:
         metrics["loss/entropy_mask_frac"] = kept
     total = loss
@@ -204,7 +215,37 @@ def micro_batch_loss(
     if s.entropy_coef:
         total = total - s.entropy_coef * agg_loss(ent, mb.mask, s.agg, norms=norms)
     metrics["loss/policy"], metrics["loss/total"] = loss.detach(), total.detach()
-    return total, metrics
+    return total, metrics, clip_counts(logp, mb, s, bounds, tokens)
+
+
+def rollout_eps_high(algo, rewards: torch.Tensor, group_size: int) -> torch.Tensor | None:  # (B,)
+    """Each rollout's ``ε_high`` from its group's raw rewards (fixed, GAPO: ``core.clipping``), or
+    None under a bound schedule (BAPO, DCPO), whose widths :func:`clip_bounds` sets in the loss call."""
+    if algo.eps_schedule in BOUND_SCHEDULES:
+        return None
+    a = algo
+    return eps_high_for(
+        a.eps_schedule, rewards, group_size, eps_low=a.eps_low, eps_high_max=a.eps_high_max, reward_range=a.reward_range
+    )
+
+
+def clip_bounds(logp: torch.Tensor, mb: UpdateBatch, s: LossSettings) -> ClipBounds:
+    """The widths in force for this micro-batch: ``ε_low`` and the rollouts' ``ε_high`` (fixed,
+    GAPO), or a bound schedule's (docs/design.md §2.13) from this forward's token ratios and the
+    old log-probs: BAPO's two widths for the micro-batch, DCPO's per token."""
+    if s.eps_schedule not in BOUND_SCHEDULES:
+        return ClipBounds(s.eps_low, mb.eps_high, s.clip_ratio_c)
+    ratio = torch.exp(log_ratio(logp.detach(), mb.old_logp, mb.mask, "token"))
+    eps_low, eps_high = BOUND_SCHEDULES[s.eps_schedule](
+        ratio,
+        mb.old_logp,
+        mb.advantages,
+        mb.mask,
+        eps_low=s.eps_low,
+        eps_high=s.eps_high_max,
+        **s.eps_schedule_params,
+    )
+    return ClipBounds(eps_low, eps_high, s.clip_ratio_c)
 
 
 def _entropy_weights(
@@ -259,7 +300,18 @@ def advantage_rewards(rewards: torch.Tensor, lengths: torch.Tensor, algo, max_ne
 
 
 @torch.no_grad()
-def clip_counts(logp: torch.Tensor, mb: UpdateBatch, s: LossSettings) -> dict:
-    """Clip counts per group success count ``c`` (the paper's Fig. 2), ``gapo.core.metrics``."""
+def clip_counts(logp: torch.Tensor, mb: UpdateBatch, s: LossSettings, bounds: ClipBounds, tokens: dict) -> dict:
+    """Clip counts per group success count ``c`` (the paper's Fig. 2), ``gapo.core.metrics``: the
+    ratio the loss clips against ``bounds``, with the loss's own clipped tokens and gradient weight
+    (``tokens``: its ``token/clipped``, ``token/gate``, when it gives them)."""
     ratio = torch.exp(log_ratio(logp.detach(), mb.old_logp, mb.mask, RATIO_LEVEL[s.loss]))
-    return clip_counts_by_c(ratio, mb.advantages, mb.mask, mb.c, eps_low=s.eps_low, eps_high=mb.eps_high)
+    return clip_counts_by_c(
+        ratio,
+        mb.advantages,
+        mb.mask,
+        mb.c,
+        eps_low=bounds.eps_low,
+        eps_high=bounds.eps_high,
+        clipped=tokens.get("token/clipped"),
+        gate=tokens.get("token/gate"),
+    )
