@@ -27,6 +27,8 @@ __all__ = [
     "resolve_bound_params",
     "USES_BOUNDS",
     "DUAL_CLIP",
+    "method_problem",
+    "defaults_text",
 ]
 
 
@@ -175,3 +177,9 @@ def method_problem(loss: str, eps_schedule: str, clip_ratio_c: float | None) -> 
 
 
 _NO_BOUNDS = {"sapo": "a soft sigmoid gate replaces the clip", "kl_cov": "a KL penalty on chosen tokens, no clip"}
+
+
+def defaults_text(table: dict[str, dict[str, float]]) -> str:
+    """``name {param: default, ...}`` for each entry of a parameter table that has parameters (the
+    config reference's help of ``algo.loss_params`` and ``algo.eps_schedule_params``)."""
+    return " | ".join(f"{k} {{{', '.join(f'{n}: {v:g}' for n, v in ps.items())}}}" for k, ps in table.items() if ps)

@@ -24,7 +24,14 @@ from pathlib import Path
 # registries' names come from gapo.rl.names (tested to equal the registries).
 from gapo import tasks
 from gapo.core.checks import unknown
-from gapo.core.method_params import BOUND_PARAMS, check_bound_params, check_loss_params, method_problem
+from gapo.core.method_params import (
+    BOUND_PARAMS,
+    LOSS_PARAMS,
+    check_bound_params,
+    check_loss_params,
+    defaults_text,
+    method_problem,
+)
 from gapo.policy.chat import CHAT_MODES, check_chat_template_kwargs
 from gapo.policy.lora import check_lora
 from gapo.rl.config_io import coerce, diff, parse_value, read_yaml
@@ -139,15 +146,13 @@ class AlgoConfig:
     loss: str = option(
         "ppo", "ppo (token ratio) | gspo (sequence ratio) | cispo | sapo | cegppo | clip_cov | kl_cov (§2.13)"
     )
-    loss_params: dict = option(
-        {}, "the loss's own parameters, e.g. sapo {tau_pos, tau_neg}; unset ones: the paper's (gapo config algo)"
-    )
+    loss_params: dict = option({}, "the loss's own parameters; unset ones the paper's: " + defaults_text(LOSS_PARAMS))
     eps_schedule: str = option(
         "fixed",
         "the clip widths: fixed | linear (GAPO's Eq. 11) | log (GAPO's exact form) | bapo (per batch) | "
         "dcpo (per token) (§2.13)",
     )
-    eps_schedule_params: dict = option({}, "bapo {rho_0, b_minus, b_plus, delta_1, delta_2} | dcpo {r_max}")
+    eps_schedule_params: dict = option({}, "bapo's, dcpo's own; unset ones the paper's: " + defaults_text(BOUND_PARAMS))
     eps_low: float = option(0.2, "the lower clip width: the ratio is clipped at 1 − eps_low")
     eps_high_max: float = option(0.2, "the upper width: the constant (fixed), GAPO's maximum (linear, log)")
     reward_range: tuple[float, float] | str | None = option(
