@@ -203,3 +203,63 @@ def test_bench_reward_worker_last_line(monkeypatch, capsys):
     fields = dict(re.findall(r"(\w+)=(\S+)", last))
     assert last.startswith("ratio ") and set(fields) == {"light", "light_batched", "heavy", "heavy_batched"}, last
     assert all(math.isfinite(float(v)) and float(v) > 0 for v in fields.values()), last
+
+
+def test_profile_step_ranges_are_exclusive():
+    """``profile_step.Ranges`` on a hand-driven clock: a range keeps its own time less the ranges
+    opened inside it, and a wrapped function outside its ``inside`` ranges is not a range."""
+    profile_step = _script("profile_step")
+    now = [0.0]
+    r = profile_step.Ranges(clock=lambda: now[0])
+
+    def work(dt):
+        now[0] += dt
+
+    inner = r.wrap(work, "inner", inside=frozenset({"outer"}))
+    r.enter("outer")  # t = 0
+    work(1.0)
+    inner(2.0)  # inside "outer": its own range
+    r.enter("mid")
+    inner(4.0)  # inside "mid": stays with "mid"
+    r.exit()
+    r.exit()  # t = 7
+    inner(8.0)  # no range open: not timed
+    assert dict(r.excl) == {"inner": 2.0, "mid": 4.0, "outer": 1.0}
+    assert r.calls == {"inner": 1, "mid": 1, "outer": 1}
+
+
+def test_profile_step_parts_add_up(monkeypatch, tmp_path):
+    """benchmarks/profile_step.py at its smallest (both sizes, the compute-bound one at shape 5m
+    and 4 tokens), in this process: every part of the table is there, no part is negative, the
+    shares add up to the step, and the decode counts are per decoded token."""
+    torch = pytest.importorskip("torch")
+    from gapo import tasks
+
+    profile_step = _script("profile_step")
+    monkeypatch.setattr(tasks, "_REGISTRY", dict(tasks._REGISTRY))  # run_gapo registers its tasks
+    out = tmp_path / "profile.json"
+    args = ["--configs", "tiny", "big", "--steps", "1", "--big-shape", "5m", "--big-tokens", "4"]
+    monkeypatch.setattr(sys, "argv", ["profile_step.py", *args, "--gemm-n", "256", "--json", str(out)])
+    threads, buf = torch.get_num_threads(), io.StringIO()
+    try:
+        with torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(buf):
+            profile_step.main()
+    finally:
+        torch.set_num_threads(threads)
+    results = __import__("json").loads(out.read_text())
+    assert set(results) == {"tiny", "big"}
+    for name, r in results.items():
+        parts = r["parts"]
+        assert list(parts) == [k for k, _, _ in profile_step.PARTS], name
+        assert sum(p["share"] for p in parts.values()) == pytest.approx(1.0, abs=1e-9), name
+        assert sum(r["groups"].values()) == pytest.approx(1.0, abs=1e-9), name
+        assert all(p["cpu_s"] >= -1e-3 * r["step_cpu_s"] for p in parts.values()), (name, parts)
+        for k in ("sampling.decode.layers", "sampling.decode.head", "update.forward.decoder", "update.backward"):
+            assert parts[k]["share"] > 0, (name, k)
+        assert 0 < r["head_share_of_decode"] < r["vocab_share_of_decode"] < 1, name
+        assert r["ops_per_token_total"] == pytest.approx(sum(r["ops_per_token"].values())), name
+        assert r["ops_per_token"]["sampling.decode.layers"] > 0, name
+        assert all(0 < x for x in r["matmul_rates"].values()), name
+    assert results["big"]["decode_steps"] == 4  # 5m's random model: no EOS within 4 tokens
+    last = buf.getvalue().strip().splitlines()[-1]
+    assert re.fullmatch(r"profile tiny:(\w+=[\d.]+,?){4} big:(\w+=[\d.]+,?){4}", last), last
