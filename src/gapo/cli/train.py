@@ -14,6 +14,8 @@ HELP = "train with a config file and/or key=value overrides"
 OVERRIDE_EXAMPLE = "algo.eps_high_max=0.28"
 EXAMPLES = (
     "examples:\n  gapo train --out runs/gapo algo.eps_schedule=linear algo.eps_high_max=0.28 train.steps=200\n"
+    "  gapo train --out runs/sapo algo.loss=sapo algo.loss_params.tau_neg=1.05   (the adaptive clips: "
+    "docs/design.md §2.13)\n"
     "  gapo train --out runs/gapo --resume\n"
     "  gapo train --out runs/gapo --resume --allow-change train.steps=400\n"
     "  gapo train --out runs/math --task math:data/gsm8k.jsonl --model ./Qwen2.5-0.5B-Instruct "
