@@ -60,12 +60,12 @@ from gapo.core.rival_losses import cegppo_loss, clip_cov_loss, kl_cov_loss, sapo
 from gapo.core.surrogate import (
     LOG_RATIO_CLAMP,
     ClipBounds,
-    _as_rows,
-    _bounds,
-    _checked_advantages,
-    _checked_bounds,
-    _metrics,
+    as_rows,
+    checked_advantages,
+    checked_bounds,
+    clip_metrics,
     log_ratio,
+    signed_bounds,
     split_token_diagnostics,
 )
 
@@ -117,16 +117,16 @@ def policy_loss(  # noqa: PLR0913 - the registry's 8 (LOSSES) and the ratio leve
     GSPO-token gradient. ``norms`` (``AggNorms(num_tokens, num_seqs, horizon)``) passes mini-batch
     normalisers to ``agg_loss``. Returns ``(loss, metrics)``; see the module docstring for the metrics.
     """
-    bounds = _checked_bounds("policy_loss", bounds)
-    advantages = _checked_advantages(logp, old_logp, advantages, response_mask)
+    bounds = checked_bounds("policy_loss", bounds)
+    advantages = checked_advantages(logp, old_logp, advantages, response_mask)
     clip_ratio_c = bounds.clip_ratio_c
-    eps_low = _as_rows(bounds.eps_low, logp, "eps_low")
-    eps_high = _as_rows(bounds.eps_high, logp, "eps_high")
-    adv = _as_rows(advantages, logp, "advantages")
+    eps_low = as_rows(bounds.eps_low, logp, "eps_low")
+    eps_high = as_rows(bounds.eps_high, logp, "eps_high")
+    adv = as_rows(advantages, logp, "advantages")
 
     log_r = log_ratio(logp, old_logp, response_mask, level)
     ratio = torch.exp(log_r)
-    sign, signed_bound = _bounds(adv, eps_low, eps_high)
+    sign, signed_bound = signed_bounds(adv, eps_low, eps_high)
     signed_ratio = sign * ratio
     loss_mat = -adv.abs() * torch.minimum(signed_ratio, signed_bound)
     dual = None
@@ -145,7 +145,7 @@ def policy_loss(  # noqa: PLR0913 - the registry's 8 (LOSSES) and the ratio leve
         neg_log_r = (
             (old_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) if level == "token" else (old_logp - logp)
         )
-        metrics = _metrics(neg_log_r, adv, response_mask, n_tokens, clipped, dual, eps_high)
+        metrics = clip_metrics(neg_log_r, adv, response_mask, n_tokens, clipped, dual, eps_high)
         # the gradient is −A·∇ρ off the clip, 0 on it (and on the dual clip's cap)
         unclipped = ~clipped if dual is None else ~(clipped | dual)
         metrics["token/gate"] = (unclipped & response_mask.bool()).to(logp.dtype)
@@ -172,13 +172,13 @@ def cispo_loss(
     ``clip(ρ)/ρ`` (the gradient ``−A·clip(ρ)·∇logp`` against PPO's ``−A·ρ·∇logp``).
     """
     resolve_params("cispo", params)
-    bounds = _checked_bounds("cispo_loss", bounds)
-    advantages = _checked_advantages(logp, old_logp, advantages, response_mask)
+    bounds = checked_bounds("cispo_loss", bounds)
+    advantages = checked_advantages(logp, old_logp, advantages, response_mask)
     if bounds.clip_ratio_c is not None:
         raise ValueError("clip_ratio_c (dual clip) is not defined for CISPO; pass None")
-    eps_low = _as_rows(bounds.eps_low, logp, "eps_low")
-    eps_high = _as_rows(bounds.eps_high, logp, "eps_high")
-    adv = _as_rows(advantages, logp, "advantages")
+    eps_low = as_rows(bounds.eps_low, logp, "eps_low")
+    eps_high = as_rows(bounds.eps_high, logp, "eps_high")
+    adv = as_rows(advantages, logp, "advantages")
     log_r = log_ratio(logp, old_logp, response_mask, "token")
     ratio = torch.exp(log_r.detach())
     weight = _clip(ratio, eps_low, eps_high)
@@ -190,9 +190,9 @@ def cispo_loss(
     loss = agg_loss(loss_mat, response_mask, agg, norms=norms)
     with torch.no_grad():
         n_tokens = response_mask.sum().clamp(min=1)
-        sign, signed_bound = _bounds(adv, eps_low, eps_high)
+        sign, signed_bound = signed_bounds(adv, eps_low, eps_high)
         clipped = (sign * ratio > signed_bound) & response_mask.bool()
-        metrics = _metrics(-log_r.detach(), adv, response_mask, n_tokens, clipped, None, eps_high)
+        metrics = clip_metrics(-log_r.detach(), adv, response_mask, n_tokens, clipped, None, eps_high)
         metrics["token/gate"] = torch.where(response_mask.bool(), weight / ratio, 0.0)
     return loss, metrics
 

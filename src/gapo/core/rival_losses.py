@@ -27,12 +27,12 @@ from gapo.core.method_params import resolve_params
 from gapo.core.surrogate import (
     LOG_RATIO_CLAMP,
     ClipBounds,
-    _as_rows,
-    _bounds,
-    _checked_advantages,
-    _checked_bounds,
-    _metrics,
+    as_rows,
+    checked_advantages,
+    checked_bounds,
+    clip_metrics,
     log_ratio,
+    signed_bounds,
 )
 
 __all__ = ["sapo_loss", "cegppo_loss", "clip_cov_loss", "kl_cov_loss"]
@@ -40,15 +40,15 @@ __all__ = ["sapo_loss", "cegppo_loss", "clip_cov_loss", "kl_cov_loss"]
 
 def _prepare(name, logp, old_logp, advantages, response_mask, bounds, weights):
     """The checked inputs: ``(adv, eps_low, eps_high)`` as rows/tokens (``gapo.core.surrogate``)."""
-    bounds = _checked_bounds(f"{name}_loss", bounds)
-    advantages = _checked_advantages(logp, old_logp, advantages, response_mask)
+    bounds = checked_bounds(f"{name}_loss", bounds)
+    advantages = checked_advantages(logp, old_logp, advantages, response_mask)
     if bounds.clip_ratio_c is not None:
         raise ValueError(f"clip_ratio_c (dual clip) is not defined for {name}; pass None")
     if weights is not None:
         check_same_shape({"weights": weights, "logp": logp})
-    eps_low = _as_rows(bounds.eps_low, logp, "eps_low")
-    eps_high = _as_rows(bounds.eps_high, logp, "eps_high")
-    return _as_rows(advantages, logp, "advantages"), eps_low, eps_high
+    eps_low = as_rows(bounds.eps_low, logp, "eps_low")
+    eps_high = as_rows(bounds.eps_high, logp, "eps_high")
+    return as_rows(advantages, logp, "advantages"), eps_low, eps_high
 
 
 def _aggregate(loss_mat, weights, response_mask, agg, norms) -> torch.Tensor:
@@ -64,7 +64,7 @@ def _token_metrics(logp, old_logp, adv, response_mask, clipped, eps_high, gate) 
     n_tokens = response_mask.sum().clamp(min=1)
     clipped = clipped & response_mask.bool()
     neg_log_r = (old_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    metrics = _metrics(neg_log_r, adv, response_mask, n_tokens, clipped, None, eps_high)
+    metrics = clip_metrics(neg_log_r, adv, response_mask, n_tokens, clipped, None, eps_high)
     metrics["token/gate"] = torch.where(response_mask.bool(), gate.to(logp.dtype), 0.0)
     return metrics
 
@@ -107,7 +107,7 @@ def sapo_loss(
 def _ppo_kernel(logp, old_logp, adv, response_mask, eps_low, eps_high):
     """PPO's token loss ``−|A|·min(s·ρ, s·b)`` (``gapo.core.surrogate``), the clipped tokens and ``b``."""
     ratio = torch.exp(log_ratio(logp, old_logp, response_mask, "token"))
-    sign, signed_bound = _bounds(adv, eps_low, eps_high)
+    sign, signed_bound = signed_bounds(adv, eps_low, eps_high)
     signed_ratio = sign * ratio
     loss_mat = -adv.abs() * torch.minimum(signed_ratio, signed_bound)
     clipped = (signed_ratio > signed_bound) & response_mask.bool()

@@ -15,6 +15,18 @@ import torch
 
 from gapo.core.checks import check_eps, check_same_shape, unknown
 
+__all__ = [
+    "ClipBounds",
+    "LOG_RATIO_CLAMP",
+    "log_ratio",
+    "checked_bounds",
+    "checked_advantages",
+    "as_rows",
+    "signed_bounds",
+    "clip_metrics",
+    "split_token_diagnostics",
+]
+
 LOG_RATIO_CLAMP = 20.0  # token level, ±
 
 
@@ -51,7 +63,7 @@ class ClipBounds:
             )
 
 
-def _checked_bounds(fn: str, bounds: ClipBounds) -> ClipBounds:
+def checked_bounds(fn: str, bounds: ClipBounds) -> ClipBounds:
     """``bounds`` when it is a ``ClipBounds`` (its values were checked when it was built)."""
     if not isinstance(bounds, ClipBounds):
         got = "none" if bounds is None else type(bounds).__name__
@@ -59,7 +71,7 @@ def _checked_bounds(fn: str, bounds: ClipBounds) -> ClipBounds:
     return bounds
 
 
-def _as_rows(x: float | torch.Tensor, like: torch.Tensor, name: str) -> float | torch.Tensor:
+def as_rows(x: float | torch.Tensor, like: torch.Tensor, name: str) -> float | torch.Tensor:
     """A float stays a float; a (B,) tensor becomes (B, 1) to broadcast over tokens."""
     if not isinstance(x, torch.Tensor):
         return float(x)
@@ -92,7 +104,7 @@ def log_ratio(
     return (seq.detach().unsqueeze(-1) + (diff - diff.detach())).clamp(max=SEQ_LOG_RATIO_MAX)
 
 
-def _checked_advantages(logp, old_logp, advantages, response_mask) -> torch.Tensor:  # (B,) or (B, T)
+def checked_advantages(logp, old_logp, advantages, response_mask) -> torch.Tensor:  # (B,) or (B, T)
     """The advantages after the input checks: (B,) ones finite, (B, T) ones finite on response
     tokens and set to 0 at padding (NaN there would otherwise reach the gradient: 0 · NaN)."""
     check_same_shape({"logp": logp, "old_logp": old_logp, "response_mask": response_mask})
@@ -109,7 +121,7 @@ def _checked_advantages(logp, old_logp, advantages, response_mask) -> torch.Tens
     return advantages
 
 
-def _bounds(adv, eps_low, eps_high):
+def signed_bounds(adv, eps_low, eps_high):
     """Per-row sign ``s`` and signed bound ``s·b`` with ``b = 1+ε_high`` for A > 0, ``1−ε_low`` else.
 
     ``max(−A·ρ, −A·clip(ρ, 1−ε_low, 1+ε_high)) = −|A| · min(s·ρ, s·b)``: for A > 0 it is
@@ -145,7 +157,7 @@ def split_token_diagnostics(metrics: dict) -> tuple[dict, dict]:
 
 
 @torch.no_grad()
-def _metrics(neg_log_r, adv, mask, n_tokens, clipped, dual, eps_high) -> dict:
+def clip_metrics(neg_log_r, adv, mask, n_tokens, clipped, dual, eps_high) -> dict:
     """Token fractions over response tokens; ``clipped`` already excludes masked tokens."""
     m = mask.to(neg_log_r.dtype)
     clipped = clipped.to(neg_log_r.dtype)
