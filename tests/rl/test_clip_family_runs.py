@@ -120,3 +120,22 @@ def test_gapo_train_runs_a_rival_from_the_command_line(easy_policy, tmp_path, ca
     assert _by_c(rec, "gate") and "loss/gate_mean" in rec
     saved = (out / "config.yaml").read_text()
     assert "tau_neg: 2.0" in saved and "loss: sapo" in saved
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["algo.loss=cegppo", "algo.eps_schedule=linear", "algo.eps_high_max=0.28"],  # GAPO's widths, CE-GPPO's gradient
+        ["algo.loss=clip_cov", "algo.eps_schedule=log", "algo.eps_high_max=0.28"],
+        ["algo.loss=cispo", "algo.eps_schedule=dcpo", "algo.eps_low=0.16"],
+        ["algo.loss=cegppo", "algo.eps_schedule=bapo", "algo.eps_low=0.4"],
+        ["algo.eps_schedule=dcpo", "algo.clip_ratio_c=3.0", "algo.eps_low=0.16"],
+    ],
+)
+def test_the_combinations_that_compose_run(easy_policy, tmp_path, extra):
+    """A loss that reads clip widths takes any schedule's (per rollout, per batch, per token)."""
+    tr = Trainer(_cfg(easy_policy, "train.steps=1", *extra), tmp_path / "r")
+    tr.fit()
+    rec = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert rec["step"] == 1 and all(math.isfinite(v) for v in rec.values() if isinstance(v, float)), extra
+    assert _by_c(rec, "frac_high") and _by_c(rec, "eps_high"), extra
