@@ -487,3 +487,12 @@ def test_from_trl_md_is_the_table_both_ways():
     }
     assert list(back) == _all_keys()
     assert back == {k: inverse.get(k, []) for k in _all_keys()}
+
+
+def test_a_loss_registered_at_run_time_is_accepted_without_params(monkeypatch):
+    from gapo.core import losses
+
+    monkeypatch.setitem(losses.LOSSES, "mine", losses.LOSSES["ppo"])
+    assert load_config(None, ["algo.loss=mine"]).algo.loss == "mine"
+    with pytest.raises(ValueError, match="algo.loss_params"):
+        load_config(None, ["algo.loss=mine", "algo.loss_params={tau: 1}"])

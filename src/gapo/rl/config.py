@@ -320,7 +320,8 @@ class Config:
         where, a = self._where, self.algo
         check_params(where("algo.advantage_params"), a.advantage_params, advantage_params(a.advantage))
         check_advantage_params(where("algo.advantage_params"), a.advantage, a.advantage_params, self.train.group_size)
-        problem = check_loss_params(a.loss, a.loss_params)
+        # a loss registered at run time (LOSSES["mine"] = fn) has no table entry: it takes no params
+        problem = check_loss_params(a.loss, a.loss_params) if a.loss in LOSS_PARAMS or a.loss_params else None
         if problem:
             raise ValueError(f"{where('algo.loss_params')}: {problem}")
         if a.eps_schedule in BOUND_PARAMS:

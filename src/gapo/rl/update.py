@@ -304,7 +304,7 @@ def clip_counts(logp: torch.Tensor, mb: UpdateBatch, s: LossSettings, bounds: Cl
     """Clip counts per group success count ``c`` (the paper's Fig. 2), ``gapo.core.metrics``: the
     ratio the loss clips against ``bounds``, with the loss's own clipped tokens and gradient weight
     (``tokens``: its ``token/clipped``, ``token/gate``, when it gives them)."""
-    ratio = torch.exp(log_ratio(logp.detach(), mb.old_logp, mb.mask, RATIO_LEVEL[s.loss]))
+    ratio = torch.exp(log_ratio(logp.detach(), mb.old_logp, mb.mask, RATIO_LEVEL.get(s.loss, "token")))
     return clip_counts_by_c(
         ratio,
         mb.advantages,
