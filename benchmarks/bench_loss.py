@@ -17,7 +17,8 @@ import torch
 
 from gapo.core.advantages import compute
 from gapo.core.clipping import gapo_eps_high
-from gapo.core.losses import ClipBounds, policy_loss
+from gapo.core.losses import policy_loss
+from gapo.core.surrogate import ClipBounds
 
 
 def main() -> None:

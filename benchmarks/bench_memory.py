@@ -48,7 +48,8 @@ def one(path: str, V: int, B: int, T: int, threads: int, prompt: int = 32) -> di
     import torch
 
     from gapo.core.clipping import gapo_eps_high
-    from gapo.core.losses import ClipBounds, policy_loss
+    from gapo.core.losses import policy_loss
+    from gapo.core.surrogate import ClipBounds
     from gapo.policy.logprobs import HeadMemory, logprobs
     from gapo.policy.model import build_model
 

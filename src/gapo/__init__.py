@@ -30,7 +30,7 @@ _API = {
     "EPS_SCHEDULES": "gapo.core.clipping",
     "policy_loss": "gapo.core.losses",
     "cispo_loss": "gapo.core.losses",
-    "ClipBounds": "gapo.core.losses",
+    "ClipBounds": "gapo.core.surrogate",
     "LOSSES": "gapo.core.losses",
     "agg_loss": "gapo.core.aggregation",
     "compute_advantages": ("gapo.core.advantages", "compute"),

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from gapo.core.advantages import compute
 from gapo.core.clipping import gapo_eps_high
-from gapo.core.losses import LOSSES, ClipBounds, cispo_loss, log_ratio, policy_loss, split_token_diagnostics
+from gapo.core.losses import LOSSES, cispo_loss, policy_loss
+from gapo.core.surrogate import ClipBounds, log_ratio, split_token_diagnostics
 
 
 def _batch(B=8, T=6, seed=0, scale=0.3):

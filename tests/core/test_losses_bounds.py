@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from gapo.core.aggregation import AggNorms
-from gapo.core.losses import LOSSES, ClipBounds, cispo_loss, policy_loss
+from gapo.core.losses import LOSSES, cispo_loss, policy_loss
+from gapo.core.surrogate import ClipBounds
 
 
 def _hand_batch():

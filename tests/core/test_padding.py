@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gapo.core.aggregation import AGG_MODES, agg_loss
-from gapo.core.losses import LOSSES, ClipBounds
+from gapo.core.losses import LOSSES
 from gapo.core.method_params import DUAL_CLIP
 from gapo.core.metrics import clip_counts_by_c
+from gapo.core.surrogate import ClipBounds
 
 BAD = (float("nan"), float("inf"), -float("inf"))
 

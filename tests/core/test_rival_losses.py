@@ -11,14 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gapo.core.aggregation import AGG_MODES
-from gapo.core.losses import (
-    LOSSES,
-    RATIO_LEVEL,
-    ClipBounds,
-    split_token_diagnostics,
-)
+from gapo.core.losses import LOSSES, RATIO_LEVEL
 from gapo.core.method_params import DUAL_CLIP, LOSS_PARAMS, USES_BOUNDS, check_loss_params
 from gapo.core.rival_losses import cegppo_loss, clip_cov_loss, kl_cov_loss, sapo_loss
+from gapo.core.surrogate import ClipBounds, split_token_diagnostics
 
 RIVALS = ("sapo", "cegppo", "clip_cov", "kl_cov")
 VERL_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")

@@ -418,8 +418,8 @@ def test_clip_stats_by_c_hand_computed(policy, tmp_path):
 def test_clip_stats_by_c_pooled_over_micro_batches_match_gapo_trainer(policy, tmp_path):
     # Two micro-batches through GAPO's _compute_loss pool to what gapo's own trainer computes on the
     # whole batch (token-level log_ratio + clip_stats_by_c, as in gapo.rl.trainer.Trainer.train_step).
-    from gapo.core.losses import log_ratio
     from gapo.core.metrics import clip_stats_by_c
+    from gapo.core.surrogate import log_ratio
 
     trainer = _trainer(policy, tmp_path, eps_high_max=0.5)
     inputs = _inputs_with_stale_policy(trainer, seed=2)
@@ -706,7 +706,8 @@ def test_cispo_caps_the_is_weight_per_rollout_like_gapo_cispo_loss(policy, tmp_p
     # TRL's cispo: L = −sg(min(ρ, cap))·A·logp; GAPO's cap of completion i is 1 + ε_high(i). gapo's own
     # cispo_loss clips at 1 − ε_low below too; with ε_low → 1 that bound is out of reach (ρ > 1e-6 here),
     # so the two must give the same loss and gradients for per-row ε_high.
-    from gapo.core.losses import ClipBounds, cispo_loss
+    from gapo.core.losses import cispo_loss
+    from gapo.core.surrogate import ClipBounds
 
     trainer = _trainer(policy, tmp_path, loss_type="cispo", eps_high_max=0.5)
     inputs = _inputs_with_stale_policy(trainer, seed=3)

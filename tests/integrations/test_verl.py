@@ -32,8 +32,8 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 import gapo.integrations.verl as gv  # noqa: E402
 from gapo.core.advantages import success_count  # noqa: E402
 from gapo.core.clipping import gapo_eps_high, success_weight  # noqa: E402
-from gapo.core.losses import log_ratio  # noqa: E402
 from gapo.core.metrics import clip_stats_by_c, ratio_adv_pairs  # noqa: E402
+from gapo.core.surrogate import log_ratio  # noqa: E402
 from gapo.integrations.verl import GAPOPolicyLossConfig  # noqa: E402
 from gapo.integrations.verl_metrics import clip_stats_from_verl  # noqa: E402
 from gapo.integrations.verl_success import (  # noqa: E402

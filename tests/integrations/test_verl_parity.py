@@ -17,7 +17,8 @@ from verl.trainer.ppo.core_algos import get_policy_loss_fn  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 
 from gapo.core.aggregation import AGG_MODES, AggNorms, agg_loss  # noqa: E402
-from gapo.core.losses import ClipBounds, policy_loss  # noqa: E402
+from gapo.core.losses import policy_loss  # noqa: E402
+from gapo.core.surrogate import ClipBounds  # noqa: E402
 
 TOL = 1e-6
 

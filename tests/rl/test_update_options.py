@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from gapo.core.aggregation import AGG_MODES
-from gapo.core.losses import LOSSES, ClipBounds, policy_loss
+from gapo.core.losses import LOSSES, policy_loss
 from gapo.core.shaping import high_entropy_mask, overlong_penalty
+from gapo.core.surrogate import ClipBounds
 from gapo.rl import update
 from gapo.rl.config import load_config
 from gapo.rl.update import LossSettings, UpdateBatch, micro_batch_loss

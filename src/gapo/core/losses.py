@@ -6,8 +6,9 @@ KL-Cov live in ``gapo.core.rival_losses``)::
     fn(logp (B,T), old_logp (B,T), advantages (B,) or (B,T), response_mask (B,T),
        bounds: ClipBounds, *, agg, weights, norms, **params) -> (loss (), metrics)
 
-``params`` are the loss's own parameters (``LOSS_PARAMS``: names and defaults; ``check_loss_params``
-validates them). ``ClipBounds(eps_low, eps_high, clip_ratio_c)`` holds the clip bounds (each width
+``params`` are the loss's own parameters (``gapo.core.method_params``: ``LOSS_PARAMS`` names and
+defaults, ``check_loss_params`` validates them). ``ClipBounds(eps_low, eps_high, clip_ratio_c)``
+(``gapo.core.surrogate``) holds the clip bounds (each width
 a float, one per rollout (B,) as GAPO's ``ε_high(i)``, or one per token (B, T)); ``norms``
 (``gapo.core.aggregation.AggNorms``, or None) are ``agg_loss``'s whole-mini-batch normalisers, passed on unchanged.
 
@@ -66,18 +67,9 @@ from gapo.core.surrogate import (
     clip_metrics,
     log_ratio,
     signed_bounds,
-    split_token_diagnostics,
 )
 
-__all__ = [
-    "ClipBounds",
-    "policy_loss",
-    "cispo_loss",
-    "LOSSES",
-    "split_token_diagnostics",
-    "LOG_RATIO_CLAMP",
-    "log_ratio",
-]
+__all__ = ["policy_loss", "cispo_loss", "LOSSES", "RATIO_LEVEL", "KL_ESTIMATORS", "kl_estimate"]
 
 
 def _clip(ratio: torch.Tensor, eps_low, eps_high) -> torch.Tensor:
@@ -197,50 +189,37 @@ def cispo_loss(
     return loss, metrics
 
 
-def _ppo(
-    logp,
-    old_logp,
-    advantages,
-    response_mask,
-    bounds: ClipBounds,
-    *,
-    agg="token-mean",
-    weights=None,
-    norms=None,
-    **params,
-):
-    """:func:`policy_loss` on the token ratio (its arguments, less ``level``)."""
-    resolve_params("ppo", params)
-    return policy_loss(
-        logp, old_logp, advantages, response_mask, bounds, level="token", agg=agg, weights=weights, norms=norms
-    )
+def _at_level(name: str, level: str):
+    """:func:`policy_loss` at one ratio ``level``, with the registry's signature (its arguments,
+    less ``level``, plus the loss's own parameters: none)."""
 
+    def loss(
+        logp,
+        old_logp,
+        advantages,
+        response_mask,
+        bounds: ClipBounds,
+        *,
+        agg="token-mean",
+        weights=None,
+        norms=None,
+        **params,
+    ):
+        resolve_params(name, params)
+        return policy_loss(
+            logp, old_logp, advantages, response_mask, bounds, level=level, agg=agg, weights=weights, norms=norms
+        )
 
-def _gspo(
-    logp,
-    old_logp,
-    advantages,
-    response_mask,
-    bounds: ClipBounds,
-    *,
-    agg="token-mean",
-    weights=None,
-    norms=None,
-    **params,
-):
-    """:func:`policy_loss` on GSPO's sequence ratio (its arguments, less ``level``)."""
-    resolve_params("gspo", params)
-    return policy_loss(
-        logp, old_logp, advantages, response_mask, bounds, level="sequence", agg=agg, weights=weights, norms=norms
-    )
+    loss.__name__ = f"{name}_loss"
+    return loss
 
 
 # name -> loss with the shared signature. "ppo" is the token-ratio surrogate of GRPO/DAPO/GAPO,
 # "gspo" the sequence-ratio surrogate of GSPO and GAPO-seq; the rivals are gapo.core.rival_losses'.
-# Each loss's own parameters and defaults: LOSS_PARAMS (gapo.core.surrogate).
+# Each loss's own parameters and defaults: LOSS_PARAMS (gapo.core.method_params).
 LOSSES = {
-    "ppo": _ppo,
-    "gspo": _gspo,
+    "ppo": _at_level("ppo", "token"),
+    "gspo": _at_level("gspo", "sequence"),
     "cispo": cispo_loss,
     "sapo": sapo_loss,
     "cegppo": cegppo_loss,

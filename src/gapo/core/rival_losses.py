@@ -1,7 +1,7 @@
 """Rival policy losses, registered in ``gapo.core.losses.LOSSES``: SAPO, CE-GPPO, Clip-Cov, KL-Cov.
 
 Each has the registry's signature and conventions (``gapo.core.losses``: padding is don't-care,
-``weights`` multiply the per-token loss, ``params`` are the loss's own, ``LOSS_PARAMS``)::
+``weights`` multiply the per-token loss, ``params`` are the loss's own, ``gapo.core.method_params.LOSS_PARAMS``)::
 
     fn(logp, old_logp, advantages, response_mask, bounds, *, agg, weights, norms, **params)
 
@@ -14,7 +14,7 @@ with ``ρ = exp(logp − old_logp)`` (log-ratio clamped to ±20), ``A`` the adva
 
 Besides ``gapo.core.losses``' metrics each returns ``token/clipped`` and ``token/gate`` (its
 docstring says what they are for that loss). SAPO and KL-Cov ignore the clip widths
-(``USES_BOUNDS``); none takes the dual clip's ``clip_ratio_c`` (``DUAL_CLIP``).
+(``method_params.USES_BOUNDS``); none takes the dual clip's ``clip_ratio_c`` (``DUAL_CLIP``).
 """
 
 from __future__ import annotations

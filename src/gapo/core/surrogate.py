@@ -67,7 +67,7 @@ def checked_bounds(fn: str, bounds: ClipBounds) -> ClipBounds:
     """``bounds`` when it is a ``ClipBounds`` (its values were checked when it was built)."""
     if not isinstance(bounds, ClipBounds):
         got = "none" if bounds is None else type(bounds).__name__
-        raise TypeError(f"{fn}(): bounds must be a gapo.core.losses.ClipBounds(eps_low, eps_high), got {got}")
+        raise TypeError(f"{fn}(): bounds must be a gapo.core.surrogate.ClipBounds(eps_low, eps_high), got {got}")
     return bounds
 
 

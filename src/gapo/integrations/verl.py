@@ -126,7 +126,8 @@ try:
     from verl.workers.config import ActorConfig, PolicyLossConfig
 
     from gapo.core.clipping import eps_high_from_weight
-    from gapo.core.losses import ClipBounds, policy_loss
+    from gapo.core.losses import policy_loss
+    from gapo.core.surrogate import ClipBounds
     from gapo.integrations.verl_config import check_gapo_fields, gapo_params, verl_agg_norms
     from gapo.integrations.verl_metrics import metrics_by_c
     from gapo.integrations.verl_success import row_advantages, success_from_advantages

@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 
 from gapo.core.clipping import eps_high_from_weight
-from gapo.core.losses import log_ratio
 from gapo.core.metrics import clip_counts_by_c
+from gapo.core.surrogate import log_ratio
 from gapo.integrations.verl_config import GapoParams
 
 __all__ = ["metrics_by_c", "clip_stats_from_verl"]

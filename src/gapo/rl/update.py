@@ -34,9 +34,10 @@ import torch
 from gapo.core.adaptive_bounds import BOUND_SCHEDULES
 from gapo.core.aggregation import AggNorms, agg_loss
 from gapo.core.clipping import eps_high_for
-from gapo.core.losses import LOSSES, RATIO_LEVEL, ClipBounds, kl_estimate, log_ratio, split_token_diagnostics
+from gapo.core.losses import LOSSES, RATIO_LEVEL, kl_estimate
 from gapo.core.metrics import clip_counts_by_c, merge_counts
 from gapo.core.shaping import high_entropy_mask, overlong_penalty
+from gapo.core.surrogate import ClipBounds, log_ratio, split_token_diagnostics
 
 __all__ = [
     "LossSettings",
