@@ -8,8 +8,9 @@ One update = per-token log-probs and entropy of the response + GAPO's clipped to
 embedding and the head at V = 32k), ``B`` rows of a 32-token prompt and ``T`` response tokens.
 
 - ``chunked``: ``gapo.policy.logprobs.logprobs`` as the trainer calls it (decoder once, then LM
-  head + log-softmax + entropy over position chunks of at most ``max_chunk_bytes`` = 256 MiB of
-  float32 logits; the chunks' logits are kept for backward while all of them fit
+  head + log-softmax + entropy over chunks of at most ``max_chunk_bytes`` = 48 MiB (three float32
+  tensors of the chunk's logits' size); without entropy gradients, the fused head of
+  ``logprobs``; the chunks' logits are kept for backward while all of them fit
   ``max_saved_bytes`` = 1 GiB, else each chunk is checkpointed and recomputed in backward).
 - ``bounded``: the same with ``max_saved_bytes=0``: every chunk checkpointed, the path a batch
   beyond the 1 GiB budget takes (memory bounded by one chunk).

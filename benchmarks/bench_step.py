@@ -240,14 +240,26 @@ def run_gapo(policy: str, work: Work, threads: int, mu: int, *, seed: int = 0, e
 PROMPT_LEN = 7  # <bos> + "ab+cd=": every prompt of bench_trl_step._prompts
 
 
+BEFORE_ENV = "GAPO_BENCH_BEFORE_SRC"
+
+
 def _child(
-    system: str, policy: str, work: Work, threads: int, mu: int, extra: list[str], *, gemm_n: int = 2048
+    system: str,
+    policy: str,
+    work: Work,
+    threads: int,
+    mu: int,
+    extra: list[str],
+    *,
+    gemm_n: int = 2048,
 ) -> dict:
+    # "before": gapo from another checkout's src/ (``--before``, passed on in BEFORE_ENV), for a
+    # before/after comparison in one interleaved run
     cmd = [
         sys.executable,
         __file__,
         "--one",
-        system,
+        "gapo" if system == "before" else system,
         "--policy",
         policy,
         "--steps",
@@ -271,6 +283,8 @@ def _child(
         "MKL_NUM_THREADS": str(threads),
         "TOKENIZERS_PARALLELISM": "false",
     }
+    if system == "before":
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ[BEFORE_ENV], os.environ.get("PYTHONPATH")]))
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode:
         sys.exit(f"{system} child failed:\n{out.stderr[-3000:]}")
@@ -408,7 +422,15 @@ def report(
                 )
                 if (system, mu) not in best or s["step_s_median"] < best[system, mu][1]["step_s_median"]:
                     best[system, mu] = (th, s)
-    if set(systems) != {"gapo", "trl"}:  # no ratio without both systems
+    for mu in mus:
+        if "before" in systems and "gapo" in systems:
+            (_, g), (_, b) = best["gapo", mu], best["before", mu]
+            print(
+                f"mu={mu}: gapo / before: step_time {g['step_s_median'] / b['step_s_median']:.3f} "
+                f"(sampling {g['gen_s_median'] / b['gen_s_median']:.3f}, update "
+                f"{g['update_s_median'] / b['update_s_median']:.3f}) peak_rss {g['peak_rss_mb'] / b['peak_rss_mb']:.3f}"
+            )
+    if not {"gapo", "trl"} <= set(systems):  # no ratio without both systems
         return {"step_time": float("nan"), "peak_rss": float("nan"), "limit_frac": None, "update_limit_frac": None}
     out = {"step_time": 0.0, "peak_rss": 0.0, "limit_frac": None, "update_limit_frac": None}
     print(f"{title}: each system at its best thread count")
@@ -455,6 +477,9 @@ def main() -> None:
     ap.add_argument("--systems", nargs="+", default=["gapo", "trl"], choices=["gapo", "trl"])
     ap.add_argument("--extra", action="append", default=[], help="extra gapo config override (repeatable)")
     ap.add_argument("--json", help="also write every child's result here")
+    ap.add_argument(
+        "--before", metavar="SRC", help="also run gapo from this src/ folder (another checkout) as system 'before'"
+    )
     ap.add_argument("--one", choices=["gapo", "trl", "gemm"], help=argparse.SUPPRESS)
     ap.add_argument("--policy", help=argparse.SUPPRESS)
     ap.add_argument("--make-policy", nargs="+", metavar="SHAPE:PATH", help=argparse.SUPPRESS)
@@ -489,13 +514,16 @@ def main() -> None:
         print(json.dumps(r))
         return
 
+    systems = a.systems + (["before"] if a.before else [])
+    if a.before:
+        os.environ[BEFORE_ENV] = str(Path(a.before).resolve())
     results: list[dict] = []
     tiny = big = {"step_time": float("nan"), "peak_rss": float("nan"), "limit_frac": float("nan")}
     with tempfile.TemporaryDirectory() as tmp:
         policies = _policies(tmp, [{"tiny": "tiny", "big": a.big_shape}[c] for c in a.configs])
         print(HEADER, flush=True)
         if "tiny" in a.configs:
-            res = interleaved(policies["tiny"], Work(a.steps), range(a.reps), a.threads, a.mu, a.systems, a.extra)
+            res = interleaved(policies["tiny"], Work(a.steps), range(a.reps), a.threads, a.mu, systems, a.extra)
             results += res
         if "big" in a.configs:
             bres = interleaved(
@@ -504,7 +532,7 @@ def main() -> None:
                 range(a.big_reps),
                 a.threads,
                 [1],
-                a.systems,
+                systems,
                 a.extra,
                 gemm_n=a.gemm_n,
             )
@@ -512,14 +540,14 @@ def main() -> None:
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     if "tiny" in a.configs:
-        tiny = report(res, a.mu, a.threads, a.systems, "tiny (1.06M, <= 16 tokens)")
+        tiny = report(res, a.mu, a.threads, systems, "tiny (1.06M, <= 16 tokens)")
     if "big" in a.configs:
         gemm = statistics.median(r["flops_per_s"] for r in bres if r["system"] == "gemm")
         print(
             f"\nGEMM fp32 {a.gemm_n}x{a.gemm_n}, {a.threads} thread(s): median {gemm / 1e9:.1f} GFLOP/s over "
             f"{sum(r['system'] == 'gemm' for r in bres)} measurements (each the median of 7 products)"
         )
-        big = report(bres, [1], a.threads, a.systems, f"compute-bound ({a.big_shape}, {a.big_tokens} tokens)", gemm)
+        big = report(bres, [1], a.threads, systems, f"compute-bound ({a.big_shape}, {a.big_tokens} tokens)", gemm)
     print(
         f"ratio step_time={tiny['step_time']:.3f} peak_rss={tiny['peak_rss']:.3f} big_step_time={big['step_time']:.3f} "
         f"big_peak_rss={big['peak_rss']:.3f} big_limit_frac={big['limit_frac'] or float('nan'):.3f}"

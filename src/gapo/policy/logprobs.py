@@ -36,7 +36,7 @@ class HeadMemory:
     """
 
     chunk_size: int | None = None
-    max_chunk_bytes: int = 256 * 2**20
+    max_chunk_bytes: int = 48 * 2**20
     max_saved_bytes: int = 2**30
 
     def __post_init__(self):
@@ -160,6 +160,14 @@ def _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, bu
     """``logprobs``' head over ``hidden (B, T, H)`` in chunks of positions (see there)."""
     chunk_size, max_chunk_bytes, max_saved_bytes = budget.chunk_size, budget.max_chunk_bytes, budget.max_saved_bytes
     B, T = targets.shape
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+    if _fusable(hidden, head, softcap, entropy_grad and grad):
+        rows = B * chunk_size if chunk_size else max(1, max_chunk_bytes // (4 * V * 3))
+        keep = grad and 4 * B * T * V <= max_saved_bytes
+        lp, ent = _HeadLogProb.apply(
+            hidden.reshape(B * T, -1), head.weight, targets.reshape(-1), temperature, rows, keep
+        )
+        return lp.view(B, T), ent.view(B, T)
     if chunk_size is None:
         chunk_size = max(1, max_chunk_bytes // (4 * B * V * 3))  # logits, probs, product
     if chunk_size >= T:
@@ -178,3 +186,77 @@ def _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, bu
         lps.append(lp)
         ents.append(en)
     return torch.cat(lps, 1), torch.cat(ents, 1)
+
+
+def _fusable(hidden, head, softcap, entropy_grad: bool) -> bool:
+    # the fused head covers a plain bias-free linear head outside autocast, with the entropy a
+    # detached diagnostic (its gradient, and autocast's casts, are left to autograd)
+    return (
+        not entropy_grad
+        and not softcap
+        and type(head) is torch.nn.Linear
+        and head.bias is None
+        and not torch.is_autocast_enabled(hidden.device.type)
+    )
+
+
+class _HeadLogProb(torch.autograd.Function):
+    """``logp (N,) = log_softmax(h Wᵀ / τ)[y]`` and ``entropy (N,)`` (no gradient) over row chunks
+    of ``h (N, H)``, with a backward that writes the logits' gradient in place of the saved logits:
+
+        ∂logp_i/∂z_iv = (1[v = y_i] − softmax(z_i)_v) / τ,   z = h Wᵀ
+
+    Autograd's chain (logsumexp, gather, division, linear) computes the same values but allocates
+    four (rows, V) tensors per chunk in the backward and a (V, H) weight gradient per chunk, and
+    at a 32000-token vocabulary those are fresh pages every time (BENCHMARKS.md, section 13.1).
+    The forward and the backward run the chain's own operations in its order, so a single chunk
+    gives autograd's values bit for bit (tests/policy/test_fused_head.py). ``keep``: save the
+    (N, V) float32 logits for the backward, else recompute each chunk there."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, temperature: float, rows: int, keep: bool):
+        N, V = h.shape[0], weight.shape[0]
+        logits = torch.empty((N, V), dtype=torch.float32, device=h.device) if keep else None
+        lp, lse, ent = (torch.empty(N, dtype=torch.float32, device=h.device) for _ in range(3))
+        for s in range(0, N, rows):
+            z = _scaled_logits(h[s : s + rows], weight, temperature, None if logits is None else logits[s : s + rows])
+            lse[s : s + rows] = torch.logsumexp(z, -1)
+            lp[s : s + rows] = z.gather(-1, targets[s : s + rows, None])[:, 0] - lse[s : s + rows]
+            ent[s : s + rows] = lse[s : s + rows] - (torch.softmax(z, -1) * z).sum(-1)
+        ctx.save_for_backward(h, weight, targets, lse)
+        ctx.logits, ctx.temperature, ctx.rows = logits, temperature, rows
+        ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_lp, _grad_ent):
+        h, weight, targets, lse = ctx.saved_tensors
+        logits, temperature, rows = ctx.logits, ctx.temperature, ctx.rows
+        ctx.logits = None  # overwritten below: a second backward (retain_graph) recomputes them
+        want_h, want_w = ctx.needs_input_grad[:2]
+        grad_h = torch.empty_like(h) if want_h else None
+        grad_w = None
+        for s in range(0, h.shape[0], rows):
+            hs, g = h[s : s + rows], grad_lp[s : s + rows, None]
+            z = logits[s : s + rows] if logits is not None else _scaled_logits(hs, weight, temperature, None)
+            # logsumexp's backward, (−g)·exp(z − lse), then gather's, + g at the target
+            gz = z.sub_(lse[s : s + rows, None]).exp_().mul_(-g).scatter_add_(1, targets[s : s + rows, None], g)
+            if temperature != 1.0:
+                gz.div_(temperature)
+            gz = gz.to(weight.dtype)
+            if want_h:
+                torch.mm(gz, weight, out=grad_h[s : s + rows])
+            if want_w:
+                grad_w = gz.t().mm(hs) if grad_w is None else grad_w.addmm_(gz.t(), hs)
+        return grad_h, grad_w, None, None, None, None
+
+
+def _scaled_logits(h, weight, temperature: float, out):
+    # float32 (rows, V) logits / τ, written into ``out`` when given (the same values as head(h).float() / τ)
+    if out is not None and h.dtype == torch.float32:
+        z = torch.mm(h, weight.t(), out=out)
+    else:
+        z = torch.mm(h, weight.t()).float()
+        z = z if out is None else out.copy_(z)
+    return z.div_(temperature) if temperature != 1.0 else z
