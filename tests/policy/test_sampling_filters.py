@@ -163,23 +163,58 @@ def test_filters_off_and_greedy_leave_the_logits_alone():
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
-def test_the_default_path_draws_as_before(top_p):
-    # with top-k, min-p and the penalty off, _pick draws the random numbers it drew before they
-    # existed (benchmarks/regression.py's golden records): the probabilities, in vocabulary order
-    # (top_p = 1) or sorted (top_p < 1), one multinomial call
+def test_pick_draws_by_the_inverse_cdf(top_p):
+    # one uniform per row from the generator, then the first index whose running mass (float64)
+    # exceeds u times the row's mass: computed here by hand, token by token
     from gapo.policy.sampling import _pick
 
-    x = _logits(4, B=8)
-    tok, lp = _pick(x, SamplingParams(4, temperature=0.7, top_p=top_p), torch.Generator().manual_seed(9))
-    g, probs = torch.Generator().manual_seed(9), torch.log_softmax(x / 0.7, -1).exp()
-    if top_p < 1:
-        sp, si = probs.sort(-1, descending=True)
-        sp = sp.masked_fill((sp.cumsum(-1) - sp) >= top_p, 0.0)
-        want = si.gather(-1, torch.multinomial(sp, 1, generator=g))[:, 0]
-    else:
-        want = torch.multinomial(probs, 1, generator=g)[:, 0]
-    assert torch.equal(tok, want)
-    assert torch.equal(lp, torch.log_softmax(x / 0.7, -1).gather(-1, want[:, None])[:, 0])
+    x, params = _logits(4, B=8), SamplingParams(4, temperature=0.7, top_p=top_p)
+    tok, lp = _pick(x, params, torch.Generator().manual_seed(9))
+    probs = torch.softmax(filtered_logits(x, params), -1) if top_p < 1 else torch.log_softmax(x / 0.7, -1).exp()
+    u = torch.rand(8, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    want = []
+    for b in range(8):
+        row = probs[b].double().tolist()
+        target, acc = float(u[b]) * math.fsum(row), 0.0
+        want.append(next(v for v, p in enumerate(row) if (acc := acc + p) > target))
+    assert tok.tolist() == want
+    assert torch.equal(lp, torch.log_softmax(x / 0.7, -1).gather(-1, tok[:, None])[:, 0])
+
+
+def test_draw_frequencies_match_the_probabilities():
+    # 200000 draws from one row with zeros among the weights, a rare token (1e-3) and an
+    # unnormalised sum: zero weights never come, and Pearson's chi-square over the rest stays
+    # below its 0.999 quantile (df = 4: 18.47)
+    from gapo.policy.sampling import _draw
+
+    w = torch.tensor([0.0, 0.2, 0.0, 0.499, 0.3, 0.0, 0.001, 0.0]) * 3
+    n = 200_000
+    counts = torch.bincount(_draw(w.expand(n, -1), torch.Generator().manual_seed(4)), minlength=8).double()
+    assert counts[w == 0].sum() == 0
+    expected = n * w.double() / w.double().sum()
+    live = w > 0
+    chi2 = float((((counts - expected) ** 2)[live] / expected[live]).sum())
+    assert chi2 < 18.47, (chi2, counts.tolist())
+
+
+def test_draw_never_lands_past_the_mass(monkeypatch):
+    # u as close to 1 as float64 allows: u times the sum may round up to the sum itself, and the
+    # draw must still return the last index with weight, not a zero-weight one after it
+    from gapo.policy.sampling import _draw
+
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.full(a[0], 1 - 2**-53, dtype=torch.float64))
+    w = torch.tensor([[0.1, 0.7, 0.3, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3, 0.0, 0.0]])
+    assert _draw(w).tolist() == [2, 2]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_draw_refuses_broken_probabilities(bad):
+    from gapo.policy.sampling import _draw
+
+    with pytest.raises(RuntimeError, match="NaN, infinite or all zero"):
+        _draw(torch.tensor([[0.5, 0.5], [0.5, bad]]))
+    with pytest.raises(RuntimeError, match="NaN, infinite or all zero"):
+        _draw(torch.zeros(2, 3))
 
 
 # ------------------------------------------------------------------ sample()

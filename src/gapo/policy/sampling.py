@@ -247,26 +247,40 @@ def filtered_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Te
 def _pick(logits: torch.Tensor, params: SamplingParams, generator, seen=None):
     """Next token (B,) and its log-prob (B,) under log_softmax(logits / temperature), drawn from
     ``filtered_logits``."""
-    logits, temperature, top_p = logits.float(), params.temperature, params.top_p
+    logits, temperature = logits.float(), params.temperature
     if temperature <= 0:
         tok = filtered_logits(logits, params, seen).argmax(-1)
         lp = torch.log_softmax(logits, -1)
         return tok, lp.gather(-1, tok[:, None])[:, 0]
     lp = torch.log_softmax(logits / temperature, -1)
-    if params.filtered:
+    if params.filtered or params.top_p < 1.0:
         probs = torch.softmax(filtered_logits(logits, params, seen), -1)
-        tok = torch.multinomial(probs, 1, generator=generator)[:, 0]
-    elif top_p < 1.0:  # the draws of gapo before top-k/min-p, kept as they were (regression records)
-        probs = lp.exp()
-        sp, si = probs.sort(-1, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
-        drop = (sp.cumsum(-1) - sp) >= top_p
-        sp = sp.masked_fill(drop, 0.0)
-        choice = torch.multinomial(sp, 1, generator=generator)
-        tok = si.gather(-1, choice)[:, 0]
     else:
-        tok = torch.multinomial(lp.exp(), 1, generator=generator)[:, 0]
+        probs = lp.exp()
+    tok = _draw(probs, generator)
     return tok, lp.gather(-1, tok[:, None])[:, 0]
+
+
+def _draw(probs: torch.Tensor, generator=None) -> torch.Tensor:
+    """One index per row of ``probs (B, V)`` (a softmax: non-negative, any positive sum), by the
+    inverse of the cumulative distribution:
+
+        tok = min{v : F_v > u · F_V},   F_v = Σ_{w <= v} probs_w (float64),   u ~ U[0, 1)
+
+    One uniform per row: ``torch.multinomial`` draws one exponential per vocabulary entry, the
+    largest single cost of sampling at a 32000-token vocabulary (BENCHMARKS.md, section 13). Exact
+    in distribution as that is; an index of zero weight is never drawn. Weights that are NaN,
+    infinite or all zero in a row raise, as in ``torch.multinomial`` (the sum shows them)."""
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
+    torch._assert_async(
+        torch.isfinite(total).all() & (total > 0).all(),
+        "sampling: the next-token probabilities are NaN, infinite or all zero in a row",
+    )
+    u = torch.rand(total.shape, dtype=torch.float64, device=probs.device, generator=generator) * total
+    # u · F_V may round up to F_V itself: stay below it, so that the index found has weight
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True)[:, 0]
 
 
 class _Picker:
