@@ -3,6 +3,7 @@ options and LoRA, on a Qwen2-architecture model with a byte-level BPE tokenizer 
 chat template, all built here (no hub)."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -320,3 +321,41 @@ def test_report_shows_what_the_model_wrote(instruct, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "r, step 2 (" in out and "<|im_start|>assistant" in out and "completion:" in out
     assert "What the model wrote" in (tmp_path / "rep" / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_gpu_vs_trl_script_runs_on_cpu_at_the_test_shape(tmp_path):
+    """benchmarks/gpu_vs_trl.py (issue 37's GPU side-by-side, run by gpu_check.sh) on its whole
+    path before a GPU session spends device time on it: the model built once, the TRL-format data
+    and batched reward written, gapo's ``gapo train`` and TRL's ``GRPOTrainer`` children in fresh
+    processes, full and LoRA, the ratios on the last line. Here at the tests' ``test`` shape on the
+    CPU in float32, one step of 4 tokens (the GPU run: bf16 at Qwen2.5-0.5B's shape)."""
+    import math
+    import re
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_vs_trl.py"
+    argv = ["--shape", "test", "--device", "cpu", "--dtype", "float32", "--steps", "1", "--warmup", "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    out = timing.run(
+        [sys.executable, str(script), *argv, "--max-new-tokens", "4"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        quiet_s=40,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    fields = dict(re.findall(r"(\w+)=(\S+)", lines[-1]))
+    assert lines[-1].startswith("gpu_vs_trl ") and set(fields) == {
+        f"{m}_{k}" for m in ("full", "lora") for k in ("step_time", "peak_mem")
+    }, lines[-1]
+    for m in ("full", "lora"):
+        assert math.isfinite(float(fields[f"{m}_step_time"])) and float(fields[f"{m}_step_time"]) > 0, lines[-1]
+        assert math.isnan(float(fields[f"{m}_peak_mem"])), lines[-1]  # no GPU memory on a CPU
+        runs = [json.loads(x.split(" ", 2)[2]) for x in lines if x.startswith(f"{m} ")]
+        assert len(runs) == 2 and all(r["step_s"] > 0 and r["sample_s"] > 0 for r in runs), lines
