@@ -13,7 +13,8 @@ timed calls inside it), so the parts never overlap and, with "other", add up to 
 - sampling: ``FastLM.prefill`` (each distinct prompt once, the KV cache, the first logits); per
   decoded token ``FastLM.step``'s decoder layers (embedding, attention, MLP, norms) and its head
   (the ``(b, H) · (H, V)`` projection); in ``_pick`` the ``log_softmax`` over the vocabulary and
-  the rest of the draw (``exp``, ``torch.multinomial``, the gather); ``_decode``'s own work (stop
+  the rest of the draw (``exp``, the filters if any, the inverse-CDF search of ``sampling._draw``
+  (``torch.multinomial`` before issue 37), the gather); ``_decode``'s own work (stop
   checks, writes into the outputs, the host syncs, dropping finished rows: Python between
   kernels); and ``Trainer._sample``'s own work (padding the prompts, building the decoder, masks);
 - scoring: ``Trainer._rollout`` less sampling (decoding the texts, the rewards, the batch);
@@ -69,7 +70,7 @@ PARTS = (
     ("sampling.decode.layers", "decode: decoder layers per token (attention, MLP, norms)", "sampling"),
     ("sampling.decode.head", "decode: head, (b, H) · (H, V) per token", "sampling"),
     ("sampling.decode.log_softmax", "decode: log-softmax over the vocabulary", "sampling"),
-    ("sampling.decode.draw", "decode: the draw (`_pick`: exp, multinomial, gather)", "sampling"),
+    ("sampling.decode.draw", "decode: the draw (`_pick`: exp, the search, gather)", "sampling"),
     ("sampling.decode.python", "decode: stop checks, output writes, Python between kernels", "sampling"),
     ("sampling.setup", "setup (prompt padding, decoder build, masks)", "sampling"),
     ("scoring", "texts and rewards", "scoring"),
