@@ -137,6 +137,31 @@ def test_micro_batches_give_the_same_update(instruct, tmp_path, agg):
     assert rec_micro["optim/grad_norm"] == pytest.approx(rec_full["optim/grad_norm"], rel=1e-5)
 
 
+def test_auto_micro_batches_split_where_the_logits_exceed_the_budget(instruct, tmp_path, monkeypatch):
+    """``train.micro_batch_size=auto`` (the default) keeps a mini-batch whole while its float32
+    logits fit ``update.AUTO_MICRO_BATCH_BYTES``, and with a budget of 3 rows' logits gives the
+    update of ``train.micro_batch_size=3``, bit for bit (the same rollout: the same seed)."""
+    from gapo.rl import update
+
+    seen, real = [], update.micro_batch_rows
+    monkeypatch.setattr(update, "micro_batch_rows", lambda *a: seen.append(a) or real(*a))
+    sizes_whole, sizes_auto, sizes_three = [], [], []
+    _one_step_params(instruct, tmp_path, "whole", forwards=sizes_whole)
+    assert 16 in sizes_whole  # one mini-batch of 16 rows, one forward
+    (size, width, vocab) = seen[0]
+    from transformers import AutoConfig
+
+    assert size == "auto" and vocab == AutoConfig.from_pretrained(instruct).vocab_size and width > 0
+    monkeypatch.setattr(update, "AUTO_MICRO_BATCH_BYTES", 3 * 4 * width * vocab + 1)
+    auto, rec_auto, _ = _one_step_params(instruct, tmp_path, "auto", forwards=sizes_auto)
+    three, rec_three, _ = _one_step_params(
+        instruct, tmp_path, "three", "train.micro_batch_size=3", forwards=sizes_three
+    )
+    assert sizes_auto == sizes_three and max(s for s in sizes_auto if s) == 3, sizes_auto
+    assert all(torch.equal(auto[n], three[n]) for n in auto)
+    assert rec_auto["loss/total"] == rec_three["loss/total"]
+
+
 def test_gradient_checkpointing_gives_the_same_update(instruct, tmp_path):
     plain, _, _ = _one_step_params(instruct, tmp_path, "plain")
     ckpt, _, tr = _one_step_params(instruct, tmp_path, "ckpt", "model.gradient_checkpointing=true")
@@ -213,7 +238,8 @@ def test_lora_checkpoint_holds_the_adapter_and_resumes_exactly(instruct, tmp_pat
         ("model.lora={r: 4, dropout: 1.5}", r"model.lora .*: dropout must be a number in \[0, 1\)"),
         ("model.dtype=bf16", r"model.dtype .*unknown dtype 'bf16'.*bfloat16"),
         ("task.chat=maybe", r"task.chat .*auto, true or false"),
-        ("train.micro_batch_size=0", r"train.micro_batch_size .*>= 1"),
+        ("train.micro_batch_size=0", r"train.micro_batch_size .*'auto', an integer >= 1"),
+        ("train.micro_batch_size=half", r"train.micro_batch_size .*'auto', an integer >= 1 .* got 'half'"),
     ],
 )
 def test_bad_real_model_options_are_clear(bad, match):

@@ -12,6 +12,7 @@ from gapo.rl.update import (
     UpdateBatch,
     UpdateStats,
     micro_batch_loss,
+    micro_batch_rows,
     micro_batches,
     minibatch_norms,
     token_share,
@@ -191,3 +192,13 @@ def test_recompute_reuse_gives_the_old_logprobs_of_an_explicit_no_grad_forward(e
     assert seen["old_logp"][first].abs().sum() > 0  # filled by the reuse, not left at zero
     # every row: the no-grad forward of the whole batch (up to the forward's float rounding)
     assert torch.allclose(seen["old_logp"], seen["explicit_all"], atol=1e-5, rtol=0)
+
+
+def test_auto_micro_batch_rows_bound_the_logits():
+    # train.micro_batch_size=auto: 256 MiB of float32 logits per micro-batch; 128 positions of a
+    # 32000-id vocabulary are 16,384,000 bytes a row, so 16 rows (262 MB) fit and 17 do not
+    assert micro_batch_rows("auto", 128, 32000) == 16
+    assert micro_batch_rows("auto", 1024, 151936) == 1  # a row over the budget still runs, alone
+    assert micro_batch_rows("auto", 20, 40) == 83886  # a small vocabulary never splits a batch
+    assert micro_batch_rows("auto", 0, 32000) == 2097  # no completion column: counted as one
+    assert micro_batch_rows(3, 128, 32000) == 3 and micro_batch_rows(None, 128, 32000) is None

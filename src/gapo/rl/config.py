@@ -215,8 +215,10 @@ class TrainConfig:
     prompts: int = option(16, "P, prompts per rollout batch")
     group_size: int = option(8, "G, rollouts per prompt")
     mini_batches: int = option(4, "optimiser steps per epoch over the rollout batch")
-    micro_batch_size: int | None = option(
-        None, "rows per forward/backward inside a mini-batch (the same gradient); none: all"
+    micro_batch_size: int | str | None = option(
+        "auto",
+        "rows per forward/backward inside a mini-batch (the same gradient); auto: as many as keep their "
+        "float32 logits within 256 MiB (a real vocabulary splits, a small one never does); none: all",
     )
     epochs: int = option(1, "passes over each rollout batch")
     seed: int = option(0, "the run's random seed (the training pool and its order, sampling)")

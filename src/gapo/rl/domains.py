@@ -76,6 +76,13 @@ def _reward_range(v):
     return None
 
 
+def _micro_batch_size(v):
+    if v is None or v == "auto":
+        return None
+    problem = _num(1, 2**20, integer=True)(v)
+    return problem and problem.replace("must be", "must be 'auto',", 1).replace(", got", " or none, got", 1)
+
+
 def _stop_strings(v):
     if not isinstance(v, list) or any(not isinstance(s, str) or not s for s in v):
         return f'must be a list of non-empty strings (e.g. ["</answer>"]), got {v!r}'
@@ -117,7 +124,7 @@ DOMAINS = {
     "train.group_size": _num(2, 1024, integer=True),
     "train.mini_batches": _num(1, 2**20, integer=True),
     "train.epochs": _num(1, 10_000, integer=True),
-    "train.micro_batch_size": _num(1, 2**20, integer=True, optional=True),
+    "train.micro_batch_size": _micro_batch_size,
     "log.samples": _num(0, 4096, integer=True),
     "train.seed": _num(0, 2**63 - 1, integer=True),
     "train.checkpoint_every": _num(0, _INT_MAX, integer=True),

@@ -397,11 +397,12 @@ class Trainer:
         t, o, s = self.cfg.train, self.cfg.optim, update.LossSettings.from_algo(self.cfg.algo)
         B = ub.mask.shape[0]
         mb = B // t.mini_batches
+        size = update.micro_batch_rows(t.micro_batch_size, ub.mask.shape[1], self.model.config.vocab_size)
         stats = update.UpdateStats()
         for epoch in range(t.epochs):
             perm = perm0 if epoch == 0 else _permutation(B, self.gen, self.device)
             for rows in perm[: t.mini_batches * mb].split(mb):
-                subs = update.micro_batches(rows, t.micro_batch_size)
+                subs = update.micro_batches(rows, size)
                 norms = update.minibatch_norms(ub.mask[rows], ub.mask.shape[1], split=len(subs) > 1)
                 self.opt.zero_grad(set_to_none=True)
                 for sub in subs:

@@ -173,8 +173,23 @@ class UpdateStats:
         self.grad_norms.append(grad_norm)
 
 
+# train.micro_batch_size=auto: the float32 logits of one micro-batch's forward, at most
+AUTO_MICRO_BATCH_BYTES = 256 * 2**20
+
+
+def micro_batch_rows(size: int | str | None, width: int, vocab: int) -> int | None:
+    """Rows per micro-batch for ``train.micro_batch_size``: an int as given, ``None`` (one chunk),
+    or ``"auto"``: as many rows as keep the float32 logits of their forward (``width`` completion
+    positions × ``vocab``) within ``AUTO_MICRO_BATCH_BYTES``, at least 1. At a real vocabulary
+    the logits are the update's largest tensor; bounding them bounds the update's memory, and on
+    a CPU the fresh pages it touches (BENCHMARKS.md, section 13.2). A small vocabulary never splits."""
+    if size != "auto":
+        return size
+    return max(1, AUTO_MICRO_BATCH_BYTES // (4 * max(1, width) * vocab))
+
+
 def micro_batches(rows: torch.Tensor, size: int | None) -> tuple[torch.Tensor, ...]:
-    """``rows`` in consecutive chunks of ``size`` (``train.micro_batch_size``; None: one chunk)."""
+    """``rows`` in consecutive chunks of ``size`` (``micro_batch_rows``; None: one chunk)."""
     return rows.split(size or rows.numel())
 
 
