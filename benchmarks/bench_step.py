@@ -31,7 +31,9 @@ Optimiser steps per rollout batch (``--mu``). TRL: ``num_iterations = μ`` with
 ``per_device_train_batch_size = 64``, ``steps_per_generation = 1`` and
 ``gradient_accumulation_steps = 1``, i.e. μ optimiser steps, each on the whole batch of 64
 completions. gapo: ``train.mini_batches = 1``, ``train.epochs = μ`` — the same μ full-batch
-optimiser steps. Both compute behaviour log-probs only where they are needed: TRL takes
+optimiser steps; each one's forward/backward runs as gapo's default ``train.micro_batch_size=auto``
+chooses (the tiny size in one piece, the compute-bound one in 4 micro-batches of 16 rows, whose
+float32 logits stay within 256 MiB; the same gradient up to rounding). Both compute behaviour log-probs only where they are needed: TRL takes
 ``logp.detach()`` when μ = 1 and runs a separate forward when μ > 1; gapo always reuses its
 first update's forward for the first mini-batch (exact: same parameters, same rows, see
 ``Trainer.train_step``) and recomputes the rest (none here). gapo's sampler and log-prob
