@@ -33,8 +33,8 @@ Optimiser steps per rollout batch (``--mu``). TRL: ``num_iterations = μ`` with
 completions. gapo: ``train.mini_batches = 1``, ``train.epochs = μ`` — the same μ full-batch
 optimiser steps; each one's forward/backward runs as gapo's default ``train.micro_batch_size=auto``
 chooses (the tiny size in one piece, the compute-bound one in 4 micro-batches of 16 rows, whose
-float32 logits stay within 256 MiB; the same gradient up to rounding). Both compute behaviour log-probs only where they are needed: TRL takes
-``logp.detach()`` when μ = 1 and runs a separate forward when μ > 1; gapo always reuses its
+float32 logits stay within 256 MiB; the same gradient up to rounding). Both compute behaviour
+log-probs only where they are needed: TRL takes ``logp.detach()`` when μ = 1 and runs a separate forward when μ > 1; gapo always reuses its
 first update's forward for the first mini-batch (exact: same parameters, same rows, see
 ``Trainer.train_step``) and recomputes the rest (none here). gapo's sampler and log-prob
 passes also compute each group's shared prompt once (``gapo.policy.fast_lm.FastLM``); the
