@@ -34,13 +34,14 @@ completions. gapo: ``train.mini_batches = 1``, ``train.epochs = μ`` — the sam
 optimiser steps; each one's forward/backward runs as gapo's default ``train.micro_batch_size=auto``
 chooses (the tiny size in one piece, the compute-bound one in 4 micro-batches of 16 rows, whose
 float32 logits stay within 256 MiB; the same gradient up to rounding). Both compute behaviour
-log-probs only where they are needed: TRL takes ``logp.detach()`` when μ = 1 and runs a separate forward when μ > 1; gapo always reuses its
-first update's forward for the first mini-batch (exact: same parameters, same rows, see
-``Trainer.train_step``) and recomputes the rest (none here). gapo's sampler and log-prob
-passes also compute each group's shared prompt once (``gapo.policy.fast_lm.FastLM``); the
-results are the same as the model's own forward (tests/test_sampling.py). gapo runs GAPO's adaptive schedule
-(``eps_schedule=linear``, ε_high_max = 0.28), so its step includes the adaptive threshold;
-TRL runs its fixed ε = 0.2 (the bounds do not change the work).
+log-probs only where they are needed: TRL takes ``logp.detach()`` when μ = 1 and runs a separate
+forward when μ > 1; gapo always reuses its first update's forward for the first mini-batch (exact:
+same parameters, same rows, see ``Trainer.train_step``) and recomputes the rest (none here). gapo's
+sampler and log-prob passes also compute each group's shared prompt once
+(``gapo.policy.fast_lm.FastLM``); the results are the same as the model's own forward
+(tests/test_sampling.py). gapo runs GAPO's adaptive schedule (``eps_schedule=linear``, ε_high_max =
+0.28), so its step includes the adaptive threshold; TRL runs its fixed ε = 0.2 (the bounds do not
+change the work).
 
 Protocol: for each repetition, μ and thread count, a fresh gapo process and a fresh TRL process
 (order alternating between repetitions) each run 1 warm-up step and ``--steps`` measured steps
