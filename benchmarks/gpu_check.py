@@ -106,6 +106,16 @@ def build(path: Path, shape: str, *, seed: int = 0) -> None:
 
 
 COUNTDOWN = ["task.params.n_numbers=3", "task.params.num_range=[1,10]"]
+# what every gapo run on the GPU shares (here and gpu_vs_trl.py's gapo side)
+COMMON = [
+    "model.gradient_checkpointing=true",
+    "algo.eps_schedule=linear",
+    "algo.eps_high_max=0.28",
+    "optim.lr=1e-6",
+    "eval.problems=0",
+    "train.progress=false",
+    "train.checkpoint_every=0",
+]
 TRL_REWARD = """
 def reward(prompts, completions, answer, **kwargs):  # TRL's form: batched, conversational
     assert all(p[0]["role"] == "system" and p[-1]["role"] == "user" for p in prompts), prompts[0]
@@ -155,13 +165,7 @@ def run(
         f"sampling.max_new_tokens={max_new_tokens}",
         f"model.device={device}",
         "model.dtype=bfloat16",
-        "model.gradient_checkpointing=true",
-        "algo.eps_schedule=linear",
-        "algo.eps_high_max=0.28",
-        "optim.lr=1e-6",
-        "eval.problems=0",
-        "train.progress=false",
-        "train.checkpoint_every=0",
+        *COMMON,
         *extra,
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))

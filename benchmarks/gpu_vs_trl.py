@@ -42,6 +42,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from gpu_check import COMMON, build  # noqa: E402  (the model builder and the shared overrides)
+
 PROMPTS, GROUP, MINI, MICRO = 16, 8, 4, 16
 LORA = {"r": 16, "alpha": 32}
 REWARD = """
@@ -70,13 +74,7 @@ def run_gapo(a, model: Path, data: Path, reward: Path, out: Path, mode: str) -> 
         f"sampling.max_new_tokens={a.max_new_tokens}",
         f"model.device={a.device}",
         f"model.dtype={a.dtype}",
-        "model.gradient_checkpointing=true",
-        "algo.eps_schedule=linear",
-        "algo.eps_high_max=0.28",
-        "optim.lr=1e-6",
-        "eval.problems=0",
-        "train.progress=false",
-        "train.checkpoint_every=0",
+        *COMMON,
     ]
     if mode == "lora":
         cmd.append(f"model.lora={{r: {LORA['r']}, alpha: {LORA['alpha']}, target_modules: all-linear}}")
@@ -199,9 +197,6 @@ def main() -> int:
     if a.one:
         print(json.dumps(run_trl(a, a.model, a.data, a.reward, a.one)))
         return 0
-    sys.path.insert(0, str(HERE))
-    from gpu_check import build
-
     ratios = []
     with tempfile.TemporaryDirectory() as d:
         model = Path(d) / "model"
