@@ -218,7 +218,7 @@ class TrainConfig:
     micro_batch_size: int | str | None = option(
         "auto",
         "rows per forward/backward inside a mini-batch (the same gradient); auto: as many as keep their "
-        "float32 logits within 256 MiB (a real vocabulary splits, a small one never does); none: all",
+        "float32 logits within 256 MiB (a real vocabulary splits, a character one stays whole); none: all",
     )
     epochs: int = option(1, "passes over each rollout batch")
     seed: int = option(0, "the run's random seed (the training pool and its order, sampling)")

@@ -182,7 +182,7 @@ def micro_batch_rows(size: int | str | None, width: int, vocab: int) -> int | No
     or ``"auto"``: as many rows as keep the float32 logits of their forward (``width`` completion
     positions × ``vocab``) within ``AUTO_MICRO_BATCH_BYTES``, at least 1. At a real vocabulary
     the logits are the update's largest tensor; bounding them bounds the update's memory, and on
-    a CPU the fresh pages it touches (BENCHMARKS.md, section 13.2). A small vocabulary never splits."""
+    a CPU the fresh pages it touches (BENCHMARKS.md, section 13.2). A character vocabulary stays whole."""
     if size != "auto":
         return size
     return max(1, AUTO_MICRO_BATCH_BYTES // (4 * max(1, width) * vocab))
