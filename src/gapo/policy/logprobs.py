@@ -29,8 +29,9 @@ class HeadMemory:
     """``logprobs``' memory bounds for the LM head (see there).
 
     - ``chunk_size``: positions per chunk of the head, log-softmax and entropy; ``None``: as many
-      as fit ``max_chunk_bytes`` of float32 logits;
-    - ``max_chunk_bytes``: the float32 logits bytes of one chunk when ``chunk_size`` is ``None``;
+      as fit ``max_chunk_bytes``;
+    - ``max_chunk_bytes``: the bytes of one chunk's three float32 ``(rows, V)`` tensors (logits,
+      softmax, their product) when ``chunk_size`` is ``None``;
     - ``max_saved_bytes``: the most logits bytes kept for the backward pass; beyond it each chunk
       is checkpointed (recomputed in backward).
     """
@@ -160,7 +161,8 @@ def _head_stats(hidden, targets, head, V, temperature, softcap, entropy_grad, bu
     """``logprobs``' head over ``hidden (B, T, H)`` in chunks of positions (see there)."""
     chunk_size, max_chunk_bytes, max_saved_bytes = budget.chunk_size, budget.max_chunk_bytes, budget.max_saved_bytes
     B, T = targets.shape
-    grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+    weight = getattr(head, "weight", None)
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or getattr(weight, "requires_grad", False))
     if _fusable(hidden, head, softcap, entropy_grad and grad):
         rows = B * chunk_size if chunk_size else max(1, max_chunk_bytes // (4 * V * 3))
         keep = grad and 4 * B * T * V <= max_saved_bytes
