@@ -221,10 +221,11 @@ class _HeadLogProb(torch.autograd.Function):
         logits = torch.empty((N, V), dtype=torch.float32, device=h.device) if keep else None
         lp, lse, ent = (torch.empty(N, dtype=torch.float32, device=h.device) for _ in range(3))
         for s in range(0, N, rows):
-            z = _scaled_logits(h[s : s + rows], weight, temperature, None if logits is None else logits[s : s + rows])
-            lse[s : s + rows] = torch.logsumexp(z, -1)
-            lp[s : s + rows] = z.gather(-1, targets[s : s + rows, None])[:, 0] - lse[s : s + rows]
-            ent[s : s + rows] = lse[s : s + rows] - (torch.softmax(z, -1) * z).sum(-1)
+            c = slice(s, s + rows)
+            z = _scaled_logits(h[c], weight, temperature, None if logits is None else logits[c])
+            lse[c] = torch.logsumexp(z, -1)
+            lp[c] = z.gather(-1, targets[c, None])[:, 0] - lse[c]
+            ent[c] = lse[c] - (torch.softmax(z, -1) * z).sum(-1)
         ctx.save_for_backward(h, weight, targets, lse)
         ctx.logits, ctx.temperature, ctx.rows = logits, temperature, rows
         ctx.mark_non_differentiable(ent)
@@ -240,15 +241,16 @@ class _HeadLogProb(torch.autograd.Function):
         grad_h = torch.empty_like(h) if want_h else None
         grad_w = None
         for s in range(0, h.shape[0], rows):
-            hs, g = h[s : s + rows], grad_lp[s : s + rows, None]
-            z = logits[s : s + rows] if logits is not None else _scaled_logits(hs, weight, temperature, None)
+            c = slice(s, s + rows)
+            hs, g = h[c], grad_lp[c, None]
+            z = logits[c] if logits is not None else _scaled_logits(hs, weight, temperature, None)
             # logsumexp's backward, (−g)·exp(z − lse), then gather's, + g at the target
-            gz = z.sub_(lse[s : s + rows, None]).exp_().mul_(-g).scatter_add_(1, targets[s : s + rows, None], g)
+            gz = z.sub_(lse[c, None]).exp_().mul_(-g).scatter_add_(1, targets[c, None], g)
             if temperature != 1.0:
                 gz.div_(temperature)
             gz = gz.to(weight.dtype)
             if want_h:
-                torch.mm(gz, weight, out=grad_h[s : s + rows])
+                torch.mm(gz, weight, out=grad_h[c])
             if want_w:
                 grad_w = gz.t().mm(hs) if grad_w is None else grad_w.addmm_(gz.t(), hs)
         return grad_h, grad_w, None, None, None, None

@@ -76,11 +76,13 @@ def _reward_range(v):
     return None
 
 
+_ROWS = _num(1, 2**20, integer=True)
+
+
 def _micro_batch_size(v):
-    if v is None or v == "auto":
+    if v is None or v == "auto" or _ROWS(v) is None:
         return None
-    problem = _num(1, 2**20, integer=True)(v)
-    return problem and problem.replace("must be", "must be 'auto',", 1).replace(", got", " or none, got", 1)
+    return f"must be 'auto', an integer >= 1 and <= {2**20} or none, got {v!r}"
 
 
 def _stop_strings(v):
