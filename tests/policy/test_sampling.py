@@ -373,9 +373,10 @@ def test_entropy_grad_false_detaches_entropy_only(model, prompts):
     model.zero_grad()
     (lp0, e0, g0), (lp1, e1, g1) = grads
     assert torch.equal(lp0, lp1) and torch.equal(e0, e1)
-    # without the entropy's gradient the fused head sums the chunks' weight gradients in its own
-    # order (tests/policy/test_fused_head.py): the same gradient up to rounding
-    torch.testing.assert_close(g0, g1, rtol=1e-5, atol=1e-7)
+    # with the entropy's gradient autograd sums one weight gradient per chunk; without it the
+    # fused head takes one product over all rows (tests/policy/test_fused_head.py): the same
+    # gradient up to the rounding of another summation order (entries near 0 cancel)
+    torch.testing.assert_close(g0, g1, rtol=1e-5, atol=1e-6 * float(g0.abs().max()))
     assert not torch.equal(g0, torch.zeros_like(g0))
 
 

@@ -220,9 +220,12 @@ class _HeadLogProb(torch.autograd.Function):
         N, V = h.shape[0], weight.shape[0]
         logits = torch.empty((N, V), dtype=torch.float32, device=h.device) if keep else None
         lp, lse, ent = (torch.empty(N, dtype=torch.float32, device=h.device) for _ in range(3))
+        whole = _whole_products(logits, h, weight)
+        if whole:  # one product over all rows: a larger product runs nearer the GEMM rate
+            _scaled_logits(h, weight, temperature, logits)
         for s in range(0, N, rows):
             c = slice(s, s + rows)
-            z = _scaled_logits(h[c], weight, temperature, None if logits is None else logits[c])
+            z = logits[c] if whole else _scaled_logits(h[c], weight, temperature, None if logits is None else logits[c])
             lse[c] = torch.logsumexp(z, -1)
             lp[c] = z.gather(-1, targets[c, None])[:, 0] - lse[c]
             ent[c] = lse[c] - (torch.softmax(z, -1) * z).sum(-1)
@@ -238,7 +241,8 @@ class _HeadLogProb(torch.autograd.Function):
         logits, temperature, rows = ctx.logits, ctx.temperature, ctx.rows
         ctx.logits = None  # overwritten below: a second backward (retain_graph) recomputes them
         want_h, want_w = ctx.needs_input_grad[:2]
-        grad_h = torch.empty_like(h) if want_h else None
+        whole = _whole_products(logits, h, weight)
+        grad_h = torch.empty_like(h) if want_h and not whole else None
         grad_w = None
         for s in range(0, h.shape[0], rows):
             c = slice(s, s + rows)
@@ -248,12 +252,24 @@ class _HeadLogProb(torch.autograd.Function):
             gz = z.sub_(lse[c, None]).exp_().mul_(-g).scatter_add_(1, targets[c, None], g)
             if temperature != 1.0:
                 gz.div_(temperature)
+            if whole:
+                continue  # the products below take every row at once
             gz = gz.to(weight.dtype)
             if want_h:
                 torch.mm(gz, weight, out=grad_h[c])
             if want_w:
                 grad_w = gz.t().mm(hs) if grad_w is None else grad_w.addmm_(gz.t(), hs)
+        if whole:  # the logits now hold their gradient: one product each, as autograd's chain
+            grad_h = torch.mm(logits, weight) if want_h else None
+            grad_w = logits.t().mm(h) if want_w else None
         return grad_h, grad_w, None, None, None, None
+
+
+def _whole_products(logits, h, weight) -> bool:
+    # with the (N, V) logits kept in float32 and float32 operands, the head's products run over
+    # all N rows at once, in place: per chunk, the weight gradient's (V, rows) · (rows, H) product
+    # runs at half the GEMM rate at rows ≈ 130 (BENCHMARKS.md, section 13.3)
+    return logits is not None and h.dtype == weight.dtype == torch.float32
 
 
 def _scaled_logits(h, weight, temperature: float, out):
