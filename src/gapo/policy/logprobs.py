@@ -211,9 +211,10 @@ class _HeadLogProb(torch.autograd.Function):
     Autograd's chain (logsumexp, gather, division, linear) computes the same values but allocates
     four (rows, V) tensors per chunk in the backward and a (V, H) weight gradient per chunk, and
     at a 32000-token vocabulary those are fresh pages every time (BENCHMARKS.md, section 13.1).
-    The forward and the backward run the chain's own operations in its order, so a single chunk
-    gives autograd's values bit for bit (tests/policy/test_fused_head.py). ``keep``: save the
-    (N, V) float32 logits for the backward, else recompute each chunk there."""
+    The forward and the backward run the chain's own operations in its order, so kept float32
+    logits (whose products run over all rows at once) give autograd's values bit for bit at any
+    chunk size, recomputed ones within rounding (tests/policy/test_fused_head.py). ``keep``: save
+    the (N, V) float32 logits for the backward, else recompute each chunk there."""
 
     @staticmethod
     def forward(ctx, h, weight, targets, temperature: float, rows: int, keep: bool):
