@@ -9,6 +9,7 @@ diagnostic) either keeps the float32 ``(rows, vocab)`` logits for the backward p
 positions, hidden 512, a 32000-token vocabulary, chunks of 131 rows (48 MiB / 3 per chunk). Each
 (mode, repetition) is a fresh process with one thread, the order alternating; reported per mode:
 the medians of forward and backward wall time, system CPU time, minor page faults and peak RSS.
+Each process sets glibc's allocator as the Trainer does (``gapo.machine.allocator.tune_malloc``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ import time
 def one(a, keep: bool) -> dict:
     import torch
 
+    from gapo.machine.allocator import tune_malloc
     from gapo.policy.logprobs import _HeadLogProb
+
+    tune_malloc()  # as the Trainer does
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
