@@ -205,6 +205,19 @@ def test_bench_reward_worker_last_line(monkeypatch, capsys):
     assert all(math.isfinite(float(v)) and float(v) > 0 for v in fields.values()), last
 
 
+def test_decode_products_reports_each_timing(monkeypatch, capsys):
+    """benchmarks/decode_products.py at its smallest: the three timings, each with a finite,
+    positive rate, and the products' share of the decoding step."""
+    bench = _script("decode_products")
+    monkeypatch.setattr(sys, "argv", ["decode_products.py", "--shape", "tiny", "--reps", "2", "--tokens", "3"])
+    bench.main()
+    out = capsys.readouterr().out
+    rates = re.findall(r"^\s*(.+?): .* ms per token, +(\S+) GFLOP/s", out, re.M)
+    assert [name for name, _ in rates] == ["layers' products alone", "head's product alone", "FastLM.step"], out
+    assert all(math.isfinite(float(r)) and float(r) > 0 for _, r in rates), out
+    assert re.search(r"products alone are \d+\.\d% of the decoding step's time", out), out
+
+
 def test_profile_step_ranges_are_exclusive():
     """``profile_step.Ranges`` on a hand-driven clock: a range keeps its own time less the ranges
     opened inside it, and a wrapped function outside its ``inside`` ranges is not a range."""

@@ -269,7 +269,7 @@ class _HeadLogProb(torch.autograd.Function):
 def _whole_products(logits, h, weight) -> bool:
     # with the (N, V) logits kept in float32 and float32 operands, the head's products run over
     # all N rows at once, in place: per chunk, the weight gradient's (V, rows) · (rows, H) product
-    # runs at half the GEMM rate at rows ≈ 130 (BENCHMARKS.md, section 13.3)
+    # has a short inner dimension and runs far below the GEMM rate (BENCHMARKS.md, section 13.3)
     return logits is not None and h.dtype == weight.dtype == torch.float32
 
 
