@@ -58,7 +58,9 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--chunk", type=int, default=131)
     ap.add_argument("--reps", type=int, default=4)
-    ap.add_argument("--one", choices=["keep", "recompute"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--one", choices=["keep", "recompute"], help="run one mode in this process and print its JSON (a child's work)"
+    )
     a = ap.parse_args()
     if a.one:
         print(json.dumps(one(a, a.one == "keep")))

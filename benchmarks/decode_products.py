@@ -9,8 +9,8 @@ with glibc's allocator set as the Trainer sets it, three timings (medians over `
   and down projection, each once, on ``--rows`` random rows (the model's own weights, in the
   step's order, nothing else in between);
 - the LM head's product alone, ``(rows, H) · (H, V)``;
-- a whole decoding step, ``FastLM.step`` (the mean over ``--tokens`` − 1 steps after a prefill of
-  ``--prompt`` random tokens; greedy tokens, so the work is fixed).
+- a whole decoding step, ``FastLM.step`` (``decode_fusions.decode``: the mean over ``--tokens`` − 1
+  steps after a prefill of ``--prompt`` random tokens; greedy tokens, so the work is fixed).
 
 Each as nominal FLOP/s (2 per weight and row) against the fp32 GEMM rate measured in the same
 process (``bench_step.gemm_rate``): the products alone are the most a decoding step can reach
@@ -48,25 +48,15 @@ def _projections(model):
 
 
 def _step_time(model, rows: int, prompt: int, tokens: int, reps: int) -> float:
+    """Median time of one ``FastLM.step`` (``decode_fusions.decode``'s greedy loop, after a warm-up)."""
     import torch
 
-    from gapo.policy.fast_lm import FastLM, left_pad_positions
+    from decode_fusions import decode
+    from gapo.policy.fast_lm import FastLM
 
     ids = torch.randint(4, model.config.vocab_size, (rows, prompt), generator=torch.Generator().manual_seed(0))
-    mask = ids.new_ones(ids.shape)
-
-    def decode():
-        dec = FastLM(model)
-        logits = dec.prefill(ids, mask, left_pad_positions(mask), tokens)
-        nxt = torch.full((rows, 1), prompt)
-        t0 = time.perf_counter()
-        for _ in range(tokens - 1):
-            logits = dec.step(logits.argmax(-1), nxt)
-            nxt = nxt + 1
-        return (time.perf_counter() - t0) / (tokens - 1)
-
-    decode()
-    return statistics.median(decode() for _ in range(max(1, reps // 4)))
+    decode(FastLM, model, ids, tokens)
+    return statistics.median(decode(FastLM, model, ids, tokens)[0] for _ in range(max(1, reps // 4)))
 
 
 def main() -> None:

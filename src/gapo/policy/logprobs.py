@@ -226,7 +226,8 @@ class _HeadLogProb(torch.autograd.Function):
             _scaled_logits(h, weight, temperature, logits)
         for s in range(0, N, rows):
             c = slice(s, s + rows)
-            z = logits[c] if whole else _scaled_logits(h[c], weight, temperature, None if logits is None else logits[c])
+            out = None if logits is None else logits[c]
+            z = out if whole else _scaled_logits(h[c], weight, temperature, out)
             lse[c] = torch.logsumexp(z, -1)
             lp[c] = z.gather(-1, targets[c, None])[:, 0] - lse[c]
             ent[c] = lse[c] - (torch.softmax(z, -1) * z).sum(-1)
